@@ -1,0 +1,5 @@
+import sys
+
+from bertbench.cli import main
+
+sys.exit(main())

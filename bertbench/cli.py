@@ -1,0 +1,34 @@
+"""The `bertbench` command: one sub-command per entry point, each a thin `main(argv)` in its own module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# sub-command -> (module with main(argv), one-line help); modules are imported only when their command runs.
+COMMANDS = {
+    "demo": ("bertbench.demo.run", "train a tiny BERT on built-in data, baseline vs recompute (no network)"),
+    "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: bertbench COMMAND [options]   (bertbench COMMAND --help for its options)", "", "commands:"]
+    lines += [f"  {name:<10} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from bertbench import __version__
+        print(f"bertbench {__version__}")
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"bertbench: error: unknown command {argv[0]!r}\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return module.main(argv[1:])

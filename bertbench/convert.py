@@ -1,0 +1,60 @@
+r"""`bertbench convert`: a Google or NVIDIA TensorFlow BERT checkpoint to an HF-format directory.
+
+    bertbench convert --tf-checkpoint uncased_L-12_H-768_A-12/bert_model.ckpt \
+        --bert-config uncased_L-12_H-768_A-12/bert_config.json --output bert-base-uncased \
+        --vocab-file uncased_L-12_H-768_A-12/vocab.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bertbench.config import ConfigError
+from bertbench.tf_checkpoint import CheckpointError
+from bertbench.weights import WeightsError, convert_tf_checkpoint
+
+PROG = "bertbench convert"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports usage errors as exceptions so `main` can return 2 instead of exiting the caller's process."""
+
+    def error(self, message: str):
+        raise _UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Convert a TensorFlow BERT checkpoint (Google's names, as in Google's "
+                     "and NVIDIA's releases) into an HF-format directory that bertbench and transformers load.")
+    parser.add_argument("--tf-checkpoint", required=True, metavar="PREFIX",
+                        help="checkpoint prefix (bert_model.ckpt), its .index file, or a directory holding one")
+    parser.add_argument("--bert-config", required=True, metavar="JSON", help="the checkpoint's bert_config.json")
+    parser.add_argument("--output", required=True, metavar="DIR", help="directory to write (must not exist, or "
+                        "be empty, unless --overwrite)")
+    parser.add_argument("--vocab-file", metavar="TXT", help="vocab.txt to copy into the output directory")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    parser.add_argument("--pytorch-bin", action="store_true",
+                        help="write pytorch_model.bin instead of model.safetensors")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        mapping = convert_tf_checkpoint(args.tf_checkpoint, args.bert_config, args.output,
+                                        vocab_file=args.vocab_file, overwrite=args.overwrite,
+                                        safe_serialization=not args.pytorch_bin)
+    except (_UsageError, CheckpointError, ConfigError, WeightsError, OSError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    print(f"{PROG}: wrote {args.output}: {mapping.summary()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

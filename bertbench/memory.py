@@ -1,0 +1,34 @@
+"""How many bytes a forward pass keeps alive for its backward: the figure recompute policies trade time for."""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+
+from bertbench.recompute import saved_byte_tally
+
+T = TypeVar("T")
+
+
+def saved_activation_bytes(forward: Callable[[], T], model: nn.Module) -> tuple[T, int]:
+    """Run `forward` and return its result and the bytes autograd saved for backward, excluding the model's own
+    parameters. Each storage counts once however many views of it were saved; the outputs that the selective
+    recompute policy caches (outside autograd's hooks) are added."""
+    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameter_storages:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    saved_byte_tally.active, saved_byte_tally.nbytes = True, 0
+    try:
+        with saved_tensors_hooks(pack, lambda tensor: tensor):
+            result = forward()
+    finally:
+        saved_byte_tally.active = False
+    return result, sum(saved.values()) + saved_byte_tally.nbytes

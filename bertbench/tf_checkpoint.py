@@ -1,0 +1,281 @@
+"""Reads TensorFlow tensor-bundle checkpoints (PREFIX.index + PREFIX.data-NNNNN-of-NNNNN) without TensorFlow.
+
+This is the format of every TF1 `tf.train.Saver` (V2) and TF2 `tf.train.Checkpoint` checkpoint, Google's and NVIDIA's
+BERT releases included. PREFIX.index is a LevelDB-style table: sorted keys, each a tensor name whose value is a
+BundleEntryProto saying where the tensor's raw little-endian bytes lie in which data shard; the key "" holds a
+BundleHeaderProto. Every block and every tensor carries a masked CRC32C, and both are checked, so a damaged download
+fails here with the file's name instead of training from garbage.
+
+References: tensorflow/core/util/tensor_bundle/tensor_bundle.{proto,cc}, tensorflow/core/lib/io/{format,block}.cc.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+import google_crc32c
+import numpy as np
+
+
+class CheckpointError(ValueError):
+    """A checkpoint a user pointed at is missing, damaged or unsupported; the message names the file (and tensor)."""
+
+
+_TABLE_MAGIC = 0xDB4775248B80FB57
+_FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic
+_BLOCK_TRAILER_SIZE = 5  # 1-byte compression type + 4-byte masked CRC32C
+_NO_COMPRESSION = 0
+_CRC_CHUNK = 1 << 23
+
+# TensorFlow's DataType enum (types.proto) for the types a checkpoint may hold; only _NUMPY_DTYPES can be read.
+_DTYPE_NAMES = {
+    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string", 8: "complex64",
+    9: "int64", 10: "bool", 14: "bfloat16", 17: "uint16", 18: "complex128", 19: "float16", 20: "resource",
+    21: "variant", 22: "uint32", 23: "uint64",
+}
+# bfloat16 is read as its raw 16 bits (numpy has no bfloat16) and widened to float32, which is exact.
+_NUMPY_DTYPES = {
+    "float32": np.dtype("<f4"), "float64": np.dtype("<f8"), "float16": np.dtype("<f2"),
+    "bfloat16": np.dtype("<u2"), "int32": np.dtype("<i4"), "int64": np.dtype("<i8"), "bool": np.dtype("?"),
+}
+# TF2 checkpoints store their object graph as a string tensor under this key; it is bookkeeping, not a variable.
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_DATA_SUFFIX = re.compile(r"\.data-\d{5}-of-\d{5}$")
+
+
+def masked_crc32c(data: bytes | bytearray) -> int:
+    """CRC32C as LevelDB and TensorFlow store it: rotated and offset so that CRCs of CRCs stay strong."""
+    view = memoryview(data)
+    crc = 0
+    for start in range(0, len(view), _CRC_CHUNK):
+        # google_crc32c takes only immutable bytes: copying a chunk at a time keeps memory flat for big tensors.
+        crc = google_crc32c.extend(crc, bytes(view[start:start + _CRC_CHUNK]))
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
+    result = shift = 0
+    while pos < len(data):
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            break
+    raise CheckpointError(f"{where}: corrupt index (bad varint)")
+
+
+def _proto_fields(data: bytes, where: str) -> dict[int, list]:
+    """Decodes a protobuf message into {field number: [values]}: ints for varint/fixed fields, bytes otherwise."""
+    fields: dict[int, list] = {}
+    pos = 0
+    while pos < len(data):
+        tag, pos = _varint(data, pos, where)
+        number, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            value, pos = _varint(data, pos, where)
+        elif wire_type in (1, 5):
+            width = 8 if wire_type == 1 else 4
+            value = int.from_bytes(data[pos:pos + width], "little")
+            pos += width
+        elif wire_type == 2:
+            length, pos = _varint(data, pos, where)
+            value = data[pos:pos + length]
+            pos += length
+        else:
+            raise CheckpointError(f"{where}: corrupt index (protobuf wire type {wire_type})")
+        if pos > len(data):
+            raise CheckpointError(f"{where}: corrupt index (truncated protobuf message)")
+        fields.setdefault(number, []).append(value)
+    return fields
+
+
+def _last(fields: dict[int, list], number: int, default=0):
+    """Protobuf's rule for a repeated scalar field on the wire: the last value wins."""
+    return fields[number][-1] if number in fields else default
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lies in the data shards, decoded from its BundleEntryProto."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard: int
+    offset: int
+    size: int
+    crc32c: int
+    partitioned: bool
+
+    @classmethod
+    def decode(cls, name: str, value: bytes, where: str) -> "TensorEntry":
+        fields = _proto_fields(value, where)
+        dtype = _last(fields, 1)
+        shape = _proto_fields(_last(fields, 2, b""), where)
+        if _last(shape, 3):
+            raise CheckpointError(f"{where}: tensor {name!r} has a shape of unknown rank")
+        dims = tuple(_last(_proto_fields(dim, where), 1) for dim in shape.get(2, []))
+        return cls(name=name, dtype=_DTYPE_NAMES.get(dtype, f"DataType {dtype}"), shape=dims,
+                   shard=_last(fields, 3), offset=_last(fields, 4), size=_last(fields, 5),
+                   crc32c=_last(fields, 6), partitioned=bool(fields.get(7)))
+
+
+def _read_block(index: bytes, handle: bytes, where: str) -> bytes:
+    """The contents of the block a BlockHandle (offset, size varints) points at, its CRC and compression checked."""
+    offset, pos = _varint(handle, 0, where)
+    size, _ = _varint(handle, pos, where)
+    end = offset + size + _BLOCK_TRAILER_SIZE
+    if end > len(index):
+        raise CheckpointError(f"{where}: corrupt index (block at {offset} runs past the end of the file)")
+    compression = index[offset + size]
+    stored_crc = int.from_bytes(index[offset + size + 1:end], "little")
+    if masked_crc32c(index[offset:offset + size + 1]) != stored_crc:
+        raise CheckpointError(f"{where}: corrupt index (CRC mismatch in the block at offset {offset})")
+    if compression != _NO_COMPRESSION:
+        raise CheckpointError(f"{where}: block at offset {offset} uses compression type {compression}; "
+                              "only uncompressed tables (what TensorFlow writes) are supported")
+    return index[offset:offset + size]
+
+
+def _block_entries(block: bytes, where: str):
+    """Yields (key, value) of a block; keys are prefix-compressed against the previous key."""
+    if len(block) < 4:
+        raise CheckpointError(f"{where}: corrupt index (block too short)")
+    num_restarts = int.from_bytes(block[-4:], "little")
+    limit = len(block) - 4 - 4 * num_restarts
+    if limit < 0:
+        raise CheckpointError(f"{where}: corrupt index (bad restart count)")
+    key = b""
+    pos = 0
+    while pos < limit:
+        shared, pos = _varint(block, pos, where)
+        unshared, pos = _varint(block, pos, where)
+        value_size, pos = _varint(block, pos, where)
+        if shared > len(key) or pos + unshared + value_size > limit:
+            raise CheckpointError(f"{where}: corrupt index (bad block entry)")
+        key = key[:shared] + block[pos:pos + unshared]
+        pos += unshared
+        yield key, block[pos:pos + value_size]
+        pos += value_size
+
+
+def resolve_prefix(path: str | os.PathLike) -> str:
+    """The checkpoint prefix for PREFIX, PREFIX.index, a data shard, or a directory holding one checkpoint."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        state = os.path.join(path, "checkpoint")
+        if os.path.isfile(state):
+            with open(state, encoding="utf-8") as handle:
+                match = re.search(r'^model_checkpoint_path:\s*"(.*)"\s*$', handle.read(), re.MULTILINE)
+            if not match:
+                raise CheckpointError(f"{state}: no model_checkpoint_path line")
+            prefix = os.path.join(path, match.group(1))  # join keeps an absolute path as it is
+            if not os.path.exists(prefix + ".index"):  # an absolute path from the machine that trained it
+                prefix = os.path.join(path, os.path.basename(match.group(1)))
+            return prefix
+        indexes = sorted(glob.glob(os.path.join(glob.escape(path), "*.index")))
+        if len(indexes) != 1:
+            found = ", ".join(os.path.basename(index) for index in indexes) or "none"
+            raise CheckpointError(f"{path}: expected exactly one *.index checkpoint, found {found}; "
+                                  "give the checkpoint prefix instead")
+        return indexes[0][:-len(".index")]
+    if path.endswith(".index"):
+        return path[:-len(".index")]
+    return _DATA_SUFFIX.sub("", path)
+
+
+class TFCheckpoint:
+    """An open tensor-bundle checkpoint: its index is parsed up front, tensors are read one at a time on demand."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.prefix = resolve_prefix(path)
+        self.index_path = self.prefix + ".index"
+        try:
+            with open(self.index_path, "rb") as handle:
+                index = handle.read()
+        except FileNotFoundError:
+            raise CheckpointError(f"{self.index_path}: no such file (not a TensorFlow checkpoint?)") from None
+        where = self.index_path
+        if len(index) < _FOOTER_SIZE or int.from_bytes(index[-8:], "little") != _TABLE_MAGIC:
+            raise CheckpointError(f"{where}: not a TensorFlow checkpoint index (bad magic number)")
+        footer = index[-_FOOTER_SIZE:]
+        _, pos = _varint(footer, 0, where)  # metaindex handle: offset, size (TF writes no meta blocks)
+        _, pos = _varint(footer, pos, where)
+        top = _read_block(index, footer[pos:], where)
+        self.entries: dict[str, TensorEntry] = {}
+        header = None
+        for _, handle in _block_entries(top, where):
+            for key, value in _block_entries(_read_block(index, handle, where), where):
+                if key == b"":
+                    header = _proto_fields(value, where)
+                elif not key.startswith(b"\x00"):  # keys starting with NUL hold the slices of partitioned tensors
+                    name = key.decode("utf-8", errors="replace")
+                    self.entries[name] = TensorEntry.decode(name, value, f"{where}: tensor {name!r}")
+        if header is None:
+            raise CheckpointError(f"{where}: corrupt index (no bundle header)")
+        if _last(header, 2):
+            raise CheckpointError(f"{where}: big-endian checkpoints are not supported")
+        self.num_shards = _last(header, 1, 1)
+
+    @property
+    def variables(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """{name: (dtype name, shape)} as TensorFlow's list_variables reports them."""
+        return {name: (entry.dtype, entry.shape) for name, entry in self.entries.items()}
+
+    def shard_path(self, shard: int) -> str:
+        return f"{self.prefix}.data-{shard:05d}-of-{self.num_shards:05d}"
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor, CRC-checked: floats as float32/float16/float64 (bfloat16 widened to float32), ints, bools."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise CheckpointError(f"{self.index_path}: no tensor named {name!r}")
+        if entry.partitioned:
+            raise CheckpointError(f"{self.index_path}: tensor {name!r} is a partitioned variable (saved in slices), "
+                                  "which is not supported")
+        dtype = _NUMPY_DTYPES.get(entry.dtype)
+        if dtype is None:
+            raise CheckpointError(f"{self.index_path}: tensor {name!r} has unsupported dtype {entry.dtype}")
+        count = int(np.prod(entry.shape, dtype=np.int64))
+        if entry.size != count * dtype.itemsize:
+            raise CheckpointError(f"{self.index_path}: tensor {name!r} has {entry.size} bytes, but shape "
+                                  f"{list(entry.shape)} of {entry.dtype} needs {count * dtype.itemsize}")
+        path = self.shard_path(entry.shard)
+        # seek + read into one buffer that becomes the array: peak memory is one copy of each tensor.
+        buffer = bytearray(entry.size)
+        try:
+            with open(path, "rb") as handle:
+                file_size = os.fstat(handle.fileno()).st_size
+                if entry.offset + entry.size > file_size:
+                    raise CheckpointError(f"{path}: truncated: tensor {name!r} needs bytes up to "
+                                          f"{entry.offset + entry.size}, the file has {file_size}")
+                handle.seek(entry.offset)
+                handle.readinto(buffer)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: no such file (data shard {entry.shard} of {self.index_path})") from None
+        if masked_crc32c(buffer) != entry.crc32c:
+            raise CheckpointError(f"{path}: CRC mismatch in tensor {name!r} (corrupt data file)")
+        array = np.frombuffer(buffer, dtype=dtype).reshape(entry.shape)
+        if entry.dtype == "bfloat16":
+            return (array.astype(np.uint32) << 16).view(np.float32)
+        return array
+
+
+def list_variables(path: str | os.PathLike) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype name, shape)} of every tensor in a checkpoint, without reading any data."""
+    return TFCheckpoint(path).variables
+
+
+def read_tf_checkpoint(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """The named tensors (default: all but TF2's object graph) as numpy arrays, read and CRC-checked one by one."""
+    checkpoint = TFCheckpoint(path)
+    if names is None:
+        names = [name for name in checkpoint.entries if name != _OBJECT_GRAPH_KEY]
+    return {name: checkpoint.read(name) for name in names}

@@ -1,0 +1,29 @@
+import pytest
+import torch
+
+from bertbench.config import BertConfig
+
+
+def tiny_config(**overrides) -> BertConfig:
+    """The tests' debug model: 2 layers, hidden 64."""
+    values = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                  max_position_embeddings=64, type_vocab_size=2)
+    values.update(overrides)
+    return BertConfig(**values)
+
+
+def tiny_batch(config: BertConfig, batch: int = 3, seq: int = 24, seed: int = 0):
+    """Random ids with segment ids and right padding of different lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, config.vocab_size, (batch, seq), generator=generator)
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq // 2:] = 1
+    attention_mask = torch.ones_like(input_ids)
+    for row in range(batch):
+        attention_mask[row, seq - 3 * row:] = 0
+    return input_ids, token_type_ids, attention_mask
+
+
+@pytest.fixture
+def config() -> BertConfig:
+    return tiny_config()

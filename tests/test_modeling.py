@@ -1,0 +1,201 @@
+"""The baseline model against HF transformers' BERT with the same weights, in fp32 on the CPU."""
+
+import json
+
+import pytest
+import torch
+
+from bertbench import modeling
+from bertbench.config import BertConfig, ConfigError
+from conftest import tiny_batch, tiny_config
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_twin(ours: torch.nn.Module, hf_class, config: BertConfig):
+    """The HF model with our weights (same state-dict names), in eval mode."""
+    hf_config = transformers.BertConfig(**config.to_hf_dict())
+    hf_config._attn_implementation = "eager"
+    reference = hf_class(hf_config)
+    missing, unexpected = reference.load_state_dict(ours.state_dict(), strict=False)
+    assert not unexpected, unexpected
+    assert all("position_ids" in key or "token_type_ids" in key for key in missing), missing
+    return reference.eval()
+
+
+def assert_close_to_fp64(ours32, hf32, hf64, name):
+    """Our fp32 error against the fp64 reference must be of the order of HF's own fp32 error."""
+    reference_error = (hf32.double() - hf64).abs().max().item()
+    our_error = (ours32.double() - hf64).abs().max().item()
+    assert our_error <= 4 * reference_error + 1e-6, f"{name}: error {our_error:.3g} vs HF fp32 {reference_error:.3g}"
+
+
+def test_encoder_matches_hf_bert_model(config):
+    torch.manual_seed(0)
+    ours = modeling.BertModel(config).eval()
+    hf32 = hf_twin(ours, transformers.BertModel, config)
+    hf64 = hf_twin(ours, transformers.BertModel, config).double()
+    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    with torch.no_grad():
+        out = ours(input_ids, token_type_ids, attention_mask)
+        ref32 = hf32(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        ref64 = hf64(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    assert_close_to_fp64(out.sequence_output, ref32.last_hidden_state, ref64.last_hidden_state, "sequence_output")
+    assert_close_to_fp64(out.pooled_output, ref32.pooler_output, ref64.pooler_output, "pooled_output")
+
+
+def test_pretraining_heads_match_hf(config):
+    torch.manual_seed(1)
+    ours = modeling.BertForPreTraining(config).eval()
+    hf32 = hf_twin(ours, transformers.BertForPreTraining, config)
+    hf64 = hf_twin(ours, transformers.BertForPreTraining, config).double()
+    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    positions = torch.tensor([[1, 5, 7], [2, 3, 0], [4, 8, 9]])
+    labels = torch.tensor([[11, 12, 13], [14, 15, -100], [16, 17, 18]])
+    nsp_labels = torch.tensor([0, 1, 0])
+    with torch.no_grad():
+        out = ours(input_ids, token_type_ids, attention_mask, masked_lm_positions=positions,
+                   masked_lm_labels=labels, next_sentence_labels=nsp_labels)
+        full = ours(input_ids, token_type_ids, attention_mask)
+        kwargs = dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        ref32, ref64 = hf32(**kwargs), hf64(**kwargs)
+    rows = torch.arange(3)[:, None]
+    assert out.mlm_logits.shape == (3, 3, config.vocab_size)
+    assert_close_to_fp64(out.mlm_logits, ref32.prediction_logits[rows, positions],
+                         ref64.prediction_logits[rows, positions], "mlm_logits at positions")
+    assert_close_to_fp64(full.mlm_logits, ref32.prediction_logits, ref64.prediction_logits, "mlm_logits")
+    assert_close_to_fp64(out.nsp_logits, ref32.seq_relationship_logits, ref64.seq_relationship_logits, "nsp")
+    # Google's loss: mean NLL over the real masked positions plus mean NSP NLL.
+    mlm_nll = torch.nn.functional.cross_entropy(ref64.prediction_logits[rows, positions].flatten(0, 1),
+                                                labels.flatten(), ignore_index=-100)
+    nsp_nll = torch.nn.functional.cross_entropy(ref64.seq_relationship_logits, nsp_labels)
+    assert out.loss.item() == pytest.approx((mlm_nll + nsp_nll).item(), rel=1e-5)
+
+
+def test_mlm_decoder_is_tied_to_word_embeddings(config):
+    model = modeling.BertForPreTraining(config)
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
+
+
+def test_classifier_and_regressor_match_hf(config):
+    torch.manual_seed(2)
+    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    for num_labels, labels in ((3, torch.tensor([0, 2, 1])), (1, torch.tensor([0.5, 3.2, 4.9]))):
+        ours = modeling.BertForSequenceClassification(config, num_labels=num_labels).eval()
+        hf_config = transformers.BertConfig(**config.to_hf_dict(), num_labels=num_labels)
+        hf_config._attn_implementation = "eager"
+        reference = transformers.BertForSequenceClassification(hf_config).eval()
+        reference.load_state_dict(ours.state_dict(), strict=False)
+        with torch.no_grad():
+            out = ours(input_ids, token_type_ids, attention_mask, labels=labels)
+            ref = reference(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                            labels=labels)
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+        assert out.logits.shape == (3, num_labels)
+
+
+def test_question_answering_matches_hf(config):
+    torch.manual_seed(3)
+    ours = modeling.BertForQuestionAnswering(config).eval()
+    hf_config = transformers.BertConfig(**config.to_hf_dict())
+    hf_config._attn_implementation = "eager"
+    reference = transformers.BertForQuestionAnswering(hf_config).eval()
+    reference.load_state_dict(ours.state_dict(), strict=False)
+    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    starts, ends = torch.tensor([1, 4, 0]), torch.tensor([3, 6, 0])
+    with torch.no_grad():
+        out = ours(input_ids, token_type_ids, attention_mask, start_positions=starts, end_positions=ends)
+        ref = reference(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                        start_positions=starts, end_positions=ends)
+    torch.testing.assert_close(out.start_logits, ref.start_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.end_logits, ref.end_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_padding_does_not_change_real_tokens(config):
+    """Extra padded positions must not leak into the outputs of the real tokens."""
+    model = modeling.BertModel(config).eval()
+    input_ids, token_type_ids, _ = tiny_batch(config, batch=1, seq=10)
+    padded_ids = torch.cat([input_ids, torch.zeros(1, 6, dtype=torch.long)], dim=1)
+    padded_types = torch.cat([token_type_ids, torch.zeros(1, 6, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(1, 10), torch.zeros(1, 6)], dim=1).long()
+    with torch.no_grad():
+        short = model(input_ids, token_type_ids).sequence_output
+        long = model(padded_ids, padded_types, mask).sequence_output[:, :10]
+    torch.testing.assert_close(short, long, rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_is_exact_erf_and_layernorm_eps(config):
+    model = modeling.BertModel(config)
+    activation = model.encoder.layer[0].intermediate.activation
+    x = torch.tensor([-3.0, -0.5, 0.0, 0.7, 2.0])
+    torch.testing.assert_close(activation(x), x * 0.5 * (1 + torch.erf(x / 2 ** 0.5)))
+    assert model.embeddings.LayerNorm.eps == 1e-12
+
+
+def test_sequence_longer_than_positions_is_refused(config):
+    model = modeling.BertModel(config)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(torch.zeros(1, config.max_position_embeddings + 1, dtype=torch.long))
+
+
+GOOGLE_BASE = {"attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+               "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+               "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 12,
+               "type_vocab_size": 2, "vocab_size": 30522}
+
+
+def test_config_reads_google_and_hf_files(tmp_path):
+    google = tmp_path / "bert_config.json"
+    google.write_text(json.dumps(GOOGLE_BASE))
+    config = BertConfig.from_json_file(google)
+    assert (config.hidden_size, config.num_hidden_layers, config.layer_norm_eps) == (768, 12, 1e-12)
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    transformers.BertConfig(**GOOGLE_BASE).to_json_file(hf_dir / "config.json")
+    assert BertConfig.from_json_file(hf_dir) == config  # a directory means its config.json
+    round_trip = tmp_path / "round_trip.json"
+    config.to_json_file(round_trip)
+    assert BertConfig.from_json_file(round_trip) == config
+    assert transformers.BertConfig.from_json_file(round_trip).hidden_size == 768
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_sizes": 768}, "unknown key 'hidden_sizes'"),
+    ({"num_hidden_layers": None}, "missing key 'num_hidden_layers'"),
+    ({"hidden_act": "gelu_fast"}, "hidden_act"),
+    ({"hidden_size": 100}, "hidden_size: 100 is not a multiple"),
+    ({"vocab_size": -1}, "vocab_size"),
+    ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
+])
+def test_config_errors_name_the_file_and_key(tmp_path, change, message):
+    values = dict(GOOGLE_BASE)
+    for key, value in change.items():
+        if value is None:
+            values.pop(key)
+        else:
+            values[key] = value
+    path = tmp_path / "bert_config.json"
+    path.write_text(json.dumps(values))
+    with pytest.raises(ConfigError, match=message) as error:
+        BertConfig.from_json_file(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_config_rejects_non_bert_hf_model_and_bad_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**GOOGLE_BASE, "model_type": "roberta"}))
+    with pytest.raises(ConfigError, match="model_type"):
+        BertConfig.from_json_file(path)
+    path.write_text('{"vocab_size": 10,')
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        BertConfig.from_json_file(path)
+    with pytest.raises(ConfigError, match="no such file"):
+        BertConfig.from_json_file(tmp_path / "absent.json")
+
+
+def test_tiny_config_defaults_are_google_base():
+    config = tiny_config()
+    assert config.hidden_act == "gelu" and config.attention_probs_dropout_prob == 0.1

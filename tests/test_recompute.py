@@ -1,0 +1,152 @@
+"""Recompute BERT against the baseline: same numbers, fewer saved bytes, exactly the FLOPs each policy implies."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from bertbench import modeling, recompute
+from bertbench.memory import saved_activation_bytes
+from bertbench.models import build_model
+from conftest import tiny_batch, tiny_config
+
+POLICIES = [("full", 2), ("every-k", 2), ("every-k", 3), ("selective", 2)]
+ATTENTION_CORE_OPS = {"aten.bmm", "aten._scaled_dot_product_flash_attention_for_cpu"}
+
+
+def run_step(model, seed=7, batch=None):
+    """One forward+backward in train mode (dropout on); returns loss, grads, saved bytes and FLOPs by op."""
+    config = model.config
+    input_ids, token_type_ids, attention_mask = batch or tiny_batch(config, batch=4, seq=32)
+    labels = torch.tensor([0, 1, 1, 0])
+    model.train()
+    torch.manual_seed(seed)
+    with FlopCounterMode(display=False) as counter:
+        out, saved = saved_activation_bytes(
+            lambda: model(input_ids, token_type_ids, attention_mask, labels=labels), model)
+        out.loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    flops = {str(op): count for op, count in counter.get_flop_counts()["Global"].items()}
+    return out.loss.detach(), grads, saved, flops
+
+
+def make(modeling_name, policy="full", every_k=2, config=None):
+    torch.manual_seed(0)
+    return build_model("classification", config or tiny_config(num_hidden_layers=4), modeling_name, policy,
+                       every_k, num_labels=2)
+
+
+def layer_forward_flops(config, only=None):
+    """FLOPs of one block's forward in train mode (optionally only some ops), measured, not derived."""
+    layer = modeling.BertLayer(config).train()
+    hidden = torch.randn(4, 32, config.hidden_size, requires_grad=True)
+    mask = tiny_batch(config, batch=4, seq=32)[2].bool()[:, None, None, :]
+    with FlopCounterMode(display=False) as counter:
+        layer(hidden, mask)
+    counts = {str(op): count for op, count in counter.get_flop_counts()["Global"].items()}
+    return sum(count for op, count in counts.items() if only is None or op in only)
+
+
+@pytest.mark.parametrize("policy, every_k", POLICIES)
+def test_same_loss_and_gradients_with_dropout(policy, every_k):
+    base_loss, base_grads, _, _ = run_step(make("baseline"))
+    loss, grads, _, _ = run_step(make("recompute", policy, every_k))
+    assert torch.equal(loss, base_loss)
+    assert grads.keys() == base_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], base_grads[name], rtol=0, atol=0, msg=name)
+
+
+def test_dropout_is_live_so_mask_replay_is_tested():
+    """Recompute must replay the masks: with another seed the baseline's loss changes, so equality is not free."""
+    assert not torch.equal(run_step(make("baseline"), seed=7)[0], run_step(make("baseline"), seed=8)[0])
+
+
+@pytest.mark.parametrize("policy, every_k", POLICIES)
+def test_recompute_saves_fewer_bytes(policy, every_k):
+    _, _, base_saved, _ = run_step(make("baseline"))
+    _, _, saved, _ = run_step(make("recompute", policy, every_k))
+    limits = {"full": 0.25, "every-k": 0.8, "selective": 0.6}
+    assert saved < limits[policy] * base_saved, (policy, saved, base_saved)
+
+
+def test_saved_bytes_order_follows_policies():
+    saved = {name: run_step(make("recompute", name, 2))[2] for name in ("full", "every-k", "selective")}
+    saved["baseline"] = run_step(make("baseline"))[2]
+    assert saved["full"] < saved["every-k"] < saved["baseline"]
+    assert saved["full"] < saved["selective"] < saved["baseline"]
+
+
+@pytest.mark.parametrize("policy, every_k", POLICIES)
+def test_recomputed_flops_are_what_the_policy_implies(policy, every_k):
+    config = tiny_config(num_hidden_layers=4)
+    _, _, _, base_flops = run_step(make("baseline", config=config))
+    _, _, _, flops = run_step(make("recompute", policy, every_k, config=config))
+    extra = sum(flops.values()) - sum(base_flops.values())
+    checkpointed = recompute.checkpointed_layers(policy, config.num_hidden_layers, every_k)
+    if policy == "selective":
+        # dense outputs are kept: only the attention core (scores and weighted sum) runs again
+        expected = len(checkpointed) * layer_forward_flops(config, only=ATTENTION_CORE_OPS)
+    else:
+        expected = len(checkpointed) * layer_forward_flops(config)
+    assert expected > 0 and extra == expected, (policy, extra, expected)
+
+
+def test_checkpointed_layer_indices():
+    assert recompute.checkpointed_layers("full", 4) == [0, 1, 2, 3]
+    assert recompute.checkpointed_layers("every-k", 12, 4) == [0, 4, 8]
+    assert recompute.checkpointed_layers("selective", 3) == [0, 1, 2]
+    with pytest.raises(ValueError, match="unknown recompute policy"):
+        recompute.checkpointed_layers("some", 4)
+    with pytest.raises(ValueError, match="k >= 1"):
+        recompute.checkpointed_layers("every-k", 4, 0)
+
+
+@pytest.mark.parametrize("name", ["BertModel", "BertForPreTraining", "BertForSequenceClassification",
+                                  "BertForQuestionAnswering"])
+def test_same_interface_and_state_dict_names(name):
+    config = tiny_config()
+    head_kwargs = {"num_labels": 3} if name == "BertForSequenceClassification" else {}
+    torch.manual_seed(0)
+    baseline = getattr(modeling, name)(config, **head_kwargs)
+    checkpointed = getattr(recompute, name)(config, policy="selective", **head_kwargs)
+    assert isinstance(checkpointed, getattr(modeling, name))
+    assert checkpointed.recompute_policy == "selective"
+    assert list(baseline.state_dict()) == list(checkpointed.state_dict())
+    checkpointed.load_state_dict(baseline.state_dict())  # a checkpoint of one loads in the other
+    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    baseline.eval(), checkpointed.eval()
+    with torch.no_grad():
+        first = baseline(input_ids, token_type_ids, attention_mask)
+        second = checkpointed(input_ids, token_type_ids, attention_mask)
+    for field in vars(first):
+        if isinstance(getattr(first, field), torch.Tensor):
+            assert torch.equal(getattr(first, field), getattr(second, field)), field
+
+
+def test_pretraining_with_positions_same_gradients():
+    config = tiny_config()
+    input_ids, token_type_ids, attention_mask = tiny_batch(config, batch=2, seq=16)
+    positions = torch.tensor([[1, 2, 5], [3, 4, 0]])
+    labels = torch.tensor([[5, 6, 7], [8, 9, -100]])
+    grads = []
+    for model_name in ("baseline", "recompute"):
+        torch.manual_seed(0)
+        model = build_model("pretraining", config, model_name, "full").train()
+        torch.manual_seed(3)
+        out = model(input_ids, token_type_ids, attention_mask, masked_lm_positions=positions,
+                    masked_lm_labels=labels, next_sentence_labels=torch.tensor([0, 1]))
+        out.loss.backward()
+        grads.append(model.bert.embeddings.word_embeddings.weight.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_apply_twice_and_unknown_names_are_refused():
+    model = make("recompute", "full")
+    with pytest.raises(ValueError, match="already applied"):
+        recompute.apply_recompute(model, "selective")
+    with pytest.raises(ValueError, match="no BertLayer"):
+        recompute.apply_recompute(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="unknown modeling"):
+        build_model("classification", tiny_config(), "v3", num_labels=2)
+    with pytest.raises(ValueError, match="unknown task"):
+        build_model("ner", tiny_config())
