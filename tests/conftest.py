@@ -27,3 +27,12 @@ def tiny_batch(config: BertConfig, batch: int = 3, seq: int = 24, seed: int = 0)
 @pytest.fixture
 def config() -> BertConfig:
     return tiny_config()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -150,3 +150,49 @@ def test_apply_twice_and_unknown_names_are_refused():
         build_model("classification", tiny_config(), "v3", num_labels=2)
     with pytest.raises(ValueError, match="unknown task"):
         build_model("ner", tiny_config())
+
+
+def autocast_step(model, device):
+    input_ids, token_type_ids, attention_mask = (t.to(device) for t in tiny_batch(model.config, batch=4, seq=32))
+    model.to(device).train()
+    torch.manual_seed(5)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        out = model(input_ids, token_type_ids, attention_mask, labels=torch.tensor([0, 1, 1, 0], device=device))
+    out.loss.backward()
+    return out.loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def assert_recompute_matches_under_bf16(device):
+    base_loss, base_grads = autocast_step(make("baseline"), device)
+    assert base_loss.dtype == torch.float32  # the loss is computed in fp32 even under autocast
+    for policy in ("full", "selective"):
+        loss, grads = autocast_step(make("recompute", policy), device)
+        assert torch.equal(loss, base_loss), policy
+        for name in grads:
+            torch.testing.assert_close(grads[name], base_grads[name], rtol=0, atol=0, msg=name)
+
+
+def test_recompute_matches_under_bf16_autocast_on_cpu():
+    assert_recompute_matches_under_bf16("cpu")
+
+
+@pytest.mark.gpu
+def test_recompute_matches_under_bf16_autocast_on_cuda():
+    assert_recompute_matches_under_bf16("cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_recompute_keeps_less_allocated_memory():
+    """On the GPU the saving is real allocator memory, not only a count of saved tensors."""
+    peaks = {}
+    for name, policy in (("baseline", None), ("recompute", "full")):
+        model = make(name, policy or "full", config=tiny_config(num_hidden_layers=4, hidden_size=64)).cuda().train()
+        input_ids, token_type_ids, attention_mask = (t.cuda() for t in tiny_batch(model.config, batch=16, seq=64))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        loss = model(input_ids, token_type_ids, attention_mask, labels=torch.zeros(16, dtype=torch.long,
+                                                                                   device="cuda")).loss
+        peaks[name] = torch.cuda.max_memory_allocated() - before
+        loss.backward()
+    assert peaks["recompute"] < peaks["baseline"]

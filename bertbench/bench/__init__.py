@@ -1,0 +1,1 @@
+"""Measurement helpers shared by the benchmarks: synchronised step timing, FLOP counts, matmul peak."""

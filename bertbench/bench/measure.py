@@ -1,0 +1,86 @@
+"""Timing and counting primitives: what a benchmark needs to turn a training step into seq/s, FLOP/s and bytes."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from bertbench.memory import saved_activation_bytes
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_flops_per_second(size: int = 4096, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                            repeats: int = 5) -> float:
+    """Best-of-`repeats` FLOP/s of a square matmul: the peak that model FLOP/s are compared against."""
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    torch.mm(a, b)  # first call pays for thread-pool and kernel selection
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        started = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best
+
+
+def make_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
+                    loss_of: Callable = lambda output: output.loss) -> Callable[[], torch.Tensor]:
+    """One forward, backward and optimizer step on a fixed batch."""
+
+    def step() -> torch.Tensor:
+        loss = loss_of(model(**batch))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def time_steps(steps: dict[str, Callable], warmup: int, repeats: int, device: str = "cpu") -> dict[str, list[float]]:
+    """Seconds per call of each step, after `warmup` untimed calls. The steps are interleaved and the order flips
+    every round (A B, B A, A B ...), so that drift of the machine and the cost of following another model's memory
+    churn hit every contender alike."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for round_index in range(repeats):
+        order = list(steps.items()) if round_index % 2 == 0 else list(reversed(steps.items()))
+        for name, step in order:
+            synchronize(device)
+            started = time.perf_counter()
+            step()
+            synchronize(device)
+            times[name].append(time.perf_counter() - started)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def count_flops(run: Callable[[], None]) -> int:
+    """FLOPs of the matmul-like ops (mm, bmm, attention) that `run` executes, counted by PyTorch."""
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return counter.get_total_flops()
+
+
+def forward_backward_saved_bytes(model: torch.nn.Module, batch: dict,
+                                 loss_of: Callable = lambda output: output.loss) -> int:
+    """Bytes the forward keeps for backward (see bertbench.memory); runs the backward too, to free them."""
+    loss, saved = saved_activation_bytes(lambda: loss_of(model(**batch)), model)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return saved
