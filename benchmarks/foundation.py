@@ -84,7 +84,8 @@ def compare_with_hf(args, config, peak):
     rows = []
     for name, seconds in times.items():
         step = measure.median(seconds)
-        rows.append({"model": name, "step_s": step, "seq_per_s": args.batch / step,
+        rows.append({"model": name, "step_s": step, "step_min_s": min(seconds), "step_max_s": max(seconds),
+                     "seq_per_s": args.batch / step,
                      "tflops": flops / step / 1e12, "share_of_matmul_peak": flops / step / peak})
     for row in rows:
         row["speed_vs_hf"] = rows[1]["step_s"] / row["step_s"]
@@ -131,7 +132,8 @@ def main(argv=None) -> int:
         report["vs_hf"] = result = compare_with_hf(args, config, peak)
         print(f"\n## Train step, batch {args.batch}, seq {args.seq}, fp32, AdamW "
               f"({result['flops_per_step'] / 1e9:.0f} GFLOP per step)\n")
-        print(markdown(result["rows"], [("model", "model", "s"), ("step s", "step_s", ".3f"),
+        print(markdown(result["rows"], [("model", "model", "s"), ("step s (median)", "step_s", ".3f"),
+                                        ("min", "step_min_s", ".3f"), ("max", "step_max_s", ".3f"),
                                         ("seq/s", "seq_per_s", ".2f"), ("TFLOP/s", "tflops", ".3f"),
                                         ("of matmul peak", "share_of_matmul_peak", ".1%"),
                                         ("speed vs HF", "speed_vs_hf", ".3f")]))

@@ -75,12 +75,13 @@ class BertSelfAttention(nn.Module):
         return context.transpose(1, 2).reshape(batch, seq_length, self.num_heads * self.head_dim)
 
 
-class BertSelfOutput(nn.Module):
-    """Projection after attention, dropout, residual and post-LayerNorm."""
+class BertResidualOutput(nn.Module):
+    """Projection back to hidden size, dropout, residual add and post-LayerNorm: closes both sub-layers of a block
+    (after attention from hidden_size, after the feed-forward from intermediate_size)."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, in_features: int):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -92,7 +93,7 @@ class BertAttention(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config)
+        self.output = BertResidualOutput(config, config.hidden_size)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         return self.output(self.self(hidden, attention_mask), hidden)
@@ -108,19 +109,6 @@ class BertIntermediate(nn.Module):
         return self.activation(self.dense(hidden))
 
 
-class BertOutput(nn.Module):
-    """Feed-forward down-projection, dropout, residual and post-LayerNorm."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
-
-
 class BertLayer(nn.Module):
     """One transformer block; the unit that recompute policies wrap."""
 
@@ -128,7 +116,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
+        self.output = BertResidualOutput(config, config.intermediate_size)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         attended = self.attention(hidden, attention_mask)
@@ -170,6 +158,15 @@ def init_weights(module: nn.Module, initializer_range: float) -> None:
             nn.init.zeros_(sub.bias)
 
 
+def sdpa_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[batch, seq] 1/0 padding mask -> [batch, 1, 1, seq] boolean mask that broadcasts over heads and queries, or
+    None when nothing is padded: SDPA then skips a pass over every score matrix (and on a GPU may use flash
+    attention), as HF does. The check costs a host sync on a GPU, far less than the masked attention it saves."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()[:, None, None, :]
+
+
 @dataclass
 class BertModelOutput:
     sequence_output: torch.Tensor  # [batch, seq, hidden]
@@ -189,9 +186,7 @@ class BertModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> BertModelOutput:
-        # A [batch, 1, 1, seq] boolean mask broadcasts over heads and queries: padded keys get no attention.
-        sdpa_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), sdpa_mask)
+        sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), sdpa_padding_mask(attention_mask))
         return BertModelOutput(sequence_output, self.pooler(sequence_output))
 
 

@@ -268,19 +268,22 @@ def load_pretrained(model: torch.nn.Module, path: str | os.PathLike, config: Ber
     source = os.fspath(path)
     state = load_state_dict(path, config)
     targets = model.state_dict(keep_vars=True)
-    loaded, unexpected = set(), []
+    matched, unexpected = {}, []
     for name, value in state.items():
         target = next((candidate for candidate in (name, f"bert.{name}", name.removeprefix("bert."))
                        if candidate in targets), None)
         if target is None:
             unexpected.append(name)
-            continue
-        if targets[target].shape != value.shape:
+        elif targets[target].shape != value.shape:
             raise WeightsError(f"{source}: {name} has shape {list(value.shape)}, the model expects "
                                f"{list(targets[target].shape)}")
-        with torch.no_grad():
+        else:
+            matched[target] = value
+    # Copy only once every shape has been checked, so a bad file leaves the model as it was.
+    with torch.no_grad():
+        for target, value in matched.items():
             targets[target].copy_(value)
-        loaded.add(target)
+    loaded = set(matched)
     aliases = _alias_groups(model)
     missing = [name for name in targets if not loaded.intersection(aliases.get(name, [name]))]
     report = LoadReport(source=source, missing=missing, unexpected=sorted(unexpected))

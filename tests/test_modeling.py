@@ -30,16 +30,21 @@ def assert_close_to_fp64(ours32, hf32, hf64, name):
     assert our_error <= 4 * reference_error + 1e-6, f"{name}: error {our_error:.3g} vs HF fp32 {reference_error:.3g}"
 
 
+def hf_references(ours, hf_class, config, batch):
+    """Outputs of the HF twin in fp32 and fp64 on the same batch."""
+    input_ids, token_type_ids, attention_mask = batch
+    kwargs = dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    with torch.no_grad():
+        return (hf_twin(ours, hf_class, config)(**kwargs), hf_twin(ours, hf_class, config).double()(**kwargs))
+
+
 def test_encoder_matches_hf_bert_model(config):
     torch.manual_seed(0)
     ours = modeling.BertModel(config).eval()
-    hf32 = hf_twin(ours, transformers.BertModel, config)
-    hf64 = hf_twin(ours, transformers.BertModel, config).double()
-    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    batch = tiny_batch(config)
+    ref32, ref64 = hf_references(ours, transformers.BertModel, config, batch)
     with torch.no_grad():
-        out = ours(input_ids, token_type_ids, attention_mask)
-        ref32 = hf32(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
-        ref64 = hf64(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        out = ours(*batch)
     assert_close_to_fp64(out.sequence_output, ref32.last_hidden_state, ref64.last_hidden_state, "sequence_output")
     assert_close_to_fp64(out.pooled_output, ref32.pooler_output, ref64.pooler_output, "pooled_output")
 
@@ -47,9 +52,8 @@ def test_encoder_matches_hf_bert_model(config):
 def test_pretraining_heads_match_hf(config):
     torch.manual_seed(1)
     ours = modeling.BertForPreTraining(config).eval()
-    hf32 = hf_twin(ours, transformers.BertForPreTraining, config)
-    hf64 = hf_twin(ours, transformers.BertForPreTraining, config).double()
-    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    input_ids, token_type_ids, attention_mask = batch = tiny_batch(config)
+    ref32, ref64 = hf_references(ours, transformers.BertForPreTraining, config, batch)
     positions = torch.tensor([[1, 5, 7], [2, 3, 0], [4, 8, 9]])
     labels = torch.tensor([[11, 12, 13], [14, 15, -100], [16, 17, 18]])
     nsp_labels = torch.tensor([0, 1, 0])
@@ -57,8 +61,6 @@ def test_pretraining_heads_match_hf(config):
         out = ours(input_ids, token_type_ids, attention_mask, masked_lm_positions=positions,
                    masked_lm_labels=labels, next_sentence_labels=nsp_labels)
         full = ours(input_ids, token_type_ids, attention_mask)
-        kwargs = dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
-        ref32, ref64 = hf32(**kwargs), hf64(**kwargs)
     rows = torch.arange(3)[:, None]
     assert out.mlm_logits.shape == (3, 3, config.vocab_size)
     assert_close_to_fp64(out.mlm_logits, ref32.prediction_logits[rows, positions],
@@ -199,3 +201,10 @@ def test_config_rejects_non_bert_hf_model_and_bad_json(tmp_path):
 def test_tiny_config_defaults_are_google_base():
     config = tiny_config()
     assert config.hidden_act == "gelu" and config.attention_probs_dropout_prob == 0.1
+
+
+def test_unpadded_batches_skip_the_mask():
+    assert modeling.sdpa_padding_mask(None) is None
+    assert modeling.sdpa_padding_mask(torch.ones(2, 5, dtype=torch.long)) is None
+    mask = modeling.sdpa_padding_mask(torch.tensor([[1, 1, 0], [1, 1, 1]]))
+    assert mask.shape == (2, 1, 1, 3) and mask.dtype == torch.bool and mask.sum() == 5

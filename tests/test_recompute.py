@@ -196,3 +196,20 @@ def test_cuda_recompute_keeps_less_allocated_memory():
         peaks[name] = torch.cuda.max_memory_allocated() - before
         loss.backward()
     assert peaks["recompute"] < peaks["baseline"]
+
+
+def test_modeling_flags_build_the_chosen_module():
+    import argparse
+
+    from bertbench.models import add_model_arguments, model_from_args
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    baseline = model_from_args(parser.parse_args([]), "classification", tiny_config(), num_labels=2)
+    assert not hasattr(baseline, "recompute_policy")
+    # the TF-style underscore spelling is accepted too, as the original runners' flags are
+    args = parser.parse_args(["--modeling", "recompute", "--recompute_policy", "every-k", "--recompute-every", "3"])
+    model = model_from_args(args, "pretraining", tiny_config(num_hidden_layers=4))
+    assert model.recompute_policy == "every-3"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--recompute-policy", "half"])

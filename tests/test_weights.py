@@ -311,6 +311,15 @@ def test_load_pretrained_shape_mismatch_is_an_error(pretraining_dir):
         load_pretrained(model, pretraining_dir)
 
 
+def test_load_pretrained_error_leaves_the_model_untouched(pretraining_dir):
+    # position embeddings mismatch; the word embeddings before them in the file fit and must not be copied either
+    model = transformers.BertForPreTraining(hf_config(max_position_embeddings=128))
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(WeightsError, match="position_embeddings"):
+        load_pretrained(model, pretraining_dir)
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+
+
 def test_load_state_dict_checks_the_config(pretraining_dir):
     with pytest.raises(WeightsError, match=r"model\.safetensors: bert\.embeddings\.position_embeddings\.weight has "
                                            r"shape \[64, 32\], the config implies \[128, 32\]"):
