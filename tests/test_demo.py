@@ -53,3 +53,13 @@ def test_run_is_reproducible():
     settings = DemoConfig(steps=8, train_examples=256, dev_examples=64)
     first, second = run(settings), run(settings)
     assert [r["final_loss"] for r in first["results"]] == [r["final_loss"] for r in second["results"]]
+
+
+@pytest.mark.parametrize("argv, message", [(["--steps", "0"], "--steps must be at least 1"),
+                                           (["--hidden_size", "30"], "multiple of the 4 attention heads"),
+                                           (["--max_seq_length", "12"], "at least 16")])
+def test_bad_settings_are_one_line_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -45,13 +45,29 @@ class DemoConfig:
     seed: int = field(default=0, metadata={"help": "Seed of data, weights and dropout; same seed, same table."})
     output_dir: str | None = field(default=None, metadata={"help": "Also write demo_results.json here."})
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "train_examples", "dev_examples", "max_seq_length", "hidden_size",
+                     "num_hidden_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.hidden_size % 4:
+            raise ValueError(f"--hidden_size must be a multiple of the 4 attention heads, got {self.hidden_size}")
+        if self.batch_size > self.train_examples:
+            raise ValueError(f"--batch_size {self.batch_size} is larger than --train_examples {self.train_examples}")
+        if self.max_seq_length < 16:  # [CLS] A [SEP] B [SEP] of the built-in task is 16 tokens
+            raise ValueError(f"--max_seq_length must be at least 16 for the built-in task, "
+                             f"got {self.max_seq_length}")
+
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
     parser = argparse.ArgumentParser(prog="bertbench demo", description=__doc__.splitlines()[0])
     for spec in dataclasses.fields(DemoConfig):
         parser.add_argument(f"--{spec.name}", type=type(spec.default) if spec.default is not None else str,
                             default=spec.default, help=spec.metadata["help"])
-    return DemoConfig(**vars(parser.parse_args(argv)))
+    try:
+        return DemoConfig(**vars(parser.parse_args(argv)))
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def encode(tokenizer: BertTokenizer, examples: list[data.PairExample], max_seq_length: int) -> dict:
