@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 
 import torch
@@ -83,7 +84,7 @@ def compare_with_hf(args, config, peak):
     times = measure.time_steps(steps, args.warmup, args.repeats)
     rows = []
     for name, seconds in times.items():
-        step = measure.median(seconds)
+        step = statistics.median(seconds)
         rows.append({"model": name, "step_s": step, "step_min_s": min(seconds), "step_max_s": max(seconds),
                      "seq_per_s": args.batch / step,
                      "tflops": flops / step / 1e12, "share_of_matmul_peak": flops / step / peak})
@@ -103,11 +104,10 @@ def compare_recompute(args, config):
     saved = {name: measure.forward_backward_saved_bytes(model, batch) for name, model in models.items()}
     steps = {name: measure.make_train_step(model, adamw(model), batch) for name, model in models.items()}
     times = measure.time_steps(steps, args.warmup, args.repeats)
-    base_bytes, base_time = saved["baseline"], measure.median(times["baseline"])
+    step_s = {name: statistics.median(seconds) for name, seconds in times.items()}
     rows = [{"model": name, "saved_bytes": saved[name], "saved_mib": saved[name] / 2**20,
-             "bytes_vs_baseline": saved[name] / base_bytes,
-             "step_s": measure.median(times[name]), "time_vs_baseline": measure.median(times[name]) / base_time}
-            for name in models]
+             "bytes_vs_baseline": saved[name] / saved["baseline"], "step_s": step_s[name],
+             "time_vs_baseline": step_s[name] / step_s["baseline"]} for name in models]
     return {"batch": args.batch, "seq": args.long_seq, "rows": rows}
 
 

@@ -327,10 +327,3 @@ class BertForQuestionAnswering(nn.Module):
             loss = (F.cross_entropy(start_logits, start_positions) + F.cross_entropy(end_logits, end_positions)) / 2
         return QuestionAnsweringOutput(loss, start_logits, end_logits)
 
-
-TASK_MODELS = {
-    "pretraining": BertForPreTraining,
-    "classification": BertForSequenceClassification,
-    "question_answering": BertForQuestionAnswering,
-    "encoder": BertModel,
-}

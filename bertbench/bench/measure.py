@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable
 
@@ -64,10 +63,6 @@ def time_steps(steps: dict[str, Callable], warmup: int, repeats: int, device: st
             synchronize(device)
             times[name].append(time.perf_counter() - started)
     return times
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def count_flops(run: Callable[[], None]) -> int:
