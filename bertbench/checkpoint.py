@@ -1,0 +1,121 @@
+"""Training checkpoints on disk: atomic writes, keep-the-newest-N rotation, and the time/step save trigger.
+
+A checkpoint is one file `ckpt-<step>.pt` in the model directory, written to a temporary name, fsynced and renamed,
+so a crash at any point leaves either the complete new file or none; older files beyond `keep_max` are deleted only
+after the new one is in place. The trigger mirrors tf.estimator's RunConfig: every `save_secs` of wall-clock time
+and/or every `save_steps` steps.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+
+_CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, unreadable or not a bertbench checkpoint; the message names the file."""
+
+
+def checkpoint_path(model_dir: str | os.PathLike, step: int) -> str:
+    return os.path.join(os.fspath(model_dir), f"ckpt-{step:09d}.pt")
+
+
+def list_checkpoints(model_dir: str | os.PathLike) -> list[tuple[int, str]]:
+    """(step, path) of the complete checkpoints in model_dir, oldest first; temporary files are not listed."""
+    model_dir = os.fspath(model_dir)
+    if not os.path.isdir(model_dir):
+        return []
+    found = []
+    for name in os.listdir(model_dir):
+        match = _CHECKPOINT_NAME.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(model_dir, name)))
+    return sorted(found)
+
+
+def latest_checkpoint(model_dir: str | os.PathLike) -> str | None:
+    checkpoints = list_checkpoints(model_dir)
+    return checkpoints[-1][1] if checkpoints else None
+
+
+def _fsync_directory(directory: str) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, Any], keep_max: int = 1) -> str:
+    """Write `state` as the checkpoint of `step` atomically, then delete all but the newest `keep_max`."""
+    if keep_max < 1:
+        raise ValueError(f"keep_max must be at least 1, got {keep_max}")
+    model_dir = os.fspath(model_dir)
+    os.makedirs(model_dir, exist_ok=True)
+    path = checkpoint_path(model_dir, step)
+    descriptor, temporary = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=model_dir)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            torch.save({"format": "bertbench-checkpoint-1", "step": step, **state}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    _fsync_directory(model_dir)  # the rename itself must survive a power cut before older files go
+    for _, old in list_checkpoints(model_dir)[:-keep_max]:
+        os.remove(old)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint written by save_checkpoint; a missing, truncated or foreign file is a CheckpointError."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        # RNG states and optimizer state are plain tensors and containers, so the safe loader reads them.
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch raises several types for a damaged zip or pickle
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else 'no detail'})") from None
+    if not isinstance(state, dict) or state.get("format") != "bertbench-checkpoint-1":
+        raise CheckpointError(f"{path}: not a bertbench training checkpoint")
+    return state
+
+
+class SaveTrigger:
+    """Decides when to save: every `save_secs` seconds of wall-clock time since the last save and/or every
+    `save_steps` steps (either may be None; both None never triggers). tf.estimator's save_checkpoints_secs/steps."""
+
+    def __init__(self, save_secs: float | None, save_steps: int | None,
+                 clock: Callable[[], float] = time.monotonic):
+        if save_secs is not None and save_secs <= 0:
+            raise ValueError(f"save_checkpoints_secs must be positive, got {save_secs}")
+        if save_steps is not None and save_steps < 1:
+            raise ValueError(f"save_checkpoints_steps must be at least 1, got {save_steps}")
+        self.save_secs, self.save_steps, self._clock = save_secs, save_steps, clock
+        self._last_time, self._last_step = clock(), None
+
+    def start(self, step: int) -> None:
+        """Count from `step` (the step training starts or resumes at) and from now."""
+        self._last_time, self._last_step = self._clock(), step
+
+    def should_save(self, step: int) -> bool:
+        if self._last_step is not None and step <= self._last_step:
+            return False
+        if self.save_steps is not None and step % self.save_steps == 0:
+            return True
+        return self.save_secs is not None and self._clock() - self._last_time >= self.save_secs
+
+    def saved(self, step: int) -> None:
+        self._last_time, self._last_step = self._clock(), step

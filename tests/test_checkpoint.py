@@ -1,0 +1,117 @@
+"""Atomic checkpoint files, rotation, and the time/step save trigger."""
+
+import os
+
+import pytest
+import torch
+
+from bertbench import checkpoint
+from bertbench.checkpoint import CheckpointError, SaveTrigger
+
+
+def state(value: float) -> dict:
+    return {"model": {"weight": torch.full((3,), value)}, "rng": torch.get_rng_state()}
+
+
+def test_save_load_round_trip_and_latest(tmp_path):
+    path = checkpoint.save_checkpoint(tmp_path, 7, state(1.5), keep_max=3)
+    assert os.path.basename(path) == "ckpt-000000007.pt"
+    loaded = checkpoint.load_checkpoint(path)
+    assert loaded["step"] == 7 and torch.equal(loaded["model"]["weight"], torch.full((3,), 1.5))
+    assert torch.equal(loaded["rng"], torch.get_rng_state())
+    checkpoint.save_checkpoint(tmp_path, 12, state(2.0), keep_max=3)
+    assert checkpoint.latest_checkpoint(tmp_path).endswith("ckpt-000000012.pt")
+    assert checkpoint.latest_checkpoint(tmp_path / "absent") is None
+
+
+def test_keep_max_removes_only_the_oldest(tmp_path):
+    for step in (10, 20, 30, 40):
+        checkpoint.save_checkpoint(tmp_path, step, state(step), keep_max=2)
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [30, 40]
+    checkpoint.save_checkpoint(tmp_path, 50, state(50), keep_max=1)
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [50]
+    with pytest.raises(ValueError, match="keep_max"):
+        checkpoint.save_checkpoint(tmp_path, 60, state(60), keep_max=0)
+
+
+def test_crash_while_writing_leaves_old_checkpoints_and_no_partial_file(tmp_path, monkeypatch):
+    checkpoint.save_checkpoint(tmp_path, 1, state(1.0), keep_max=1)
+    before = sorted(os.listdir(tmp_path))
+
+    def crash(obj, handle):
+        handle.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_checkpoint(tmp_path, 2, state(2.0), keep_max=1)
+    assert sorted(os.listdir(tmp_path)) == before  # no temp file, and step 1 was not rotated away
+    assert checkpoint.load_checkpoint(checkpoint.latest_checkpoint(tmp_path))["step"] == 1
+
+
+def test_temporary_files_are_never_taken_for_checkpoints(tmp_path):
+    (tmp_path / ".ckpt-abc.tmp").write_bytes(b"partial")
+    (tmp_path / "ckpt-000000003.pt.tmp").write_bytes(b"partial")
+    assert checkpoint.latest_checkpoint(tmp_path) is None
+
+
+def test_damaged_or_foreign_files_name_the_file(tmp_path):
+    path = checkpoint.save_checkpoint(tmp_path, 5, state(1.0))
+    data = open(path, "rb").read()
+    with open(path, "wb") as handle:
+        handle.write(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="ckpt-000000005.pt: unreadable checkpoint"):
+        checkpoint.load_checkpoint(path)
+    foreign = tmp_path / "other.pt"
+    torch.save({"weight": torch.ones(1)}, foreign)
+    with pytest.raises(CheckpointError, match="not a bertbench training checkpoint"):
+        checkpoint.load_checkpoint(foreign)
+    with pytest.raises(CheckpointError, match="no such checkpoint file"):
+        checkpoint.load_checkpoint(tmp_path / "missing.pt")
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_trigger_by_wall_clock_time():
+    clock = FakeClock()
+    trigger = SaveTrigger(save_secs=1200, save_steps=None, clock=clock)
+    trigger.start(0)
+    clock.now += 1199
+    assert not trigger.should_save(50)
+    clock.now += 1
+    assert trigger.should_save(51)
+    trigger.saved(51)
+    clock.now += 600
+    assert not trigger.should_save(80)  # the clock restarts at each save
+    clock.now += 600
+    assert trigger.should_save(90)
+
+
+def test_trigger_by_steps_or_both():
+    clock = FakeClock()
+    trigger = SaveTrigger(save_secs=None, save_steps=100, clock=clock)
+    trigger.start(0)
+    assert [step for step in range(1, 301) if trigger.should_save(step)] == [100, 200, 300]
+    both = SaveTrigger(save_secs=60, save_steps=100, clock=clock)
+    both.start(0)
+    clock.now += 61
+    assert both.should_save(7)  # time fires before the step count
+    both.saved(7)
+    assert both.should_save(100) and not both.should_save(7)  # never twice for one step
+    resumed = SaveTrigger(save_secs=None, save_steps=100, clock=clock)
+    resumed.start(200)
+    assert not resumed.should_save(200) and resumed.should_save(300)
+
+
+def test_trigger_rejects_bad_settings():
+    with pytest.raises(ValueError, match="save_checkpoints_secs"):
+        SaveTrigger(save_secs=0, save_steps=None)
+    with pytest.raises(ValueError, match="save_checkpoints_steps"):
+        SaveTrigger(save_secs=None, save_steps=0)
+    assert not SaveTrigger(None, None).should_save(10)
