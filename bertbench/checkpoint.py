@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import torch
 
+from bertbench.durable import fsync_path
+
 _CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 
@@ -45,14 +47,6 @@ def latest_checkpoint(model_dir: str | os.PathLike) -> str | None:
     return checkpoints[-1][1] if checkpoints else None
 
 
-def _fsync_directory(directory: str) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, Any], keep_max: int = 1) -> str:
     """Write `state` as the checkpoint of `step` atomically, then delete all but the newest `keep_max`."""
     if keep_max < 1:
@@ -71,7 +65,7 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
-    _fsync_directory(model_dir)  # the rename itself must survive a power cut before older files go
+    fsync_path(model_dir)  # the rename itself must survive a power cut before older files go
     for _, old in list_checkpoints(model_dir)[:-keep_max]:
         os.remove(old)
     return path

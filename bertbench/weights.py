@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from bertbench.config import BertConfig
+from bertbench.durable import fsync_path
 from bertbench.tf_checkpoint import TFCheckpoint
 
 logger = logging.getLogger(__name__)
@@ -317,14 +318,6 @@ def _weights_to_save(model: torch.nn.Module | Mapping[str, torch.Tensor]) -> dic
     return state
 
 
-def _fsync(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def _check_output_dir(out_dir: str, overwrite: bool) -> None:
     if os.path.exists(out_dir):
         if not os.path.isdir(out_dir):
@@ -346,8 +339,8 @@ def _write_directory_atomically(out_dir: str, overwrite: bool, write: Callable[[
         write(tmp)
         for name in os.listdir(tmp):
             os.chmod(os.path.join(tmp, name), 0o644)  # safetensors creates 0600 files; weights are meant to be shared
-            _fsync(os.path.join(tmp, name))
-        _fsync(tmp)
+            fsync_path(os.path.join(tmp, name))
+        fsync_path(tmp)
         if os.path.isdir(out_dir) and os.listdir(out_dir):
             old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=parent)
             os.replace(out_dir, old)  # rename onto an empty directory replaces it
@@ -358,7 +351,7 @@ def _write_directory_atomically(out_dir: str, overwrite: bool, write: Callable[[
                 os.replace(old, out_dir)
                 old = None
             raise
-        _fsync(parent)
+        fsync_path(parent)
     finally:
         for leftover in (tmp, old):
             if leftover is not None and os.path.isdir(leftover):

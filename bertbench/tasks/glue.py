@@ -1,0 +1,309 @@
+"""GLUE: the task files of the GLUE v1 release, model inputs, the GLUE metrics and leaderboard submission files.
+
+`data_dir` is a task's directory of the standard download (`glue_data/MNLI`, as Google's `--data_dir`); the GLUE
+root (`glue_data`) works too. Columns and label lists are those of Google's run_classifier.py (and of HF's
+processors for the tasks Google left out). Files are read as raw TSV, `csv.QUOTE_NONE`: MNLI and QQP rows hold
+unbalanced quote characters, which a quoting reader would run on across lines.
+
+Train and dev examples get guids `train-0`, `dev_matched-3`, ...; test examples keep the file's `index` (QQP: `id`)
+column, which the leaderboard expects in the submission file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+from sklearn import metrics
+
+from bertbench.tokenization import BertTokenizer
+
+
+class GlueDataError(ValueError):
+    """A GLUE file is missing or unreadable; the message names the file and, where there is one, the 1-based line."""
+
+
+@dataclass(frozen=True)
+class InputExample:
+    """One example. text_b is None for single-sentence tasks: an empty string would be an empty second segment
+    ([CLS] a [SEP] [SEP]), where Google means no pair. label is a label string, a float (STS-B) or None (test)."""
+
+    guid: str
+    text_a: str
+    text_b: str | None
+    label: str | float | None
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Where a file keeps its fields (0-based). label -1 is the last field (MNLI's gold_label follows a varying
+    number of annotator labels); label None is an unlabelled file; guid None numbers the examples instead."""
+
+    text_a: int
+    text_b: int | None
+    label: int | None
+    header: bool = True
+    guid: int | None = None
+
+    @property
+    def min_fields(self) -> int:
+        used = [index for index in (self.text_a, self.text_b, self.label, self.guid) if index is not None]
+        return max(used) + 1 + (self.label == -1)
+
+
+@dataclass(frozen=True)
+class Split:
+    file_name: str
+    columns: Columns
+    submission_name: str | None = None  # test splits: the file name the GLUE leaderboard expects
+
+
+@dataclass(frozen=True, eq=False)
+class GlueProcessor:
+    """One GLUE task: its files, labels and metric."""
+
+    name: str  # GLUE's spelling, which is also the task's directory name in the download
+    labels: tuple[str, ...]  # empty for STS-B, the one regression task
+    metric: str  # "mcc", "acc_and_f1", "pearson_and_spearman" or "acc"
+    train: Split | None
+    dev: Mapping[str, Split]
+    test: Mapping[str, Split]
+    directories: tuple[str, ...]  # names the task directory may have under the GLUE root
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.labels
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.is_regression else len(self.labels)
+
+    def train_examples(self, data_dir: str | os.PathLike) -> list[InputExample]:
+        if self.train is None:
+            raise GlueDataError(f"GLUE task {self.name} has no training set: it is predicted by a model trained on MNLI")
+        return self._read(data_dir, "train", self.train)
+
+    def dev_sets(self, data_dir: str | os.PathLike) -> dict[str, list[InputExample]]:
+        """Every labelled evaluation set by name: {"dev": ...}; MNLI {"dev_matched": ..., "dev_mismatched": ...}."""
+        return {name: self._read(data_dir, name, split) for name, split in self.dev.items()}
+
+    def test_sets(self, data_dir: str | os.PathLike) -> dict[str, list[InputExample]]:
+        """Every unlabelled test set by name (label None, guid the file's index): {"test": ...}; MNLI
+        {"test_matched": ..., "test_mismatched": ...}."""
+        return {name: self._read(data_dir, name, split) for name, split in self.test.items()}
+
+    def _locate(self, data_dir: str | os.PathLike, file_name: str) -> str:
+        data_dir = os.fspath(data_dir)
+        candidates = [os.path.join(data_dir, file_name)]
+        candidates += [os.path.join(data_dir, directory, file_name) for directory in self.directories]
+        for candidate in candidates:
+            if os.path.isfile(candidate):
+                return candidate
+        raise GlueDataError(f"{candidates[0]}: no such file for GLUE task {self.name} (data_dir should be the task's "
+                            f"directory of the GLUE download, e.g. glue_data/{self.directories[0]})")
+
+    def _read(self, data_dir: str | os.PathLike, split_name: str, split: Split) -> list[InputExample]:
+        path = self._locate(data_dir, split.file_name)
+        with open(path, "rb") as handle:
+            data = handle.read()
+        try:
+            text = data.decode("utf-8").removeprefix("\ufeff")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            raise GlueDataError(f"{path}:{line}: not valid UTF-8") from None
+        columns = split.columns
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+        examples = []
+        for row in reader:
+            line = reader.line_num  # one row per line: QUOTE_NONE never continues a field onto the next line
+            if (columns.header and line == 1) or not row:
+                continue
+            if len(row) < columns.min_fields:
+                raise GlueDataError(f"{path}:{line}: {len(row)} tab-separated field{'s' if len(row) != 1 else ''}, "
+                                    f"{self.name} {split_name} rows need at least {columns.min_fields}")
+            label = None if columns.label is None else self._parse_label(path, line, row[columns.label])
+            guid = f"{split_name}-{len(examples)}" if columns.guid is None else row[columns.guid]
+            text_b = None if columns.text_b is None else row[columns.text_b]
+            examples.append(InputExample(guid, row[columns.text_a], text_b, label))
+        return examples
+
+    def _parse_label(self, path: str, line: int, raw: str) -> str | float:
+        if not self.is_regression:
+            if raw not in self.labels:
+                raise GlueDataError(f"{path}:{line}: unknown label {raw!r} for {self.name}, "
+                                    f"expected one of {', '.join(self.labels)}")
+            return raw
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise GlueDataError(f"{path}:{line}: label {raw!r} is not a number ({self.name} scores are floats)")
+        return value
+
+
+def _standard_task(name: str, labels: tuple[str, ...], metric: str, labelled: Columns,
+                   test: Columns) -> GlueProcessor:
+    """A task with train.tsv and dev.tsv laid out alike, and test.tsv."""
+    return GlueProcessor(
+        name=name, labels=labels, metric=metric, train=Split("train.tsv", labelled),
+        dev={"dev": Split("dev.tsv", labelled)}, test={"test": Split("test.tsv", test, f"{name}.tsv")},
+        directories=(name,))
+
+
+BINARY = ("0", "1")
+MNLI_LABELS = ("contradiction", "entailment", "neutral")
+ENTAILMENT_LABELS = ("entailment", "not_entailment")
+# index, sentence1 (QNLI: question), sentence2 (QNLI: sentence), label: QNLI, RTE and WNLI.
+INDEX_PAIR = Columns(text_a=1, text_b=2, label=3)
+INDEX_PAIR_TEST = Columns(text_a=1, text_b=2, label=None, guid=0)
+# index promptID pairID genre sentence1_binary_parse sentence2_binary_parse sentence1_parse sentence2_parse
+# sentence1 sentence2 [label1 ... label5] gold_label
+MNLI_COLUMNS = Columns(text_a=8, text_b=9, label=-1)
+MNLI_TEST = Columns(text_a=8, text_b=9, label=None, guid=0)
+
+_TASKS = (
+    # CoLA train/dev: source, label, original annotation, sentence, with no header; test: index, sentence.
+    _standard_task("CoLA", BINARY, "mcc", Columns(text_a=3, text_b=None, label=1, header=False),
+                   Columns(text_a=1, text_b=None, label=None, guid=0)),
+    # sentence, label; test: index, sentence.
+    _standard_task("SST-2", BINARY, "acc", Columns(text_a=0, text_b=None, label=1),
+                   Columns(text_a=1, text_b=None, label=None, guid=0)),
+    # Quality, #1 ID, #2 ID, #1 String, #2 String; test: index, #1 ID, #2 ID, #1 String, #2 String.
+    _standard_task("MRPC", BINARY, "acc_and_f1", Columns(text_a=3, text_b=4, label=0),
+                   Columns(text_a=3, text_b=4, label=None, guid=0)),
+    # index genre filename year old_index source1 source2 sentence1 sentence2 score; test without score.
+    _standard_task("STS-B", (), "pearson_and_spearman", Columns(text_a=7, text_b=8, label=9),
+                   Columns(text_a=7, text_b=8, label=None, guid=0)),
+    # id qid1 qid2 question1 question2 is_duplicate; test: id question1 question2.
+    _standard_task("QQP", BINARY, "acc_and_f1", Columns(text_a=3, text_b=4, label=5),
+                   Columns(text_a=1, text_b=2, label=None, guid=0)),
+    GlueProcessor(
+        name="MNLI", labels=MNLI_LABELS, metric="acc", train=Split("train.tsv", MNLI_COLUMNS),
+        dev={"dev_matched": Split("dev_matched.tsv", MNLI_COLUMNS),
+             "dev_mismatched": Split("dev_mismatched.tsv", MNLI_COLUMNS)},
+        test={"test_matched": Split("test_matched.tsv", MNLI_TEST, "MNLI-m.tsv"),
+              "test_mismatched": Split("test_mismatched.tsv", MNLI_TEST, "MNLI-mm.tsv")},
+        directories=("MNLI",)),
+    _standard_task("QNLI", ENTAILMENT_LABELS, "acc", INDEX_PAIR, INDEX_PAIR_TEST),
+    _standard_task("RTE", ENTAILMENT_LABELS, "acc", INDEX_PAIR, INDEX_PAIR_TEST),
+    _standard_task("WNLI", BINARY, "acc", INDEX_PAIR, INDEX_PAIR_TEST),
+    # The diagnostic (index, sentence1, sentence2), unlabelled: an MNLI model's predictions, scored by GLUE with MCC.
+    GlueProcessor(
+        name="AX", labels=MNLI_LABELS, metric="mcc", train=None, dev={},
+        test={"test": Split("diagnostic.tsv", INDEX_PAIR_TEST, "AX.tsv")}, directories=("AX", "diagnostic")),
+)
+
+PROCESSORS: dict[str, GlueProcessor] = {processor.name.lower(): processor for processor in _TASKS}
+# mnli-mm is HF's name for the mismatched evaluation; MNLI evaluates both dev sets anyway.
+PROCESSORS.update({"sst2": PROCESSORS["sst-2"], "stsb": PROCESSORS["sts-b"], "mnli-mm": PROCESSORS["mnli"],
+                   "diagnostic": PROCESSORS["ax"]})
+
+
+def get_processor(task: str | GlueProcessor) -> GlueProcessor:
+    """The processor of a task name in any case ("MNLI", "sst-2", "stsb"); a processor is returned as it is."""
+    if isinstance(task, GlueProcessor):
+        return task
+    try:
+        return PROCESSORS[task.lower()]
+    except KeyError:
+        raise ValueError(f"unknown GLUE task {task!r}, choose from {', '.join(PROCESSORS)}") from None
+
+
+def encode_examples(examples: Sequence[InputExample], tokenizer: BertTokenizer, labels: Sequence[str],
+                    max_seq_length: int, is_regression: bool) -> dict[str, torch.Tensor]:
+    """input_ids, token_type_ids, attention_mask (int64, (n, max_seq_length)) and labels: int64 indices into
+    `labels`, or float32 scores for regression; an unlabelled example gives -1, or nan for regression."""
+    inputs = tokenizer.encode_batch([(example.text_a, example.text_b) for example in examples], max_seq_length)
+    if is_regression:
+        targets = torch.tensor([math.nan if example.label is None else float(example.label) for example in examples],
+                               dtype=torch.float32)
+    else:
+        index = {label: position for position, label in enumerate(labels)}
+        targets = torch.tensor([-1 if example.label is None else index[example.label] for example in examples],
+                               dtype=torch.long)
+    return {"input_ids": torch.from_numpy(inputs.input_ids), "token_type_ids": torch.from_numpy(inputs.token_type_ids),
+            "attention_mask": torch.from_numpy(inputs.attention_mask), "labels": targets}
+
+
+def _as_numpy(values) -> np.ndarray:
+    return torch.as_tensor(values).detach().cpu().numpy()
+
+
+def _predicted(processor: GlueProcessor, predictions) -> np.ndarray:
+    """Label indices (classification) or scores (regression) from predictions or from logits of shape (n, labels)."""
+    predictions = _as_numpy(predictions)
+    if processor.is_regression:
+        return predictions.astype(np.float64).reshape(len(predictions))
+    if predictions.ndim == 2:
+        return predictions.argmax(axis=1)
+    return predictions.astype(np.int64)
+
+
+def compute_metrics(task: str | GlueProcessor, predictions, labels) -> dict[str, float]:
+    """GLUE's metric of the task. predictions: label indices or logits (n, num_labels); STS-B scores, (n,) or (n, 1).
+    CoLA (and AX) {"mcc"}; MRPC and QQP {"acc", "f1", "acc_and_f1"}; STS-B {"pearson", "spearmanr", "corr"}
+    (corr is their mean); the others {"acc"}."""
+    processor = get_processor(task)
+    predicted = _predicted(processor, predictions)
+    truth = _as_numpy(labels).reshape(-1)
+    if predicted.shape != truth.shape or not len(truth):
+        raise ValueError(f"{len(predicted)} predictions for {len(truth)} labels; expected as many, at least one")
+    if processor.is_regression:
+        truth = truth.astype(np.float64)
+        if np.isnan(truth).any():
+            raise ValueError(f"{processor.name} labels include nan: unlabelled examples cannot be scored")
+        pearson = float(stats.pearsonr(predicted, truth).statistic)
+        spearman = float(stats.spearmanr(predicted, truth).statistic)
+        return {"pearson": pearson, "spearmanr": spearman, "corr": (pearson + spearman) / 2}
+    truth = truth.astype(np.int64)
+    if (truth < 0).any():
+        raise ValueError(f"{processor.name} labels include -1: unlabelled examples cannot be scored")
+    if processor.metric == "mcc":
+        return {"mcc": float(metrics.matthews_corrcoef(truth, predicted))}
+    accuracy = float((predicted == truth).mean())
+    if processor.metric == "acc_and_f1":
+        f1 = float(metrics.f1_score(truth, predicted, labels=[0, 1], zero_division=0.0))
+        return {"acc": accuracy, "f1": f1, "acc_and_f1": (accuracy + f1) / 2}
+    return {"acc": accuracy}
+
+
+def submission_file_name(task: str | GlueProcessor, split_name: str) -> str:
+    """The leaderboard's name for a test split's predictions: CoLA.tsv, ..., MNLI-m.tsv, MNLI-mm.tsv, AX.tsv."""
+    processor = get_processor(task)
+    if split_name not in processor.test:
+        raise ValueError(f"{processor.name} has no test split {split_name!r}, its test splits: "
+                         f"{', '.join(processor.test)}")
+    return processor.test[split_name].submission_name
+
+
+def write_submission(path: str | os.PathLike, processor: str | GlueProcessor, guids: Sequence[str],
+                     predictions) -> None:
+    """Write `index<TAB>prediction` lines as the GLUE leaderboard reads them: label strings, or STS-B scores clipped
+    to [0, 5]. guids are the test examples' guids (the file's index column); predictions as `compute_metrics`.
+    The file appears complete or not at all."""
+    processor = get_processor(processor)
+    predicted = _predicted(processor, predictions)
+    if len(predicted) != len(guids):
+        raise ValueError(f"{len(predicted)} predictions for {len(guids)} examples")
+    if processor.is_regression:
+        values = [f"{score:.3f}" for score in np.clip(predicted, 0.0, 5.0)]
+    else:
+        values = [processor.labels[index] for index in predicted]
+    path = os.fspath(path)
+    temporary = path + ".tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write("index\tprediction\n")
+            handle.writelines(f"{guid}\t{value}\n" for guid, value in zip(guids, values))
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
