@@ -49,13 +49,18 @@ def test_demo_help_lists_every_setting(capsys):
     assert all(f"--{name}" in out for name in DemoConfig.__dataclass_fields__)
 
 
+def test_shortest_run_times_a_step():
+    result = run(DemoConfig(steps=2, train_examples=64, dev_examples=32))["results"][0]
+    assert result["train_seq_per_s"] > 0 and result["step_ms"] > 0 and result["saved_for_backward_bytes"] > 0
+
+
 def test_run_is_reproducible():
     settings = DemoConfig(steps=8, train_examples=256, dev_examples=64)
     first, second = run(settings), run(settings)
     assert [r["final_loss"] for r in first["results"]] == [r["final_loss"] for r in second["results"]]
 
 
-@pytest.mark.parametrize("argv, message", [(["--steps", "0"], "--steps must be at least 1"),
+@pytest.mark.parametrize("argv, message", [(["--steps", "1"], "--steps must be at least 2"),
                                            (["--hidden_size", "30"], "multiple of the 4 attention heads"),
                                            (["--max_seq_length", "12"], "at least 16")])
 def test_bad_settings_are_one_line_usage_errors(argv, message, capsys):

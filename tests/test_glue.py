@@ -269,7 +269,7 @@ def test_encode_pair_and_single_examples(tokenizer):
     examples = [InputExample("a", "The cat sat.", "the dog ran", "entailment"),
                 InputExample("b", "the mat", None, "neutral"),
                 InputExample("c", "cat", "dog", None)]
-    features = encode_examples(examples, tokenizer, PROCESSORS["mnli"].labels, 12, is_regression=False)
+    features = encode_examples(examples, tokenizer, "mnli", 12)
     assert set(features) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
     for name in ("input_ids", "token_type_ids", "attention_mask"):
         assert features[name].shape == (3, 12) and features[name].dtype == torch.long
@@ -285,7 +285,7 @@ def test_encode_pair_and_single_examples(tokenizer):
 
 def test_encode_regression_labels(tokenizer):
     examples = [InputExample("0", "cat", "dog", 3.8), InputExample("1", "cat", "dog", None)]
-    features = encode_examples(examples, tokenizer, (), 8, is_regression=True)
+    features = encode_examples(examples, tokenizer, "sts-b", 8)
     labels = features["labels"]
     assert labels.dtype == torch.float32 and labels.shape == (2,)
     assert labels[0].item() == pytest.approx(3.8) and math.isnan(labels[1].item())
@@ -293,8 +293,7 @@ def test_encode_regression_labels(tokenizer):
 
 def test_encode_read_files(glue_dir, tokenizer):
     processor = PROCESSORS["cola"]
-    features = encode_examples(processor.train_examples(glue_dir / "CoLA"), tokenizer, processor.labels, 16,
-                               processor.is_regression)
+    features = encode_examples(processor.train_examples(glue_dir / "CoLA"), tokenizer, processor, 16)
     assert features["input_ids"].shape == (2, 16)
     assert features["labels"].tolist() == [1, 0]
 

@@ -32,12 +32,12 @@ def matmul_flops_per_second(size: int = 4096, dtype: torch.dtype = torch.float32
     return 2 * size**3 / best
 
 
-def make_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
-                    loss_of: Callable = lambda output: output.loss) -> Callable[[], torch.Tensor]:
+def make_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    batch: dict) -> Callable[[], torch.Tensor]:
     """One forward, backward and optimizer step on a fixed batch."""
 
     def step() -> torch.Tensor:
-        loss = loss_of(model(**batch))
+        loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -72,10 +72,9 @@ def count_flops(run: Callable[[], None]) -> int:
     return counter.get_total_flops()
 
 
-def forward_backward_saved_bytes(model: torch.nn.Module, batch: dict,
-                                 loss_of: Callable = lambda output: output.loss) -> int:
+def forward_backward_saved_bytes(model: torch.nn.Module, batch: dict) -> int:
     """Bytes the forward keeps for backward (see bertbench.memory); runs the backward too, to free them."""
-    loss, saved = saved_activation_bytes(lambda: loss_of(model(**batch)), model)
+    loss, saved = saved_activation_bytes(lambda: model(**batch).loss, model)
     loss.backward()
     model.zero_grad(set_to_none=True)
     return saved

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bertbench import optim
 from bertbench.config import BertConfig
 from bertbench.demo import data
 from bertbench.memory import saved_activation_bytes
@@ -35,8 +35,9 @@ class DemoConfig:
 
     steps: int = field(default=200, metadata={"help": "Training steps per model."})
     batch_size: int = field(default=32, metadata={"help": "Sequences per step."})
-    learning_rate: float = field(default=1e-3, metadata={"help": "Peak AdamW learning rate."})
-    warmup_steps: int = field(default=20, metadata={"help": "Linear warm-up steps, then linear decay to 0."})
+    learning_rate: float = field(default=2e-3, metadata={"help": "Peak AdamW learning rate."})
+    warmup_proportion: float = field(default=0.1, metadata={"help": "Share of the steps spent in linear warm-up "
+                                                                      "(Google's schedule, then linear decay)."})
     train_examples: int = field(default=4096, metadata={"help": "Generated training pairs."})
     dev_examples: int = field(default=1024, metadata={"help": "Generated held-out pairs for accuracy."})
     max_seq_length: int = field(default=32, metadata={"help": "Padded sequence length."})
@@ -46,7 +47,9 @@ class DemoConfig:
     output_dir: str | None = field(default=None, metadata={"help": "Also write demo_results.json here."})
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "train_examples", "dev_examples", "max_seq_length", "hidden_size",
+        if self.steps < 2:  # step 0 counts saved bytes and warms up; the later steps are timed
+            raise ValueError(f"--steps must be at least 2, got {self.steps}")
+        for name in ("batch_size", "train_examples", "dev_examples", "max_seq_length", "hidden_size",
                      "num_hidden_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -102,19 +105,18 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
               train: dict, dev: dict) -> tuple[dict, torch.nn.Module]:
     torch.manual_seed(settings.seed)
     model = build_model("classification", config, modeling_name, policy or "full", num_labels=len(data.LABELS))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01)
-    warmup = max(1, settings.warmup_steps)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(
-        (step + 1) / warmup, max(0.0, (settings.steps - step) / max(1, settings.steps - warmup))))
+    optimizer = optim.build_optimizer(model, "adamw", settings.learning_rate, weight_decay=0.01)
+    schedule = optim.warmup_decay_schedule(optimizer, settings.steps, settings.warmup_proportion)
     stream = batches(train, settings.batch_size, torch.Generator().manual_seed(settings.seed))
     model.train()
-    saved_bytes = 0
     timed_steps, timed_seconds = 0, 0.0
-    skip = min(5, settings.steps // 4)  # first steps pay for allocation and thread start-up
+    # Untimed: step 0, which counts saved bytes under autograd hooks, and the first steps, which pay for
+    # allocation and thread start-up.
+    untimed = max(1, min(5, settings.steps // 4))
     for step in range(settings.steps):
         batch = next(stream)
         started = time.perf_counter()
-        if step == skip:
+        if step == 0:
             loss, saved_bytes = saved_activation_bytes(lambda: model(**batch).loss, model)
         else:
             loss = model(**batch).loss
@@ -122,7 +124,7 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        if step > skip:  # the step that counts saved bytes runs under autograd hooks, so it is not timed
+        if step >= untimed:
             timed_steps += 1
             timed_seconds += time.perf_counter() - started
     name = modeling_name if policy is None else f"{modeling_name}/{policy}"
@@ -130,8 +132,8 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
         "model": name,
         "dev_accuracy": accuracy(model, dev),
         "final_loss": loss.item(),
-        "train_seq_per_s": timed_steps * settings.batch_size / timed_seconds if timed_seconds else math.nan,
-        "step_ms": 1000 * timed_seconds / max(1, timed_steps),
+        "train_seq_per_s": timed_steps * settings.batch_size / timed_seconds,
+        "step_ms": 1000 * timed_seconds / timed_steps,
         "saved_for_backward_bytes": saved_bytes,
     }
     return result, model

@@ -217,16 +217,17 @@ def get_processor(task: str | GlueProcessor) -> GlueProcessor:
         raise ValueError(f"unknown GLUE task {task!r}, choose from {', '.join(PROCESSORS)}") from None
 
 
-def encode_examples(examples: Sequence[InputExample], tokenizer: BertTokenizer, labels: Sequence[str],
-                    max_seq_length: int, is_regression: bool) -> dict[str, torch.Tensor]:
-    """input_ids, token_type_ids, attention_mask (int64, (n, max_seq_length)) and labels: int64 indices into
-    `labels`, or float32 scores for regression; an unlabelled example gives -1, or nan for regression."""
+def encode_examples(examples: Sequence[InputExample], tokenizer: BertTokenizer, task: str | GlueProcessor,
+                    max_seq_length: int) -> dict[str, torch.Tensor]:
+    """input_ids, token_type_ids, attention_mask (int64, (n, max_seq_length)) and labels: int64 indices into the
+    task's labels, or float32 scores for regression; an unlabelled example gives -1, or nan for regression."""
+    processor = get_processor(task)
     inputs = tokenizer.encode_batch([(example.text_a, example.text_b) for example in examples], max_seq_length)
-    if is_regression:
+    if processor.is_regression:
         targets = torch.tensor([math.nan if example.label is None else float(example.label) for example in examples],
                                dtype=torch.float32)
     else:
-        index = {label: position for position, label in enumerate(labels)}
+        index = {label: position for position, label in enumerate(processor.labels)}
         targets = torch.tensor([-1 if example.label is None else index[example.label] for example in examples],
                                dtype=torch.long)
     return {"input_ids": torch.from_numpy(inputs.input_ids), "token_type_ids": torch.from_numpy(inputs.token_type_ids),
