@@ -1,0 +1,84 @@
+"""torch.distributed from the launcher's environment: one process per device, as `torchrun` starts them.
+
+`torchrun` (or `srun`/`mpirun` with the same variables) sets RANK, WORLD_SIZE and LOCAL_RANK; without them this is
+a single process and nothing is initialised. Backends: NCCL on GPUs, gloo on CPUs. Only rank 0 logs and writes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """Where this process sits in the job, and the device it computes on."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def all_gather_object(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order (just [value] in a single process)."""
+        if not self.enabled:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def any(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag OR-ed over all ranks: ranks must agree on when to stop or save, though each sees its own
+        signals and clock."""
+        if not self.enabled or not flags:
+            return tuple(flags)
+        values = torch.tensor([float(flag) for flag in flags], device=self.device)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        return tuple(bool(value) for value in values.tolist())
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """`name` as a device, or CUDA when it is available, else the CPU."""
+    if name:
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} requested but CUDA is not available")
+        return device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def init_from_environment(device: str | None = None) -> Distributed:
+    """Join the process group the launcher describes (if any) and pick this process's device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    chosen = resolve_device(device)
+    if world_size <= 1:
+        return Distributed(device=chosen)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if chosen.type == "cuda":
+        chosen = torch.device("cuda", local_rank)
+        torch.cuda.set_device(chosen)
+    if not dist.is_initialized():
+        backend = "nccl" if chosen.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, device_id=chosen if chosen.type == "cuda" else None)
+    return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=chosen)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

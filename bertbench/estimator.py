@@ -1,0 +1,617 @@
+"""RunConfig + Estimator: the training loop, shaped like tf.estimator, for any model whose forward returns `.loss`.
+
+- `train` resumes from the newest checkpoint in `model_dir` when there is one (as tf.estimator does), saves on a
+  wall-clock timer and/or every N steps, and on SIGTERM/SIGINT saves at the next step boundary and returns.
+- A checkpoint holds all that an exact resume needs: weights, optimizer, LR schedule, loss scaler, step, position in
+  the data order and every RNG state (of every rank). On the CPU a resumed run ends with bit-identical weights.
+- Precision fp32, fp16 (autocast + dynamic loss scaling; a step whose gradients overflow is skipped, counted and
+  logged, and does not advance the step, as in NVIDIA's BERT), bf16 (autocast); `compile` is torch.compile.
+- Gradient accumulation, global-norm clipping, AdamW or LAMB, warm-up then linear or polynomial decay.
+- `evaluate` / `predict` run the model over in-memory features in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import resource
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertbench import optim
+from bertbench.bench.measure import synchronize
+from bertbench.checkpoint import CheckpointError, SaveTrigger, latest_checkpoint, load_checkpoint, save_checkpoint
+from bertbench.distributed import Distributed
+from bertbench.progress import MetricsLog, ProgressDisplay
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass
+class RunConfig:
+    """Where a run keeps its checkpoints and how often it writes them (tf.estimator.RunConfig's names)."""
+
+    model_dir: str = field(metadata={"help": "Directory of the run's checkpoints and logs; a run started on a "
+                                             "directory holding a checkpoint resumes from it."})
+    save_checkpoints_secs: float | None = field(default=1200, metadata={
+        "help": "Save a checkpoint every this many seconds of wall-clock time (None: not on a timer)."})
+    save_checkpoints_steps: int | None = field(default=None, metadata={
+        "help": "Save a checkpoint every this many steps (None: not by steps). Either, both or neither."})
+    keep_checkpoint_max: int = field(default=1, metadata={"help": "Checkpoints kept; older ones are deleted once "
+                                                                  "a newer one is completely written."})
+    log_step_count_steps: int = field(default=100, metadata={"help": "Log loss and throughput every this many "
+                                                                     "steps (to the console and metrics.jsonl)."})
+    seed: int = field(default=42, metadata={"help": "Seed of the data order and of dropout."})
+
+    def __post_init__(self) -> None:
+        if self.save_checkpoints_secs is not None and self.save_checkpoints_secs <= 0:
+            raise ValueError(f"save_checkpoints_secs must be positive, got {self.save_checkpoints_secs}")
+        if self.save_checkpoints_steps is not None and self.save_checkpoints_steps < 1:
+            raise ValueError(f"save_checkpoints_steps must be at least 1, got {self.save_checkpoints_steps}")
+        if self.keep_checkpoint_max < 1:
+            raise ValueError(f"keep_checkpoint_max must be at least 1, got {self.keep_checkpoint_max}")
+        if self.log_step_count_steps < 1:
+            raise ValueError(f"log_step_count_steps must be at least 1, got {self.log_step_count_steps}")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation: steps, optimizer, schedule, precision."""
+
+    num_train_steps: int = field(metadata={"help": "Optimizer steps of the whole run (a resumed run continues "
+                                                   "to the same number)."})
+    learning_rate: float = field(default=5e-5, metadata={"help": "Peak learning rate."})
+    warmup_proportion: float = field(default=0.1, metadata={"help": "Share of the steps in linear warm-up."})
+    decay: str = field(default="linear", metadata={"help": "After warm-up: linear or poly(nomial) decay to 0."})
+    decay_power: float = field(default=1.0, metadata={"help": "Power of the polynomial decay."})
+    optimizer: str = field(default="adamw", metadata={"help": "adamw or lamb."})
+    weight_decay: float = field(default=0.01, metadata={"help": "Decoupled weight decay (not on biases and "
+                                                                "LayerNorm)."})
+    gradient_accumulation_steps: int = field(default=1, metadata={
+        "help": "Micro-batches per optimizer step; the step's batch is their sum."})
+    max_grad_norm: float | None = field(default=1.0, metadata={"help": "Clip the global gradient norm to this "
+                                                                       "(Google's 1.0); None: no clipping."})
+    precision: str = field(default="fp32", metadata={"help": "fp32, fp16 (autocast + dynamic loss scaling) or "
+                                                             "bf16 (autocast)."})
+    compile: bool = field(default=False, metadata={"help": "Run the training forward/backward through "
+                                                           "torch.compile (the original --use_xla)."})
+    excluded_steps: int = field(default=10, metadata={
+        "help": "Steps at the start of each run left out of the steady-state throughput (start-up, compilation)."})
+
+    def __post_init__(self) -> None:
+        if self.num_train_steps < 1:
+            raise ValueError(f"num_train_steps must be at least 1, got {self.num_train_steps}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.gradient_accumulation_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be positive, got {self.max_grad_norm}")
+        if self.optimizer not in optim.OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(optim.OPTIMIZERS)}")
+        if self.decay not in optim.DECAYS:
+            raise ValueError(f"unknown decay {self.decay!r}; choose one of {', '.join(optim.DECAYS)}")
+        if self.learning_rate <= 0 or not 0 <= self.warmup_proportion <= 1 or self.excluded_steps < 0:
+            raise ValueError(f"invalid learning_rate {self.learning_rate}, warmup_proportion "
+                             f"{self.warmup_proportion} or excluded_steps {self.excluded_steps}")
+
+
+class ShuffledBatches:
+    """An endless stream of training batches from in-memory features, resumable at any batch.
+
+    The order is one seeded permutation per epoch, the epochs laid end to end and cut into global batches of
+    `batch_size * world_size` (TF's shuffle, repeat, batch with drop_remainder: every batch full, every example
+    seen once per epoch). Rank r takes the r-th slice of each global batch. The state is the number of examples
+    consumed, so a resumed stream continues with the very next batch.
+    """
+
+    def __init__(self, features: Mapping[str, torch.Tensor], batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1):
+        counts = {len(tensor) for tensor in features.values()}
+        if len(counts) != 1 or not counts.pop():
+            raise ValueError("features must be tensors of one non-zero length")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.features = dict(features)
+        self.num_examples = len(next(iter(features.values())))
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.consumed = 0
+        self._orders: dict[int, torch.Tensor] = {}
+
+    @property
+    def epoch(self) -> float:
+        """Epochs consumed so far, fractional."""
+        return self.consumed / self.num_examples
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._orders:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._orders = {e: order for e, order in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = torch.randperm(self.num_examples, generator=generator)
+        return self._orders[epoch]
+
+    def _indices(self, start: int, count: int) -> torch.Tensor:
+        pieces = []
+        while count:
+            epoch, offset = divmod(start, self.num_examples)
+            take = min(count, self.num_examples - offset)
+            pieces.append(self._order(epoch)[offset:offset + take])
+            start, count = start + take, count - take
+        return torch.cat(pieces)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        start = self.consumed + self.rank * self.batch_size
+        index = self._indices(start, self.batch_size)
+        self.consumed += self.batch_size * self.world_size
+        return {name: tensor[index] for name, tensor in self.features.items()}
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed": self.consumed, "num_examples": self.num_examples, "seed": self.seed,
+                "global_batch_size": self.batch_size * self.world_size}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        for key in ("num_examples", "seed"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"the data order was saved with {key} {state[key]}, this run has "
+                                 f"{getattr(self, key)}")
+        self.consumed = state["consumed"]
+
+
+@dataclass
+class TrainResult:
+    """What one call of `train` did. Throughput counts every sequence of every rank."""
+
+    global_step: int
+    resumed_from: str | None  # the checkpoint this run continued from
+    restore_seconds: float  # reading it and restoring every state
+    interrupted_by: str | None  # "SIGTERM" / "SIGINT" when a signal stopped the run early
+    steps: int  # optimizer steps done in this call
+    sentences: int  # sequences trained in this call (skipped fp16 steps included: they were computed)
+    seconds: float  # wall-clock time of the training loop, checkpoints included
+    sentences_per_second: float  # sentences / seconds
+    steady_sentences_per_second: float | None  # without the first excluded steps and without checkpoint saves
+    steady_steps: int  # steps the steady figure covers
+    checkpoint_saves: int
+    checkpoint_seconds: float
+    skipped_steps: int  # fp16 steps skipped for inf/NaN gradients, in the whole run
+    final_loss: float | None  # mean loss of the last logged window
+    last_checkpoint: str | None
+    epoch: float
+
+    @property
+    def sentences_per_20_minutes(self) -> float | None:
+        """The original suite's comparison figure: sentences a run processes in 20 minutes at the steady rate."""
+        rate = self.steady_sentences_per_second
+        return None if rate is None else rate * 1200
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss became inf or NaN (fp32/bf16), or fp16 kept overflowing however small the loss scale."""
+
+
+# fp16 overflows this many steps in a row means the loss scale cannot save the run: stop rather than spin.
+MAX_CONSECUTIVE_SKIPPED_STEPS = 64
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and CUDA generator states, in types the safe (weights_only) loader reads."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32),
+                         numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def memory_bytes(device: torch.device) -> int:
+    """Peak CUDA memory allocated on a GPU; peak resident set size of the process on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kB
+
+
+class _StopSignals:
+    """While active, SIGTERM/SIGINT set `received` so the loop can save and stop at the next step boundary.
+    A second SIGINT raises KeyboardInterrupt at once, for a user who does not want to wait."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        print(f"\n{self.received} received: saving a checkpoint at the end of this step, then stopping",
+              file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+class Estimator:
+    """Trains, evaluates and predicts with `model`: model(**batch) returns an object with `.loss` (when the batch
+    holds labels) and the output fields `predict` collects (`logits`, `start_logits`, ...)."""
+
+    def __init__(self, model: nn.Module, run_config: RunConfig, train_config: TrainConfig | None = None,
+                 dist: Distributed | None = None, log: Callable[[str], None] | None = None):
+        self.dist = dist or Distributed()
+        self.device = self.dist.device
+        self.model = model.to(self.device)
+        self.run_config, self.train_config = run_config, train_config
+        self.global_step = 0
+        self._step_lr = 0.0  # learning rate of the last optimizer step, for the logs
+        self._log = log if log is not None else (lambda line: print(line, flush=True))
+
+    def log(self, line: str) -> None:
+        if self.dist.is_main:
+            self._log(line)
+
+    def _autocast(self):
+        precision = self.train_config.precision if self.train_config else "fp32"
+        if precision == "fp32":
+            return nullcontext()
+        dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+
+    def restore(self, path: str | None = None) -> str | None:
+        """Load the weights (only) of checkpoint `path`, or of the newest one in model_dir; None if there is none."""
+        path = path or latest_checkpoint(self.run_config.model_dir)
+        if path is None:
+            return None
+        state = load_checkpoint(path)
+        self._load_weights(path, state)
+        self.global_step = state["step"]
+        return path
+
+    def _load_weights(self, path: str, state: Mapping[str, Any]) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+        except KeyError:
+            raise CheckpointError(f"{path}: no 'model' entry") from None
+        except RuntimeError as error:
+            detail = " ".join(str(error).split())
+            raise CheckpointError(f"{path}: its weights do not fit this model ({detail[:300]})") from None
+
+    def _resume(self, optimizer, schedule, scaler, batches: ShuffledBatches) -> tuple[str | None, float, int]:
+        """Restore the newest checkpoint's whole state; (its path or None, seconds taken, skipped fp16 steps)."""
+        started = time.perf_counter()
+        path = latest_checkpoint(self.run_config.model_dir)
+        if path is None:
+            seed_everything(self.run_config.seed + self.dist.rank)
+            return None, 0.0, 0
+        state = load_checkpoint(path)
+        self._load_weights(path, state)
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+            schedule.load_state_dict(state["schedule"])
+            scaler.load_state_dict(state["scaler"])
+            batches.load_state_dict(state["data"])
+            rng_states, step, skipped = state["rng"], state["step"], state["skipped_steps"]
+        except KeyError as error:
+            raise CheckpointError(f"{path}: no {error.args[0]!r} entry; not a training checkpoint of this "
+                                  f"bertbench version") from None
+        except ValueError as error:
+            raise CheckpointError(f"{path}: does not fit this run: {error}") from None
+        if len(rng_states) == self.dist.world_size:
+            set_rng_state(rng_states[self.dist.rank])
+        else:  # the weights and data position still resume exactly; dropout draws cannot
+            self.log(f"warning: {path} was written by {len(rng_states)} processes, this run has "
+                     f"{self.dist.world_size}: dropout random streams restart from the seed")
+            seed_everything(self.run_config.seed + self.dist.rank + step)
+        self.global_step = step
+        return path, time.perf_counter() - started, skipped
+
+    def _save(self, optimizer, schedule, scaler, batches: ShuffledBatches, skipped: int) -> str | None:
+        rng_states = self.dist.all_gather_object(rng_state())
+        if not self.dist.is_main:
+            return None
+        state = {"model": self.model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "data": batches.state_dict(),
+                 "epoch": batches.epoch, "rng": rng_states, "skipped_steps": skipped,
+                 "train_config": dataclasses.asdict(self.train_config)}
+        return save_checkpoint(self.run_config.model_dir, self.global_step, state,
+                               self.run_config.keep_checkpoint_max)
+
+    # ---- training ----------------------------------------------------------------------------------------------
+
+    def _training_model(self) -> nn.Module:
+        model = self.model
+        if self.dist.enabled:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        if self.train_config.compile:
+            model = torch.compile(model)
+        return model
+
+    def train(self, batches: ShuffledBatches) -> TrainResult:
+        """Train to `train_config.num_train_steps`, resuming from model_dir's newest checkpoint if any."""
+        if self.train_config is None:
+            raise ValueError("train needs a TrainConfig")
+        config, run = self.train_config, self.run_config
+        optimizer = optim.build_optimizer(self.model, config.optimizer, config.learning_rate, config.weight_decay)
+        schedule = optim.warmup_decay_schedule(optimizer, config.num_train_steps, config.warmup_proportion,
+                                               config.decay, config.decay_power)
+        scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
+        resumed_from, restore_seconds, skipped = self._resume(optimizer, schedule, scaler, batches)
+        if resumed_from:
+            self.log(f"resumed from {resumed_from} (step {self.global_step}, epoch {batches.epoch:.2f}) in "
+                     f"{restore_seconds:.2f} s")
+        model = self._training_model()
+        self.model.train()
+        metrics = MetricsLog(f"{run.model_dir}/metrics.jsonl", self.global_step if resumed_from else None) \
+            if self.dist.is_main else None
+        display = ProgressDisplay(config.num_train_steps, enabled=None if self.dist.is_main else False)
+        trigger = SaveTrigger(run.save_checkpoints_secs, run.save_checkpoints_steps)
+        trigger.start(self.global_step)
+        loop = _LoopStats(self, batches, config)
+        last_checkpoint = resumed_from
+        with _StopSignals() as signals:
+            while self.global_step < config.num_train_steps:
+                loss, grad_norm, was_skipped = self._train_step(model, batches, optimizer, schedule, scaler, loop)
+                skipped += was_skipped
+                loop.after_step(loss, grad_norm, was_skipped)
+                if loop.consecutive_skipped >= MAX_CONSECUTIVE_SKIPPED_STEPS:
+                    raise TrainingDivergedError(f"{loop.consecutive_skipped} fp16 steps in a row overflowed (loss "
+                                                f"scale now {scaler.get_scale():g}); the last checkpoint is "
+                                                f"{last_checkpoint}")
+                finished = self.global_step >= config.num_train_steps
+                stop, save_due = self.dist.any(signals.received is not None, trigger.should_save(self.global_step))
+                if not was_skipped and self.global_step % run.log_step_count_steps == 0:
+                    self._report(loop.take_window(), metrics, display, scaler, batches, skipped,
+                                 last_checkpoint)
+                elif display.due():
+                    display.draw(self.global_step, loop.peek_loss(), loop.window_rate(),
+                                 loop.eta(self.global_step))
+                if finished or stop or save_due:
+                    loop.check_finite(self.global_step, last_checkpoint)
+                    with loop.pause():
+                        last_checkpoint = self._save(optimizer, schedule, scaler, batches, skipped) or last_checkpoint
+                    trigger.saved(self.global_step)
+                if stop:
+                    break
+        display.clear()
+        interrupted = signals.received if self.global_step < config.num_train_steps else None
+        if interrupted:
+            self.log(f"stopped by {interrupted} at step {self.global_step}; the checkpoint {last_checkpoint} "
+                     "resumes it: run the same command again")
+        return loop.result(resumed_from, restore_seconds, interrupted, skipped, last_checkpoint)
+
+    def _train_step(self, model: nn.Module, batches: ShuffledBatches, optimizer, schedule, scaler,
+                    loop: "_LoopStats") -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """One optimizer step over gradient_accumulation_steps micro-batches: (mean loss, grad norm, skipped)."""
+        accumulation = self.train_config.gradient_accumulation_steps
+        total_loss = torch.zeros((), device=self.device)
+        for micro_step in range(accumulation):
+            batch = next(batches)
+            loop.count_batch(batch)
+            batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
+            # Gradients are all-reduced once per optimizer step, on the last micro-batch, not on every one.
+            defer_sync = self.dist.enabled and micro_step < accumulation - 1
+            with model.no_sync() if defer_sync and hasattr(model, "no_sync") else nullcontext():
+                with self._autocast():
+                    loss = model(**batch).loss / accumulation
+                scaler.scale(loss).backward()
+            total_loss += loss.detach()
+        grad_norm = None
+        if self.train_config.max_grad_norm is not None:
+            scaler.unscale_(optimizer)
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.train_config.max_grad_norm)
+        scale_before = scaler.get_scale() if scaler.is_enabled() else None
+        self._step_lr = optimizer.param_groups[0]["lr"]
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        skipped = scaler.is_enabled() and scaler.get_scale() < scale_before
+        if not skipped:
+            schedule.step()
+            self.global_step += 1
+        return total_loss, grad_norm, skipped
+
+    def _report(self, window: dict[str, Any], metrics: MetricsLog | None, display: ProgressDisplay, scaler, batches: ShuffledBatches, skipped: int, last_checkpoint: str | None) -> None:
+        if not math.isfinite(window["loss"]) and self.train_config.precision != "fp16":
+            raise TrainingDivergedError(f"loss is {window['loss']} at step {self.global_step}; the last checkpoint "
+                                        f"is {last_checkpoint}")
+        record = {"step": self.global_step, "epoch": round(batches.epoch, 4), **window,
+                  "lr": self._step_lr, "skipped_steps": skipped,
+                  "loss_scale": scaler.get_scale() if scaler.is_enabled() else None,
+                  "memory_bytes": memory_bytes(self.device)}
+        if metrics is not None:
+            metrics.write(record)
+        display.clear()
+        self.log(f"step {self.global_step}/{self.train_config.num_train_steps}  loss {window['loss']:.4f}  "
+                 f"lr {record['lr']:.3g}  {window['seq_per_s']:.1f} seq/s  {window['tokens_per_s']:.0f} tokens/s"
+                 + (f"  skipped {skipped}" if skipped else ""))
+
+    # ---- inference ---------------------------------------------------------------------------------------------
+
+    def _infer(self, features: Mapping[str, torch.Tensor], batch_size: int, outputs: Sequence[str],
+               with_loss: bool) -> tuple[dict[str, torch.Tensor], float | None]:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        count = len(next(iter(features.values())))
+        collected: dict[str, list[torch.Tensor]] = {name: [] for name in outputs}
+        loss_sum = 0.0
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, count, batch_size):
+                    batch = {name: tensor[start:start + batch_size].to(self.device)
+                             for name, tensor in features.items()}
+                    with self._autocast():
+                        output = self.model(**batch)
+                    for name in outputs:
+                        collected[name].append(getattr(output, name).float().cpu())
+                    if with_loss:
+                        loss_sum += output.loss.float().item() * len(batch[next(iter(batch))])
+        finally:
+            self.model.train()
+        return ({name: torch.cat(chunks) for name, chunks in collected.items()},
+                loss_sum / count if with_loss else None)
+
+    def predict(self, features: Mapping[str, torch.Tensor], batch_size: int,
+                outputs: Sequence[str] = ("logits",)) -> dict[str, torch.Tensor]:
+        """The model's `outputs` for every example, in order, as float32 CPU tensors. Every rank computes all of
+        them: evaluation sets are small, and it needs no communication."""
+        return self._infer(features, batch_size, outputs, with_loss=False)[0]
+
+    def evaluate(self, features: Mapping[str, torch.Tensor], batch_size: int,
+                 metric_fn: Callable[[dict[str, torch.Tensor]], dict[str, float]] | None = None,
+                 outputs: Sequence[str] = ("logits",)) -> dict[str, float]:
+        """{"loss": mean loss, "global_step": ..., **metric_fn(outputs)} over labelled `features`."""
+        predictions, loss = self._infer(features, batch_size, outputs, with_loss=True)
+        result = {"loss": loss, "global_step": self.global_step}
+        if metric_fn is not None:
+            result.update(metric_fn(predictions))
+        return result
+
+
+class _LoopStats:
+    """Counts and clocks of the training loop: per-log-window figures, and the run's steady-state throughput."""
+
+    def __init__(self, estimator: Estimator, batches: ShuffledBatches, config: TrainConfig):
+        self.estimator, self.batches = estimator, batches
+        self.device, self.world_size = estimator.device, estimator.dist.world_size
+        self.start_step = estimator.global_step
+        self.exclude = min(config.excluded_steps, (config.num_train_steps - self.start_step) // 2)
+        self.started = self.window_started = time.perf_counter()
+        self.steady_started: float | None = None
+        self.steady_start_sentences = 0
+        self.steps = self.sentences = self.tokens = self.real_tokens = 0
+        self.window_steps = self.window_sentences = self.window_tokens = self.window_real_tokens = 0
+        self.window_loss = torch.zeros((), device=self.device)
+        self.window_counted = 0
+        self.last_grad_norm: torch.Tensor | None = None
+        self.consecutive_skipped = 0
+        self.saves, self.save_seconds, self.steady_save_seconds = 0, 0.0, 0.0
+        self.last_loss: float | None = None
+
+    def count_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
+        input_ids = batch.get("input_ids")
+        sequences = len(next(iter(batch.values())))
+        tokens = input_ids.numel() if input_ids is not None else 0
+        mask = batch.get("attention_mask")
+        real = int(mask.sum()) if mask is not None else tokens
+        for name, value in (("sentences", sequences), ("tokens", tokens), ("real_tokens", real)):
+            value *= self.world_size  # every rank trains a batch of the same shape
+            setattr(self, name, getattr(self, name) + value)
+            setattr(self, f"window_{name}", getattr(self, f"window_{name}") + value)
+
+    def after_step(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, skipped: bool) -> None:
+        self.steps += 1
+        self.consecutive_skipped = self.consecutive_skipped + 1 if skipped else 0
+        if not skipped:
+            self.window_loss += loss
+            self.window_counted += 1
+            self.last_grad_norm = grad_norm
+        if self.steps == self.exclude and self.steady_started is None:
+            synchronize(self.device)
+            self.steady_started, self.steady_start_sentences = time.perf_counter(), self.sentences
+
+    def peek_loss(self) -> float:
+        return (self.window_loss / max(1, self.window_counted)).item()
+
+    def window_rate(self) -> float:
+        return self.window_sentences / max(1e-9, time.perf_counter() - self.window_started)
+
+    def eta(self, step: int) -> float:
+        done = step - self.start_step
+        total = self.estimator.train_config.num_train_steps - self.start_step
+        elapsed = time.perf_counter() - self.started
+        return elapsed / done * (total - done) if done else 0.0
+
+    def take_window(self) -> dict[str, Any]:
+        elapsed = max(1e-9, time.perf_counter() - self.window_started)
+        loss = self.peek_loss() if self.window_counted else math.nan
+        window = {"loss": loss, "grad_norm": None if self.last_grad_norm is None else self.last_grad_norm.item(),
+                  "seq_per_s": self.window_sentences / elapsed, "tokens_per_s": self.window_tokens / elapsed,
+                  "real_tokens_per_s": self.window_real_tokens / elapsed,
+                  "elapsed_s": round(time.perf_counter() - self.started, 3)}
+        self.last_loss = loss
+        self.window_loss.zero_()
+        self.window_counted = self.window_sentences = self.window_tokens = self.window_real_tokens = 0
+        self.window_started = time.perf_counter()
+        return window
+
+    def check_finite(self, step: int, last_checkpoint: str | None) -> None:
+        """Never save weights trained on a non-finite loss over a good checkpoint (fp16 skips such steps)."""
+        if self.window_counted and not math.isfinite(self.peek_loss()):
+            raise TrainingDivergedError(f"loss is {self.peek_loss()} before step {step}; not saving over the last "
+                                        f"checkpoint {last_checkpoint}")
+
+    @contextmanager
+    def pause(self) -> Iterator[None]:
+        """Time a checkpoint save, so the steady throughput can leave it out."""
+        started = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - started
+        self.saves += 1
+        self.save_seconds += seconds
+        if self.steady_started is not None:
+            self.steady_save_seconds += seconds
+
+    def result(self, resumed_from: str | None, restore_seconds: float, interrupted: str | None, skipped: int,
+               last_checkpoint: str | None) -> TrainResult:
+        synchronize(self.device)
+        now = time.perf_counter()
+        seconds = now - self.started
+        steady_rate, steady_steps = None, 0
+        if self.steady_started is not None and self.steps > self.exclude:
+            steady_seconds = now - self.steady_started - self.steady_save_seconds
+            steady_rate = (self.sentences - self.steady_start_sentences) / max(1e-9, steady_seconds)
+            steady_steps = self.steps - self.exclude
+        if self.window_counted:
+            self.last_loss = self.peek_loss()
+        estimator = self.estimator
+        return TrainResult(
+            global_step=estimator.global_step, resumed_from=resumed_from, restore_seconds=restore_seconds,
+            interrupted_by=interrupted, steps=estimator.global_step - self.start_step, sentences=self.sentences,
+            seconds=seconds, sentences_per_second=self.sentences / max(1e-9, seconds),
+            steady_sentences_per_second=steady_rate, steady_steps=steady_steps, checkpoint_saves=self.saves,
+            checkpoint_seconds=self.save_seconds, skipped_steps=skipped, final_loss=self.last_loss,
+            last_checkpoint=last_checkpoint, epoch=self.batches.epoch)

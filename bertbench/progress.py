@@ -1,0 +1,83 @@
+"""What a training run shows while it runs: a live progress bar on a terminal, log lines elsewhere, and a JSONL
+metrics log (one JSON object per logged step, so `pandas.read_json(path, lines=True)` reads it)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import IO, Any
+
+
+class MetricsLog:
+    """Appends records to a JSONL file. On resume it first drops the records of steps after the checkpoint, which
+    the killed run logged but the resumed run will do again, so the log tells the history of the saved weights."""
+
+    def __init__(self, path: str | os.PathLike, resume_step: int | None = None):
+        self.path = os.fspath(path)
+        if resume_step is not None and os.path.isfile(self.path):
+            self._truncate_after(resume_step)
+        elif resume_step is None and os.path.exists(self.path):
+            os.remove(self.path)  # a fresh run in a directory without checkpoints starts a fresh log
+
+    def _truncate_after(self, step: int) -> None:
+        kept = []
+        with open(self.path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by the kill
+                if isinstance(record, dict) and record.get("step", 0) <= step:
+                    kept.append(json.dumps(record) + "\n")
+        temporary = self.path + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.writelines(kept)
+        os.replace(temporary, self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        # Non-finite floats become null: JSON has no nan, and a strict reader would reject the whole file.
+        clean = {key: (None if isinstance(value, float) and not math.isfinite(value) else value)
+                 for key, value in record.items()}
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(clean) + "\n")
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class ProgressDisplay:
+    """A one-line bar redrawn in place (at most every `refresh_secs`) when `stream` is a terminal; otherwise
+    nothing, since the plain log lines say the same thing in a form that reads well in a batch job's output file."""
+
+    def __init__(self, total_steps: int, stream: IO[str] | None = None, refresh_secs: float = 0.25,
+                 enabled: bool | None = None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.total_steps, self.refresh_secs = total_steps, refresh_secs
+        self._last_draw = -math.inf
+        self._drawn = False
+
+    def due(self) -> bool:
+        return self.enabled and time.monotonic() - self._last_draw >= self.refresh_secs
+
+    def draw(self, step: int, loss: float, seq_per_s: float, eta_s: float) -> None:
+        width = 24
+        filled = int(width * step / max(1, self.total_steps))
+        bar = "#" * filled + "." * (width - filled)
+        self.stream.write(f"\rstep {step}/{self.total_steps} [{bar}] loss {loss:.4f}  {seq_per_s:.1f} seq/s  "
+                          f"eta {format_duration(eta_s)}  ")
+        self.stream.flush()
+        self._last_draw, self._drawn = time.monotonic(), True
+
+    def clear(self) -> None:
+        """End the bar's line so that the next log line starts on its own."""
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
