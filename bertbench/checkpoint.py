@@ -18,6 +18,7 @@ import torch
 
 from bertbench.durable import fsync_path
 
+TRAINING_CHECKPOINT_FORMAT = "bertbench-checkpoint-1"
 _CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 
@@ -57,7 +58,7 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
     descriptor, temporary = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=model_dir)
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            torch.save({"format": "bertbench-checkpoint-1", "step": step, **state}, handle)
+            torch.save({"format": TRAINING_CHECKPOINT_FORMAT, "step": step, **state}, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
@@ -82,7 +83,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     except Exception as error:  # torch raises several types for a damaged zip or pickle
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else 'no detail'})") from None
-    if not isinstance(state, dict) or state.get("format") != "bertbench-checkpoint-1":
+    if not isinstance(state, dict) or state.get("format") != TRAINING_CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not a bertbench training checkpoint")
     return state
 

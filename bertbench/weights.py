@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
+from bertbench.checkpoint import TRAINING_CHECKPOINT_FORMAT, latest_checkpoint
 from bertbench.config import BertConfig
 from bertbench.durable import fsync_path
 from bertbench.tf_checkpoint import TFCheckpoint
@@ -171,10 +172,13 @@ def _load_file(path: str) -> dict[str, torch.Tensor]:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
             return load_file(path)
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # safetensors and pickle raise many types; the user needs the file and the reason
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise WeightsError(f"{path}: cannot read weights ({reason})") from None
+    if isinstance(state, dict) and state.get("format") == TRAINING_CHECKPOINT_FORMAT:
+        return state["model"]  # a bertbench training checkpoint: its weights, without the optimizer and the rest
+    return state
 
 
 def _load_sharded(index_path: str) -> dict[str, torch.Tensor]:
@@ -194,7 +198,8 @@ _HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorc
 
 
 def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -> dict[str, torch.Tensor]:
-    """HF-named weights from an HF directory, a .safetensors/.bin file, or a TF checkpoint (prefix, .index, dir).
+    """HF-named weights from an HF directory, a .safetensors/.bin file, a bertbench training checkpoint (a ckpt-*.pt
+    file, or a run directory: its newest), or a TF checkpoint (prefix, .index, dir).
 
     A TF checkpoint needs `config` (or a bert_config.json beside it) for its shapes; for HF weights a given `config`
     is checked against every weight it knows.
@@ -205,7 +210,10 @@ def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -
         weights_file = next((os.path.join(path, name) for name in _HF_WEIGHT_FILES
                              if os.path.isfile(os.path.join(path, name))), None)
         if weights_file is None and not glob.glob(os.path.join(glob.escape(path), "*.index")):
-            raise WeightsError(f"{path}: no {', '.join(_HF_WEIGHT_FILES)} or TensorFlow checkpoint")
+            weights_file = latest_checkpoint(path)  # a bertbench run directory: its newest checkpoint
+            if weights_file is None:
+                raise WeightsError(f"{path}: no {', '.join(_HF_WEIGHT_FILES)}, bertbench checkpoint or "
+                                   "TensorFlow checkpoint")
     elif path.endswith((".safetensors", ".bin", ".pt", ".pth", ".index.json")):
         weights_file = path
     if weights_file is None:

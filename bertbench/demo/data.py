@@ -32,12 +32,18 @@ def make_examples(count: int, seed: int) -> list[PairExample]:
     rng = random.Random(seed)
     examples = []
     for _ in range(count):
-        moods = [rng.randrange(2) for _ in range(3)]
-        first, second, third = (rng.choice(POSITIVE if mood else NEGATIVE) for mood in moods)
-        text_a = f"the {first} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {second} {rng.choice(NOUNS)} ."
-        text_b = f"the {third} {rng.choice(NOUNS)} {rng.choice(VERBS)} ."
-        examples.append(PairExample(text_a, text_b, int(sum(moods) >= 2)))
+        text_a, text_b, positives = _random_pair(rng)
+        examples.append(PairExample(text_a, text_b, int(positives >= 2)))
     return examples
+
+
+def _random_pair(rng: random.Random) -> tuple[str, str, int]:
+    """Sentence A, sentence B and how many of their three adjectives are positive."""
+    moods = [rng.randrange(2) for _ in range(3)]
+    first, second, third = (rng.choice(POSITIVE if mood else NEGATIVE) for mood in moods)
+    text_a = f"the {first} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {second} {rng.choice(NOUNS)} ."
+    text_b = f"the {third} {rng.choice(NOUNS)} {rng.choice(VERBS)} ."
+    return text_a, text_b, sum(moods)
 
 
 def vocabulary() -> list[str]:
@@ -50,3 +56,72 @@ def write_vocab(directory: str | os.PathLike) -> str:
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("\n".join(vocabulary()) + "\n")
     return path
+
+
+# GLUE tasks the built-in pairs can stand in for, with their label of a pair holding `positives` (0-3) positive
+# adjectives. Header lines are those of the GLUE v1 release.
+_GLUE_LABEL = {
+    "MRPC": lambda positives: str(int(positives >= 2)),
+    "SST-2": lambda positives: str(int(positives >= 2)),
+    "CoLA": lambda positives: str(int(positives >= 2)),
+    "STS-B": lambda positives: f"{5 * positives / 3:.3f}",
+    "MNLI": lambda positives: ("contradiction", "neutral", "neutral", "entailment")[positives],
+}
+GLUE_STAND_INS = tuple(_GLUE_LABEL)
+_MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+                "sentence2_parse\tsentence1\tsentence2")
+_STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
+
+
+def _glue_row(task: str, index: int, text_a: str, text_b: str, label: str | None) -> str:
+    """One line of `task`'s train/dev file (label given) or test file (label None), in the release's columns."""
+    if task == "MRPC":
+        return "\t".join([label if label is not None else str(index), str(2 * index), str(2 * index + 1),
+                          text_a, text_b])
+    if task in ("SST-2", "CoLA"):
+        sentence = f"{text_a} {text_b}"
+        if label is None:
+            return f"{index}\t{sentence}"
+        return f"{sentence}\t{label}" if task == "SST-2" else f"demo\t{label}\t\t{sentence}"
+    if task == "STS-B":
+        row = [str(index), "demo", "demo", "2024", str(index), "none", "none", text_a, text_b]
+        return "\t".join(row + ([label] if label is not None else []))
+    row = [str(index), str(index), f"{index}x", "demo", "( a )", "( b )", "(ROOT a)", "(ROOT b)", text_a, text_b]
+    return "\t".join(row + ([label, label] if label is not None else []))
+
+
+def _glue_header(task: str, split: str) -> str | None:
+    labelled = split != "test"
+    if task == "MRPC":
+        return ("Quality" if labelled else "index") + "\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    if task == "SST-2":
+        return "sentence\tlabel" if labelled else "index\tsentence"
+    if task == "CoLA":
+        return None if labelled else "index\tsentence"  # CoLA's train and dev files have no header
+    if task == "STS-B":
+        return _STSB_HEADER + ("\tscore" if labelled else "")
+    return _MNLI_HEADER + ("\tlabel1\tgold_label" if labelled else "")
+
+
+def write_glue_task(directory: str | os.PathLike, task: str = "MRPC", train: int = 3668, dev: int = 408,
+                    test: int = 1725, seed: int = 0) -> str:
+    """Write the built-in task as GLUE `task`'s files (the release's file names, headers and columns) under
+    directory/<task>/ and return that path; with the defaults it has MRPC's size. MNLI gets both dev and test sets,
+    matched and mismatched."""
+    if task not in _GLUE_LABEL:
+        raise ValueError(f"the built-in data can stand in for {', '.join(GLUE_STAND_INS)}, not {task!r}")
+    task_dir = os.path.join(directory, task)
+    os.makedirs(task_dir, exist_ok=True)
+    suffixes = ("_matched", "_mismatched") if task == "MNLI" else ("",)
+    splits = [("train", train, True)] + [(f"dev{suffix}", dev, True) for suffix in suffixes]
+    splits += [(f"test{suffix}", test, False) for suffix in suffixes]
+    for number, (split, count, labelled) in enumerate(splits):
+        lines = [] if _glue_header(task, split) is None else [_glue_header(task, split)]
+        rng = random.Random(f"{seed}-{number}")
+        for index in range(count):
+            text_a, text_b, positives = _random_pair(rng)
+            label = _GLUE_LABEL[task](positives) if labelled else None
+            lines.append(_glue_row(task, index, text_a, text_b, label))
+        with open(os.path.join(task_dir, f"{split}.tsv"), "w", encoding="utf-8", newline="\n") as handle:
+            handle.write("\n".join(lines) + "\n")
+    return task_dir

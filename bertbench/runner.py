@@ -1,0 +1,322 @@
+"""What the task runners (run_classifier, run_squad) share: Google's common flags, the run directory's record,
+model and estimator set-up, and turning user errors into one line and an exit status.
+
+A run directory (`--output_dir`) records its settings in bertbench_run.json when training starts. A later command
+on the same directory takes every flag it leaves out from there (so `eval.sh RESULTS_DIR` needs nothing else, and
+the same command resumes), and refuses a flag that contradicts the recorded run: continuing a run with another
+learning rate or model would give weights that belong to neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from bertbench import __version__
+from bertbench.checkpoint import CheckpointError, latest_checkpoint
+from bertbench.config import BertConfig, ConfigError
+from bertbench.distributed import Distributed
+from bertbench.estimator import (PRECISIONS, Estimator, RunConfig, TrainConfig, TrainingDivergedError, TrainResult,
+                                 seed_everything)
+from bertbench.models import add_model_arguments, model_from_args
+from bertbench.tf_checkpoint import CheckpointError as TFCheckpointError
+from bertbench.tokenization import BertTokenizer, VocabError
+from bertbench.weights import WeightsError, load_pretrained
+
+RUN_RECORD = "bertbench_run.json"
+
+
+class UsageError(ValueError):
+    """Flags that cannot work together, or a run directory that does not fit the command."""
+
+
+# Errors a user's input causes: reported in one line with the file they name, never as a traceback.
+USER_ERRORS = (UsageError, ConfigError, VocabError, WeightsError, CheckpointError, TFCheckpointError,
+               TrainingDivergedError, OSError)
+
+
+def parse_bool(text: str) -> bool:
+    """absl's boolean spellings: --flag=true/false/1/0/yes/no (any case)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "t", "1", "yes", "y"):
+        return True
+    if lowered in ("false", "f", "0", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse that only records the flags a command gives (defaults live in `defaults`, so a run directory's
+    record can fill the others) and takes absl booleans: --do_train, --do_train=false, --nodo_train."""
+
+    def __init__(self, **kwargs):
+        super().__init__(argument_default=argparse.SUPPRESS, **kwargs)
+        self.defaults: dict[str, Any] = {}
+
+    def flag(self, group, name: str, default: Any, help: str, **kwargs) -> None:
+        self.defaults[name] = default
+        shown = "" if default is None else f" (default: {default})"
+        group.add_argument(f"--{name}", help=help + shown, **kwargs)
+
+    def bool_flag(self, group, name: str, default: bool, help: str) -> None:
+        self.flag(group, name, default, help, nargs="?", const=True, type=parse_bool, metavar="BOOL")
+        group.add_argument(f"--no{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
+
+
+def add_common_flags(parser: FlagParser, default_learning_rate: float) -> None:
+    """Flags of Google's run_classifier.py / run_squad.py and NVIDIA's additions, plus bertbench's."""
+    files = parser.add_argument_group("model files (Google's flag names)")
+    parser.flag(files, "bert_config_file", None, "bert_config.json of the pre-trained model (Google or HF format).")
+    parser.flag(files, "vocab_file", None, "vocab.txt the model was trained with.")
+    parser.flag(files, "init_checkpoint", None, "Warm-start weights: a TF1 bert_model.ckpt, an HF directory or "
+                                                "file, or a bertbench checkpoint or run directory. Ignored when "
+                                                "output_dir holds a checkpoint: that run resumes.")
+    parser.bool_flag(files, "do_lower_case", True, "Lower-case and strip accents (uncased models).")
+    parser.flag(files, "output_dir", None, "Run directory: checkpoints, logs, results. Required.")
+
+    train = parser.add_argument_group("training")
+    parser.bool_flag(train, "do_train", False, "Train (resuming from output_dir's newest checkpoint if any).")
+    parser.bool_flag(train, "do_predict", False, "Write predictions for the test set(s).")
+    parser.flag(train, "max_seq_length", 128, "Tokens per sequence after WordPiece, padded or truncated.",
+                type=int)
+    parser.flag(train, "train_batch_size", 32, "Sequences per micro-batch per process.", type=int)
+    parser.flag(train, "predict_batch_size", 8, "Sequences per prediction batch.", type=int)
+    parser.flag(train, "learning_rate", default_learning_rate, "Peak learning rate.", type=float)
+    parser.flag(train, "num_train_epochs", 3.0, "Epochs of training data.", type=float)
+    parser.flag(train, "warmup_proportion", 0.1, "Share of the steps in linear warm-up.", type=float)
+    parser.flag(train, "decay", "linear", "Decay after warm-up: linear or poly.", choices=("linear", "poly"))
+    parser.flag(train, "weight_decay", 0.01, "Decoupled weight decay (not on biases and LayerNorm).", type=float)
+    parser.flag(train, "optimizer_type", "adam", "adam (AdamW) or lamb (NVIDIA's names).",
+                choices=("adam", "adamw", "lamb"))
+    parser.flag(train, "num_accumulation_steps", 1, "Micro-batches per optimizer step (NVIDIA's name).", type=int)
+    parser.flag(train, "max_train_samples", None, "Train on the first N examples only, for quick runs.", type=int)
+    parser.flag(train, "seed", 42, "Seed of weights, data order and dropout.", type=int)
+
+    speed = parser.add_argument_group("precision and speed")
+    parser.flag(speed, "precision", None, "fp32, fp16 or bf16 (default fp32, or fp16 with --amp).",
+                choices=PRECISIONS)
+    parser.bool_flag(speed, "amp", False, "Mixed precision fp16 with dynamic loss scaling (NVIDIA's flag).")
+    parser.bool_flag(speed, "use_fp16", False, "Same as --amp (older NVIDIA scripts).")
+    parser.bool_flag(speed, "use_xla", False, "Compile the training step: torch.compile stands in for XLA.")
+    parser.bool_flag(speed, "horovod", False, "Accepted for NVIDIA's scripts: processes come from the launcher "
+                                              "(torchrun), see the README.")
+    parser.flag(speed, "device", None, "cpu, cuda or cuda:N (default: CUDA when available).")
+
+    checkpoints = parser.add_argument_group("checkpoints and logs (tf.estimator.RunConfig)")
+    parser.flag(checkpoints, "save_checkpoints_secs", 1200.0, "Save every this many seconds of wall-clock time; "
+                                                              "0 turns the timer off.", type=float)
+    parser.flag(checkpoints, "save_checkpoints_steps", None, "Save every this many steps as well.", type=int)
+    parser.flag(checkpoints, "keep_checkpoint_max", 1, "Checkpoints kept.", type=int)
+    parser.flag(checkpoints, "log_step_count_steps", 100, "Log loss and throughput every this many steps.",
+                type=int)
+    add_model_arguments(parser)  # --modeling, --recompute-policy, --recompute-every: these keep real defaults
+
+
+# Flags whose value defines the trained weights: a resumed or re-evaluated run must not change them.
+RUN_DEFINING = ("do_lower_case", "max_seq_length", "train_batch_size", "learning_rate", "num_train_epochs",
+                "warmup_proportion", "decay", "weight_decay", "optimizer_type", "num_accumulation_steps",
+                "max_train_samples", "seed")
+# Flags that are actions or say where things are, not what the run is; they are not recorded.
+NOT_RECORDED = ("output_dir", "do_train", "do_eval", "do_predict")
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """bertbench_run.json: which runner made the run directory, its flags, model config and process count."""
+
+    path: str
+    runner: str
+    args: dict[str, Any]
+    bert_config: dict[str, Any]
+    world_size: int
+
+    @classmethod
+    def read(cls, output_dir: str) -> "RunRecord | None":
+        path = os.path.join(output_dir, RUN_RECORD)
+        if not os.path.isfile(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            return cls(path=path, runner=data["runner"], args=data["args"], bert_config=data["bert_config"],
+                       world_size=data["world_size"])
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise UsageError(f"{path}: not valid JSON ({error})") from None
+        except (KeyError, TypeError) as error:
+            raise UsageError(f"{path}: not a bertbench run record (missing {error})") from None
+
+    def write(self) -> None:
+        temporary = self.path + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump({"runner": self.runner, "bertbench_version": __version__, "args": self.args,
+                       "bert_config": self.bert_config, "world_size": self.world_size}, handle, indent=2)
+        os.replace(temporary, self.path)
+
+
+def parse_flags(parser: FlagParser, argv: Sequence[str] | None, runner: str,
+                run_defining: Sequence[str]) -> tuple[argparse.Namespace, RunRecord | None]:
+    """The command's flags, the run directory's recorded flags for those it leaves out, then the defaults."""
+    given = vars(parser.parse_args(argv))
+    if not given.get("output_dir"):
+        parser.error("--output_dir is required")
+    record = RunRecord.read(given["output_dir"])
+    recorded = {}
+    if record is not None:
+        if record.runner != runner:
+            raise UsageError(f"{record.path}: holds a {record.runner} run, not a {runner} run; use another "
+                             "--output_dir")
+        for name in run_defining:
+            if name in given and name in record.args and given[name] != record.args[name]:
+                raise UsageError(f"{record.path}: this run was made with --{name}={record.args[name]}, the command "
+                                 f"gives {given[name]}; use a new --output_dir, or leave the flag out to continue "
+                                 "the run")
+        recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
+    args = argparse.Namespace(**{**parser.defaults, **recorded, **given})
+    for name in parser.defaults:
+        if getattr(args, name) is None and name in ("bert_config_file", "vocab_file"):
+            parser.error(f"--{name} is required")
+    return args, record
+
+
+def resolve_precision(args: argparse.Namespace) -> str:
+    if args.amp or args.use_fp16:
+        if args.precision not in (None, "fp16"):
+            raise UsageError(f"--amp/--use_fp16 asks for fp16 but --precision is {args.precision}")
+        return "fp16"
+    return args.precision or "fp32"
+
+
+def load_config_and_tokenizer(args: argparse.Namespace) -> tuple[BertConfig, BertTokenizer]:
+    """The model config and tokenizer, checked against each other and against --max_seq_length."""
+    config = BertConfig.from_json_file(args.bert_config_file)
+    tokenizer = BertTokenizer.from_vocab_file(args.vocab_file, do_lower_case=args.do_lower_case)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise UsageError(f"{args.vocab_file}: {tokenizer.vocab_size} tokens, but {args.bert_config_file} has "
+                         f"vocab_size {config.vocab_size}: this vocab does not belong to this model")
+    if args.max_seq_length > config.max_position_embeddings:
+        raise UsageError(f"{args.bert_config_file}: max_position_embeddings is {config.max_position_embeddings}, "
+                         f"so --max_seq_length {args.max_seq_length} cannot be used")
+    if args.max_seq_length < 3:
+        raise UsageError(f"--max_seq_length must be at least 3 ([CLS] token [SEP]), got {args.max_seq_length}")
+    return config, tokenizer
+
+
+def check_record(record: RunRecord | None, config: BertConfig, args: argparse.Namespace, dist: Distributed) -> None:
+    """A recorded run must continue with the same model and, when training, the same number of processes."""
+    if record is None:
+        return
+    current = dataclasses.asdict(config)
+    for key in sorted(set(current) | set(record.bert_config)):
+        if current.get(key) != record.bert_config.get(key):
+            raise UsageError(f"{record.path}: this run's model has {key}={record.bert_config.get(key)}, "
+                             f"{args.bert_config_file} has {current.get(key)}; use a new --output_dir")
+    if args.do_train and record.world_size != dist.world_size:
+        raise UsageError(f"{record.path}: this run was trained by {record.world_size} process(es), this command "
+                         f"has {dist.world_size}; the global batch and data order would change")
+
+
+def write_record(record: RunRecord | None, runner: str, args: argparse.Namespace, config: BertConfig,
+                 dist: Distributed) -> None:
+    if record is not None or not dist.is_main:
+        return
+    os.makedirs(args.output_dir, exist_ok=True)
+    recorded = {name: value for name, value in vars(args).items() if name not in NOT_RECORDED}
+    RunRecord(os.path.join(args.output_dir, RUN_RECORD), runner, recorded, dataclasses.asdict(config),
+              dist.world_size).write()
+
+
+def build_model(args: argparse.Namespace, task: str, config: BertConfig, log: Callable[[str], None],
+                **head_kwargs) -> nn.Module:
+    """The task model from the chosen modeling module; warm-started from --init_checkpoint unless the run
+    directory holds a checkpoint (which replaces every weight when training resumes or evaluation restores)."""
+    seed_everything(args.seed)
+    model = model_from_args(args, task, config, **head_kwargs)
+    if args.init_checkpoint and latest_checkpoint(args.output_dir) is None:
+        log(str(load_pretrained(model, args.init_checkpoint, config)))
+    return model
+
+
+def build_estimator(args: argparse.Namespace, model: nn.Module, dist: Distributed,
+                    num_train_steps: int | None) -> Estimator:
+    try:
+        run_config = RunConfig(
+            model_dir=args.output_dir,
+            save_checkpoints_secs=args.save_checkpoints_secs if args.save_checkpoints_secs > 0 else None,
+            save_checkpoints_steps=args.save_checkpoints_steps, keep_checkpoint_max=args.keep_checkpoint_max,
+            log_step_count_steps=args.log_step_count_steps, seed=args.seed)
+        train_config = None if num_train_steps is None else TrainConfig(
+            num_train_steps=num_train_steps, learning_rate=args.learning_rate,
+            warmup_proportion=args.warmup_proportion, decay=args.decay,
+            optimizer="lamb" if args.optimizer_type == "lamb" else "adamw", weight_decay=args.weight_decay,
+            gradient_accumulation_steps=args.num_accumulation_steps, precision=resolve_precision(args),
+            compile=args.use_xla)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return Estimator(model, run_config, train_config, dist)
+
+
+def num_train_steps(num_examples: int, args: argparse.Namespace, dist: Distributed) -> int:
+    """Google's count: examples / global batch x epochs, rounded down."""
+    global_batch = args.train_batch_size * args.num_accumulation_steps * dist.world_size
+    steps = int(num_examples / global_batch * args.num_train_epochs)
+    if steps < 1:
+        raise UsageError(f"{num_examples} training examples make no full step of {global_batch} sequences "
+                         f"({args.train_batch_size} x {args.num_accumulation_steps} accumulation x "
+                         f"{dist.world_size} processes) in {args.num_train_epochs} epochs")
+    return steps
+
+
+def write_json(path: str, data: Mapping[str, Any]) -> None:
+    temporary = path + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2)
+        handle.write("\n")
+    os.replace(temporary, path)
+
+
+def report_training(result: TrainResult, args: argparse.Namespace, dist: Distributed,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    """train_results.json and the summary NVIDIA's scripts print: sentences/s with and without the start-up."""
+    summary = {**dataclasses.asdict(result), "sentences_per_20_minutes": result.sentences_per_20_minutes,
+               "world_size": dist.world_size, "device": str(dist.device), "modeling": args.modeling,
+               "recompute_policy": args.recompute_policy if args.modeling == "recompute" else None,
+               "precision": resolve_precision(args), "use_xla": args.use_xla,
+               "train_batch_size": args.train_batch_size, "num_accumulation_steps": args.num_accumulation_steps,
+               "max_seq_length": args.max_seq_length}
+    if dist.is_main:
+        write_json(os.path.join(args.output_dir, "train_results.json"), summary)
+    log("***** Training summary *****")
+    log(f"  steps {result.steps} (global step {result.global_step}), {result.sentences} sentences in "
+        f"{result.seconds:.1f} s, {result.checkpoint_saves} checkpoint saves ({result.checkpoint_seconds:.2f} s)")
+    log(f"  throughput with overhead: {result.sentences_per_second:.1f} sentences/s")
+    if result.steady_sentences_per_second is not None:
+        log(f"  throughput (steady, {result.steady_steps} steps, no checkpoint saves): "
+            f"{result.steady_sentences_per_second:.1f} sentences/s = {result.sentences_per_20_minutes:,.0f} "
+            f"sentences per 20 minutes")
+    return summary
+
+
+def interrupted_status(result: TrainResult) -> int | None:
+    """The shell's exit status for a run a signal stopped (128 + signal number), None for a finished run."""
+    if result.interrupted_by is None:
+        return None
+    return 128 + int(getattr(signal, result.interrupted_by))
+
+
+def run_main(program: str, run: Callable[[], int], extra_errors: tuple[type[Exception], ...] = ()) -> int:
+    """Run a runner's body, turning user errors (USER_ERRORS and the task's own) into `program: error: message`
+    and exit status 1."""
+    try:
+        return run()
+    except USER_ERRORS + extra_errors as error:
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"{program}: error: {message}", file=sys.stderr)
+        return 1
