@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import random
 import resource
 import signal
@@ -384,6 +385,8 @@ class Estimator:
                      f"{restore_seconds:.2f} s")
         model = self._training_model()
         self.model.train()
+        if self.dist.is_main:
+            os.makedirs(run.model_dir, exist_ok=True)
         metrics = MetricsLog(f"{run.model_dir}/metrics.jsonl", self.global_step if resumed_from else None) \
             if self.dist.is_main else None
         display = ProgressDisplay(config.num_train_steps, enabled=None if self.dist.is_main else False)
@@ -477,6 +480,7 @@ class Estimator:
         count = len(next(iter(features.values())))
         collected: dict[str, list[torch.Tensor]] = {name: [] for name in outputs}
         loss_sum = 0.0
+        was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
@@ -490,7 +494,7 @@ class Estimator:
                     if with_loss:
                         loss_sum += output.loss.float().item() * len(batch[next(iter(batch))])
         finally:
-            self.model.train()
+            self.model.train(was_training)
         return ({name: torch.cat(chunks) for name, chunks in collected.items()},
                 loss_sum / count if with_loss else None)
 

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Fine-tune and evaluate BERT on a GLUE task, with the original run_glue.sh's positional arguments:
+#
+#   scripts/run_glue.sh [task_name] [batch_size] [learning_rate] [precision] [use_xla] [num_gpu] [seq_length] \
+#                       [doc_stride] [epochs] [warmup] [init_checkpoint] [run_classifier flags...]
+#
+#   task_name        MNLI             a GLUE task: CoLA SST-2 MRPC STS-B QQP MNLI QNLI RTE WNLI
+#   batch_size       32               sequences per micro-batch per process
+#   learning_rate    2e-5
+#   precision        fp16             fp16 | fp32 | bf16
+#   use_xla          true             true: torch.compile (stands in for XLA)
+#   num_gpu          GPUs seen, or 1  processes on this node; more than 1 launches through torchrun
+#   seq_length       128
+#   doc_stride       64               SQuAD's; kept for the original's argument order, unused by GLUE
+#   epochs           3.0
+#   warmup           0.1              warm-up proportion
+#   init_checkpoint  $BERT_DIR/bert_model.ckpt   TF1 checkpoint, HF directory or bertbench checkpoint
+#
+# Environment: BERT_DIR (vocab.txt, bert_config.json, bert_model.ckpt; default the original's
+# data/download/google_pretrained_weights/uncased_L-24_H-1024_A-16), GLUE_DIR (the GLUE download holding <task>/;
+# default data/download/glue), RESULTS_DIR (default results), PYTHON (default python3).
+# The run directory is $RESULTS_DIR/<task>_<precision>_bs<batch>_lr<lr>_seq<len>_gpu<n>: running the same command
+# again resumes it from its newest checkpoint. Flags after the 11th argument go to run_classifier as they are.
+set -euo pipefail
+
+BERT_DIR=${BERT_DIR:-data/download/google_pretrained_weights/uncased_L-24_H-1024_A-16}
+GLUE_DIR=${GLUE_DIR:-data/download/glue}
+RESULTS_DIR=${RESULTS_DIR:-results}
+PYTHON=${PYTHON:-python3}
+
+visible_gpus() {
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    nvidia-smi -L | grep -c '^GPU'
+  else
+    echo 1
+  fi
+}
+
+task_name=${1:-"MNLI"}
+batch_size=${2:-"32"}
+learning_rate=${3:-"2e-5"}
+precision=${4:-"fp16"}
+use_xla=${5:-"true"}
+num_gpu=${6:-"$(visible_gpus)"}
+seq_length=${7:-"128"}
+doc_stride=${8:-"64"}
+epochs=${9:-"3.0"}
+warmup=${10:-"0.1"}
+init_checkpoint=${11:-"$BERT_DIR/bert_model.ckpt"}
+shift $(( $# < 11 ? $# : 11 ))
+
+case "$precision" in
+  fp16|fp32|bf16) ;;
+  *) echo "run_glue.sh: error: precision must be fp16, fp32 or bf16, got '$precision'" >&2; exit 2 ;;
+esac
+if ! [[ "$num_gpu" =~ ^[1-9][0-9]*$ ]]; then
+  echo "run_glue.sh: error: num_gpu must be a positive integer, got '$num_gpu'" >&2
+  exit 2
+fi
+: "$doc_stride"  # accepted for the original's argument order; GLUE has no documents to stride
+
+run_dir="$RESULTS_DIR/${task_name}_${precision}_bs${batch_size}_lr${learning_rate}_seq${seq_length}_gpu${num_gpu}"
+mkdir -p "$run_dir"
+
+if [ "$num_gpu" -gt 1 ]; then
+  launch=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$num_gpu" -m bertbench.run_classifier)
+else
+  launch=("$PYTHON" -m bertbench.run_classifier)
+fi
+
+command=("${launch[@]}"
+  --task_name="$task_name" --do_train=true --do_eval=true
+  --data_dir="$GLUE_DIR/$task_name" --vocab_file="$BERT_DIR/vocab.txt"
+  --bert_config_file="$BERT_DIR/bert_config.json" --init_checkpoint="$init_checkpoint"
+  --max_seq_length="$seq_length" --train_batch_size="$batch_size" --learning_rate="$learning_rate"
+  --num_train_epochs="$epochs" --warmup_proportion="$warmup" --precision="$precision" --use_xla="$use_xla"
+  --output_dir="$run_dir" "$@")
+
+echo "${command[*]}" | tee -a "$run_dir/command.log"
+"${command[@]}" 2>&1 | tee -a "$run_dir/train.log"
+echo "run directory: $run_dir (score it again with: scripts/eval.sh $run_dir)"

@@ -1,0 +1,345 @@
+"""The Estimator on a tiny classifier: data order, checkpoints with every state, exact resume after a signal, timed
+saves, precision, accumulation, logs."""
+
+import io
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+
+from bertbench.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from bertbench.estimator import (Estimator, RunConfig, ShuffledBatches, TrainConfig, TrainingDivergedError,
+                                 rng_state, set_rng_state)
+from bertbench.models import build_model
+from bertbench.progress import MetricsLog, ProgressDisplay
+from conftest import tiny_config
+
+
+def features(count=48, seq=12, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, 100, (count, seq), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[::3, seq - 4:] = 0
+    labels = (input_ids[:, 1] > 50).long()  # learnable from the first token
+    return {"input_ids": input_ids, "token_type_ids": torch.zeros_like(input_ids), "attention_mask": attention_mask,
+            "labels": labels}
+
+
+def make_estimator(model_dir, steps=12, model=None, run=None, **train):
+    torch.manual_seed(0)
+    model = model or build_model("classification", tiny_config(hidden_size=32, intermediate_size=64), num_labels=2)
+    run_config = RunConfig(str(model_dir), **{"save_checkpoints_secs": None, "log_step_count_steps": 4, **(run or {})})
+    train_config = TrainConfig(**{"num_train_steps": steps, "learning_rate": 1e-3, **train})
+    return Estimator(model, run_config, train_config, log=lambda line: None)
+
+
+def weights(model):
+    return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+def assert_same_weights(first, second):
+    assert first.keys() == second.keys()
+    different = [name for name in first if not torch.equal(first[name], second[name])]
+    assert not different, f"weights differ: {different[:5]}"
+
+
+# ---- configs -----------------------------------------------------------------------------------------------------
+
+def test_run_config_defaults_are_the_originals():
+    config = RunConfig("dir")
+    assert (config.save_checkpoints_secs, config.save_checkpoints_steps, config.keep_checkpoint_max) == (1200, None, 1)
+
+
+@pytest.mark.parametrize("bad", [{"save_checkpoints_secs": 0}, {"save_checkpoints_steps": 0},
+                                 {"keep_checkpoint_max": 0}, {"log_step_count_steps": 0}])
+def test_run_config_rejects(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        RunConfig("dir", **bad)
+
+
+@pytest.mark.parametrize("bad", [{"num_train_steps": 0}, {"precision": "fp8"}, {"gradient_accumulation_steps": 0},
+                                 {"optimizer": "sgd"}, {"decay": "cosine"}, {"max_grad_norm": 0.0}])
+def test_train_config_rejects(bad):
+    with pytest.raises(ValueError):
+        TrainConfig(**{"num_train_steps": 10, **bad})
+
+
+# ---- data order --------------------------------------------------------------------------------------------------
+
+def test_batches_cover_each_epoch_once_and_cross_epochs():
+    data = {"x": torch.arange(10)}
+    stream = ShuffledBatches(data, batch_size=4, seed=3)
+    seen = torch.cat([next(stream)["x"] for _ in range(5)])  # 20 examples: two whole epochs
+    assert sorted(seen[:10].tolist()) == list(range(10)) and sorted(seen[10:].tolist()) == list(range(10))
+    assert not torch.equal(seen[:10], seen[10:])  # a new permutation each epoch
+    assert stream.epoch == 2.0
+
+
+def test_batches_resume_at_the_next_batch():
+    data = {"x": torch.arange(30)}
+    whole = ShuffledBatches(data, 4, seed=1)
+    expected = [next(whole)["x"] for _ in range(12)]
+    first = ShuffledBatches(data, 4, seed=1)
+    for _ in range(5):
+        next(first)
+    resumed = ShuffledBatches(data, 4, seed=1)
+    resumed.load_state_dict(first.state_dict())
+    assert all(torch.equal(next(resumed)["x"], batch) for batch in expected[5:])
+
+
+def test_ranks_split_each_global_batch():
+    data = {"x": torch.arange(16)}
+    single = ShuffledBatches(data, 4, seed=0)
+    ranks = [ShuffledBatches(data, 2, seed=0, rank=rank, world_size=2) for rank in range(2)]
+    for _ in range(6):
+        assert torch.equal(next(single)["x"], torch.cat([next(stream)["x"] for stream in ranks]))
+
+
+def test_batches_refuse_another_dataset():
+    state = ShuffledBatches({"x": torch.arange(10)}, 2, seed=0).state_dict()
+    with pytest.raises(ValueError, match="num_examples 10"):
+        ShuffledBatches({"x": torch.arange(12)}, 2, seed=0).load_state_dict(state)
+
+
+# ---- training and checkpoints ------------------------------------------------------------------------------------
+
+def test_train_learns_and_saves_the_whole_state(tmp_path):
+    estimator = make_estimator(tmp_path, steps=60, run={"log_step_count_steps": 20})
+    result = estimator.train(ShuffledBatches(features(), 8, seed=0))
+    assert result.global_step == 60 and result.steps == 60 and result.sentences == 480
+    assert result.interrupted_by is None and result.resumed_from is None
+    assert result.steady_sentences_per_second > 0 and result.steady_steps == 50
+    state = load_checkpoint(result.last_checkpoint)
+    assert {"model", "optimizer", "schedule", "scaler", "data", "epoch", "rng", "step"} <= set(state)
+    assert state["step"] == 60 and state["data"]["consumed"] == 480 and state["epoch"] == 10.0
+    assert state["schedule"]["last_epoch"] == 60
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [record["step"] for record in records] == [20, 40, 60]
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert {"lr", "seq_per_s", "tokens_per_s", "memory_bytes", "grad_norm", "epoch"} <= set(records[0])
+    assert records[0]["tokens_per_s"] > records[0]["real_tokens_per_s"]  # padding is counted apart
+    accuracy = estimator.evaluate(features(seed=0), 16, lambda out: {
+        "acc": (out["logits"].argmax(-1) == features(seed=0)["labels"]).float().mean().item()})
+    assert accuracy["acc"] > 0.8 and accuracy["global_step"] == 60
+
+
+class SignalAfter(torch.nn.Module):
+    """Wraps a model and sends this process `signum` during forward call number `call`: a preemption mid-run."""
+
+    def __init__(self, model, call, signum=signal.SIGTERM):
+        super().__init__()
+        self.model, self.call, self.signum, self.calls = model, call, signum, 0
+
+    def forward(self, **batch):
+        self.calls += 1
+        if self.calls == self.call:
+            os.kill(os.getpid(), self.signum)
+        return self.model(**batch)
+
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.model.load_state_dict(*args, **kwargs)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_at_the_step_boundary_and_resume_is_exact(tmp_path, signum):
+    data = features()
+    uninterrupted = make_estimator(tmp_path / "whole", steps=20, run={"save_checkpoints_steps": 5})
+    uninterrupted.train(ShuffledBatches(data, 8, seed=0))
+
+    interrupted = make_estimator(tmp_path / "part", steps=20, run={"save_checkpoints_steps": 5})
+    interrupted.model = SignalAfter(interrupted.model, call=8, signum=signum)
+    handler_before = signal.getsignal(signum)
+    result = interrupted.train(ShuffledBatches(data, 8, seed=0))
+    assert result.interrupted_by == signal.Signals(signum).name and result.global_step == 8
+    assert [step for step, _ in list_checkpoints(tmp_path / "part")] == [8]
+    assert signal.getsignal(signum) is handler_before  # training put the previous handler back
+
+    resumed = make_estimator(tmp_path / "part", steps=20, run={"save_checkpoints_steps": 5})
+    result = resumed.train(ShuffledBatches(data, 8, seed=0))
+    assert result.resumed_from.endswith("ckpt-000000008.pt") and result.steps == 12
+    assert_same_weights(weights(uninterrupted.model), weights(resumed.model))
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "part" / "metrics.jsonl")]
+    assert steps == [4, 8, 12, 16, 20]
+
+
+def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (10, 20, 30):
+        log.write({"step": step, "loss": float("nan") if step == 30 else 1.0})
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 40, "lo')  # the line a SIGKILL cut
+    MetricsLog(tmp_path / "metrics.jsonl", resume_step=20)
+    assert [json.loads(line) for line in open(tmp_path / "metrics.jsonl")] == [{"step": 10, "loss": 1.0},
+                                                                               {"step": 20, "loss": 1.0}]
+
+
+def test_timed_checkpoints_rotate_and_keep_max(tmp_path):
+    estimator = make_estimator(tmp_path, steps=16, run={"save_checkpoints_secs": 0.05, "keep_checkpoint_max": 2})
+
+    class Slow(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, **batch):
+            time.sleep(0.02)
+            return self.model(**batch)
+
+    inner = estimator.model
+    estimator.model = Slow(inner)
+    estimator.model.state_dict = inner.state_dict
+    result = estimator.train(ShuffledBatches(features(), 8, seed=0))
+    assert result.checkpoint_saves >= 4  # ~0.3 s of steps at one save per 0.05 s, plus the final one
+    kept = list_checkpoints(tmp_path)
+    assert len(kept) == 2 and kept[-1][0] == 16
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_corrupt_checkpoint_is_reported_and_left_alone(tmp_path):
+    make_estimator(tmp_path, steps=4).train(ShuffledBatches(features(), 8, seed=0))
+    path = list_checkpoints(tmp_path)[-1][1]
+    with open(path, "r+b") as handle:
+        handle.truncate(1000)
+    before = open(path, "rb").read()
+    with pytest.raises(CheckpointError, match=os.path.basename(path)):
+        make_estimator(tmp_path, steps=8).train(ShuffledBatches(features(), 8, seed=0))
+    assert open(path, "rb").read() == before and len(list_checkpoints(tmp_path)) == 1
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    make_estimator(tmp_path, steps=4).train(ShuffledBatches(features(), 8, seed=0))
+    other = build_model("classification", tiny_config(hidden_size=32, intermediate_size=64), num_labels=3)
+    with pytest.raises(CheckpointError, match="do not fit this model"):
+        make_estimator(tmp_path, steps=8, model=other).train(ShuffledBatches(features(), 8, seed=0))
+
+
+def test_gradient_accumulation_matches_the_big_batch(tmp_path):
+    config = tiny_config(hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+    models = []
+    for name, batch, accumulation in (("big", 8, 1), ("accumulated", 4, 2)):
+        torch.manual_seed(0)
+        model = build_model("classification", config, num_labels=2)
+        estimator = make_estimator(tmp_path / name, steps=6, model=model, gradient_accumulation_steps=accumulation)
+        result = estimator.train(ShuffledBatches(features(), batch, seed=0))
+        assert result.sentences == 48
+        models.append(weights(model))
+    for name in models[0]:
+        torch.testing.assert_close(models[0][name], models[1][name], rtol=1e-4, atol=1e-5)
+
+
+class OverflowOnce(torch.nn.Module):
+    """A model whose second forward has an infinite gradient: what fp16 overflow looks like to the loss scaler."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, 0
+
+    def forward(self, **batch):
+        self.calls += 1
+        output = self.model(**batch)
+        if self.calls == 2:
+            output.loss = output.loss * torch.tensor(float("inf"))
+        return output
+
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)
+
+
+def test_fp16_skips_overflowing_steps_and_counts_them(tmp_path):
+    estimator = make_estimator(tmp_path, steps=6, precision="fp16")
+    estimator.model = OverflowOnce(estimator.model)
+    result = estimator.train(ShuffledBatches(features(), 8, seed=0))
+    assert result.skipped_steps == 1 and result.global_step == 6
+    assert result.sentences == 7 * 8  # the skipped step's batch was computed, then dropped
+    state = load_checkpoint(result.last_checkpoint)
+    assert state["skipped_steps"] == 1 and state["schedule"]["last_epoch"] == 6
+    assert state["scaler"]["scale"] < 65536.0
+
+
+def test_fp32_divergence_stops_without_saving_over_the_last_checkpoint(tmp_path):
+    estimator = make_estimator(tmp_path, steps=6, run={"save_checkpoints_steps": 1, "log_step_count_steps": 100})
+    estimator.model = OverflowOnce(estimator.model)
+    with pytest.raises(TrainingDivergedError, match="ckpt-000000001.pt"):
+        estimator.train(ShuffledBatches(features(), 8, seed=0))
+    assert [step for step, _ in list_checkpoints(tmp_path)] == [1]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(tmp_path, precision):
+    estimator = make_estimator(tmp_path, steps=30, precision=precision)
+    result = estimator.train(ShuffledBatches(features(), 8, seed=0))
+    assert result.global_step == 30 and result.final_loss < 0.69
+
+
+def test_lamb_and_poly_decay_train(tmp_path):
+    # LAMB's step is relative to each weight's norm, so it takes a larger learning rate than AdamW.
+    estimator = make_estimator(tmp_path, steps=30, optimizer="lamb", decay="poly", decay_power=0.5,
+                               learning_rate=2e-2)
+    assert estimator.train(ShuffledBatches(features(), 8, seed=0)).final_loss < 0.69
+
+
+def test_predict_keeps_the_order(tmp_path):
+    estimator = make_estimator(tmp_path)
+    data = features(count=20)
+    del data["labels"]
+    logits = estimator.predict(data, batch_size=6)["logits"]
+    assert estimator.model.training  # inference leaves the model in the mode it found it in
+    estimator.model.eval()
+    with torch.no_grad():
+        expected = estimator.model(**data).logits
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_restore_loads_the_newest_weights(tmp_path):
+    trained = make_estimator(tmp_path, steps=5)
+    trained.train(ShuffledBatches(features(), 8, seed=0))
+    fresh = make_estimator(tmp_path, steps=5)
+    assert fresh.restore().endswith("ckpt-000000005.pt") and fresh.global_step == 5
+    assert_same_weights(weights(trained.model), weights(fresh.model))
+    assert make_estimator(tmp_path / "empty").restore() is None
+
+
+def test_rng_state_round_trips():
+    state = rng_state()
+    first = (torch.rand(3), __import__("random").random(), __import__("numpy").random.rand())
+    set_rng_state(state)
+    assert (torch.rand(3).tolist(), __import__("random").random(), __import__("numpy").random.rand()) == \
+        (first[0].tolist(), first[1], first[2])
+
+
+def test_progress_bar_draws_on_a_terminal():
+    stream = io.StringIO()
+    display = ProgressDisplay(100, stream=stream, enabled=True, refresh_secs=0)
+    assert display.due()
+    display.draw(25, 0.5, 123.4, 90)
+    display.clear()
+    text = stream.getvalue()
+    assert text.startswith("\rstep 25/100 [######") and "loss 0.5000" in text and "123.4 seq/s" in text
+    assert "eta 1:30" in text and text.endswith("\n")
+    assert not ProgressDisplay(100, stream=io.StringIO()).enabled  # not a terminal: log lines only
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="torch.compile on the CPU needs a C compiler")
+def test_compile_trains_like_eager(tmp_path):
+    config = tiny_config(hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+    results = []
+    for name, compile in (("eager", False), ("compiled", True)):
+        torch.manual_seed(0)
+        model = build_model("classification", config, num_labels=2)
+        estimator = make_estimator(tmp_path / name, steps=4, model=model, compile=compile)
+        estimator.train(ShuffledBatches(features(), 8, seed=0))
+        results.append(weights(model))
+        assert load_checkpoint(list_checkpoints(tmp_path / name)[-1][1])["model"].keys() == results[0].keys()
+    for name in results[0]:
+        torch.testing.assert_close(results[0][name], results[1][name], rtol=1e-3, atol=1e-4)
