@@ -1,0 +1,297 @@
+"""run_classifier end to end on the built-in task written in GLUE's real layouts: Google's flags, training that
+learns, results files, resuming after SIGKILL/SIGTERM, and one-line errors for bad input."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from bertbench import cli
+from bertbench.checkpoint import list_checkpoints, load_checkpoint
+from bertbench.demo.data import write_glue_task, write_vocab
+from bertbench.run_classifier import build_parser, main
+from bertbench.runner import parse_flags, resolve_precision
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tf1_tiny")
+TINY_BERT = {"vocab_size": 40, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 64, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+             "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 64, "type_vocab_size": 2,
+             "initializer_range": 0.02}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """glue/<task>/ for MRPC, MNLI and STS-B, and bert/ with the task's vocab.txt and a tiny bert_config.json."""
+    root = tmp_path_factory.mktemp("classifier")
+    for task in ("MRPC", "MNLI", "STS-B"):
+        write_glue_task(root / "glue", task, train=512, dev=96, test=40)
+    (root / "bert").mkdir()
+    write_vocab(root / "bert")
+    (root / "bert" / "bert_config.json").write_text(json.dumps(TINY_BERT))
+    return root
+
+
+def flags(data, out, task="MRPC", *extra):
+    return ([f"--task_name={task}", f"--data_dir={data / 'glue' / task}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
+             f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
+             "--train_batch_size=16", "--learning_rate=2e-3", "--log_step_count_steps=1000",
+             f"--output_dir={out}"] + list(extra))
+
+
+def read_results(out):
+    with open(out / "eval_results.json") as handle:
+        return json.load(handle)
+
+
+def error_line(capsys):
+    """The single stderr line of a failed run."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def mrpc_run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mrpc") / "run"
+    assert main(flags(data, out, "MRPC", "--do_train=true", "--do_eval=true", "--do_predict=true")) == 0
+    return out
+
+
+def test_mrpc_learns_and_writes_every_result(mrpc_run):
+    results = read_results(mrpc_run)
+    assert results["task"] == "MRPC" and results["global_step"] == 96  # int(512 / 16 * 3)
+    assert results["dev_acc"] >= 0.9 and {"dev_f1", "dev_acc_and_f1", "dev_loss"} <= set(results)
+    lines = (mrpc_run / "eval_results.txt").read_text().splitlines()
+    assert "dev_acc = " + str(results["dev_acc"]) in lines and lines == sorted(lines)
+    submission = (mrpc_run / "MRPC.tsv").read_text().splitlines()
+    assert submission[0] == "index\tprediction" and len(submission) == 41
+    assert {line.split("\t")[1] for line in submission[1:]} <= {"0", "1"}
+    train = json.loads((mrpc_run / "train_results.json").read_text())
+    assert train["sentences"] == 96 * 16 and train["steady_sentences_per_second"] > 0
+    assert train["sentences_per_20_minutes"] == pytest.approx(train["steady_sentences_per_second"] * 1200)
+    record = json.loads((mrpc_run / "bertbench_run.json").read_text())
+    assert record["runner"] == "run_classifier" and record["args"]["task_name"] == "MRPC"
+    assert record["bert_config"]["hidden_size"] == 32 and "output_dir" not in record["args"]
+    assert [step for step, _ in list_checkpoints(mrpc_run)] == [96]
+
+
+def test_eval_only_takes_the_recorded_flags(mrpc_run, capsys):
+    before = read_results(mrpc_run)
+    os.remove(mrpc_run / "eval_results.json")
+    assert main(["--do_eval", f"--output_dir={mrpc_run}", "--eval_batch_size=64"]) == 0
+    assert read_results(mrpc_run)["dev_acc"] == before["dev_acc"]
+    assert "dev_acc = " in capsys.readouterr().out
+
+
+def test_conflicting_flag_is_refused_and_nothing_changes(mrpc_run, capsys):
+    record = (mrpc_run / "bertbench_run.json").read_bytes()
+    checkpoint = list_checkpoints(mrpc_run)[-1][1]
+    weights = open(checkpoint, "rb").read()
+    assert main(["--do_train", f"--output_dir={mrpc_run}", "--learning_rate=3e-5"]) == 1
+    line = error_line(capsys)
+    assert "bertbench_run.json" in line and "--learning_rate=0.002" in line and "3e-05" in line
+    assert (mrpc_run / "bertbench_run.json").read_bytes() == record and open(checkpoint, "rb").read() == weights
+
+
+def test_mnli_scores_both_dev_sets_and_writes_both_submissions(data, tmp_path):
+    out = tmp_path / "mnli"
+    assert main(flags(data, out, "MNLI", "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=2")) == 0
+    results = read_results(out)
+    assert results["dev_matched_acc"] > 0.6 and results["dev_mismatched_acc"] > 0.6
+    assert results["dev_matched_examples"] == results["dev_mismatched_examples"] == 96
+    for name in ("MNLI-m.tsv", "MNLI-mm.tsv"):
+        rows = (out / name).read_text().splitlines()[1:]
+        assert len(rows) == 40 and {row.split("\t")[1] for row in rows} <= {"contradiction", "entailment", "neutral"}
+
+    # AX, the diagnostic, is predicted by an MNLI model: here the run directory just trained.
+    ax = data / "glue" / "AX"
+    ax.mkdir(exist_ok=True)
+    (ax / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\tthe happy cat sees .\tthe sad dog sees .\n")
+    assert main(flags(data, tmp_path / "ax", "AX", "--do_predict", f"--init_checkpoint={out}")) == 0
+    assert (tmp_path / "ax" / "AX.tsv").read_text().splitlines()[1].split("\t")[0] == "0"
+
+
+def test_stsb_regression_correlates(data, tmp_path):
+    out = tmp_path / "stsb"
+    assert main(flags(data, out, "STS-B", "--do_train", "--do_eval", "--learning_rate=1e-3",
+                      "--num_train_epochs=10")) == 0
+    results = read_results(out)
+    assert results["dev_pearson"] > 0.8 and results["dev_spearmanr"] > 0.8
+
+
+def test_recompute_module_ends_with_the_baselines_weights(data, tmp_path):
+    final = {}
+    for modeling in ("baseline", "recompute"):
+        out = tmp_path / modeling
+        assert main(flags(data, out, "MRPC", "--do_train", "--num_train_epochs=0.5", f"--modeling={modeling}",
+                          "--recompute-policy=full")) == 0
+        final[modeling] = load_checkpoint(list_checkpoints(out)[-1][1])["model"]
+    for name, tensor in final["baseline"].items():
+        torch.testing.assert_close(final["recompute"][name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_absl_boolean_spellings(tmp_path):
+    parser = build_parser()
+    args, _ = parse_flags(parser, ["--output_dir", str(tmp_path), "--vocab_file=v", "--bert_config_file=c",
+                                   "--do_train", "--do_eval=false", "--nodo_lower_case", "--amp",
+                                   "--horovod"], "run_classifier", ())
+    assert args.do_train and not args.do_eval and not args.do_lower_case and args.horovod
+    assert resolve_precision(args) == "fp16" and args.save_checkpoints_secs == 1200
+    args, _ = parse_flags(parser, ["--output_dir", str(tmp_path), "--vocab_file=v", "--bert_config_file=c",
+                                   "--precision=bf16"], "run_classifier", ())
+    assert resolve_precision(args) == "bf16" and not args.do_train
+
+
+def test_init_from_a_tf1_checkpoint(data, tmp_path, capsys):
+    """Google's own files: the TF1 fixture's vocab, config and checkpoint, on the built-in MRPC files."""
+    out = tmp_path / "tf1"
+    assert main(flags(data, out, "MRPC", "--do_train", "--do_eval", "--num_train_epochs=0.25") +
+                [f"--vocab_file={FIXTURES}/vocab.txt", f"--bert_config_file={FIXTURES}/bert_config.json",
+                 f"--init_checkpoint={FIXTURES}/bert_model.ckpt"]) == 0
+    assert "loaded" in capsys.readouterr().out and read_results(out)["global_step"] == 8
+
+
+def test_classify_subcommand(data, tmp_path):
+    assert cli.main(["classify"] + flags(data, tmp_path / "cli", "MRPC", "--do_train", "--num_train_epochs=0.25")) \
+        == 0
+    assert list_checkpoints(tmp_path / "cli")
+
+
+# ---- bad input: one line naming the file, exit 1, nothing overwritten ---------------------------------------------
+
+def test_missing_glue_file(data, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + [f"--data_dir={tmp_path / 'empty'}"]) == 1
+    assert "empty/train.tsv: no such file" in error_line(capsys)
+
+
+def test_unknown_task(data, tmp_path, capsys):
+    assert main(flags(data, tmp_path / "out", "MRPCC", "--do_train")) == 1
+    assert "unknown GLUE task 'MRPCC'" in error_line(capsys)
+
+
+def test_label_outside_the_tasks_labels(data, tmp_path, capsys):
+    task = tmp_path / "MRPC"
+    shutil.copytree(data / "glue" / "MRPC", task)
+    lines = (task / "train.tsv").read_text().splitlines()
+    lines[3] = "2" + lines[3][1:]
+    (task / "train.tsv").write_text("\n".join(lines) + "\n")
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + [f"--data_dir={task}"]) == 1
+    assert "train.tsv:4: unknown label '2' for MRPC" in error_line(capsys)
+
+
+def test_vocab_larger_than_the_embeddings(data, tmp_path, capsys):
+    config = dict(TINY_BERT, vocab_size=20)
+    (tmp_path / "bert_config.json").write_text(json.dumps(config))
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") +
+                [f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 1
+    line = error_line(capsys)
+    assert "vocab.txt: 39 tokens" in line and "vocab_size 20" in line
+
+
+def test_run_directory_of_another_model(mrpc_run, data, tmp_path, capsys):
+    (tmp_path / "bert_config.json").write_text(json.dumps(dict(TINY_BERT, hidden_size=64, intermediate_size=128)))
+    record = (mrpc_run / "bertbench_run.json").read_bytes()
+    assert main(["--do_train", f"--output_dir={mrpc_run}", f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 1
+    line = error_line(capsys)
+    assert "bertbench_run.json" in line and "hidden_size=32" in line
+    assert (mrpc_run / "bertbench_run.json").read_bytes() == record
+
+
+def test_corrupt_checkpoint(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(flags(data, out, "MRPC", "--do_train", "--num_train_epochs=0.25")) == 0
+    path = list_checkpoints(out)[-1][1]
+    with open(path, "r+b") as handle:
+        handle.truncate(2000)
+    damaged = open(path, "rb").read()
+    assert main(flags(data, out, "MRPC", "--do_train", "--num_train_epochs=0.25")) == 1
+    assert os.path.basename(path) in error_line(capsys)
+    assert open(path, "rb").read() == damaged and len(list_checkpoints(out)) == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max_seq_length=128"], "max_position_embeddings is 64"),
+    (["--init_checkpoint=/nonexistent/bert_model.ckpt"], "/nonexistent/bert_model.ckpt"),
+    (["--do_train=false"], "at least one of --do_train, --do_eval or --do_predict"),
+    (["--precision=bf16", "--amp"], "--amp/--use_fp16 asks for fp16"),
+    (["--num_train_epochs=0.01"], "make no full step"),
+])
+def test_bad_flags(data, tmp_path, capsys, extra, message):
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + extra) == 1
+    assert message in error_line(capsys)
+    assert not list_checkpoints(tmp_path / "out")
+
+
+def test_eval_with_nothing_to_evaluate(data, tmp_path, capsys):
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_eval")) == 1
+    assert "no checkpoint to evaluate and no --init_checkpoint" in error_line(capsys)
+
+
+# ---- real processes: SIGKILL and SIGTERM ---------------------------------------------------------------------------
+
+def command(data, out):
+    return [sys.executable, "-m", "bertbench.run_classifier"] + flags(
+        data, out, "MRPC", "--do_train", "--num_train_epochs=10", "--learning_rate=1e-3",
+        "--save_checkpoints_steps=25", "--log_step_count_steps=10")
+
+
+def start_and_wait_for_a_checkpoint(data, out):
+    process = subprocess.Popen(command(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(out):
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    return process
+
+
+def final_weights(out):
+    return load_checkpoint(list_checkpoints(out)[-1][1])["model"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "run"
+    subprocess.run(command(data, out), check=True, capture_output=True)
+    return final_weights(out)
+
+
+def assert_same_weights(first, second):
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_ends_with_the_same_weights(data, tmp_path, uninterrupted):
+    out = tmp_path / "killed"
+    process = start_and_wait_for_a_checkpoint(data, out)
+    process.kill()
+    assert process.wait() == -signal.SIGKILL
+    (step, _), = list_checkpoints(out)
+    assert 0 < step < 320
+    resumed = subprocess.run(command(data, out), check=True, capture_output=True, text=True)
+    assert f"resumed from {out}/ckpt-{step:09d}.pt (step {step}" in resumed.stdout
+    assert_same_weights(final_weights(out), uninterrupted)
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
+    assert steps == sorted(set(steps))  # the killed run's steps after its checkpoint are not logged twice
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_143_and_resumes(data, tmp_path, uninterrupted):
+    out = tmp_path / "terminated"
+    process = start_and_wait_for_a_checkpoint(data, out)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate()[0]
+    assert process.returncode == 128 + signal.SIGTERM, output
+    assert "stopped by SIGTERM at step" in output and "Traceback" not in output
+    train = json.loads((out / "train_results.json").read_text())
+    assert train["interrupted_by"] == "SIGTERM" and train["global_step"] == list_checkpoints(out)[-1][0]
+    subprocess.run(command(data, out), check=True, capture_output=True)
+    assert_same_weights(final_weights(out), uninterrupted)

@@ -1,0 +1,76 @@
+"""scripts/run_glue.sh and scripts/eval.sh as users run them: positional arguments, BERT_DIR/GLUE_DIR/RESULTS_DIR,
+Google's TF1 files (the fixture) as the pre-trained model, GLUE files in the release layout, no network."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertbench.checkpoint import list_checkpoints
+from bertbench.demo.data import write_glue_task
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "scripts")
+BERT_DIR = os.path.join(ROOT, "tests", "fixtures", "tf1_tiny")
+
+
+@pytest.fixture
+def env(tmp_path):
+    write_glue_task(tmp_path / "glue", "MRPC", train=256, dev=64, test=16)
+    return dict(os.environ, BERT_DIR=BERT_DIR, GLUE_DIR=str(tmp_path / "glue"),
+                RESULTS_DIR=str(tmp_path / "results"), PYTHON=sys.executable)
+
+
+def run_glue(env, *arguments):
+    return subprocess.run(["bash", os.path.join(SCRIPTS, "run_glue.sh"), *arguments], env=env, capture_output=True,
+                          text=True)
+
+
+# task batch lr precision use_xla num_gpu seq doc_stride epochs warmup init_checkpoint ("" = $BERT_DIR's)
+POSITIONAL = ["MRPC", "16", "1e-3", "fp32", "false", "1", "32", "64", "1.0", "0.1", ""]
+
+
+def test_run_glue_trains_from_the_tf1_checkpoint_and_eval_sh_scores_it(env, tmp_path):
+    done = run_glue(env, *POSITIONAL, "--save_checkpoints_steps=5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_gpu1"
+    assert f"loaded {BERT_DIR}/bert_model.ckpt" in done.stdout  # the default init_checkpoint
+    results = json.loads((run_dir / "eval_results.json").read_text())
+    assert results["global_step"] == 16 and results["dev_examples"] == 64
+    assert (run_dir / "train.log").read_text().count("***** Training summary *****") == 1
+    args = json.loads((run_dir / "bertbench_run.json").read_text())["args"]
+    assert (args["train_batch_size"], args["learning_rate"], args["precision"], args["use_xla"]) == \
+        (16, 1e-3, "fp32", False)
+
+    os.remove(run_dir / "eval_results.json")
+    for target in (run_dir, tmp_path / "results"):  # a run directory, or a directory of runs
+        scored = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh"), str(target)], env=env,
+                                capture_output=True, text=True)
+        assert scored.returncode == 0, scored.stderr
+        assert f"dev_acc = {results['dev_acc']}" in scored.stdout
+    assert json.loads((run_dir / "eval_results.json").read_text())["dev_acc"] == results["dev_acc"]
+
+
+@pytest.mark.slow
+def test_run_glue_with_two_processes_goes_through_torchrun(env, tmp_path):
+    arguments = POSITIONAL.copy()
+    arguments[1], arguments[5] = "8", "2"  # 8 sequences on each of 2 processes
+    done = run_glue(env, *arguments)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_gpu2"
+    train = json.loads((run_dir / "train_results.json").read_text())
+    assert train["world_size"] == 2 and train["global_step"] == 16 and train["sentences"] == 256
+    assert done.stdout.count("***** Eval results") == 1  # rank 0 alone reports
+    assert [step for step, _ in list_checkpoints(run_dir)] == [16]
+
+
+def test_bad_arguments_and_missing_runs(env, tmp_path):
+    arguments = POSITIONAL.copy()
+    arguments[3] = "fp64"
+    done = run_glue(env, *arguments)
+    assert done.returncode == 2 and "precision must be fp16, fp32 or bf16, got 'fp64'" in done.stderr
+    missing = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh"), str(tmp_path / "nothing")], env=env,
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "no run directory" in missing.stderr
