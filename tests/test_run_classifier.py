@@ -157,6 +157,20 @@ def test_init_from_a_tf1_checkpoint(data, tmp_path, capsys):
     assert "loaded" in capsys.readouterr().out and read_results(out)["global_step"] == 8
 
 
+def test_init_from_an_hf_directory(data, tmp_path, capsys):
+    from bertbench.config import BertConfig
+    from bertbench.models import build_model
+    from bertbench.weights import save_hf_directory
+    config = BertConfig.from_json_file(data / "bert" / "bert_config.json")
+    torch.manual_seed(1)
+    pretrained = build_model("pretraining", config)
+    save_hf_directory(pretrained, config, tmp_path / "hf")
+    out = tmp_path / "out"
+    assert main(flags(data, out, "MRPC", "--do_eval", f"--init_checkpoint={tmp_path / 'hf'}")) == 0
+    assert f"loaded {tmp_path / 'hf'}; missing: classifier.weight, classifier.bias" in capsys.readouterr().out
+    assert read_results(out)["global_step"] == 0 and not list_checkpoints(out)
+
+
 def test_classify_subcommand(data, tmp_path):
     assert cli.main(["classify"] + flags(data, tmp_path / "cli", "MRPC", "--do_train", "--num_train_epochs=0.25")) \
         == 0
