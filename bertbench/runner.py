@@ -180,9 +180,14 @@ def parse_flags(parser: FlagParser, argv: Sequence[str] | None, runner: str,
                                  "the run")
         recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
     args = argparse.Namespace(**{**parser.defaults, **recorded, **given})
-    for name in parser.defaults:
-        if getattr(args, name) is None and name in ("bert_config_file", "vocab_file"):
+    for name in ("bert_config_file", "vocab_file"):
+        if getattr(args, name) is None:
             parser.error(f"--{name} is required")
+    for name in ("max_seq_length", "train_batch_size", "predict_batch_size", "eval_batch_size", "max_train_samples",
+                 "num_train_epochs"):
+        value = getattr(args, name, None)
+        if value is not None and value <= 0:
+            parser.error(f"--{name} must be positive, got {value}")
     return args, record
 
 
@@ -204,8 +209,6 @@ def load_config_and_tokenizer(args: argparse.Namespace) -> tuple[BertConfig, Ber
     if args.max_seq_length > config.max_position_embeddings:
         raise UsageError(f"{args.bert_config_file}: max_position_embeddings is {config.max_position_embeddings}, "
                          f"so --max_seq_length {args.max_seq_length} cannot be used")
-    if args.max_seq_length < 3:
-        raise UsageError(f"--max_seq_length must be at least 3 ([CLS] token [SEP]), got {args.max_seq_length}")
     return config, tokenizer
 
 

@@ -243,6 +243,14 @@ def test_bad_flags(data, tmp_path, capsys, extra, message):
     assert not list_checkpoints(tmp_path / "out")
 
 
+@pytest.mark.parametrize("flag", ["--train_batch_size=0", "--max_train_samples=-5", "--num_train_epochs=0"])
+def test_non_positive_sizes_are_usage_errors(data, tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as exited:
+        main(flags(data, tmp_path / "out", "MRPC", "--do_train", flag))
+    assert exited.value.code == 2 and f"{flag.split('=')[0]} must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_eval_with_nothing_to_evaluate(data, tmp_path, capsys):
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_eval")) == 1
     assert "no checkpoint to evaluate and no --init_checkpoint" in error_line(capsys)
