@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -526,8 +527,9 @@ class _LoopStats:
         self.started = self.window_started = time.perf_counter()
         self.steady_started: float | None = None
         self.steady_start_sentences = 0
-        self.steps = self.sentences = self.tokens = self.real_tokens = 0
-        self.window_steps = self.window_sentences = self.window_tokens = self.window_real_tokens = 0
+        self.steps = 0
+        self.totals: Counter[str] = Counter()  # sentences, tokens (padding included), real_tokens
+        self.window: Counter[str] = Counter()  # the same since the last log line
         self.window_loss = torch.zeros((), device=self.device)
         self.window_counted = 0
         self.last_grad_norm: torch.Tensor | None = None
@@ -536,15 +538,14 @@ class _LoopStats:
         self.last_loss: float | None = None
 
     def count_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
-        input_ids = batch.get("input_ids")
-        sequences = len(next(iter(batch.values())))
+        input_ids, mask = batch.get("input_ids"), batch.get("attention_mask")
         tokens = input_ids.numel() if input_ids is not None else 0
-        mask = batch.get("attention_mask")
-        real = int(mask.sum()) if mask is not None else tokens
-        for name, value in (("sentences", sequences), ("tokens", tokens), ("real_tokens", real)):
-            value *= self.world_size  # every rank trains a batch of the same shape
-            setattr(self, name, getattr(self, name) + value)
-            setattr(self, f"window_{name}", getattr(self, f"window_{name}") + value)
+        # Every rank trains a batch of the same shape; real tokens are this rank's, scaled alike.
+        counts = {"sentences": len(next(iter(batch.values()))), "tokens": tokens,
+                  "real_tokens": int(mask.sum()) if mask is not None else tokens}
+        counts = {name: value * self.world_size for name, value in counts.items()}
+        self.totals.update(counts)
+        self.window.update(counts)
 
     def after_step(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, skipped: bool) -> None:
         self.steps += 1
@@ -555,13 +556,13 @@ class _LoopStats:
             self.last_grad_norm = grad_norm
         if self.steps == self.exclude and self.steady_started is None:
             synchronize(self.device)
-            self.steady_started, self.steady_start_sentences = time.perf_counter(), self.sentences
+            self.steady_started, self.steady_start_sentences = time.perf_counter(), self.totals["sentences"]
 
     def peek_loss(self) -> float:
         return (self.window_loss / max(1, self.window_counted)).item()
 
     def window_rate(self) -> float:
-        return self.window_sentences / max(1e-9, time.perf_counter() - self.window_started)
+        return self.window["sentences"] / max(1e-9, time.perf_counter() - self.window_started)
 
     def eta(self, step: int) -> float:
         done = step - self.start_step
@@ -573,12 +574,13 @@ class _LoopStats:
         elapsed = max(1e-9, time.perf_counter() - self.window_started)
         loss = self.peek_loss() if self.window_counted else math.nan
         window = {"loss": loss, "grad_norm": None if self.last_grad_norm is None else self.last_grad_norm.item(),
-                  "seq_per_s": self.window_sentences / elapsed, "tokens_per_s": self.window_tokens / elapsed,
-                  "real_tokens_per_s": self.window_real_tokens / elapsed,
+                  "seq_per_s": self.window["sentences"] / elapsed, "tokens_per_s": self.window["tokens"] / elapsed,
+                  "real_tokens_per_s": self.window["real_tokens"] / elapsed,
                   "elapsed_s": round(time.perf_counter() - self.started, 3)}
         self.last_loss = loss
         self.window_loss.zero_()
-        self.window_counted = self.window_sentences = self.window_tokens = self.window_real_tokens = 0
+        self.window_counted = 0
+        self.window.clear()
         self.window_started = time.perf_counter()
         return window
 
@@ -607,15 +609,16 @@ class _LoopStats:
         steady_rate, steady_steps = None, 0
         if self.steady_started is not None and self.steps > self.exclude:
             steady_seconds = now - self.steady_started - self.steady_save_seconds
-            steady_rate = (self.sentences - self.steady_start_sentences) / max(1e-9, steady_seconds)
+            steady_rate = (self.totals["sentences"] - self.steady_start_sentences) / max(1e-9, steady_seconds)
             steady_steps = self.steps - self.exclude
         if self.window_counted:
             self.last_loss = self.peek_loss()
         estimator = self.estimator
         return TrainResult(
             global_step=estimator.global_step, resumed_from=resumed_from, restore_seconds=restore_seconds,
-            interrupted_by=interrupted, steps=estimator.global_step - self.start_step, sentences=self.sentences,
-            seconds=seconds, sentences_per_second=self.sentences / max(1e-9, seconds),
+            interrupted_by=interrupted, steps=estimator.global_step - self.start_step,
+            sentences=self.totals["sentences"], seconds=seconds,
+            sentences_per_second=self.totals["sentences"] / max(1e-9, seconds),
             steady_sentences_per_second=steady_rate, steady_steps=steady_steps, checkpoint_saves=self.saves,
             checkpoint_seconds=self.save_seconds, skipped_steps=skipped, final_loss=self.last_loss,
             last_checkpoint=last_checkpoint, epoch=self.batches.epoch)

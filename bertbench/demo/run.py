@@ -21,6 +21,7 @@ import torch
 from bertbench import optim
 from bertbench.config import BertConfig
 from bertbench.demo import data
+from bertbench.estimator import ShuffledBatches
 from bertbench.memory import saved_activation_bytes
 from bertbench.models import build_model
 from bertbench.tokenization import BertTokenizer
@@ -80,16 +81,6 @@ def encode(tokenizer: BertTokenizer, examples: list[data.PairExample], max_seq_l
     return tensors
 
 
-def batches(dataset: dict, batch_size: int, generator: torch.Generator):
-    """Endless shuffled batches, one permutation per epoch."""
-    count = len(dataset["labels"])
-    while True:
-        order = torch.randperm(count, generator=generator)
-        for start in range(0, count - batch_size + 1, batch_size):
-            index = order[start:start + batch_size]
-            yield {name: tensor[index] for name, tensor in dataset.items()}
-
-
 def accuracy(model: torch.nn.Module, dataset: dict, batch_size: int = 256) -> float:
     model.eval()
     correct = 0
@@ -107,7 +98,7 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
     model = build_model("classification", config, modeling_name, policy or "full", num_labels=len(data.LABELS))
     optimizer = optim.build_optimizer(model, "adamw", settings.learning_rate, weight_decay=0.01)
     schedule = optim.warmup_decay_schedule(optimizer, settings.steps, settings.warmup_proportion)
-    stream = batches(train, settings.batch_size, torch.Generator().manual_seed(settings.seed))
+    stream = ShuffledBatches(train, settings.batch_size, settings.seed)
     model.train()
     timed_steps, timed_seconds = 0, 0.0
     # Untimed: step 0, which counts saved bytes under autograd hooks, and the first steps, which pay for
