@@ -10,13 +10,14 @@ COMMANDS = {
     "demo": ("bertbench.demo.run", "train a tiny BERT on built-in data, baseline vs recompute (no network)"),
     "classify": ("bertbench.run_classifier", "fine-tune / evaluate / predict a GLUE task (Google's run_classifier "
                                              "flags)"),
+    "evaluate-squad": ("bertbench.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
     "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: bertbench COMMAND [options]   (bertbench COMMAND --help for its options)", "", "commands:"]
-    lines += [f"  {name:<10} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines += [f"  {name:<15} {help_text}" for name, (_, help_text) in COMMANDS.items()]
     return "\n".join(lines)
 
 
