@@ -137,8 +137,8 @@ def main(argv=None) -> int:
             print(f"  {row['model']:<20} {row['vs_baseline']:.2f}x baseline, "
                   f"{row['sentences_per_20_minutes']:,.0f} sentences per 20 minutes")
         saves = checkpoint_cost(root, args)
-        print(f"2. timed checkpoints every {args.save_secs} s: {saves['saves']} saves, {saves['seconds_per_save']*1000:.1f}"
-              f" ms each, {saves['checkpoint_bytes']/2**20:.1f} MiB; {100*saves['share_of_run']:.2f}% of this run, "
+        print(f"2. timed checkpoints every {args.save_secs} s: {saves['saves']} saves, "
+              f"{saves['seconds_per_save']*1000:.1f} ms each, {saves['checkpoint_bytes']/2**20:.1f} MiB; {100*saves['share_of_run']:.2f}% of this run, "
               f"{100*saves['share_at_default_1200_s']:.4f}% at the default 1200 s")
         resume = resume_after_sigkill(root, args)
         print(f"3. SIGKILL after the step-{resume['killed_after_checkpoint_step']} checkpoint: restore "

@@ -12,3 +12,19 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8, \\n line ends) so that readers, and a crash, see the old file or the whole new one:
+    a temporary file beside it, fsynced, renamed over it; the temporary file never outlives a failure."""
+    path = os.fspath(path)
+    temporary = f"{path}.tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)

@@ -165,8 +165,7 @@ class ShuffledBatches:
         return {name: tensor[index] for name, tensor in self.features.items()}
 
     def state_dict(self) -> dict[str, int]:
-        return {"consumed": self.consumed, "num_examples": self.num_examples, "seed": self.seed,
-                "global_batch_size": self.batch_size * self.world_size}
+        return {"consumed": self.consumed, "num_examples": self.num_examples, "seed": self.seed}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         for key in ("num_examples", "seed"):
@@ -457,7 +456,8 @@ class Estimator:
             self.global_step += 1
         return total_loss, grad_norm, skipped
 
-    def _report(self, window: dict[str, Any], metrics: MetricsLog | None, display: ProgressDisplay, scaler, batches: ShuffledBatches, skipped: int, last_checkpoint: str | None) -> None:
+    def _report(self, window: dict[str, Any], metrics: MetricsLog | None, display: ProgressDisplay, scaler,
+                batches: ShuffledBatches, skipped: int, last_checkpoint: str | None) -> None:
         if not math.isfinite(window["loss"]) and self.train_config.precision != "fp16":
             raise TrainingDivergedError(f"loss is {window['loss']} at step {self.global_step}; the last checkpoint "
                                         f"is {last_checkpoint}")

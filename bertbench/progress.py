@@ -10,6 +10,8 @@ import sys
 import time
 from typing import IO, Any
 
+from bertbench.durable import write_text_atomically
+
 
 class MetricsLog:
     """Appends records to a JSONL file. On resume it first drops the records of steps after the checkpoint, which
@@ -32,10 +34,7 @@ class MetricsLog:
                     continue  # a line cut short by the kill
                 if isinstance(record, dict) and record.get("step", 0) <= step:
                     kept.append(json.dumps(record) + "\n")
-        temporary = self.path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.writelines(kept)
-        os.replace(temporary, self.path)
+        write_text_atomically(self.path, "".join(kept))
 
     def write(self, record: dict[str, Any]) -> None:
         # Non-finite floats become null: JSON has no nan, and a strict reader would reject the whole file.

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from bertbench import runner
+from bertbench.durable import write_text_atomically
 from bertbench.distributed import init_from_environment, shutdown
 from bertbench.estimator import ShuffledBatches
 from bertbench.tasks.glue import GlueDataError, compute_metrics, encode_examples, get_processor, \
@@ -101,12 +102,9 @@ def evaluate(args, processor, tokenizer, estimator, is_main: bool, log) -> dict[
     for key in sorted(results):
         log(f"  {key} = {results[key]}")
     if is_main:
-        text = "".join(f"{key} = {results[key]}\n" for key in sorted(results))
-        temporary = os.path.join(args.output_dir, "eval_results.txt.tmp")
         os.makedirs(args.output_dir, exist_ok=True)
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, os.path.join(args.output_dir, "eval_results.txt"))
+        write_text_atomically(os.path.join(args.output_dir, "eval_results.txt"),
+                              "".join(f"{key} = {results[key]}\n" for key in sorted(results)))
         runner.write_json(os.path.join(args.output_dir, "eval_results.json"),
                           {"task": processor.name, **results})
     return results

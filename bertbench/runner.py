@@ -24,6 +24,7 @@ from bertbench import __version__
 from bertbench.checkpoint import CheckpointError, latest_checkpoint
 from bertbench.config import BertConfig, ConfigError
 from bertbench.distributed import Distributed
+from bertbench.durable import write_text_atomically
 from bertbench.estimator import (PRECISIONS, Estimator, RunConfig, TrainConfig, TrainingDivergedError, TrainResult,
                                  seed_everything)
 from bertbench.models import add_model_arguments, model_from_args
@@ -154,11 +155,8 @@ class RunRecord:
             raise UsageError(f"{path}: not a bertbench run record (missing {error})") from None
 
     def write(self) -> None:
-        temporary = self.path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump({"runner": self.runner, "bertbench_version": __version__, "args": self.args,
-                       "bert_config": self.bert_config, "world_size": self.world_size}, handle, indent=2)
-        os.replace(temporary, self.path)
+        write_json(self.path, {"runner": self.runner, "bertbench_version": __version__, "args": self.args,
+                               "bert_config": self.bert_config, "world_size": self.world_size})
 
 
 def parse_flags(parser: FlagParser, argv: Sequence[str] | None, runner: str,
@@ -278,11 +276,7 @@ def num_train_steps(num_examples: int, args: argparse.Namespace, dist: Distribut
 
 
 def write_json(path: str, data: Mapping[str, Any]) -> None:
-    temporary = path + ".tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2)
-        handle.write("\n")
-    os.replace(temporary, path)
+    write_text_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
 def report_training(result: TrainResult, args: argparse.Namespace, dist: Distributed,

@@ -4,10 +4,12 @@ saves, precision, accumulation, logs."""
 import io
 import json
 import os
+import random
 import shutil
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -309,10 +311,12 @@ def test_restore_loads_the_newest_weights(tmp_path):
 
 def test_rng_state_round_trips():
     state = rng_state()
-    first = (torch.rand(3), __import__("random").random(), __import__("numpy").random.rand())
+
+    def draws():
+        return torch.rand(3).tolist(), random.random(), np.random.rand()
+    first = draws()
     set_rng_state(state)
-    assert (torch.rand(3).tolist(), __import__("random").random(), __import__("numpy").random.rand()) == \
-        (first[0].tolist(), first[1], first[2])
+    assert draws() == first
 
 
 def test_progress_bar_draws_on_a_terminal():

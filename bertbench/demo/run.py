@@ -21,6 +21,7 @@ import torch
 from bertbench import optim
 from bertbench.config import BertConfig
 from bertbench.demo import data
+from bertbench.durable import write_text_atomically
 from bertbench.estimator import ShuffledBatches
 from bertbench.memory import saved_activation_bytes
 from bertbench.models import build_model
@@ -180,9 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.output_dir:
         os.makedirs(settings.output_dir, exist_ok=True)
         path = os.path.join(settings.output_dir, "demo_results.json")
-        with open(path + ".tmp", "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=2)
-        os.replace(path + ".tmp", path)
+        write_text_atomically(path, json.dumps(report, indent=2) + "\n")
         print(f"results written to {path}")
     return 0
 

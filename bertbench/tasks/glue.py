@@ -23,6 +23,7 @@ import torch
 from scipy import stats
 from sklearn import metrics
 
+from bertbench.durable import write_text_atomically
 from bertbench.tokenization import BertTokenizer
 
 
@@ -298,13 +299,5 @@ def write_submission(path: str | os.PathLike, processor: str | GlueProcessor, gu
         values = [f"{score:.3f}" for score in np.clip(predicted, 0.0, 5.0)]
     else:
         values = [processor.labels[index] for index in predicted]
-    path = os.fspath(path)
-    temporary = path + ".tmp"
-    try:
-        with open(temporary, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write("index\tprediction\n")
-            handle.writelines(f"{guid}\t{value}\n" for guid, value in zip(guids, values))
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+    lines = ["index\tprediction\n"] + [f"{guid}\t{value}\n" for guid, value in zip(guids, values)]
+    write_text_atomically(path, "".join(lines))
