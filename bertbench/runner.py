@@ -72,7 +72,7 @@ class FlagParser(argparse.ArgumentParser):
         group.add_argument(f"--no{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
 
 
-def add_common_flags(parser: FlagParser, default_learning_rate: float) -> None:
+def add_common_flags(parser: FlagParser, default_learning_rate: float, default_max_seq_length: int = 128) -> None:
     """Flags of Google's run_classifier.py / run_squad.py and NVIDIA's additions, plus bertbench's."""
     files = parser.add_argument_group("model files (Google's flag names)")
     parser.flag(files, "bert_config_file", None, "bert_config.json of the pre-trained model (Google or HF format).")
@@ -86,7 +86,8 @@ def add_common_flags(parser: FlagParser, default_learning_rate: float) -> None:
     train = parser.add_argument_group("training")
     parser.bool_flag(train, "do_train", False, "Train (resuming from output_dir's newest checkpoint if any).")
     parser.bool_flag(train, "do_predict", False, "Write predictions for the test set(s).")
-    parser.flag(train, "max_seq_length", 128, "Tokens per sequence after WordPiece, padded or truncated.",
+    parser.flag(train, "max_seq_length", default_max_seq_length, "Tokens per sequence after WordPiece, padded or "
+                                                                  "truncated.",
                 type=int)
     parser.flag(train, "train_batch_size", 32, "Sequences per micro-batch per process.", type=int)
     parser.flag(train, "predict_batch_size", 8, "Sequences per prediction batch.", type=int)
@@ -264,12 +265,12 @@ def build_estimator(args: argparse.Namespace, model: nn.Module, dist: Distribute
     return Estimator(model, run_config, train_config, dist)
 
 
-def num_train_steps(num_examples: int, args: argparse.Namespace, dist: Distributed) -> int:
-    """Google's count: examples / global batch x epochs, rounded down."""
+def num_train_steps(num_sequences: int, args: argparse.Namespace, dist: Distributed) -> int:
+    """Google's count: training sequences / global batch x epochs, rounded down."""
     global_batch = args.train_batch_size * args.num_accumulation_steps * dist.world_size
-    steps = int(num_examples / global_batch * args.num_train_epochs)
+    steps = int(num_sequences / global_batch * args.num_train_epochs)
     if steps < 1:
-        raise UsageError(f"{num_examples} training examples make no full step of {global_batch} sequences "
+        raise UsageError(f"{num_sequences} training sequences make no full step of {global_batch} sequences "
                          f"({args.train_batch_size} x {args.num_accumulation_steps} accumulation x "
                          f"{dist.world_size} processes) in {args.num_train_epochs} epochs")
     return steps

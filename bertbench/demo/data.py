@@ -1,13 +1,21 @@
-"""A deterministic synthetic sentence-pair task with its own tiny vocabulary.
+"""Deterministic synthetic tasks with their own tiny vocabulary: a sentence-pair task (written as GLUE files too) and
+a reading-comprehension task in SQuAD's format.
 
-Sentence A is "the ADJ NOUN VERB the ADJ NOUN ." and sentence B "the ADJ NOUN VERB ."; every adjective is either
-positive or negative, and the label says whether most of the three adjectives of the pair are positive. Neither
-sentence decides the label alone (A may hold one of each), so the model must read the pair, as in GLUE's pair tasks,
-yet a 2-layer BERT trained from scratch learns it within a hundred steps on a CPU.
+Pair task: sentence A is "the ADJ NOUN VERB the ADJ NOUN ." and sentence B "the ADJ NOUN VERB ."; every adjective
+is either positive or negative, and the label says whether most of the three adjectives of the pair are positive.
+Neither sentence decides the label alone (A may hold one of each), so the model must read the pair, as in GLUE's
+pair tasks, yet a 2-layer BERT trained from scratch learns it within a hundred steps on a CPU.
+
+SQuAD task: a paragraph of 2-5 sentences "the ADJ NOUN VERB the ADJ NOUN ." (no noun or adjective twice) and
+questions that name one of its phrases, "where is the calm owl ?", answered by that phrase's span ("calm owl"). In
+v2.0 a third of the questions pair an adjective of the paragraph with an animal it does not mention, and have no
+answer. The model has to match the question's words to the paragraph's (one attention hop), which a 2-layer BERT
+of hidden size 128 learns from scratch in a few hundred steps.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from dataclasses import dataclass
@@ -18,6 +26,7 @@ NEGATIVE = ["sad", "lazy", "angry", "dull", "grim", "rude"]
 NOUNS = ["cat", "dog", "bird", "fox", "horse", "mouse", "lion", "owl", "frog", "bear", "wolf", "deer"]
 VERBS = ["sees", "likes", "follows", "chases", "meets", "helps", "watches", "finds"]
 LABELS = ["mostly_negative", "mostly_positive"]
+QUESTION_WORDS = ["where", "is", "?"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ def _random_pair(rng: random.Random) -> tuple[str, str, int]:
 
 
 def vocabulary() -> list[str]:
-    return SPECIAL_TOKENS + ["the", "."] + POSITIVE + NEGATIVE + NOUNS + VERBS
+    return SPECIAL_TOKENS + ["the", "."] + POSITIVE + NEGATIVE + NOUNS + VERBS + QUESTION_WORDS
 
 
 def write_vocab(directory: str | os.PathLike) -> str:
@@ -125,3 +134,61 @@ def write_glue_task(directory: str | os.PathLike, task: str = "MRPC", train: int
         with open(os.path.join(task_dir, f"{split}.tsv"), "w", encoding="utf-8", newline="\n") as handle:
             handle.write("\n".join(lines) + "\n")
     return task_dir
+
+
+def make_squad(paragraphs: int, seed: int, version_2: bool = True, questions_per_paragraph: int = 3,
+               training: bool = True) -> dict:
+    """A SQuAD-format dataset (the JSON object of train-v1.1.json / dev-v2.0.json). Training questions carry one
+    answer, as SQuAD's train files do; dev questions two (with and without the article), as its dev files carry
+    several annotators' answers. Sentences are joined by one or two spaces or a newline, so answers sit at
+    uneven character offsets."""
+    rng = random.Random(f"squad-{seed}")
+    articles = []
+    for number in range(paragraphs):
+        sentences = rng.randint(2, 5)  # 4-10 animals: every noun and adjective of a paragraph is distinct
+        nouns = rng.sample(NOUNS, 2 * sentences)
+        adjectives = rng.sample(POSITIVE + NEGATIVE, 2 * sentences)
+        context, phrases = "", {}  # noun -> (character offset, "ADJ NOUN")
+        for index in range(sentences):
+            if context:
+                context += rng.choice([" ", " ", "  ", "\n"])
+            subject, object_ = (f"{adjectives[2 * index + k]} {nouns[2 * index + k]}" for k in (0, 1))
+            context += "the "
+            phrases[nouns[2 * index]] = len(context), subject
+            context += f"{subject} {rng.choice(VERBS)} the "
+            phrases[nouns[2 * index + 1]] = len(context), object_
+            context += f"{object_} ."
+        questions = []
+        for index in range(questions_per_paragraph):
+            start, phrase = phrases[rng.choice(sorted(phrases))]
+            qa = {"id": f"demo-{seed}-{number}-{index}", "question": f"where is the {phrase} ?", "answers": []}
+            if version_2 and rng.random() < 1 / 3:  # an adjective of the paragraph with an animal not in it
+                absent = rng.choice([noun for noun in NOUNS if noun not in phrases])
+                qa["question"] = f"where is the {phrase.split()[0]} {absent} ?"
+            else:
+                qa["answers"].append({"text": phrase, "answer_start": start})
+                if not training:  # a second annotator who took the article too
+                    qa["answers"].append({"text": f"the {phrase}", "answer_start": start - 4})
+            if version_2:
+                qa["is_impossible"] = not qa["answers"]
+            questions.append(qa)
+        articles.append({"title": f"demo {number}", "paragraphs": [{"context": context, "qas": questions}]})
+    return {"version": "v2.0" if version_2 else "1.1", "data": articles}
+
+
+def write_squad(directory: str | os.PathLike, version: str = "2.0", train: int = 600, dev: int = 100,
+                seed: int = 0) -> tuple[str, str]:
+    """Write train-v<version>.json and dev-v<version>.json (`train` and `dev` paragraphs of three questions) into
+    directory, as in a SQuAD download, and return their paths."""
+    if version not in ("1.1", "2.0"):
+        raise ValueError(f"SQuAD versions are 1.1 and 2.0, not {version!r}")
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for split, paragraphs, number in (("train", train, 0), ("dev", dev, 1)):
+        dataset = make_squad(paragraphs, seed=2 * seed + number, version_2=version == "2.0",
+                             training=split == "train")
+        path = os.path.join(directory, f"{split}-v{version}.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(dataset, handle, indent=1)
+        paths.append(path)
+    return paths[0], paths[1]

@@ -1,16 +1,21 @@
-"""`bertbench demo`: train a tiny BERT on the built-in pair task with the baseline and each recompute policy.
+"""`bertbench demo`: train a tiny BERT on the built-in pair task with the baseline and each recompute policy, then
+fine-tune one on the built-in SQuAD v2.0 data through run_squad.
 
 Everything is generated here (data, vocab.txt, model), so it runs with no network and no files. The table shows
 what the suite is about: the recompute module reaches the same accuracy with the same weights, keeps fewer bytes
-for backward, and pays for it in step time.
+for backward, and pays for it in step time. The QA step runs the real SQuAD runner (windows, n-best answers,
+no-answer odds, official scoring) on files in SQuAD's format.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -18,17 +23,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bertbench import optim
+from bertbench import optim, run_squad
 from bertbench.config import BertConfig
 from bertbench.demo import data
 from bertbench.durable import write_text_atomically
 from bertbench.estimator import ShuffledBatches
 from bertbench.memory import saved_activation_bytes
 from bertbench.models import build_model
+from bertbench.tasks.squad import read_examples
 from bertbench.tokenization import BertTokenizer
 
 # (modeling, recompute policy) pairs the demo trains, in table order.
 VARIANTS = (("baseline", None), ("recompute", "full"), ("recompute", "every-k"), ("recompute", "selective"))
+# The QA step's model: matching a question's words to the paragraph's needs attention heads of 32 dimensions, and
+# a from-scratch model on synthetic data learns faster without dropout (nothing here overfits).
+QA_MODEL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512,
+            "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 @dataclass
@@ -45,10 +55,14 @@ class DemoConfig:
     max_seq_length: int = field(default=32, metadata={"help": "Padded sequence length."})
     hidden_size: int = field(default=64, metadata={"help": "Width of the tiny BERT."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Transformer blocks of the tiny BERT."})
+    qa_epochs: float = field(default=6.0, metadata={"help": "Epochs of the QA step over its 600 built-in "
+                                                                "paragraphs (1,800 questions); 0 skips it."})
     seed: int = field(default=0, metadata={"help": "Seed of data, weights and dropout; same seed, same table."})
     output_dir: str | None = field(default=None, metadata={"help": "Also write demo_results.json here."})
 
     def __post_init__(self) -> None:
+        if self.qa_epochs < 0:
+            raise ValueError(f"--qa_epochs must be 0 (no QA step) or more, got {self.qa_epochs}")
         if self.steps < 2:  # step 0 counts saved bytes and warms up; the later steps are timed
             raise ValueError(f"--steps must be at least 2, got {self.steps}")
         for name in ("batch_size", "train_examples", "dev_examples", "max_seq_length", "hidden_size",
@@ -145,6 +159,38 @@ def format_table(results: list[dict], baseline: dict) -> str:
     return "\n".join(lines)
 
 
+def question_answering(settings: DemoConfig, directory: str) -> dict:
+    """Fine-tune a tiny BERT on the built-in SQuAD v2.0 files with run_squad, as a user would, in `directory`;
+    return the official scores and the training throughput. The run directory is rebuilt on every call, so a
+    demo run again with other settings does not resume or clash with the last one."""
+    shutil.rmtree(os.path.join(directory, "run"), ignore_errors=True)
+    train_file, dev_file = data.write_squad(os.path.join(directory, "data"), "2.0", seed=settings.seed)
+    config_file = os.path.join(directory, "bert_config.json")
+    write_text_atomically(config_file, json.dumps(
+        dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **QA_MODEL)), indent=2) + "\n")
+    argv = ["--do_train", "--do_predict", f"--train_file={train_file}", f"--predict_file={dev_file}",
+            f"--vocab_file={data.write_vocab(directory)}", f"--bert_config_file={config_file}",
+            "--version_2_with_negative", "--max_seq_length=48", "--doc_stride=16", "--max_query_length=16",
+            "--train_batch_size=32", "--learning_rate=1e-3", f"--num_train_epochs={settings.qa_epochs}",
+            f"--seed={settings.seed}", "--device=cpu", "--save_checkpoints_secs=0", "--log_step_count_steps=1000000",
+            f"--output_dir={os.path.join(directory, 'run')}"]
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        status = run_squad.main(argv)
+    if status != 0:
+        raise RuntimeError(f"run_squad exited with status {status}:\n{log.getvalue()}")
+    with open(os.path.join(directory, "run", "eval_results.json"), encoding="utf-8") as handle:
+        scores = json.load(handle)
+    with open(os.path.join(directory, "run", "train_results.json"), encoding="utf-8") as handle:
+        training = json.load(handle)
+    return {"command": "bertbench squad " + " ".join(argv), "model_config": QA_MODEL,
+            "train_questions": len(read_examples(train_file, training=True, version_2=True)),
+            "dev_questions": scores["questions"], "windows": scores["windows"], "exact": scores["exact"],
+            "f1": scores["f1"], "has_answer_exact": scores["HasAns_exact"], "no_answer_exact": scores["NoAns_exact"],
+            "no_answer_everywhere_exact": 100.0 * scores["NoAns_total"] / scores["total"],
+            "steps": training["global_step"], "train_seq_per_s": training["steady_sentences_per_second"]}
+
+
 def run(settings: DemoConfig) -> dict:
     """Train every variant; return the results (also what demo_results.json holds)."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -163,9 +209,17 @@ def run(settings: DemoConfig) -> dict:
     reference = models[0].state_dict()
     weight_difference = max((model.state_dict()[name] - tensor).abs().max().item()
                             for model in models[1:] for name, tensor in reference.items())
-    return {"settings": dataclasses.asdict(settings), "model_config": dataclasses.asdict(config),
-            "chance_accuracy": 1 / len(data.LABELS), "results": results,
-            "max_weight_difference_vs_baseline": weight_difference}
+    report = {"settings": dataclasses.asdict(settings), "model_config": dataclasses.asdict(config),
+              "chance_accuracy": 1 / len(data.LABELS), "results": results,
+              "max_weight_difference_vs_baseline": weight_difference}
+    if settings.qa_epochs > 0:
+        print("  fine-tuning on the built-in SQuAD v2.0 data with run_squad ...", flush=True)
+        if settings.output_dir:  # keep the data and the run, so the printed command can be run again
+            report["question_answering"] = question_answering(settings, os.path.join(settings.output_dir, "squad"))
+        else:
+            with tempfile.TemporaryDirectory() as scratch:
+                report["question_answering"] = question_answering(settings, scratch)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,6 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(report["results"], report["results"][0]))
     print(f"\nchance accuracy {report['chance_accuracy']:.2f}; largest weight difference between the recompute "
           f"models and the baseline after training: {report['max_weight_difference_vs_baseline']:.1e}")
+    qa = report.get("question_answering")
+    if qa:
+        print(f"\nquestion answering (run_squad, SQuAD v2.0 format, {qa['train_questions']:,} training / "
+              f"{qa['dev_questions']} dev questions, hidden 128, {qa['steps']} steps, "
+              f"{qa['train_seq_per_s']:.0f} seq/s):")
+        print(f"  exact match {qa['exact']:.1f}  F1 {qa['f1']:.1f}  (answerable {qa['has_answer_exact']:.1f}, "
+              f"unanswerable {qa['no_answer_exact']:.1f}); answering \"no answer\" everywhere scores "
+              f"{qa['no_answer_everywhere_exact']:.1f}")
     if settings.output_dir:
         os.makedirs(settings.output_dir, exist_ok=True)
         path = os.path.join(settings.output_dir, "demo_results.json")

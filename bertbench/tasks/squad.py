@@ -1,10 +1,16 @@
-"""SQuAD v1.1 and v2.0: the official scoring (exact match and F1), as the official evaluate-v1.1.py and
-evaluate-v2.0.py scripts define it.
+"""SQuAD v1.1 and v2.0: reading the files, features for BERT (question + context windows), turning start/end logits
+back into answer text, and the official scoring (exact match and F1).
 
-Answers are normalised before comparison: lower-cased, punctuation removed, the articles a/an/the removed,
-whitespace collapsed. Exact match and token-overlap F1 are each the maximum over the question's ground truths. v2.0
-questions without an answer have the empty string as their only ground truth; with no-answer probabilities the
-scorer also finds the threshold that would have scored best.
+Features follow Google's run_squad.py: [CLS] question [SEP] context window [SEP], the question cut to
+max_query_length tokens, long contexts split into windows doc_stride tokens apart. Token positions come from the
+fast tokenizer's character offsets, so an answer maps to tokens exactly (accents, CJK, runs of whitespace) and a
+predicted span maps back to the original context text, not to joined word pieces. A training window that does not
+hold the whole answer, and every window of an unanswerable v2.0 question, points at [CLS].
+
+Scoring is that of the official evaluate-v1.1.py and evaluate-v2.0.py: answers are normalised (lower-cased,
+punctuation removed, the articles a/an/the removed, whitespace collapsed); exact match and token-overlap F1 are each
+the maximum over the question's ground truths. v2.0 questions without an answer have the empty string as their only
+ground truth; with no-answer probabilities the scorer also finds the threshold that would have scored best.
 """
 
 from __future__ import annotations
@@ -14,8 +20,15 @@ import json
 import os
 import re
 import string
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from bertbench.tokenization import BertTokenizer
 
 
 class SquadDataError(ValueError):
@@ -188,3 +201,299 @@ def _best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float],
         if current > best:
             best, best_threshold = current, probabilities.get(question_id, 0.0)
     return 100.0 * best / len(scores), best_threshold
+
+
+# ---- examples: what the runner trains on and predicts ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SquadExample:
+    question_id: str
+    question: str
+    context: str
+    answer_start: int  # character offset of the (first) answer in context; -1 when there is none
+    answer_text: str  # "" for an unanswerable v2.0 question, and for questions read for prediction only
+    is_impossible: bool = False
+
+
+def read_examples(path: str | os.PathLike, training: bool, version_2: bool) -> list[SquadExample]:
+    """Every question of a SQuAD file. With `training`, each question needs an answer whose answer_start points at
+    its text in the context (or, with `version_2`, is_impossible); the first answer is the one trained on.
+
+    Errors name the file and the question id: a missing field, an empty context or question, a repeated id, an
+    answer_start that does not match the answer text, an unanswerable question without `version_2`."""
+    path = os.fspath(path)
+    data = _load_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise SquadDataError(f"{path}: not a SQuAD file (no 'data' list)")
+    examples, seen = [], set()
+    for article in data["data"]:
+        for paragraph in _field(article, "paragraphs", path, "an article"):
+            questions = _field(paragraph, "qas", path, "a paragraph")
+            if not questions:
+                continue
+            owner = f"the paragraph of question {_field(questions[0], 'id', path, 'a question')}"
+            context = _field(paragraph, "context", path, owner)
+            if not isinstance(context, str) or not context.strip():
+                raise SquadDataError(f"{path}: {owner}: empty context")
+            for qa in questions:
+                example = _read_example(qa, context, path, training, version_2)
+                if example.question_id in seen:
+                    raise SquadDataError(f"{path}: question {example.question_id}: the id is used twice")
+                seen.add(example.question_id)
+                examples.append(example)
+    if not examples:
+        raise SquadDataError(f"{path}: no questions")
+    return examples
+
+
+def _read_example(qa, context: str, path: str, training: bool, version_2: bool) -> SquadExample:
+    question_id = str(_field(qa, "id", path, "a question"))
+    where = f"{path}: question {question_id}"
+    question = _field(qa, "question", path, f"question {question_id}")
+    if not isinstance(question, str) or not question.strip():
+        raise SquadDataError(f"{where}: empty question")
+    if not training:
+        return SquadExample(question_id, question, context, -1, "")
+    is_impossible = qa.get("is_impossible", False)
+    if not isinstance(is_impossible, bool):
+        raise SquadDataError(f"{where}: is_impossible is {is_impossible!r}, expected true or false")
+    if is_impossible:
+        if not version_2:
+            raise SquadDataError(f"{where}: is unanswerable (is_impossible), a SQuAD v2.0 question; train on this "
+                                 "file with --version_2_with_negative")
+        return SquadExample(question_id, question, context, -1, "", True)
+    answers = _field(qa, "answers", path, f"question {question_id}")
+    if not isinstance(answers, list) or not answers:
+        raise SquadDataError(f"{where}: no answer to train on (answers is empty and is_impossible is not true)")
+    for answer in answers:
+        text = _field(answer, "text", path, f"an answer of question {question_id}")
+        start = _field(answer, "answer_start", path, f"an answer of question {question_id}")
+        if not isinstance(text, str) or not text.strip():
+            raise SquadDataError(f"{where}: empty answer text")
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise SquadDataError(f"{where}: answer_start is {start!r}, expected a character offset")
+        found = context[start:start + len(text)]
+        if found != text:
+            raise SquadDataError(f"{where}: answer_start {start} points at {found!r} in the context, not at the "
+                                 f"answer text {text!r}")
+    first = answers[0]
+    return SquadExample(question_id, question, context, first["answer_start"], first["text"])
+
+
+# ---- features: [CLS] question [SEP] context window [SEP] ---------------------------------------------------------
+
+@dataclass
+class SquadFeatures:
+    """One row per context window. `inputs` holds the model's tensors (start_positions and end_positions too when
+    built for training); the arrays say where each row's tokens come from, for post-processing."""
+
+    inputs: dict  # name -> int64 tensor [windows, max_seq_length]; start/end_positions [windows]
+    example_index: np.ndarray  # [windows] index into the examples list of each window
+    token_offsets: np.ndarray | None  # [windows, seq, 2] character span in the context; (-1, -1) off the context
+    max_context: np.ndarray | None  # [windows, seq] this window has the most context on both sides of the token
+
+    def __len__(self) -> int:
+        return len(self.example_index)
+
+
+def convert_examples(examples: Sequence[SquadExample], tokenizer: BertTokenizer, max_seq_length: int,
+                     doc_stride: int, max_query_length: int, training: bool) -> SquadFeatures:
+    """Windows of every example. Questions and contexts are tokenized in parallel batches (each distinct context
+    once: a SQuAD paragraph serves about five questions); windows and answer positions come from the offsets.
+
+    Windows follow Google's run_squad: each holds up to max_seq_length - len(question) - 3 context tokens and starts
+    doc_stride tokens after the previous one, the last ending at the context's end. A training window holding the
+    whole answer points start/end_positions at it; other windows, and unanswerable questions, at [CLS] (0)."""
+    if max_seq_length <= max_query_length + 3:
+        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the context after a question of up to "
+                         f"{max_query_length} tokens and [CLS] [SEP] [SEP]; it must exceed max_query_length + 3")
+    if doc_stride < 1:
+        raise ValueError(f"doc_stride must be at least 1, got {doc_stride}")
+    backend = tokenizer.backend
+    questions = backend.encode_batch([example.question for example in examples], add_special_tokens=False)
+    contexts = list(dict.fromkeys(example.context for example in examples))
+    context_index = {context: index for index, context in enumerate(contexts)}
+    encoded_contexts = backend.encode_batch(contexts, add_special_tokens=False)
+    context_tokens = [(np.array(encoding.ids, dtype=np.int64), np.array(encoding.offsets, dtype=np.int64)
+                       .reshape(-1, 2)) for encoding in encoded_contexts]
+
+    windows: list[_Window] = []
+    for index, (example, question) in enumerate(zip(examples, questions)):
+        question_ids = question.ids[:max_query_length]
+        doc_ids, doc_offsets = context_tokens[context_index[example.context]]
+        if len(doc_ids) == 0:
+            raise SquadDataError(f"question {example.question_id}: its context has no tokens")
+        answer = _answer_tokens(example, doc_offsets) if training else None
+        spans = _window_spans(len(doc_ids), max_seq_length - len(question_ids) - 3, doc_stride)
+        best_window = None if training else _best_window_per_token(spans, len(doc_ids))
+        for number, (start, length) in enumerate(spans):
+            positions = 0, 0
+            if answer is not None and start <= answer[0] and answer[1] < start + length:
+                positions = answer[0] - start + len(question_ids) + 2, answer[1] - start + len(question_ids) + 2
+            is_max_context = None if best_window is None else best_window[start:start + length] == number
+            windows.append(_Window(index, question_ids, doc_ids[start:start + length],
+                                   doc_offsets[start:start + length], positions, is_max_context))
+
+    count = len(windows)
+    input_ids = np.full((count, max_seq_length), tokenizer.pad_id, dtype=np.int64)
+    token_type_ids = np.zeros((count, max_seq_length), dtype=np.int64)
+    attention_mask = np.zeros((count, max_seq_length), dtype=np.int64)
+    offsets = None if training else np.full((count, max_seq_length, 2), -1, dtype=np.int32)
+    max_context = None if training else np.zeros((count, max_seq_length), dtype=bool)
+    for row, window in enumerate(windows):
+        first = len(window.question_ids) + 2  # where the context starts in the row
+        end = first + len(window.doc_ids)
+        input_ids[row, 0] = tokenizer.cls_id
+        input_ids[row, 1:first - 1] = window.question_ids
+        input_ids[row, first - 1] = input_ids[row, end] = tokenizer.sep_id
+        input_ids[row, first:end] = window.doc_ids
+        token_type_ids[row, first:end + 1] = 1
+        attention_mask[row, :end + 1] = 1
+        if not training:
+            offsets[row, first:end] = window.doc_offsets
+            max_context[row, first:end] = window.is_max_context
+    inputs = {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(token_type_ids),
+              "attention_mask": torch.from_numpy(attention_mask)}
+    if training:
+        positions = torch.tensor([window.positions for window in windows], dtype=torch.int64).reshape(-1, 2)
+        inputs["start_positions"], inputs["end_positions"] = positions[:, 0].clone(), positions[:, 1].clone()
+    return SquadFeatures(inputs, np.array([window.example_index for window in windows], dtype=np.int64), offsets,
+                         max_context)
+
+
+class _Window(NamedTuple):
+    example_index: int
+    question_ids: list[int]
+    doc_ids: np.ndarray  # the window's context tokens
+    doc_offsets: np.ndarray  # and their character spans
+    positions: tuple[int, int]  # answer start and end in the row; (0, 0) = [CLS]
+    is_max_context: np.ndarray | None
+
+
+def _window_spans(num_tokens: int, budget: int, doc_stride: int) -> list[tuple[int, int]]:
+    """(start, length) of each window over a context of num_tokens tokens."""
+    spans, start = [], 0
+    while True:
+        length = min(num_tokens - start, budget)
+        spans.append((start, length))
+        if start + length >= num_tokens:
+            return spans
+        start += min(length, doc_stride)
+
+
+def _best_window_per_token(spans: list[tuple[int, int]], num_tokens: int) -> np.ndarray:
+    """For each context token, the window that sees most context around it: the largest min(left, right) context,
+    plus 0.01 x window length to prefer longer windows; the first such window on a tie (Google's
+    _check_is_max_context)."""
+    token = np.arange(num_tokens)
+    scores = np.full((len(spans), num_tokens), -np.inf)
+    for number, (start, length) in enumerate(spans):
+        inside = slice(start, start + length)
+        scores[number, inside] = np.minimum(token[inside] - start, start + length - 1 - token[inside]) + 0.01 * length
+    return scores.argmax(axis=0)
+
+
+def _answer_tokens(example: SquadExample, doc_offsets: np.ndarray) -> tuple[int, int] | None:
+    """The first and last context token of the answer: the first token ending after the answer's first character,
+    the last starting before its end. None for an unanswerable question."""
+    if example.is_impossible:
+        return None
+    answer_end = example.answer_start + len(example.answer_text)
+    first = int(np.searchsorted(doc_offsets[:, 1], example.answer_start, side="right"))
+    last = int(np.searchsorted(doc_offsets[:, 0], answer_end, side="left")) - 1
+    if first > last:
+        raise SquadDataError(f"question {example.question_id}: the answer {example.answer_text!r} covers no token "
+                             "of the context")
+    return first, last
+
+
+# ---- answers: from start/end logits back to context text ---------------------------------------------------------
+
+@dataclass
+class SquadPredictions:
+    """What run_squad writes: predictions.json, nbest_predictions.json and, for v2.0, null_odds.json."""
+
+    answers: dict[str, str]  # question id -> answer text ("" = no answer)
+    nbest: dict[str, list[dict]]  # question id -> [{text, probability, start_logit, end_logit}], best first
+    null_odds: dict[str, float] | None  # question id -> null score minus best span score (v2.0)
+
+
+class _Candidate(NamedTuple):
+    score: float
+    start_logit: float
+    end_logit: float
+    text_span: tuple[int, int] | None  # characters of the context; None = no answer
+
+
+def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start_logits, end_logits,
+                n_best_size: int = 20, max_answer_length: int = 30, version_2: bool = False,
+                null_score_diff_threshold: float = 0.0) -> SquadPredictions:
+    """Google's run_squad write_predictions: in every window of an example, pair the n_best_size highest start
+    logits with the n_best_size highest end logits; keep spans inside the context, starting at a token this window
+    has the most context for, not ending before they start, at most max_answer_length tokens; rank them by start +
+    end logit across windows. The answer is the ranked span's original context text. v2.0 also scores "no answer"
+    as the lowest [CLS] start + end logit over the windows, and answers "" when that beats the best span by more
+    than null_score_diff_threshold."""
+    start_logits = np.asarray(start_logits, dtype=np.float64)
+    end_logits = np.asarray(end_logits, dtype=np.float64)
+    assert features.token_offsets is not None, "post-processing needs features built with training=False"
+    answers, nbest_json, null_odds = {}, {}, {}
+    # An example's windows are consecutive rows.
+    for rows in np.split(np.arange(len(features)), np.flatnonzero(np.diff(features.example_index)) + 1):
+        example = examples[features.example_index[rows[0]]]
+        candidates, null = [], None
+        for row in rows:
+            starts, ends = start_logits[row], end_logits[row]
+            if null is None or starts[0] + ends[0] < null.score:
+                null = _Candidate(starts[0] + ends[0], starts[0], ends[0], None)
+            candidates += _span_candidates(starts, ends, features.token_offsets[row], features.max_context[row],
+                                           n_best_size, max_answer_length)
+        if version_2:
+            candidates.append(null)
+        candidates.sort(key=lambda candidate: -candidate.score)
+        nbest, seen = [], set()
+        for candidate in candidates:
+            if len(nbest) == n_best_size:
+                break
+            text = "" if candidate.text_span is None else example.context[slice(*candidate.text_span)]
+            if text not in seen:
+                seen.add(text)
+                nbest.append((text, candidate))
+        if version_2 and "" not in seen:
+            nbest.append(("", null))
+        if not nbest:  # no span passed the filters (v1.1): Google's placeholder answer
+            nbest.append(("empty", _Candidate(0.0, 0.0, 0.0, None)))
+        scores = np.array([candidate.score for _, candidate in nbest])
+        probabilities = np.exp(scores - scores.max())
+        probabilities /= probabilities.sum()
+        nbest_json[example.question_id] = [
+            {"text": text, "probability": float(probability), "start_logit": float(candidate.start_logit),
+             "end_logit": float(candidate.end_logit)}
+            for (text, candidate), probability in zip(nbest, probabilities)]
+        if not version_2:
+            answers[example.question_id] = nbest[0][0]
+            continue
+        best_span = next((candidate for text, candidate in nbest if text), None)
+        if best_span is None:
+            # No span passed the filters: as sure of "no answer" as a finite JSON number can say.
+            null_odds[example.question_id] = sys.float_info.max
+            answers[example.question_id] = ""
+            continue
+        odds = float(null.score - best_span.start_logit - best_span.end_logit)
+        null_odds[example.question_id] = odds
+        answers[example.question_id] = "" if odds > null_score_diff_threshold else next(
+            text for text, candidate in nbest if candidate is best_span)
+    return SquadPredictions(answers, nbest_json, null_odds if version_2 else None)
+
+
+def _span_candidates(starts: np.ndarray, ends: np.ndarray, offsets: np.ndarray, max_context: np.ndarray,
+                     n_best_size: int, max_answer_length: int) -> list[_Candidate]:
+    """The valid (start, end) pairs among one window's n_best_size best starts and ends."""
+    top_starts = np.argsort(-starts, kind="stable")[:n_best_size, None]
+    top_ends = np.argsort(-ends, kind="stable")[None, :n_best_size]
+    in_context = offsets[:, 0] >= 0
+    valid = (in_context[top_starts] & max_context[top_starts] & in_context[top_ends] & (top_ends >= top_starts)
+             & (top_ends - top_starts < max_answer_length))
+    first, last = np.broadcast_arrays(top_starts, top_ends)
+    return [_Candidate(starts[i] + ends[j], starts[i], ends[j], (int(offsets[i, 0]), int(offsets[j, 1])))
+            for i, j in zip(first[valid], last[valid])]
