@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Score the newest checkpoint of a run on its dev set(s) and print the metrics:
 #
-#   scripts/eval.sh RESULTS_DIR [run_classifier flags...]
+#   scripts/eval.sh RESULTS_DIR [runner flags...]
 #
-# RESULTS_DIR is a run directory (it holds bertbench_run.json) or a directory of them (run_glue.sh's RESULTS_DIR):
-# each run is scored with the task, data, vocab and model it recorded; flags given here override those that do not
-# change the run (--data_dir if the GLUE download moved, --eval_batch_size, --device). Results are also written to
-# each run's eval_results.txt and eval_results.json. PYTHON defaults to python3.
+# RESULTS_DIR is a run directory (it holds bertbench_run.json) or a directory of them (run_glue.sh's and
+# run_squad.sh's RESULTS_DIR): each run is scored by the runner that made it, with the task, data, vocab and model
+# it recorded. GLUE runs are evaluated (run_classifier --do_eval); SQuAD runs predict their predict_file and score it
+# (run_squad --do_predict: predictions.json, nbest_predictions.json, null_odds.json). Flags given here override
+# those that do not change the run (--data_dir or --predict_file if the data moved, batch sizes, --device). Results
+# are also written to each run's eval_results.txt and eval_results.json. PYTHON defaults to python3.
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
-  echo "usage: scripts/eval.sh RESULTS_DIR [run_classifier flags...]" >&2
+  echo "usage: scripts/eval.sh RESULTS_DIR [runner flags...]" >&2
   exit 2
 fi
 results_dir=$1
@@ -33,6 +35,13 @@ fi
 status=0
 for run in "${runs[@]}"; do
   echo "== $run"
-  "$PYTHON" -m bertbench.run_classifier --do_eval=true --output_dir="$run" "$@" || status=$?
+  runner=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["runner"])' "$run/bertbench_run.json") \
+    || { status=1; continue; }
+  case "$runner" in
+    run_classifier) action=--do_eval=true ;;
+    run_squad) action=--do_predict=true ;;
+    *) echo "eval.sh: error: $run/bertbench_run.json: unknown runner '$runner'" >&2; status=1; continue ;;
+  esac
+  "$PYTHON" -m "bertbench.$runner" "$action" --output_dir="$run" "$@" || status=$?
 done
 exit $status

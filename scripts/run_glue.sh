@@ -23,18 +23,11 @@
 # again resumes it from its newest checkpoint. Flags after the 11th argument go to run_classifier as they are.
 set -euo pipefail
 
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 BERT_DIR=${BERT_DIR:-data/download/google_pretrained_weights/uncased_L-24_H-1024_A-16}
 GLUE_DIR=${GLUE_DIR:-data/download/glue}
 RESULTS_DIR=${RESULTS_DIR:-results}
 PYTHON=${PYTHON:-python3}
-
-visible_gpus() {
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    nvidia-smi -L | grep -c '^GPU'
-  else
-    echo 1
-  fi
-}
 
 task_name=${1:-"MNLI"}
 batch_size=${2:-"32"}
@@ -49,33 +42,15 @@ warmup=${10:-"0.1"}
 init_checkpoint=${11:-"$BERT_DIR/bert_model.ckpt"}
 shift $(( $# < 11 ? $# : 11 ))
 
-case "$precision" in
-  fp16|fp32|bf16) ;;
-  *) echo "run_glue.sh: error: precision must be fp16, fp32 or bf16, got '$precision'" >&2; exit 2 ;;
-esac
-if ! [[ "$num_gpu" =~ ^[1-9][0-9]*$ ]]; then
-  echo "run_glue.sh: error: num_gpu must be a positive integer, got '$num_gpu'" >&2
-  exit 2
-fi
+check_launch_arguments run_glue.sh "$precision" "$num_gpu"
 : "$doc_stride"  # accepted for the original's argument order; GLUE has no documents to stride
 
 run_dir="$RESULTS_DIR/${task_name}_${precision}_bs${batch_size}_lr${learning_rate}_seq${seq_length}_gpu${num_gpu}"
-mkdir -p "$run_dir"
-
-if [ "$num_gpu" -gt 1 ]; then
-  launch=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$num_gpu" -m bertbench.run_classifier)
-else
-  launch=("$PYTHON" -m bertbench.run_classifier)
-fi
-
-command=("${launch[@]}"
-  --task_name="$task_name" --do_train=true --do_eval=true
-  --data_dir="$GLUE_DIR/$task_name" --vocab_file="$BERT_DIR/vocab.txt"
-  --bert_config_file="$BERT_DIR/bert_config.json" --init_checkpoint="$init_checkpoint"
-  --max_seq_length="$seq_length" --train_batch_size="$batch_size" --learning_rate="$learning_rate"
-  --num_train_epochs="$epochs" --warmup_proportion="$warmup" --precision="$precision" --use_xla="$use_xla"
-  --output_dir="$run_dir" "$@")
-
-echo "${command[*]}" | tee -a "$run_dir/command.log"
-"${command[@]}" 2>&1 | tee -a "$run_dir/train.log"
+run_logged "$run_dir" "$num_gpu" bertbench.run_classifier \
+  --task_name="$task_name" --do_train=true --do_eval=true \
+  --data_dir="$GLUE_DIR/$task_name" --vocab_file="$BERT_DIR/vocab.txt" \
+  --bert_config_file="$BERT_DIR/bert_config.json" --init_checkpoint="$init_checkpoint" \
+  --max_seq_length="$seq_length" --train_batch_size="$batch_size" --learning_rate="$learning_rate" \
+  --num_train_epochs="$epochs" --warmup_proportion="$warmup" --precision="$precision" --use_xla="$use_xla" \
+  --output_dir="$run_dir" "$@"
 echo "run directory: $run_dir (score it again with: scripts/eval.sh $run_dir)"

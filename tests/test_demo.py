@@ -1,6 +1,9 @@
 """The built-in demo on a shortened run: every variant learns the task and ends with the baseline's weights."""
 
 import json
+import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -25,7 +28,7 @@ def test_vocab_covers_every_word(tmp_path):
 
 
 def test_short_demo_beats_chance_with_identical_weights(tmp_path, capsys):
-    assert main(["--steps", "60", "--train_examples", "1024", "--dev_examples", "256",
+    assert main(["--steps", "60", "--train_examples", "1024", "--dev_examples", "256", "--qa_epochs", "0",
                  "--output_dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "demo_results.json").read_text())
     results = {result["model"]: result for result in report["results"]}
@@ -33,7 +36,7 @@ def test_short_demo_beats_chance_with_identical_weights(tmp_path, capsys):
     for result in results.values():
         assert result["dev_accuracy"] >= 0.8, result  # chance is 0.5
         assert result["train_seq_per_s"] > 0
-    assert report["max_weight_difference_vs_baseline"] == 0.0
+    assert report["max_weight_difference_vs_baseline"] == 0.0 and "question_answering" not in report
     saved = {name: result["saved_for_backward_bytes"] for name, result in results.items()}
     assert saved["recompute/full"] < saved["recompute/selective"] < saved["baseline"]
     assert saved["recompute/every-k"] < saved["baseline"]
@@ -50,21 +53,59 @@ def test_demo_help_lists_every_setting(capsys):
 
 
 def test_shortest_run_times_a_step():
-    result = run(DemoConfig(steps=2, train_examples=64, dev_examples=32))["results"][0]
+    result = run(DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0))["results"][0]
     assert result["train_seq_per_s"] > 0 and result["step_ms"] > 0 and result["saved_for_backward_bytes"] > 0
 
 
 def test_run_is_reproducible():
-    settings = DemoConfig(steps=8, train_examples=256, dev_examples=64)
+    settings = DemoConfig(steps=8, train_examples=256, dev_examples=64, qa_epochs=0)
     first, second = run(settings), run(settings)
     assert [r["final_loss"] for r in first["results"]] == [r["final_loss"] for r in second["results"]]
 
 
 @pytest.mark.parametrize("argv, message", [(["--steps", "1"], "--steps must be at least 2"),
                                            (["--hidden_size", "30"], "multiple of the 4 attention heads"),
-                                           (["--max_seq_length", "12"], "at least 16")])
+                                           (["--max_seq_length", "12"], "at least 16"),
+                                           (["--qa_epochs", "-1"], "--qa_epochs must be 0 (no QA step) or more")])
 def test_bad_settings_are_one_line_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_squad_data_is_deterministic_and_its_answers_sit_where_they_say():
+    first = data.make_squad(50, seed=1)
+    assert first == data.make_squad(50, seed=1) and first != data.make_squad(50, seed=2)
+    assert first["version"] == "v2.0" and data.make_squad(5, seed=1, version_2=False)["version"] == "1.1"
+    questions = [(paragraph["context"], qa) for article in first["data"] for paragraph in article["paragraphs"]
+                 for qa in paragraph["qas"]]
+    impossible = [qa for _, qa in questions if qa["is_impossible"]]
+    assert 0.2 < len(impossible) / len(questions) < 0.45 and all(not qa["answers"] for qa in impossible)
+    for context, qa in questions:
+        for answer in qa["answers"]:
+            assert context[answer["answer_start"]:answer["answer_start"] + len(answer["text"])] == answer["text"]
+            assert qa["question"] == f"where is the {answer['text']} ?"
+    assert any("\n" in context or "  " in context for context, _ in questions)  # uneven offsets
+    dev = data.make_squad(5, seed=1, training=False)
+    answered = [qa for article in dev["data"] for qa in article["paragraphs"][0]["qas"] if qa["answers"]]
+    assert all([answer["text"] for answer in qa["answers"]][1] == "the " + qa["answers"][0]["text"]
+               for qa in answered)
+    words = {word for context, qa in questions for word in (context + " " + qa["question"]).split()}
+    assert words <= set(data.vocabulary())
+
+
+def test_qa_step_runs_run_squad_and_reports_official_scores(tmp_path, capsys):
+    assert main(["--steps", "2", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0.1",
+                 "--output_dir", str(tmp_path)]) == 0
+    qa = json.loads((tmp_path / "demo_results.json").read_text())["question_answering"]
+    assert qa["train_questions"] == 1800 and qa["dev_questions"] == 300 and qa["steps"] > 0
+    assert 0 <= qa["exact"] <= 100 and 20 < qa["no_answer_everywhere_exact"] < 45
+    assert "answering \"no answer\" everywhere scores" in capsys.readouterr().out
+    run_dir = tmp_path / "squad" / "run"
+    assert {"predictions.json", "null_odds.json", "eval_results.json"} <= set(p.name for p in run_dir.iterdir())
+    # the printed command is the real one: run it again (predict only) from the kept run directory
+    again = subprocess.run([sys.executable, "-m", "bertbench", *shlex.split(qa["command"])[1:], "--nodo_train"],
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run_dir / "eval_results.json").read_text())["exact"] == qa["exact"]

@@ -1,5 +1,6 @@
-"""scripts/run_glue.sh and scripts/eval.sh as users run them: positional arguments, BERT_DIR/GLUE_DIR/RESULTS_DIR,
-Google's TF1 files (the fixture) as the pre-trained model, GLUE files in the release layout, no network."""
+"""scripts/run_glue.sh, scripts/run_squad.sh and scripts/eval.sh as users run them: positional arguments,
+BERT_DIR/GLUE_DIR/SQUAD_DIR/RESULTS_DIR, Google's TF1 files (the fixture) as the pre-trained model, GLUE and SQuAD
+files in their release layouts, no network."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from bertbench.checkpoint import list_checkpoints
-from bertbench.demo.data import write_glue_task
+from bertbench.demo.data import write_glue_task, write_squad
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -74,3 +75,46 @@ def test_bad_arguments_and_missing_runs(env, tmp_path):
     missing = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh"), str(tmp_path / "nothing")], env=env,
                              capture_output=True, text=True)
     assert missing.returncode == 1 and "no run directory" in missing.stderr
+
+
+def run_squad(env, *arguments):
+    return subprocess.run(["bash", os.path.join(SCRIPTS, "run_squad.sh"), *arguments], env=env, capture_output=True,
+                          text=True)
+
+
+# batch lr precision use_xla num_gpu seq doc_stride bert_model squad_version init_checkpoint ("" = $BERT_DIR's) epochs
+SQUAD_POSITIONAL = ["8", "1e-3", "fp32", "false", "1", "64", "16", "base", "2.0", "", "1.0"]
+
+
+def test_run_squad_trains_predicts_scores_and_eval_sh_predicts_again(env, tmp_path):
+    write_squad(tmp_path / "squad", "2.0", train=20, dev=10)  # SQUAD_DIR holds train-v2.0.json and dev-v2.0.json
+    env = dict(env, SQUAD_DIR=str(tmp_path / "squad"))
+    done = run_squad(env, *SQUAD_POSITIONAL, "--max_query_length=16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / "results" / "squad2.0_base_fp32_bs8_lr1e-3_seq64_stride16_gpu1"
+    assert f"loaded {BERT_DIR}/bert_model.ckpt" in done.stdout
+    results = json.loads((run_dir / "eval_results.json").read_text())
+    assert results["questions"] == 30 and {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(results)
+    for name in ("predictions.json", "nbest_predictions.json", "null_odds.json", "train.log", "command.log"):
+        assert (run_dir / name).is_file(), name
+    args = json.loads((run_dir / "bertbench_run.json").read_text())["args"]
+    assert (args["version_2_with_negative"], args["doc_stride"], args["max_seq_length"]) == (True, 16, 64)
+
+    predictions = (run_dir / "predictions.json").read_text()
+    os.remove(run_dir / "predictions.json")
+    scored = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh"), str(tmp_path / "results")], env=env,
+                            capture_output=True, text=True)
+    assert scored.returncode == 0, scored.stderr
+    assert f"exact = {results['exact']}" in scored.stdout
+    assert (run_dir / "predictions.json").read_text() == predictions
+
+
+@pytest.mark.parametrize("index, value, message", [(2, "fp64", "precision must be fp16, fp32 or bf16"),
+                                                   (7, "huge", "bert_model must be large or base"),
+                                                   (8, "3.0", "squad_version must be 1.1 or 2.0"),
+                                                   (4, "0", "num_gpu must be a positive integer")])
+def test_run_squad_bad_arguments(env, index, value, message):
+    arguments = SQUAD_POSITIONAL.copy()
+    arguments[index] = value
+    done = run_squad(env, *arguments)
+    assert done.returncode == 2 and f"run_squad.sh: error: {message}, got '{value}'" in done.stderr

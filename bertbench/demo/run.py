@@ -15,6 +15,7 @@ import dataclasses
 import io
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -183,7 +184,7 @@ def question_answering(settings: DemoConfig, directory: str) -> dict:
         scores = json.load(handle)
     with open(os.path.join(directory, "run", "train_results.json"), encoding="utf-8") as handle:
         training = json.load(handle)
-    return {"command": "bertbench squad " + " ".join(argv), "model_config": QA_MODEL,
+    return {"command": "bertbench squad " + shlex.join(argv), "model_config": QA_MODEL,
             "train_questions": len(read_examples(train_file, training=True, version_2=True)),
             "dev_questions": scores["questions"], "windows": scores["windows"], "exact": scores["exact"],
             "f1": scores["f1"], "has_answer_exact": scores["HasAns_exact"], "no_answer_exact": scores["NoAns_exact"],
