@@ -13,14 +13,13 @@ Writes JSON with --output. Needs `transformers` (the test extra) for the HF comp
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 
 import torch
 
 from bertbench.bench import measure
+from bertbench.bench.report import machine, markdown_table, write_report
 from bertbench.config import BertConfig
 from bertbench.models import build_model
 
@@ -111,20 +110,11 @@ def compare_recompute(args, config):
     return {"batch": args.batch, "seq": args.long_seq, "rows": rows}
 
 
-def markdown(rows, columns):
-    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(format(row[key], spec) for _, key, spec in columns) + " |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     config = bert_config(args)
     peak = measure.matmul_flops_per_second()
-    report = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
-                          "threads": torch.get_num_threads(), "torch": torch.__version__},
+    report = {"machine": machine(),
               "model": {"layers": args.layers, "hidden": args.hidden}, "matmul_fp32_flops": peak}
     print(f"{args.layers} layers, hidden {args.hidden}; torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads; measured fp32 matmul peak {peak / 1e9:.1f} GFLOP/s")
@@ -132,22 +122,21 @@ def main(argv=None) -> int:
         report["vs_hf"] = result = compare_with_hf(args, config, peak)
         print(f"\n## Train step, batch {args.batch}, seq {args.seq}, fp32, AdamW "
               f"({result['flops_per_step'] / 1e9:.0f} GFLOP per step)\n")
-        print(markdown(result["rows"], [("model", "model", "s"), ("step s (median)", "step_s", ".3f"),
-                                        ("min", "step_min_s", ".3f"), ("max", "step_max_s", ".3f"),
-                                        ("seq/s", "seq_per_s", ".2f"), ("TFLOP/s", "tflops", ".3f"),
-                                        ("of matmul peak", "share_of_matmul_peak", ".1%"),
-                                        ("speed vs HF", "speed_vs_hf", ".3f")]))
+        print(markdown_table(result["rows"], [("model", "model", "s"), ("step s (median)", "step_s", ".3f"),
+                                              ("min", "step_min_s", ".3f"), ("max", "step_max_s", ".3f"),
+                                              ("seq/s", "seq_per_s", ".2f"), ("TFLOP/s", "tflops", ".3f"),
+                                              ("of matmul peak", "share_of_matmul_peak", ".1%"),
+                                              ("speed vs HF", "speed_vs_hf", ".3f")]))
         print(f"\nbertbench baseline vs HF: {result['speedup_vs_hf']:.3f}x")
     if not args.skip_recompute:
         report["recompute"] = result = compare_recompute(args, config)
         print(f"\n## Recompute policies, batch {args.batch}, seq {args.long_seq}, fp32, AdamW\n")
-        print(markdown(result["rows"], [("model", "model", "s"),
-                                        ("saved for backward (MiB)", "saved_mib", ",.1f"),
-                                        ("bytes vs baseline", "bytes_vs_baseline", ".3f"),
-                                        ("step s", "step_s", ".3f"), ("time vs baseline", "time_vs_baseline", ".3f")]))
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=2)
+        print(markdown_table(result["rows"], [("model", "model", "s"),
+                                              ("saved for backward (MiB)", "saved_mib", ",.1f"),
+                                              ("bytes vs baseline", "bytes_vs_baseline", ".3f"),
+                                              ("step s", "step_s", ".3f"),
+                                              ("time vs baseline", "time_vs_baseline", ".3f")]))
+    write_report(args.output, report)
     return 0
 
 

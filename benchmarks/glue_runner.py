@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import time
 
 import torch
 
+from bertbench.bench.report import machine, write_report
 from bertbench.checkpoint import list_checkpoints
 from bertbench.demo.data import write_glue_task, write_vocab
 
@@ -144,11 +144,8 @@ def main(argv=None) -> int:
         print(f"3. SIGKILL after the step-{resume['killed_after_checkpoint_step']} checkpoint: restore "
               f"{resume['restore_seconds']*1000:.0f} ms; relaunch to training again "
               f"{resume['launch_to_resumed_seconds']:.2f} s (interpreter, imports, data, model, restore)")
-    report = {"machine": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "settings": vars(args), "throughput": rows, "timed_checkpoints": saves, "resume_after_sigkill": resume}
-    if args.output:
-        with open(args.output, "w") as handle:
-            json.dump(report, handle, indent=2)
+    write_report(args.output, {"machine": machine(), "settings": vars(args), "throughput": rows,
+                               "timed_checkpoints": saves, "resume_after_sigkill": resume})
     return 0
 
 

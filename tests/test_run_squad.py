@@ -169,7 +169,8 @@ def bad_file(tmp_path, mutate):
     (lambda paragraph, qa: paragraph.update(context=" "), "the paragraph of question good-1: empty context"),
     (lambda paragraph, qa: qa.pop("question"), "question bad-2 has no 'question' field"),
     (lambda paragraph, qa: qa["answers"][0].pop("text"), "an answer of question bad-2 has no 'text' field"),
-    (lambda paragraph, qa: qa.update(is_impossible=True, answers=[]), "question bad-2: is unanswerable (is_impossible), a SQuAD v2.0 question; train on this file with "
+    (lambda paragraph, qa: qa.update(is_impossible=True, answers=[]),
+     "question bad-2: is unanswerable (is_impossible), a SQuAD v2.0 question; train on this file with "
      "--version_2_with_negative"),
 ])
 def test_bad_training_file_names_the_question_and_leaves_results_alone(data, tmp_path, capsys, mutate, message):

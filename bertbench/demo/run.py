@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -160,7 +161,7 @@ def format_table(results: list[dict], baseline: dict) -> str:
     return "\n".join(lines)
 
 
-def question_answering(settings: DemoConfig, directory: str) -> dict:
+def question_answering(settings: DemoConfig, directory: str, extra_flags: Sequence[str] = ()) -> dict:
     """Fine-tune a tiny BERT on the built-in SQuAD v2.0 files with run_squad, as a user would, in `directory`;
     return the official scores and the training throughput. The run directory is rebuilt on every call, so a
     demo run again with other settings does not resume or clash with the last one."""
@@ -174,7 +175,7 @@ def question_answering(settings: DemoConfig, directory: str) -> dict:
             "--version_2_with_negative", "--max_seq_length=48", "--doc_stride=16", "--max_query_length=16",
             "--train_batch_size=32", "--learning_rate=1e-3", f"--num_train_epochs={settings.qa_epochs}",
             f"--seed={settings.seed}", "--device=cpu", "--save_checkpoints_secs=0", "--log_step_count_steps=1000000",
-            f"--output_dir={os.path.join(directory, 'run')}"]
+            f"--output_dir={os.path.join(directory, 'run')}", *extra_flags]
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         status = run_squad.main(argv)
