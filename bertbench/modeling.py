@@ -170,24 +170,26 @@ def sdpa_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | Non
 @dataclass
 class BertModelOutput:
     sequence_output: torch.Tensor  # [batch, seq, hidden]
-    pooled_output: torch.Tensor  # [batch, hidden]
+    pooled_output: torch.Tensor | None  # [batch, hidden]; None without a pooler
 
 
 class BertModel(nn.Module):
-    """The encoder: embeddings, transformer blocks and pooler."""
+    """The encoder: embeddings, transformer blocks and pooler. Token-level heads (SQuAD) leave the pooler out, as
+    HF's do: a parameter that never gets a gradient would break DistributedDataParallel."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
         init_weights(self, config.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> BertModelOutput:
         sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), sdpa_padding_mask(attention_mask))
-        return BertModelOutput(sequence_output, self.pooler(sequence_output))
+        pooled_output = None if self.pooler is None else self.pooler(sequence_output)
+        return BertModelOutput(sequence_output, pooled_output)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -313,7 +315,7 @@ class BertForQuestionAnswering(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         init_weights(self.qa_outputs, config.initializer_range)
 

@@ -218,3 +218,13 @@ def test_v2_file_without_the_flag_says_which_flag(data, tmp_path, capsys):
                       "--version_2_with_negative=false")
     assert main(arguments) == 1
     assert "train on this file with --version_2_with_negative" in error_line(capsys)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bf16_trains_and_predicts(data, tmp_path, device):
+    out = tmp_path / "run"
+    assert main(flags(data, out, "2.0", "tiny_config.json", "--do_train", "--do_predict", "--num_train_epochs=1",
+                      "--max_train_samples=64", "--precision=bf16", f"--device={device}")) == 0
+    train = read(out / "train_results.json")
+    assert train["precision"] == "bf16" and train["device"].startswith(device)
+    assert len(read(out / "null_odds.json")) == read(out / "eval_results.json")["total"] == 300

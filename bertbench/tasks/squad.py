@@ -219,8 +219,8 @@ def read_examples(path: str | os.PathLike, training: bool, version_2: bool) -> l
     """Every question of a SQuAD file. With `training`, each question needs an answer whose answer_start points at
     its text in the context (or, with `version_2`, is_impossible); the first answer is the one trained on.
 
-    Errors name the file and the question id: a missing field, an empty context or question, a repeated id, an
-    answer_start that does not match the answer text, an unanswerable question without `version_2`."""
+    Errors name the file and the question id: a missing field, an empty context, a repeated id, an answer_start that
+    does not match the answer text, an unanswerable question without `version_2`."""
     path = os.fspath(path)
     data = _load_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
@@ -250,8 +250,8 @@ def _read_example(qa, context: str, path: str, training: bool, version_2: bool) 
     question_id = str(_field(qa, "id", path, "a question"))
     where = f"{path}: question {question_id}"
     question = _field(qa, "question", path, f"question {question_id}")
-    if not isinstance(question, str) or not question.strip():
-        raise SquadDataError(f"{where}: empty question")
+    if not isinstance(question, str):  # an empty one is allowed: it only leaves the window all context
+        raise SquadDataError(f"{where}: the question is {question!r}, not text")
     if not training:
         return SquadExample(question_id, question, context, -1, "")
     is_impossible = qa.get("is_impossible", False)
