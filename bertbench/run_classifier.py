@@ -18,7 +18,6 @@ import sys
 from collections.abc import Sequence
 
 from bertbench import runner
-from bertbench.durable import write_text_atomically
 from bertbench.distributed import init_from_environment, shutdown
 from bertbench.estimator import ShuffledBatches
 from bertbench.tasks.glue import GlueDataError, compute_metrics, encode_examples, get_processor, \
@@ -98,15 +97,8 @@ def evaluate(args, processor, tokenizer, estimator, is_main: bool, log) -> dict[
                                     metric_fn=lambda outputs: compute_metrics(processor, outputs["logits"], labels))
         results.update({f"{set_name}_{key}": value for key, value in scores.items() if key != "global_step"})
         results[f"{set_name}_examples"] = len(examples)
-    log(f"***** Eval results ({processor.name}, step {estimator.global_step}) *****")
-    for key in sorted(results):
-        log(f"  {key} = {results[key]}")
-    if is_main:
-        os.makedirs(args.output_dir, exist_ok=True)
-        write_text_atomically(os.path.join(args.output_dir, "eval_results.txt"),
-                              "".join(f"{key} = {results[key]}\n" for key in sorted(results)))
-        runner.write_json(os.path.join(args.output_dir, "eval_results.json"),
-                          {"task": processor.name, **results})
+    runner.report_eval(args.output_dir, f"{processor.name}, step {estimator.global_step}", results,
+                       {"task": processor.name}, is_main, log)
     return results
 
 
@@ -127,12 +119,7 @@ def predict(args, processor, tokenizer, estimator, is_main: bool, log) -> list[s
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
-    parser = build_parser(prog)
-
-    def body() -> int:
-        args, record = runner.parse_flags(parser, argv, PROGRAM, RUN_DEFINING)
-        return run(args, record)
-    return runner.run_main(prog, body, extra_errors=(GlueDataError,))
+    return runner.run_main(prog, build_parser(prog), argv, PROGRAM, RUN_DEFINING, run, extra_errors=(GlueDataError,))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from bertbench import runner
-from bertbench.durable import write_text_atomically
 from bertbench.distributed import init_from_environment, shutdown
 from bertbench.estimator import Estimator, ShuffledBatches
 from bertbench.tasks.squad import (SquadDataError, SquadExample, SquadFeatures, convert_examples, evaluate,
@@ -151,24 +150,13 @@ def predict(args: argparse.Namespace, examples: list[SquadExample], features: Sq
                        args.null_score_diff_threshold, warn=log)
     results = {**figures, "global_step": estimator.global_step, "questions": len(examples),
                "windows": len(features)}
-    log(f"***** Eval results ({os.path.basename(args.predict_file)}, step {estimator.global_step}) *****")
-    for key in sorted(results):
-        log(f"  {key} = {results[key]}")
-    if is_main:
-        write_text_atomically(os.path.join(args.output_dir, "eval_results.txt"),
-                                     "".join(f"{key} = {results[key]}\n" for key in sorted(results)))
-        runner.write_json(os.path.join(args.output_dir, "eval_results.json"),
-                          {"predict_file": args.predict_file, **results})
+    runner.report_eval(args.output_dir, f"{os.path.basename(args.predict_file)}, step {estimator.global_step}",
+                       results, {"predict_file": args.predict_file}, is_main, log)
     return results
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
-    parser = build_parser(prog)
-
-    def body() -> int:
-        args, record = runner.parse_flags(parser, argv, PROGRAM, RUN_DEFINING)
-        return run(args, record)
-    return runner.run_main(prog, body, extra_errors=(SquadDataError,))
+    return runner.run_main(prog, build_parser(prog), argv, PROGRAM, RUN_DEFINING, run, extra_errors=(SquadDataError,))
 
 
 if __name__ == "__main__":

@@ -309,11 +309,28 @@ def interrupted_status(result: TrainResult) -> int | None:
     return 128 + int(getattr(signal, result.interrupted_by))
 
 
-def run_main(program: str, run: Callable[[], int], extra_errors: tuple[type[Exception], ...] = ()) -> int:
-    """Run a runner's body, turning user errors (USER_ERRORS and the task's own) into `program: error: message`
-    and exit status 1."""
+def report_eval(output_dir: str, title: str, results: Mapping[str, Any], header: Mapping[str, Any], is_main: bool,
+                log: Callable[[str], None]) -> None:
+    """Log the figures and (rank 0) write eval_results.txt (Google's `key = value` lines) and eval_results.json
+    (header first: what was scored)."""
+    log(f"***** Eval results ({title}) *****")
+    lines = [f"{key} = {results[key]}" for key in sorted(results)]
+    for line in lines:
+        log(f"  {line}")
+    if is_main:
+        os.makedirs(output_dir, exist_ok=True)
+        write_text_atomically(os.path.join(output_dir, "eval_results.txt"), "".join(f"{line}\n" for line in lines))
+        write_json(os.path.join(output_dir, "eval_results.json"), {**header, **results})
+
+
+def run_main(program: str, parser: FlagParser, argv: Sequence[str] | None, runner: str,
+             run_defining: Sequence[str], run: Callable[[argparse.Namespace, RunRecord | None], int],
+             extra_errors: tuple[type[Exception], ...] = ()) -> int:
+    """A runner's main: parse the flags (see parse_flags) and run, turning user errors (USER_ERRORS and the task's
+    own) into `program: error: message` and exit status 1."""
     try:
-        return run()
+        args, record = parse_flags(parser, argv, runner, run_defining)
+        return run(args, record)
     except USER_ERRORS + extra_errors as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{program}: error: {message}", file=sys.stderr)

@@ -29,6 +29,16 @@ def config() -> BertConfig:
     return tiny_config()
 
 
+@pytest.fixture
+def error_line(capsys):
+    """Reads the single stderr line a failed command printed (and fails if it printed more or none)."""
+    def read() -> str:
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        return lines[0]
+    return read
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -49,11 +49,6 @@ def read_results(out):
         return json.load(handle)
 
 
-def error_line(capsys):
-    """The single stderr line of a failed run."""
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +84,12 @@ def test_eval_only_takes_the_recorded_flags(mrpc_run, capsys):
     assert "dev_acc = " in capsys.readouterr().out
 
 
-def test_conflicting_flag_is_refused_and_nothing_changes(mrpc_run, capsys):
+def test_conflicting_flag_is_refused_and_nothing_changes(mrpc_run, error_line):
     record = (mrpc_run / "bertbench_run.json").read_bytes()
     checkpoint = list_checkpoints(mrpc_run)[-1][1]
     weights = open(checkpoint, "rb").read()
     assert main(["--do_train", f"--output_dir={mrpc_run}", "--learning_rate=3e-5"]) == 1
-    line = error_line(capsys)
+    line = error_line()
     assert "bertbench_run.json" in line and "--learning_rate=0.002" in line and "3e-05" in line
     assert (mrpc_run / "bertbench_run.json").read_bytes() == record and open(checkpoint, "rb").read() == weights
 
@@ -179,46 +174,46 @@ def test_classify_subcommand(data, tmp_path):
 
 # ---- bad input: one line naming the file, exit 1, nothing overwritten ---------------------------------------------
 
-def test_missing_glue_file(data, tmp_path, capsys):
+def test_missing_glue_file(data, tmp_path, error_line):
     (tmp_path / "empty").mkdir()
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + [f"--data_dir={tmp_path / 'empty'}"]) == 1
-    assert "empty/train.tsv: no such file" in error_line(capsys)
+    assert "empty/train.tsv: no such file" in error_line()
 
 
-def test_unknown_task(data, tmp_path, capsys):
+def test_unknown_task(data, tmp_path, error_line):
     assert main(flags(data, tmp_path / "out", "MRPCC", "--do_train")) == 1
-    assert "unknown GLUE task 'MRPCC'" in error_line(capsys)
+    assert "unknown GLUE task 'MRPCC'" in error_line()
 
 
-def test_label_outside_the_tasks_labels(data, tmp_path, capsys):
+def test_label_outside_the_tasks_labels(data, tmp_path, error_line):
     task = tmp_path / "MRPC"
     shutil.copytree(data / "glue" / "MRPC", task)
     lines = (task / "train.tsv").read_text().splitlines()
     lines[3] = "2" + lines[3][1:]
     (task / "train.tsv").write_text("\n".join(lines) + "\n")
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + [f"--data_dir={task}"]) == 1
-    assert "train.tsv:4: unknown label '2' for MRPC" in error_line(capsys)
+    assert "train.tsv:4: unknown label '2' for MRPC" in error_line()
 
 
-def test_vocab_larger_than_the_embeddings(data, tmp_path, capsys):
+def test_vocab_larger_than_the_embeddings(data, tmp_path, error_line):
     config = dict(TINY_BERT, vocab_size=20)
     (tmp_path / "bert_config.json").write_text(json.dumps(config))
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") +
                 [f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 1
-    line = error_line(capsys)
+    line = error_line()
     assert f"vocab.txt: {len(vocabulary())} tokens" in line and "vocab_size 20" in line
 
 
-def test_run_directory_of_another_model(mrpc_run, data, tmp_path, capsys):
+def test_run_directory_of_another_model(mrpc_run, data, tmp_path, error_line):
     (tmp_path / "bert_config.json").write_text(json.dumps(dict(TINY_BERT, hidden_size=64, intermediate_size=128)))
     record = (mrpc_run / "bertbench_run.json").read_bytes()
     assert main(["--do_train", f"--output_dir={mrpc_run}", f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 1
-    line = error_line(capsys)
+    line = error_line()
     assert "bertbench_run.json" in line and "hidden_size=32" in line
     assert (mrpc_run / "bertbench_run.json").read_bytes() == record
 
 
-def test_corrupt_checkpoint(data, tmp_path, capsys):
+def test_corrupt_checkpoint(data, tmp_path, error_line):
     out = tmp_path / "out"
     assert main(flags(data, out, "MRPC", "--do_train", "--num_train_epochs=0.25")) == 0
     path = list_checkpoints(out)[-1][1]
@@ -226,7 +221,7 @@ def test_corrupt_checkpoint(data, tmp_path, capsys):
         handle.truncate(2000)
     damaged = open(path, "rb").read()
     assert main(flags(data, out, "MRPC", "--do_train", "--num_train_epochs=0.25")) == 1
-    assert os.path.basename(path) in error_line(capsys)
+    assert os.path.basename(path) in error_line()
     assert open(path, "rb").read() == damaged and len(list_checkpoints(out)) == 1
 
 
@@ -237,9 +232,9 @@ def test_corrupt_checkpoint(data, tmp_path, capsys):
     (["--precision=bf16", "--amp"], "--amp/--use_fp16 asks for fp16"),
     (["--num_train_epochs=0.01"], "make no full step"),
 ])
-def test_bad_flags(data, tmp_path, capsys, extra, message):
+def test_bad_flags(data, tmp_path, extra, message, error_line):
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + extra) == 1
-    assert message in error_line(capsys)
+    assert message in error_line()
     assert not list_checkpoints(tmp_path / "out")
 
 
@@ -251,9 +246,9 @@ def test_non_positive_sizes_are_usage_errors(data, tmp_path, capsys, flag):
     assert not (tmp_path / "out").exists()
 
 
-def test_eval_with_nothing_to_evaluate(data, tmp_path, capsys):
+def test_eval_with_nothing_to_evaluate(data, tmp_path, error_line):
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_eval")) == 1
-    assert "no checkpoint to evaluate and no --init_checkpoint" in error_line(capsys)
+    assert "no checkpoint to evaluate and no --init_checkpoint" in error_line()
 
 
 # ---- real processes: SIGKILL and SIGTERM ---------------------------------------------------------------------------

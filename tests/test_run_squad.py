@@ -50,10 +50,6 @@ def read(path):
         return json.load(handle)
 
 
-def error_line(capsys):
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -173,24 +169,24 @@ def bad_file(tmp_path, mutate):
      "question bad-2: is unanswerable (is_impossible), a SQuAD v2.0 question; train on this file with "
      "--version_2_with_negative"),
 ])
-def test_bad_training_file_names_the_question_and_leaves_results_alone(data, tmp_path, capsys, mutate, message):
+def test_bad_training_file_names_the_question_and_leaves_results_alone(data, tmp_path, mutate, message, error_line):
     path = bad_file(tmp_path, mutate)
     out = tmp_path / "run"
     out.mkdir()
     (out / "predictions.json").write_text('{"earlier": "results"}')
     assert main(flags(data, out, "1.1", "tiny_config.json", "--do_train", "--do_predict",
                       f"--train_file={path}")) == 1
-    assert error_line(capsys) == f"run_squad: error: {path}: {message}"
+    assert error_line() == f"run_squad: error: {path}: {message}"
     assert os.listdir(out) == ["predictions.json"]
     assert (out / "predictions.json").read_text() == '{"earlier": "results"}'
 
 
-def test_bad_predict_file_fails_before_training_and_overwrites_nothing(v2_run, data, tmp_path, capsys):
+def test_bad_predict_file_fails_before_training_and_overwrites_nothing(v2_run, data, tmp_path, capsys, error_line):
     broken = tmp_path / "dev.json"
     broken.write_text('{"version": "v2.0", "data": [{"paragraphs": [')
     before = {name: (v2_run / name).read_bytes() for name in os.listdir(v2_run)}
     assert main(["--do_predict", f"--predict_file={broken}", f"--output_dir={v2_run}"]) == 1
-    assert error_line(capsys).startswith(f"run_squad: error: {broken}: not valid JSON")
+    assert error_line().startswith(f"run_squad: error: {broken}: not valid JSON")
     assert {name: (v2_run / name).read_bytes() for name in os.listdir(v2_run)} == before
     out = tmp_path / "fresh"
     assert main(flags(data, out, "1.1", "tiny_config.json", "--do_train", "--do_predict",
@@ -207,17 +203,17 @@ def test_bad_predict_file_fails_before_training_and_overwrites_nothing(v2_run, d
     (["--do_train", "--max_query_length=45"], "--max_seq_length 48 must exceed --max_query_length 45 + 3"),
     (["--do_train", "--max_seq_length=128"], "max_position_embeddings is 64"),
 ])
-def test_bad_flags(data, tmp_path, capsys, extra, message):
+def test_bad_flags(data, tmp_path, extra, message, error_line):
     assert main(flags(data, tmp_path / "run", "1.1", "tiny_config.json", *extra)) == 1
-    line = error_line(capsys)
+    line = error_line()
     assert line.startswith("run_squad: error: ") and message in line
 
 
-def test_v2_file_without_the_flag_says_which_flag(data, tmp_path, capsys):
+def test_v2_file_without_the_flag_says_which_flag(data, tmp_path, error_line):
     arguments = flags(data, tmp_path / "run", "2.0", "tiny_config.json", "--do_train",
                       "--version_2_with_negative=false")
     assert main(arguments) == 1
-    assert "train on this file with --version_2_with_negative" in error_line(capsys)
+    assert "train on this file with --version_2_with_negative" in error_line()
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
