@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 from bertbench import runner
 from bertbench.distributed import init_from_environment, shutdown
-from bertbench.estimator import ShuffledBatches
 from bertbench.tasks.glue import GlueDataError, compute_metrics, encode_examples, get_processor, \
     submission_file_name, write_submission
 
@@ -65,14 +64,8 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
         estimator = runner.build_estimator(args, model, dist, train_steps)
 
         if args.do_train:
-            runner.write_record(record, PROGRAM, args, config, dist)
-            log(f"***** Training {processor.name}: {len(train_features['labels'])} examples, {train_steps} steps, "
-                f"batch {args.train_batch_size} x {args.num_accumulation_steps} x {dist.world_size} processes, "
-                f"{args.modeling} model, {runner.resolve_precision(args)} on {dist.device} *****")
-            batches = ShuffledBatches(train_features, args.train_batch_size, args.seed, dist.rank, dist.world_size)
-            result = estimator.train(batches)
-            runner.report_training(result, args, dist, log)
-            status = runner.interrupted_status(result)
+            status = runner.train_and_report(estimator, args, record, PROGRAM, config, dist, train_features,
+                                             f"{processor.name}: {len(train_features['labels'])} examples", log)
             if status is not None:
                 return status
         elif estimator.restore() is None and not args.init_checkpoint:

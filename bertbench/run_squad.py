@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from bertbench import runner
 from bertbench.distributed import init_from_environment, shutdown
-from bertbench.estimator import Estimator, ShuffledBatches
+from bertbench.estimator import Estimator
 from bertbench.tasks.squad import (SquadDataError, SquadExample, SquadFeatures, convert_examples, evaluate,
                                    postprocess, read_examples, read_questions)
 from bertbench.tokenization import BertTokenizer
@@ -99,16 +99,10 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
         estimator = runner.build_estimator(args, model, dist, train_steps)
 
         if args.do_train:
-            runner.write_record(record, PROGRAM, args, config, dist)
-            log(f"***** Training SQuAD {'v2.0' if args.version_2_with_negative else 'v1.1'}: "
-                f"{len(train_examples)} questions in {len(train_features)} windows, {train_steps} steps, batch "
-                f"{args.train_batch_size} x {args.num_accumulation_steps} x {dist.world_size} processes, "
-                f"{args.modeling} model, {runner.resolve_precision(args)} on {dist.device} *****")
-            batches = ShuffledBatches(train_features.inputs, args.train_batch_size, args.seed, dist.rank,
-                                      dist.world_size)
-            result = estimator.train(batches)
-            runner.report_training(result, args, dist, log)
-            status = runner.interrupted_status(result)
+            version = "v2.0" if args.version_2_with_negative else "v1.1"
+            status = runner.train_and_report(
+                estimator, args, record, PROGRAM, config, dist, train_features.inputs,
+                f"SQuAD {version}: {len(train_examples)} questions in {len(train_features)} windows", log)
             if status is not None:
                 return status
         elif estimator.restore() is None and not args.init_checkpoint:

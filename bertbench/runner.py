@@ -25,8 +25,8 @@ from bertbench.checkpoint import CheckpointError, latest_checkpoint
 from bertbench.config import BertConfig, ConfigError
 from bertbench.distributed import Distributed
 from bertbench.durable import write_text_atomically
-from bertbench.estimator import (PRECISIONS, Estimator, RunConfig, TrainConfig, TrainingDivergedError, TrainResult,
-                                 seed_everything)
+from bertbench.estimator import (PRECISIONS, Estimator, RunConfig, ShuffledBatches, TrainConfig, TrainingDivergedError,
+                                 TrainResult, seed_everything)
 from bertbench.models import add_model_arguments, model_from_args
 from bertbench.tf_checkpoint import CheckpointError as TFCheckpointError
 from bertbench.tokenization import BertTokenizer, VocabError
@@ -263,6 +263,20 @@ def build_estimator(args: argparse.Namespace, model: nn.Module, dist: Distribute
     except ValueError as error:
         raise UsageError(str(error)) from None
     return Estimator(model, run_config, train_config, dist)
+
+
+def train_and_report(estimator: Estimator, args: argparse.Namespace, record: RunRecord | None, runner: str,
+                     config: BertConfig, dist: Distributed, features: Mapping[str, Any], description: str,
+                     log: Callable[[str], None]) -> int | None:
+    """Record the run, train on `features` (resuming from output_dir's newest checkpoint) and report. Returns the
+    exit status of a run a signal stopped, None for a finished one."""
+    write_record(record, runner, args, config, dist)
+    log(f"***** Training {description}, {estimator.train_config.num_train_steps} steps, batch "
+        f"{args.train_batch_size} x {args.num_accumulation_steps} x {dist.world_size} processes, {args.modeling} "
+        f"model, {resolve_precision(args)} on {dist.device} *****")
+    result = estimator.train(ShuffledBatches(features, args.train_batch_size, args.seed, dist.rank, dist.world_size))
+    report_training(result, args, dist, log)
+    return interrupted_status(result)
 
 
 def num_train_steps(num_sequences: int, args: argparse.Namespace, dist: Distributed) -> int:
