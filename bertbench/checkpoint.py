@@ -3,7 +3,8 @@
 A checkpoint is one file `ckpt-<step>.pt` in the model directory, written to a temporary name, fsynced and renamed,
 so a crash at any point leaves either the complete new file or none; older files beyond `keep_max` are deleted only
 after the new one is in place. The trigger mirrors tf.estimator's RunConfig: every `save_secs` of wall-clock time
-and/or every `save_steps` steps.
+and/or every `save_steps` steps. Independent workers (training without gradient all-reduce) each keep their own
+checkpoints in `worker-<rank>/` under the model directory.
 """
 
 from __future__ import annotations
@@ -48,9 +49,30 @@ def latest_checkpoint(model_dir: str | os.PathLike) -> str | None:
     return checkpoints[-1][1] if checkpoints else None
 
 
-def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, Any], keep_max: int = 1) -> str:
-    """Write `state` as the checkpoint of `step` atomically, then delete all but the newest `keep_max`."""
-    if keep_max < 1:
+def worker_dir(model_dir: str | os.PathLike, rank: int) -> str:
+    """Where independent worker `rank` keeps its checkpoints."""
+    return os.path.join(os.fspath(model_dir), f"worker-{rank:05d}")
+
+
+def holds_training_state(model_dir: str | os.PathLike) -> bool:
+    """Whether a run in model_dir has saved anything to resume from: its own or its workers' checkpoints."""
+    model_dir = os.fspath(model_dir)
+    if not os.path.isdir(model_dir):
+        return False
+    return bool(list_checkpoints(model_dir)) or any(list_checkpoints(os.path.join(model_dir, name))
+                                                    for name in os.listdir(model_dir) if name.startswith("worker-"))
+
+
+def prune_checkpoints(model_dir: str | os.PathLike, keep_max: int) -> None:
+    """Delete all but the newest `keep_max` checkpoints of model_dir."""
+    for _, old in list_checkpoints(model_dir)[:-keep_max]:
+        os.remove(old)
+
+
+def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, Any], keep_max: int | None = 1) -> str:
+    """Write `state` as the checkpoint of `step` atomically, then delete all but the newest `keep_max` (None: delete
+    nothing, for callers that prune once other processes have written theirs)."""
+    if keep_max is not None and keep_max < 1:
         raise ValueError(f"keep_max must be at least 1, got {keep_max}")
     model_dir = os.fspath(model_dir)
     os.makedirs(model_dir, exist_ok=True)
@@ -67,8 +89,8 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
             os.remove(temporary)
         raise
     fsync_path(model_dir)  # the rename itself must survive a power cut before older files go
-    for _, old in list_checkpoints(model_dir)[:-keep_max]:
-        os.remove(old)
+    if keep_max is not None:
+        prune_checkpoints(model_dir, keep_max)
     return path
 
 

@@ -12,6 +12,7 @@ COMMANDS = {
                                              "flags)"),
     "squad": ("bertbench.run_squad", "fine-tune / predict SQuAD v1.1 or v2.0 (Google's run_squad flags)"),
     "evaluate-squad": ("bertbench.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
+    "launch": ("bertbench.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
     "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
 }
 

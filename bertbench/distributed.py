@@ -1,12 +1,15 @@
 """torch.distributed from the launcher's environment: one process per device, as `torchrun` starts them.
 
-`torchrun` (or `srun`/`mpirun` with the same variables) sets RANK, WORLD_SIZE and LOCAL_RANK; without them this is
-a single process and nothing is initialised. Backends: NCCL on GPUs, gloo on CPUs. Only rank 0 logs and writes.
+`torchrun` (`bertbench launch`, or `srun`/`mpirun` with the same variables) sets RANK, WORLD_SIZE and LOCAL_RANK;
+without them this is a single process and nothing is initialised. Backends: NCCL on GPUs, gloo on CPUs. Only rank 0
+logs and writes. The collectives here are the few the training loop needs besides DDP's gradient all-reduce.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +45,27 @@ class Distributed:
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, value)
         return gathered
+
+    def mean(self, value: float) -> float:
+        """The mean of `value` over all ranks (a loss each rank measured on its own share of the batch)."""
+        if not self.enabled:
+            return value
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(total)
+        return total.item() / self.world_size
+
+    def broadcast_module(self, module: torch.nn.Module, source: int) -> None:
+        """Copy rank `source`'s parameters and buffers into every rank's `module`."""
+        if not self.enabled:
+            return
+        with torch.no_grad():
+            for tensor in module.state_dict().values():
+                dist.broadcast(tensor, src=source)
+
+    def shard(self, count: int) -> range:
+        """This rank's contiguous share of `count` items: every item on exactly one rank, in rank order."""
+        per_rank = -(-count // self.world_size)
+        return range(min(count, self.rank * per_rank), min(count, (self.rank + 1) * per_rank))
 
     def any(self, *flags: bool) -> tuple[bool, ...]:
         """Each flag OR-ed over all ranks: ranks must agree on when to stop or save, though each sees its own
@@ -82,3 +106,17 @@ def init_from_environment(device: str | None = None) -> Distributed:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextmanager
+def job_from_environment(device: str | None = None) -> Iterator[Distributed]:
+    """init_from_environment for the block, and the process group torn down after it. A block that ends normally
+    (return included) first waits for every rank: a rank that leaves while another still finishes the last
+    collective can abort both (gloo: "terminate called without an active exception"). One that raises does not wait,
+    for the other ranks may never arrive."""
+    job = init_from_environment(device)
+    try:
+        yield job
+        job.barrier()
+    finally:
+        shutdown()

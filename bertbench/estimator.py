@@ -7,7 +7,11 @@
 - Precision fp32, fp16 (autocast + dynamic loss scaling; a step whose gradients overflow is skipped, counted and
   logged, and does not advance the step, as in NVIDIA's BERT), bf16 (autocast); `compile` is torch.compile.
 - Gradient accumulation, global-norm clipping, AdamW or LAMB, warm-up then linear or polynomial decay.
-- `evaluate` / `predict` run the model over in-memory features in order.
+- Under torchrun: DistributedDataParallel (gradients all-reduced once per optimizer step), or independent workers
+  (`sync_gradients=False`: no all-reduce, each rank trains its own copy on its shard, its own checkpoints in
+  worker-<rank>/; `keep_best_worker` then keeps the best). Logged losses are means over the ranks.
+- `evaluate` / `predict` run the model over in-memory features in order; under torchrun each rank takes a
+  contiguous shard and the outputs are gathered, so every example counts exactly once.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from torch import nn
 
 from bertbench import optim
 from bertbench.bench.measure import synchronize
-from bertbench.checkpoint import CheckpointError, SaveTrigger, latest_checkpoint, load_checkpoint, save_checkpoint
+from bertbench.checkpoint import (CheckpointError, SaveTrigger, checkpoint_path, latest_checkpoint, list_checkpoints,
+                                  load_checkpoint, prune_checkpoints, save_checkpoint, worker_dir)
 from bertbench.distributed import Distributed
 from bertbench.progress import MetricsLog, ProgressDisplay
 
@@ -93,6 +98,9 @@ class TrainConfig:
                                                            "torch.compile (the original --use_xla)."})
     excluded_steps: int = field(default=10, metadata={
         "help": "Steps at the start of each run left out of the steady-state throughput (start-up, compilation)."})
+    sync_gradients: bool = field(default=True, metadata={
+        "help": "Under torchrun, all-reduce the gradients (data parallel). False: independent workers, each "
+                "training its own copy on its shard of the data with no communication of gradients."})
 
     def __post_init__(self) -> None:
         if self.num_train_steps < 1:
@@ -107,6 +115,9 @@ class TrainConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(optim.OPTIMIZERS)}")
         if self.decay not in optim.DECAYS:
             raise ValueError(f"unknown decay {self.decay!r}; choose one of {', '.join(optim.DECAYS)}")
+        if not self.sync_gradients and self.precision == "fp16":
+            raise ValueError("independent workers need fp32 or bf16: fp16 loss scaling skips overflowing steps on "
+                             "each worker separately, and the workers must stay at the same step")
         if self.learning_rate <= 0 or not 0 <= self.warmup_proportion <= 1 or self.excluded_steps < 0:
             raise ValueError(f"invalid learning_rate {self.learning_rate}, warmup_proportion "
                              f"{self.warmup_proportion} or excluded_steps {self.excluded_steps}")
@@ -285,11 +296,23 @@ class Estimator:
         self.run_config, self.train_config = run_config, train_config
         self.global_step = 0
         self._step_lr = 0.0  # learning rate of the last optimizer step, for the logs
+        # False once independent workers have trained apart: inference must then not be split across ranks.
+        self._same_weights_on_every_rank = True
         self._log = log if log is not None else (lambda line: print(line, flush=True))
 
     def log(self, line: str) -> None:
         if self.dist.is_main:
             self._log(line)
+
+    @property
+    def independent_workers(self) -> bool:
+        """Several processes training without all-reduce (TrainConfig.sync_gradients False)."""
+        return self.dist.enabled and self.train_config is not None and not self.train_config.sync_gradients
+
+    def _checkpoint_dir(self) -> str:
+        """Where this process saves and resumes training: the model dir, or its own worker-<rank>/ in it."""
+        model_dir = self.run_config.model_dir
+        return worker_dir(model_dir, self.dist.rank) if self.independent_workers else model_dir
 
     def _autocast(self):
         precision = self.train_config.precision if self.train_config else "fp32"
@@ -322,7 +345,7 @@ class Estimator:
     def _resume(self, optimizer, schedule, scaler, batches: ShuffledBatches) -> tuple[str | None, float, int]:
         """Restore the newest checkpoint's whole state; (its path or None, seconds taken, skipped fp16 steps)."""
         started = time.perf_counter()
-        path = latest_checkpoint(self.run_config.model_dir)
+        path = self._resume_path()
         if path is None:
             seed_everything(self.run_config.seed + self.dist.rank)
             return None, 0.0, 0
@@ -339,7 +362,9 @@ class Estimator:
                                   f"bertbench version") from None
         except ValueError as error:
             raise CheckpointError(f"{path}: does not fit this run: {error}") from None
-        if len(rng_states) == self.dist.world_size:
+        if self.independent_workers:
+            set_rng_state(rng_states[0])  # each worker's file holds its own
+        elif len(rng_states) == self.dist.world_size:
             set_rng_state(rng_states[self.dist.rank])
         else:  # the weights and data position still resume exactly; dropout draws cannot
             self.log(f"warning: {path} was written by {len(rng_states)} processes, this run has "
@@ -348,22 +373,61 @@ class Estimator:
         self.global_step = step
         return path, time.perf_counter() - started, skipped
 
+    def _resume_path(self) -> str | None:
+        """The checkpoint to resume from. Independent workers take the newest step that every worker saved: a
+        worker killed while the others were saving may lack the newest, and they must go on from the same step."""
+        if not self.independent_workers:
+            return latest_checkpoint(self.run_config.model_dir)
+        saved = self.dist.all_gather_object([step for step, _ in list_checkpoints(self._checkpoint_dir())])
+        common = set(saved[0]).intersection(*saved[1:])
+        if not common:
+            if any(saved):
+                self.log(f"warning: the workers' checkpoints in {self.run_config.model_dir}/worker-*/ have no step "
+                         "in common (a worker stopped before its first save): starting from the beginning")
+            return None
+        return checkpoint_path(self._checkpoint_dir(), max(common))
+
     def _save(self, optimizer, schedule, scaler, batches: ShuffledBatches, skipped: int) -> str | None:
-        rng_states = self.dist.all_gather_object(rng_state())
-        if not self.dist.is_main:
+        independent = self.independent_workers
+        # Data parallel: rank 0 writes the one checkpoint, holding every rank's random streams. Independent
+        # workers: each writes its own, and old ones go only once all have written (see _resume_path).
+        rng_states = [rng_state()] if independent else self.dist.all_gather_object(rng_state())
+        if not (independent or self.dist.is_main):
             return None
         state = {"model": self.model.state_dict(), "optimizer": optimizer.state_dict(),
                  "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "data": batches.state_dict(),
                  "epoch": batches.epoch, "rng": rng_states, "skipped_steps": skipped,
                  "train_config": dataclasses.asdict(self.train_config)}
-        return save_checkpoint(self.run_config.model_dir, self.global_step, state,
-                               self.run_config.keep_checkpoint_max)
+        if not independent:
+            return save_checkpoint(self.run_config.model_dir, self.global_step, state,
+                                   self.run_config.keep_checkpoint_max)
+        path = save_checkpoint(self._checkpoint_dir(), self.global_step, state, keep_max=None)
+        self.dist.barrier()
+        prune_checkpoints(self._checkpoint_dir(), self.run_config.keep_checkpoint_max)
+        return path
+
+    def keep_best_worker(self, score: Callable[[], float]) -> tuple[int, list[float]]:
+        """After independent workers have trained: every rank scores its own model with `score()` (higher is
+        better, NaN worst; e.g. its dev accuracy), the best rank's weights (the lowest rank on a tie) replace every
+        rank's, and rank 0 saves them as model_dir's checkpoint of this step, the one evaluation and `restore` read.
+        Returns (best rank, every rank's score)."""
+        scores = [float(value) for value in self.dist.all_gather_object(float(score()))]
+        ranking = [-math.inf if math.isnan(score) else score for score in scores]
+        best = max(range(len(scores)), key=lambda rank: (ranking[rank], -rank))
+        self.dist.broadcast_module(self.model, best)
+        self._same_weights_on_every_rank = True
+        if self.dist.is_main:
+            save_checkpoint(self.run_config.model_dir, self.global_step,
+                            {"model": self.model.state_dict(), "selected_worker": best, "worker_scores": scores},
+                            self.run_config.keep_checkpoint_max)
+        self.dist.barrier()
+        return best, scores
 
     # ---- training ----------------------------------------------------------------------------------------------
 
     def _training_model(self) -> nn.Module:
         model = self.model
-        if self.dist.enabled:
+        if self.dist.enabled and self.train_config.sync_gradients:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
         if self.train_config.compile:
@@ -380,6 +444,8 @@ class Estimator:
                                                config.decay, config.decay_power)
         scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         resumed_from, restore_seconds, skipped = self._resume(optimizer, schedule, scaler, batches)
+        if self.independent_workers:
+            self._same_weights_on_every_rank = False
         if resumed_from:
             self.log(f"resumed from {resumed_from} (step {self.global_step}, epoch {batches.epoch:.2f}) in "
                      f"{restore_seconds:.2f} s")
@@ -435,7 +501,7 @@ class Estimator:
             loop.count_batch(batch)
             batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in batch.items()}
             # Gradients are all-reduced once per optimizer step, on the last micro-batch, not on every one.
-            defer_sync = self.dist.enabled and micro_step < accumulation - 1
+            defer_sync = micro_step < accumulation - 1
             with model.no_sync() if defer_sync and hasattr(model, "no_sync") else nullcontext():
                 with self._autocast():
                     loss = model(**batch).loss / accumulation
@@ -479,30 +545,37 @@ class Estimator:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         count = len(next(iter(features.values())))
+        # With the same weights everywhere, each rank computes a contiguous shard; after independent training
+        # each rank must see every example through its own model.
+        sharded = self.dist.enabled and self._same_weights_on_every_rank
+        shard = self.dist.shard(count) if sharded else range(count)
         collected: dict[str, list[torch.Tensor]] = {name: [] for name in outputs}
         loss_sum = 0.0
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                for start in range(0, count, batch_size):
-                    batch = {name: tensor[start:start + batch_size].to(self.device)
-                             for name, tensor in features.items()}
+                for start in range(shard.start, shard.stop, batch_size):
+                    stop = min(start + batch_size, shard.stop)
+                    batch = {name: tensor[start:stop].to(self.device) for name, tensor in features.items()}
                     with self._autocast():
                         output = self.model(**batch)
                     for name in outputs:
                         collected[name].append(getattr(output, name).float().cpu())
                     if with_loss:
-                        loss_sum += output.loss.float().item() * len(batch[next(iter(batch))])
+                        loss_sum += output.loss.float().item() * (stop - start)
         finally:
             self.model.train(was_training)
+        if sharded:  # rank order is example order: concatenating the shards restores it
+            shards = self.dist.all_gather_object((collected, loss_sum))
+            collected = {name: [chunk for part, _ in shards for chunk in part[name]] for name in outputs}
+            loss_sum = sum(part_loss for _, part_loss in shards)
         return ({name: torch.cat(chunks) for name, chunks in collected.items()},
                 loss_sum / count if with_loss else None)
 
     def predict(self, features: Mapping[str, torch.Tensor], batch_size: int,
                 outputs: Sequence[str] = ("logits",)) -> dict[str, torch.Tensor]:
-        """The model's `outputs` for every example, in order, as float32 CPU tensors. Every rank computes all of
-        them: evaluation sets are small, and it needs no communication."""
+        """The model's `outputs` for every example, in order, as float32 CPU tensors, on every rank."""
         return self._infer(features, batch_size, outputs, with_loss=False)[0]
 
     def evaluate(self, features: Mapping[str, torch.Tensor], batch_size: int,
@@ -570,9 +643,13 @@ class _LoopStats:
         elapsed = time.perf_counter() - self.started
         return elapsed / done * (total - done) if done else 0.0
 
+    def mean_loss(self) -> float:
+        """The window's mean loss over every rank (each measured its own share of the batches)."""
+        return self.estimator.dist.mean(self.peek_loss())
+
     def take_window(self) -> dict[str, Any]:
         elapsed = max(1e-9, time.perf_counter() - self.window_started)
-        loss = self.peek_loss() if self.window_counted else math.nan
+        loss = self.mean_loss() if self.window_counted else math.nan
         window = {"loss": loss, "grad_norm": None if self.last_grad_norm is None else self.last_grad_norm.item(),
                   "seq_per_s": self.window["sentences"] / elapsed, "tokens_per_s": self.window["tokens"] / elapsed,
                   "real_tokens_per_s": self.window["real_tokens"] / elapsed,
@@ -586,9 +663,10 @@ class _LoopStats:
 
     def check_finite(self, step: int, last_checkpoint: str | None) -> None:
         """Never save weights trained on a non-finite loss over a good checkpoint (fp16 skips such steps)."""
-        if self.window_counted and not math.isfinite(self.peek_loss()):
-            raise TrainingDivergedError(f"loss is {self.peek_loss()} before step {step}; not saving over the last "
-                                        f"checkpoint {last_checkpoint}")
+        loss = self.mean_loss() if self.window_counted else 0.0
+        if not math.isfinite(loss):
+            raise TrainingDivergedError(f"loss is {loss} before step {step}; not saving over the last checkpoint "
+                                        f"{last_checkpoint}")
 
     @contextmanager
     def pause(self) -> Iterator[None]:
@@ -612,7 +690,7 @@ class _LoopStats:
             steady_rate = (self.totals["sentences"] - self.steady_start_sentences) / max(1e-9, steady_seconds)
             steady_steps = self.steps - self.exclude
         if self.window_counted:
-            self.last_loss = self.peek_loss()
+            self.last_loss = self.mean_loss()
         estimator = self.estimator
         return TrainResult(
             global_step=estimator.global_step, resumed_from=resumed_from, restore_seconds=restore_seconds,

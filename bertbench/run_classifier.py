@@ -7,7 +7,9 @@
 
 Writes to output_dir: checkpoints (ckpt-<step>.pt), metrics.jsonl, train_results.json, eval_results.txt and
 eval_results.json (every dev set: MNLI matched and mismatched), and with --do_predict the GLUE submission files.
-Under torchrun every process trains its share of each batch; rank 0 writes.
+Under torchrun every process trains its share of each batch and scores its share of the dev set; rank 0 writes.
+With --no_sync_gradients the processes train apart and the one with the best main metric on the (first) dev set
+is kept.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from bertbench import runner
-from bertbench.distributed import init_from_environment, shutdown
+from bertbench.distributed import job_from_environment
 from bertbench.tasks.glue import GlueDataError, compute_metrics, encode_examples, get_processor, \
     submission_file_name, write_submission
 
@@ -49,9 +51,9 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
         processor = get_processor(args.task_name)
     except ValueError as error:
         raise runner.UsageError(str(error)) from None
+    runner.check_independent_workers(args, needs="do_eval")
     config, tokenizer = runner.load_config_and_tokenizer(args)
-    dist = init_from_environment(args.device)
-    try:
+    with job_from_environment(args.device) as dist:
         runner.check_record(record, config, args, dist)
         log = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
         model = runner.build_model(args, "classification", config, log, num_labels=processor.num_labels)
@@ -61,35 +63,48 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
             examples = processor.train_examples(args.data_dir)[:args.max_train_samples]
             train_features = encode_examples(examples, tokenizer, processor, args.max_seq_length)
             train_steps = runner.num_train_steps(len(examples), args, dist)
+        # Read before training: a bad dev file must not surface after hours of it.
+        dev_sets = {name: encode_examples(examples, tokenizer, processor, args.max_seq_length)
+                    for name, examples in processor.dev_sets(args.data_dir).items()} if args.do_eval else {}
         estimator = runner.build_estimator(args, model, dist, train_steps)
 
         if args.do_train:
             status = runner.train_and_report(estimator, args, record, PROGRAM, config, dist, train_features,
-                                             f"{processor.name}: {len(train_features['labels'])} examples", log)
+                                             f"{processor.name}: {len(train_features['labels'])} examples", log,
+                                             worker_score(args, processor, estimator, dev_sets))
             if status is not None:
                 return status
         elif estimator.restore() is None and not args.init_checkpoint:
             raise runner.UsageError(f"{args.output_dir}: no checkpoint to evaluate and no --init_checkpoint")
 
         if args.do_eval:
-            evaluate(args, processor, tokenizer, estimator, dist.is_main, log)
+            evaluate(args, processor, estimator, dev_sets, dist.is_main, log)
         if args.do_predict:
             predict(args, processor, tokenizer, estimator, dist.is_main, log)
         return 0
-    finally:
-        shutdown()
 
 
-def evaluate(args, processor, tokenizer, estimator, is_main: bool, log) -> dict[str, float]:
+def worker_score(args, processor, estimator, dev_sets) -> runner.WorkerScore | None:
+    """The task's main metric on its first dev set (MNLI: matched), for choosing among independent workers."""
+    if not dev_sets:
+        return None
+    set_name, features = next(iter(dev_sets.items()))
+
+    def score() -> float:
+        logits = estimator.predict(features, args.eval_batch_size)["logits"]
+        return compute_metrics(processor, logits, features["labels"])[processor.main_metric]
+    return runner.WorkerScore(f"{set_name}_{processor.main_metric}", score)
+
+
+def evaluate(args, processor, estimator, dev_sets, is_main: bool, log) -> dict[str, float]:
     """Every dev set of the task; results keyed `<dev set>_<metric>` (dev_acc, dev_matched_acc, ...)."""
     results: dict[str, float] = {"global_step": estimator.global_step}
-    for set_name, examples in processor.dev_sets(args.data_dir).items():
-        features = encode_examples(examples, tokenizer, processor, args.max_seq_length)
+    for set_name, features in dev_sets.items():
         labels = features["labels"]
         scores = estimator.evaluate(features, args.eval_batch_size,
                                     metric_fn=lambda outputs: compute_metrics(processor, outputs["logits"], labels))
         results.update({f"{set_name}_{key}": value for key, value in scores.items() if key != "global_step"})
-        results[f"{set_name}_examples"] = len(examples)
+        results[f"{set_name}_examples"] = len(labels)
     runner.report_eval(args.output_dir, f"{processor.name}, step {estimator.global_step}", results,
                        {"task": processor.name}, is_main, log)
     return results

@@ -9,7 +9,9 @@
 Writes to output_dir: checkpoints (ckpt-<step>.pt), metrics.jsonl, train_results.json, and with --do_predict
 predictions.json, nbest_predictions.json, null_odds.json (v2.0), and, when the predict file has answers (a dev
 file), eval_results.json/.txt with the official exact match and F1. An epoch is one pass over the training windows
-(a long context gives several). Under torchrun every process trains its share of each batch; rank 0 writes.
+(a long context gives several). Under torchrun every process trains its share of each batch and predicts its share
+of the windows; rank 0 writes. With --no_sync_gradients the processes train apart and the one whose predictions
+score the best F1 on the predict file (a dev file, with answers) is kept.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from bertbench import runner
-from bertbench.distributed import init_from_environment, shutdown
+from bertbench.distributed import job_from_environment
 from bertbench.estimator import Estimator
-from bertbench.tasks.squad import (SquadDataError, SquadExample, SquadFeatures, convert_examples, evaluate,
-                                   postprocess, read_examples, read_questions)
+from bertbench.tasks.squad import (ScoredQuestion, SquadDataError, SquadExample, SquadFeatures, SquadPredictions,
+                                   convert_examples, evaluate, postprocess, read_examples, read_questions)
 from bertbench.tokenization import BertTokenizer
 
 PROGRAM = "run_squad"
@@ -58,6 +60,7 @@ def check_flags(args: argparse.Namespace) -> None:
     for name in ("doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
         if getattr(args, name) < 1:
             raise runner.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    runner.check_independent_workers(args, needs="do_predict")
     if args.max_seq_length <= args.max_query_length + 3:
         raise runner.UsageError(f"--max_seq_length {args.max_seq_length} must exceed --max_query_length "
                                 f"{args.max_query_length} + 3 ([CLS], [SEP], [SEP]) to leave room for the context")
@@ -80,8 +83,7 @@ def make_features(path: str, examples: list[SquadExample], tokenizer: BertTokeni
 def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
     check_flags(args)
     config, tokenizer = runner.load_config_and_tokenizer(args)
-    dist = init_from_environment(args.device)
-    try:
+    with job_from_environment(args.device) as dist:
         log = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
         # Both files are read and featurized first: a bad predict file must not surface after hours of training.
         train_examples = train_features = predict_examples = predict_features = None
@@ -93,6 +95,10 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
             predict_examples = read_examples(args.predict_file, training=False,
                                              version_2=args.version_2_with_negative)
             predict_features = make_features(args.predict_file, predict_examples, tokenizer, args, False, log)
+            questions, file_is_version_2 = read_questions(args.predict_file)
+            if args.do_train and not args.sync_gradients and not any(question.has_answer for question in questions):
+                raise runner.UsageError(f"{args.predict_file}: no answers to score, so --no_sync_gradients cannot "
+                                        "choose a worker; predict a dev file")
         runner.check_record(record, config, args, dist)
         model = runner.build_model(args, "question_answering", config, log)
         train_steps = runner.num_train_steps(len(train_features), args, dist) if args.do_train else None
@@ -100,25 +106,28 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
 
         if args.do_train:
             version = "v2.0" if args.version_2_with_negative else "v1.1"
+
+            def worker_f1() -> float:
+                predictions = answer(args, predict_examples, predict_features, estimator)
+                return official_scores(args, questions, file_is_version_2, predictions, log=lambda line: None)["f1"]
             status = runner.train_and_report(
                 estimator, args, record, PROGRAM, config, dist, train_features.inputs,
-                f"SQuAD {version}: {len(train_examples)} questions in {len(train_features)} windows", log)
+                f"SQuAD {version}: {len(train_examples)} questions in {len(train_features)} windows", log,
+                runner.WorkerScore("f1", worker_f1) if args.do_predict else None)
             if status is not None:
                 return status
         elif estimator.restore() is None and not args.init_checkpoint:
             raise runner.UsageError(f"{args.output_dir}: no checkpoint to predict with and no --init_checkpoint")
 
         if args.do_predict:
-            predict(args, predict_examples, predict_features, estimator, dist.is_main, log)
+            predict(args, predict_examples, predict_features, questions, file_is_version_2, estimator,
+                    dist.is_main, log)
         return 0
-    finally:
-        shutdown()
 
 
-def predict(args: argparse.Namespace, examples: list[SquadExample], features: SquadFeatures, estimator: Estimator,
-            is_main: bool, log: Callable[[str], None]) -> dict[str, float] | None:
-    """Write predictions.json, nbest_predictions.json and (v2.0) null_odds.json; score them when the predict file
-    has answers. Returns the figures, or None for a file without answers."""
+def answer(args: argparse.Namespace, examples: list[SquadExample], features: SquadFeatures, estimator: Estimator,
+           log: Callable[[str], None] = lambda line: None) -> SquadPredictions:
+    """The model's answer (and n-best list, and v2.0 null odds) to every question."""
     started = time.perf_counter()
     logits = estimator.predict(features.inputs, args.predict_batch_size, outputs=("start_logits", "end_logits"))
     predicted = time.perf_counter()
@@ -128,6 +137,21 @@ def predict(args: argparse.Namespace, examples: list[SquadExample], features: Sq
     log(f"predicted {len(examples)} questions ({len(features)} windows) in {predicted - started:.2f} s "
         f"({len(features) / max(predicted - started, 1e-9):,.1f} windows/s), answers chosen in "
         f"{time.perf_counter() - predicted:.2f} s")
+    return predictions
+
+
+def official_scores(args: argparse.Namespace, questions: list[ScoredQuestion], file_is_version_2: bool,
+                    predictions: SquadPredictions, log: Callable[[str], None]) -> dict[str, float]:
+    return evaluate(questions, predictions.answers, file_is_version_2, predictions.null_odds,
+                    args.null_score_diff_threshold, warn=log)
+
+
+def predict(args: argparse.Namespace, examples: list[SquadExample], features: SquadFeatures,
+            questions: list[ScoredQuestion], file_is_version_2: bool, estimator: Estimator, is_main: bool,
+            log: Callable[[str], None]) -> dict[str, float] | None:
+    """Write predictions.json, nbest_predictions.json and (v2.0) null_odds.json; score them when the predict file
+    (read as `questions`) has answers. Returns the figures, or None for a file without answers."""
+    predictions = answer(args, examples, features, estimator, log)
     outputs = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
     if predictions.null_odds is not None:
         outputs["null_odds.json"] = predictions.null_odds
@@ -137,11 +161,9 @@ def predict(args: argparse.Namespace, examples: list[SquadExample], features: Sq
             runner.write_json(os.path.join(args.output_dir, name), content)
         log(f"{', '.join(outputs)} written to {args.output_dir}")
 
-    questions, file_is_version_2 = read_questions(args.predict_file)
     if not any(question.has_answer for question in questions):
         return None
-    figures = evaluate(questions, predictions.answers, file_is_version_2, predictions.null_odds,
-                       args.null_score_diff_threshold, warn=log)
+    figures = official_scores(args, questions, file_is_version_2, predictions, log)
     results = {**figures, "global_step": estimator.global_step, "questions": len(examples),
                "windows": len(features)}
     runner.report_eval(args.output_dir, f"{os.path.basename(args.predict_file)}, step {estimator.global_step}",

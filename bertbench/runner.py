@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import signal
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from bertbench import __version__
-from bertbench.checkpoint import CheckpointError, latest_checkpoint
+from bertbench.checkpoint import CheckpointError, holds_training_state
 from bertbench.config import BertConfig, ConfigError
 from bertbench.distributed import Distributed
 from bertbench.durable import write_text_atomically
@@ -33,6 +34,8 @@ from bertbench.tokenization import BertTokenizer, VocabError
 from bertbench.weights import WeightsError, load_pretrained
 
 RUN_RECORD = "bertbench_run.json"
+# --lr_scaling: the factor on --learning_rate for a number of processes.
+LR_SCALINGS = {"none": lambda processes: 1.0, "linear": float, "sqrt": math.sqrt}
 
 
 class UsageError(ValueError):
@@ -108,9 +111,18 @@ def add_common_flags(parser: FlagParser, default_learning_rate: float, default_m
     parser.bool_flag(speed, "amp", False, "Mixed precision fp16 with dynamic loss scaling (NVIDIA's flag).")
     parser.bool_flag(speed, "use_fp16", False, "Same as --amp (older NVIDIA scripts).")
     parser.bool_flag(speed, "use_xla", False, "Compile the training step: torch.compile stands in for XLA.")
-    parser.bool_flag(speed, "horovod", False, "Accepted for NVIDIA's scripts: processes come from the launcher "
-                                              "(torchrun), see the README.")
     parser.flag(speed, "device", None, "cpu, cuda or cuda:N (default: CUDA when available).")
+
+    scale = parser.add_argument_group("processes and nodes (under torchrun / bertbench launch)")
+    parser.bool_flag(scale, "horovod", False, "Accepted for NVIDIA's scripts: processes come from the launcher "
+                                              "(torchrun), see the README.")
+    parser.flag(scale, "lr_scaling", "none", "Multiply --learning_rate by the number of processes N: none, linear "
+                                             "(x N, as the original's Horovod runs) or sqrt (x sqrt(N)).",
+                choices=LR_SCALINGS)
+    parser.bool_flag(scale, "sync_gradients", True, "All-reduce gradients every step (data parallel). "
+                                                    "--no_sync_gradients: independent workers, each training on "
+                                                    "its shard alone; the worker with the best dev metric is kept.")
+    scale.add_argument("--no_sync_gradients", dest="sync_gradients", action="store_false", help=argparse.SUPPRESS)
 
     checkpoints = parser.add_argument_group("checkpoints and logs (tf.estimator.RunConfig)")
     parser.flag(checkpoints, "save_checkpoints_secs", 1200.0, "Save every this many seconds of wall-clock time; "
@@ -125,7 +137,7 @@ def add_common_flags(parser: FlagParser, default_learning_rate: float, default_m
 # Flags whose value defines the trained weights: a resumed or re-evaluated run must not change them.
 RUN_DEFINING = ("do_lower_case", "max_seq_length", "train_batch_size", "learning_rate", "num_train_epochs",
                 "warmup_proportion", "decay", "weight_decay", "optimizer_type", "num_accumulation_steps",
-                "max_train_samples", "seed")
+                "max_train_samples", "seed", "lr_scaling", "sync_gradients")
 # Flags that are actions or say where things are, not what the run is; they are not recorded.
 NOT_RECORDED = ("output_dir", "do_train", "do_eval", "do_predict")
 
@@ -241,7 +253,7 @@ def build_model(args: argparse.Namespace, task: str, config: BertConfig, log: Ca
     directory holds a checkpoint (which replaces every weight when training resumes or evaluation restores)."""
     seed_everything(args.seed)
     model = model_from_args(args, task, config, **head_kwargs)
-    if args.init_checkpoint and latest_checkpoint(args.output_dir) is None:
+    if args.init_checkpoint and not holds_training_state(args.output_dir):
         log(str(load_pretrained(model, args.init_checkpoint, config)))
     return model
 
@@ -255,27 +267,56 @@ def build_estimator(args: argparse.Namespace, model: nn.Module, dist: Distribute
             save_checkpoints_steps=args.save_checkpoints_steps, keep_checkpoint_max=args.keep_checkpoint_max,
             log_step_count_steps=args.log_step_count_steps, seed=args.seed)
         train_config = None if num_train_steps is None else TrainConfig(
-            num_train_steps=num_train_steps, learning_rate=args.learning_rate,
+            num_train_steps=num_train_steps, learning_rate=scaled_learning_rate(args, dist),
             warmup_proportion=args.warmup_proportion, decay=args.decay,
             optimizer="lamb" if args.optimizer_type == "lamb" else "adamw", weight_decay=args.weight_decay,
             gradient_accumulation_steps=args.num_accumulation_steps, precision=resolve_precision(args),
-            compile=args.use_xla)
+            compile=args.use_xla, sync_gradients=args.sync_gradients)
     except ValueError as error:
         raise UsageError(str(error)) from None
     return Estimator(model, run_config, train_config, dist)
 
 
+def scaled_learning_rate(args: argparse.Namespace, dist: Distributed) -> float:
+    """--learning_rate times the --lr_scaling factor for this many processes."""
+    return args.learning_rate * LR_SCALINGS[args.lr_scaling](dist.world_size)
+
+
+@dataclasses.dataclass
+class WorkerScore:
+    """How independent workers (--no_sync_gradients) are compared: `score()` is this rank's model's dev figure."""
+
+    name: str  # e.g. "dev_acc", "f1"
+    score: Callable[[], float]
+
+
+def check_independent_workers(args: argparse.Namespace, needs: str) -> None:
+    """--no_sync_gradients keeps the best worker by a dev metric, so training needs the flag that provides it."""
+    if args.do_train and not args.sync_gradients and not getattr(args, needs):
+        raise UsageError(f"--no_sync_gradients keeps the worker with the best dev metric: it needs --{needs}")
+
+
 def train_and_report(estimator: Estimator, args: argparse.Namespace, record: RunRecord | None, runner: str,
                      config: BertConfig, dist: Distributed, features: Mapping[str, Any], description: str,
-                     log: Callable[[str], None]) -> int | None:
-    """Record the run, train on `features` (resuming from output_dir's newest checkpoint) and report. Returns the
-    exit status of a run a signal stopped, None for a finished one."""
+                     log: Callable[[str], None], worker_score: WorkerScore | None = None) -> int | None:
+    """Record the run, train on `features` (resuming from output_dir's newest checkpoint) and report; independent
+    workers then keep the best by `worker_score`. Returns the exit status of a run a signal stopped, None for a
+    finished one."""
     write_record(record, runner, args, config, dist)
+    mode = "independent workers" if estimator.independent_workers else "processes"
     log(f"***** Training {description}, {estimator.train_config.num_train_steps} steps, batch "
-        f"{args.train_batch_size} x {args.num_accumulation_steps} x {dist.world_size} processes, {args.modeling} "
-        f"model, {resolve_precision(args)} on {dist.device} *****")
+        f"{args.train_batch_size} x {args.num_accumulation_steps} x {dist.world_size} {mode}, {args.modeling} "
+        f"model, {resolve_precision(args)} on {dist.device}, learning rate "
+        f"{estimator.train_config.learning_rate:g} *****")
     result = estimator.train(ShuffledBatches(features, args.train_batch_size, args.seed, dist.rank, dist.world_size))
-    report_training(result, args, dist, log)
+    selection = {}
+    if result.interrupted_by is None and estimator.independent_workers:
+        best, scores = estimator.keep_best_worker(worker_score.score)
+        log(f"independent workers' {worker_score.name}: "
+            + ", ".join(f"worker {rank} {score:.4f}" for rank, score in enumerate(scores))
+            + f"; keeping worker {best}")
+        selection = {"selection_metric": worker_score.name, "worker_scores": scores, "selected_worker": best}
+    report_training(result, args, dist, log, {"learning_rate": estimator.train_config.learning_rate, **selection})
     return interrupted_status(result)
 
 
@@ -294,15 +335,16 @@ def write_json(path: str, data: Mapping[str, Any]) -> None:
     write_text_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
-def report_training(result: TrainResult, args: argparse.Namespace, dist: Distributed,
-                    log: Callable[[str], None]) -> dict[str, Any]:
+def report_training(result: TrainResult, args: argparse.Namespace, dist: Distributed, log: Callable[[str], None],
+                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """train_results.json and the summary NVIDIA's scripts print: sentences/s with and without the start-up."""
     summary = {**dataclasses.asdict(result), "sentences_per_20_minutes": result.sentences_per_20_minutes,
                "world_size": dist.world_size, "device": str(dist.device), "modeling": args.modeling,
                "recompute_policy": args.recompute_policy if args.modeling == "recompute" else None,
                "precision": resolve_precision(args), "use_xla": args.use_xla,
                "train_batch_size": args.train_batch_size, "num_accumulation_steps": args.num_accumulation_steps,
-               "max_seq_length": args.max_seq_length}
+               "max_seq_length": args.max_seq_length, "lr_scaling": args.lr_scaling,
+               "sync_gradients": args.sync_gradients, **(extra or {})}
     if dist.is_main:
         write_json(os.path.join(args.output_dir, "train_results.json"), summary)
     log("***** Training summary *****")

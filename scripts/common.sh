@@ -1,4 +1,16 @@
-# Shared by run_glue.sh and run_squad.sh (sourced, not run): argument checks, the launcher, the logged run.
+# Shared by run_glue.sh and run_squad.sh (sourced, not run): argument checks, the nodes of the job, the launcher, the
+# logged run.
+#
+# One node: num_gpu processes (torchrun when more than 1). Several nodes: run the same script on every node with
+#   NNODES       nodes in the job (default 1)
+#   NODE_RANK    this node's index, 0..NNODES-1 (names its log; rank 0 of the job writes the results)
+#   MASTER_ADDR  the host of the c10d rendezvous, reachable from every node; MASTER_PORT its port (default 29500)
+# or what the scheduler sets instead: a Kubeflow PyTorchJob's PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR,
+# PET_MASTER_PORT, or, inside an srun step, one node per task (SLURM_STEP_NUM_TASKS, SLURM_PROCID, the step's first
+# host). Also read: RDZV_ID (default bertbench-<run directory name>), RDZV_TIMEOUT (seconds to wait for every node to
+# join, default 600), MAX_RESTARTS (times torchrun restarts the workers after one fails, default 0; they resume from
+# the newest checkpoint), TORCH_ELASTIC_SHUTDOWN_TIMEOUT (seconds torchrun gives the workers to save a checkpoint
+# after SIGTERM before it kills them; here 90 unless set, torchrun's own default is 30).
 
 visible_gpus() {
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -20,16 +32,63 @@ check_launch_arguments() {
   fi
 }
 
-# run_logged RUN_DIR NUM_GPU MODULE FLAGS...: run the bertbench module on one process, or through torchrun on
-# NUM_GPU; append the command to RUN_DIR/command.log and its output to RUN_DIR/train.log.
+# resolve_nodes SCRIPT: set NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT from the environment (see above); exit 2
+# with a one-line error when they do not describe a job.
+resolve_nodes() {
+  NNODES=${NNODES:-${PET_NNODES:-${SLURM_STEP_NUM_TASKS:-1}}}
+  NODE_RANK=${NODE_RANK:-${PET_NODE_RANK:-${SLURM_STEP_NUM_TASKS:+${SLURM_PROCID:-}}}}
+  MASTER_ADDR=${MASTER_ADDR:-${PET_MASTER_ADDR:-}}
+  if [ -z "$MASTER_ADDR" ] && [ -n "${SLURM_STEP_NODELIST:-}" ]; then
+    MASTER_ADDR=$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n 1)
+  fi
+  MASTER_PORT=${MASTER_PORT:-${PET_MASTER_PORT:-29500}}
+  if ! [[ "$NNODES" =~ ^[1-9][0-9]*$ ]]; then
+    echo "$1: error: NNODES must be a positive integer, got '$NNODES'" >&2
+    exit 2
+  fi
+  if [ "$NNODES" -eq 1 ]; then
+    NODE_RANK=0
+    return
+  fi
+  if ! [[ "$NODE_RANK" =~ ^[0-9]+$ ]] || [ "$NODE_RANK" -ge "$NNODES" ]; then
+    echo "$1: error: NODE_RANK must be 0..$((NNODES - 1)) on each of the NNODES=$NNODES nodes, got '$NODE_RANK'" >&2
+    exit 2
+  fi
+  if [ -z "$MASTER_ADDR" ]; then
+    echo "$1: error: NNODES=$NNODES needs MASTER_ADDR, the rendezvous host every node can reach" >&2
+    exit 2
+  fi
+}
+
+# run_logged RUN_DIR NUM_GPU MODULE FLAGS...: run the bertbench module on one process, or through torchrun
+# (bertbench.launch) on NUM_GPU processes per node and NNODES nodes (resolve_nodes first); append the command to
+# RUN_DIR/command.log (node 0) and the output to RUN_DIR/train.log (train.node<NODE_RANK>.log on several nodes).
 run_logged() {
   local run_dir=$1 num_gpu=$2 module=$3
   shift 3
-  local launch=("$PYTHON" -m "$module")
-  if [ "$num_gpu" -gt 1 ]; then
-    launch=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$num_gpu" -m "$module")
+  local launch=("$PYTHON" -m "$module") log=$run_dir/train.log
+  if [ "$NNODES" -gt 1 ]; then
+    launch=("$PYTHON" -m bertbench.launch --nnodes="$NNODES" --nproc-per-node="$num_gpu" --rdzv-backend=c10d
+            --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="${RDZV_ID:-bertbench-$(basename "$run_dir")}"
+            --rdzv-conf=join_timeout="${RDZV_TIMEOUT:-600}" --max-restarts="${MAX_RESTARTS:-0}" -m "$module")
+    log=$run_dir/train.node$NODE_RANK.log
+  elif [ "$num_gpu" -gt 1 ]; then
+    launch=("$PYTHON" -m bertbench.launch --standalone --nproc-per-node="$num_gpu"
+            --max-restarts="${MAX_RESTARTS:-0}" -m "$module")
   fi
+  export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-90}
   mkdir -p "$run_dir"
-  echo "${launch[*]} $*" | tee -a "$run_dir/command.log"
-  "${launch[@]}" "$@" 2>&1 | tee -a "$run_dir/train.log"
+  if [ "$NODE_RANK" -eq 0 ]; then
+    echo "${launch[*]} $*" | tee -a "$run_dir/command.log"
+  fi
+  "${launch[@]}" "$@" 2>&1 | tee -a "$log"
+}
+
+# run_directory_suffix NUM_GPU: the end of a run directory's name, from the processes per node and the nodes.
+run_directory_suffix() {
+  if [ "$NNODES" -gt 1 ]; then
+    echo "_gpu${1}_nodes${NNODES}"
+  else
+    echo "_gpu${1}"
+  fi
 }

@@ -9,7 +9,7 @@
 #   learning_rate    2e-5
 #   precision        fp16             fp16 | fp32 | bf16
 #   use_xla          true             true: torch.compile (stands in for XLA)
-#   num_gpu          GPUs seen, or 1  processes on this node; more than 1 launches through torchrun
+#   num_gpu          GPUs seen, or 1  processes on each node; more than 1 (or several nodes) launches through torchrun
 #   seq_length       128
 #   doc_stride       64               SQuAD's; kept for the original's argument order, unused by GLUE
 #   epochs           3.0
@@ -18,9 +18,11 @@
 #
 # Environment: BERT_DIR (vocab.txt, bert_config.json, bert_model.ckpt; default the original's
 # data/download/google_pretrained_weights/uncased_L-24_H-1024_A-16), GLUE_DIR (the GLUE download holding <task>/;
-# default data/download/glue), RESULTS_DIR (default results), PYTHON (default python3).
-# The run directory is $RESULTS_DIR/<task>_<precision>_bs<batch>_lr<lr>_seq<len>_gpu<n>: running the same command
-# again resumes it from its newest checkpoint. Flags after the 11th argument go to run_classifier as they are.
+# default data/download/glue), RESULTS_DIR (default results), PYTHON (default python3); on several nodes NNODES,
+# NODE_RANK, MASTER_ADDR, MASTER_PORT or the scheduler's variables, and RDZV_TIMEOUT, MAX_RESTARTS (see common.sh):
+# run the same command on every node, with the data, BERT_DIR and RESULTS_DIR on a filesystem they share.
+# The run directory is $RESULTS_DIR/<task>_<precision>_bs<batch>_lr<lr>_seq<len>_gpu<n>[_nodes<N>]: running the same
+# command again resumes it from its newest checkpoint. Flags after the 11th argument go to run_classifier as they are.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -43,9 +45,11 @@ init_checkpoint=${11:-"$BERT_DIR/bert_model.ckpt"}
 shift $(( $# < 11 ? $# : 11 ))
 
 check_launch_arguments run_glue.sh "$precision" "$num_gpu"
+resolve_nodes run_glue.sh
 : "$doc_stride"  # accepted for the original's argument order; GLUE has no documents to stride
 
-run_dir="$RESULTS_DIR/${task_name}_${precision}_bs${batch_size}_lr${learning_rate}_seq${seq_length}_gpu${num_gpu}"
+run_dir="$RESULTS_DIR/${task_name}_${precision}_bs${batch_size}_lr${learning_rate}_seq${seq_length}"
+run_dir+=$(run_directory_suffix "$num_gpu")
 run_logged "$run_dir" "$num_gpu" bertbench.run_classifier \
   --task_name="$task_name" --do_train=true --do_eval=true \
   --data_dir="$GLUE_DIR/$task_name" --vocab_file="$BERT_DIR/vocab.txt" \

@@ -8,7 +8,7 @@
 #   learning_rate    5e-6
 #   precision        fp16             fp16 | fp32 | bf16
 #   use_xla          true             true: torch.compile (stands in for XLA)
-#   num_gpu          GPUs seen, or 1  processes on this node; more than 1 launches through torchrun
+#   num_gpu          GPUs seen, or 1  processes on each node; more than 1 (or several nodes) launches through torchrun
 #   seq_length       384
 #   doc_stride       128
 #   bert_model       large            large | base: picks the default BERT_DIR
@@ -19,8 +19,10 @@
 # Environment: BERT_DIR (vocab.txt, bert_config.json, bert_model.ckpt; default the original's
 # data/download/google_pretrained_weights/uncased_L-24_H-1024_A-16, or uncased_L-12_H-768_A-12 for base),
 # SQUAD_DIR (holding train-v<version>.json and dev-v<version>.json; default data/download/squad/v<version>),
-# RESULTS_DIR (default results), PYTHON (default python3).
-# The run directory, $RESULTS_DIR/squad<version>_<model>_<precision>_bs<batch>_lr<lr>_seq<len>_stride<n>_gpu<n>, is
+# RESULTS_DIR (default results), PYTHON (default python3); on several nodes NNODES, NODE_RANK, MASTER_ADDR,
+# MASTER_PORT or the scheduler's variables, and RDZV_TIMEOUT, MAX_RESTARTS (see common.sh): run the same command on
+# every node, with the data, BERT_DIR and RESULTS_DIR on a filesystem they share. The run directory,
+# $RESULTS_DIR/squad<version>_<model>_<precision>_bs<batch>_lr<lr>_seq<len>_stride<n>_gpu<n>[_nodes<N>], is
 # named by the arguments: running the same command again resumes it from its newest checkpoint. The dev set is scored
 # with the official definitions (eval_results.json); flags after the 11th argument go to run_squad as they are.
 set -euo pipefail
@@ -50,6 +52,7 @@ epochs=${11:-"2.0"}
 shift $(( $# < 11 ? $# : 11 ))
 
 check_launch_arguments run_squad.sh "$precision" "$num_gpu"
+resolve_nodes run_squad.sh
 case "$squad_version" in
   1.1) version_2_with_negative=false ;;
   2.0) version_2_with_negative=true ;;
@@ -58,7 +61,7 @@ esac
 SQUAD_DIR=${SQUAD_DIR:-data/download/squad/v$squad_version}
 
 run_dir="$RESULTS_DIR/squad${squad_version}_${bert_model}_${precision}_bs${batch_size}_lr${learning_rate}"
-run_dir+="_seq${seq_length}_stride${doc_stride}_gpu${num_gpu}"
+run_dir+="_seq${seq_length}_stride${doc_stride}$(run_directory_suffix "$num_gpu")"
 run_logged "$run_dir" "$num_gpu" bertbench.run_squad \
   --do_train=true --do_predict=true \
   --train_file="$SQUAD_DIR/train-v$squad_version.json" --predict_file="$SQUAD_DIR/dev-v$squad_version.json" \

@@ -1,7 +1,18 @@
+import json
+import os
+import socket
+
 import pytest
 import torch
 
 from bertbench.config import BertConfig
+from bertbench.demo.data import write_vocab
+
+# bert_config.json of the runners' tests: Google's format, 2 layers of hidden 32, the built-in task's vocab.
+TINY_BERT = {"vocab_size": 48, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 64, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+             "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 64, "type_vocab_size": 2,
+             "initializer_range": 0.02}
 
 
 def tiny_config(**overrides) -> BertConfig:
@@ -46,3 +57,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a rendezvous or a daemon a test starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def write_bert_dir(directory, **config_overrides):
+    """directory/ with the built-in task's vocab.txt and TINY_BERT (with the overrides) as bert_config.json."""
+    os.makedirs(directory, exist_ok=True)
+    write_vocab(directory)
+    with open(os.path.join(directory, "bert_config.json"), "w") as handle:
+        json.dump({**TINY_BERT, **config_overrides}, handle)
+    return directory

@@ -34,6 +34,19 @@ def test_keep_max_removes_only_the_oldest(tmp_path):
         checkpoint.save_checkpoint(tmp_path, 60, state(60), keep_max=0)
 
 
+def test_workers_defer_pruning_and_a_run_with_worker_checkpoints_holds_state(tmp_path):
+    assert not checkpoint.holds_training_state(tmp_path / "absent")
+    assert not checkpoint.holds_training_state(tmp_path)
+    worker = checkpoint.worker_dir(tmp_path, 1)
+    assert worker == str(tmp_path / "worker-00001")
+    for step in (10, 20, 30):
+        checkpoint.save_checkpoint(worker, step, state(step), keep_max=None)  # the other workers are still writing
+    assert [step for step, _ in checkpoint.list_checkpoints(worker)] == [10, 20, 30]
+    assert checkpoint.holds_training_state(tmp_path)  # through its worker
+    checkpoint.prune_checkpoints(worker, 1)
+    assert [step for step, _ in checkpoint.list_checkpoints(worker)] == [30]
+
+
 def test_crash_while_writing_leaves_old_checkpoints_and_no_partial_file(tmp_path, monkeypatch):
     checkpoint.save_checkpoint(tmp_path, 1, state(1.0), keep_max=1)
     before = sorted(os.listdir(tmp_path))

@@ -14,15 +14,12 @@ import torch
 
 from bertbench import cli
 from bertbench.checkpoint import list_checkpoints, load_checkpoint
-from bertbench.demo.data import vocabulary, write_glue_task, write_vocab
+from bertbench.demo.data import vocabulary, write_glue_task
 from bertbench.run_classifier import build_parser, main
 from bertbench.runner import parse_flags, resolve_precision
+from conftest import TINY_BERT, write_bert_dir
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tf1_tiny")
-TINY_BERT = {"vocab_size": 48, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "intermediate_size": 64, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-             "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 64, "type_vocab_size": 2,
-             "initializer_range": 0.02}
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +28,7 @@ def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("classifier")
     for task in ("MRPC", "MNLI", "STS-B"):
         write_glue_task(root / "glue", task, train=512, dev=96, test=40)
-    (root / "bert").mkdir()
-    write_vocab(root / "bert")
-    (root / "bert" / "bert_config.json").write_text(json.dumps(TINY_BERT))
+    write_bert_dir(root / "bert")
     return root
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from bertbench.checkpoint import list_checkpoints
 from bertbench.demo.data import write_glue_task, write_squad
+from conftest import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -132,3 +133,52 @@ def test_run_squad_with_two_processes_goes_through_torchrun(env, tmp_path):
     assert train["world_size"] == 2 and train["sentences"] == 16 * train["global_step"]
     assert done.stdout.count("***** Eval results") == 1  # rank 0 alone reports
     assert len(json.loads((run_dir / "predictions.json").read_text())) == 30
+
+
+def resolve_nodes(**variables):
+    """NNODES NODE_RANK MASTER_ADDR MASTER_PORT as common.sh's resolve_nodes sets them, or its error (status 2)."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("SLURM_", "PET_", "NNODES", "NODE_RANK", "MASTER_"))}
+    done = subprocess.run(["bash", "-c", f'source {SCRIPTS}/common.sh; resolve_nodes test.sh; '
+                                         'echo "$NNODES $NODE_RANK $MASTER_ADDR $MASTER_PORT"'],
+                          env={**env, **variables}, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else (done.returncode, done.stderr.strip())
+
+
+def test_nodes_from_the_environment_or_the_scheduler(tmp_path):
+    assert resolve_nodes() == "1 0  29500"
+    assert resolve_nodes(NNODES="2", NODE_RANK="1", MASTER_ADDR="node1", MASTER_PORT="1234") == "2 1 node1 1234"
+    # a Kubeflow PyTorchJob pod
+    assert resolve_nodes(PET_NNODES="3", PET_NODE_RANK="2", MASTER_ADDR="job-master-0", MASTER_PORT="23456") == \
+        "3 2 job-master-0 23456"
+    # a task of an srun step: one node per task, the rendezvous on the step's first host
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu[03-04]" ] && printf "gpu03\\ngpu04\\n"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    assert resolve_nodes(SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1", SLURM_STEP_NODELIST="gpu[03-04]",
+                         PATH=f"{bin_dir}:{os.environ['PATH']}") == "2 1 gpu03 29500"
+    # the batch script itself is not a step: one node
+    assert resolve_nodes(SLURM_NTASKS="8", SLURM_PROCID="0") == "1 0  29500"
+
+
+@pytest.mark.parametrize("variables, message", [
+    ({"NNODES": "two"}, "NNODES must be a positive integer, got 'two'"),
+    ({"NNODES": "2", "MASTER_ADDR": "node1"}, "NODE_RANK must be 0..1 on each of the NNODES=2 nodes, got ''"),
+    ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "node1"}, "NODE_RANK must be 0..1"),
+    ({"NNODES": "2", "NODE_RANK": "0"}, "NNODES=2 needs MASTER_ADDR, the rendezvous host every node can reach"),
+])
+def test_nodes_that_do_not_describe_a_job_are_refused(variables, message):
+    status, error = resolve_nodes(**variables)
+    assert status == 2 and error.startswith(f"test.sh: error: {message}")
+
+
+def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
+    env = dict(env, NNODES="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               RDZV_TIMEOUT="2")
+    done = run_glue(env, *POSITIONAL)
+    assert done.returncode == 1
+    assert done.stdout.strip().splitlines()[-1].startswith(
+        "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_gpu1_nodes2' at 127.0.0.1:")
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_gpu1_nodes2"
+    assert sorted(os.listdir(run_dir)) == ["command.log", "train.node0.log"]  # nothing of a run

@@ -86,6 +86,11 @@ class GlueProcessor:
     def num_labels(self) -> int:
         return 1 if self.is_regression else len(self.labels)
 
+    @property
+    def main_metric(self) -> str:
+        """The key of compute_metrics' result that ranks models on this task, as the GLUE leaderboard does."""
+        return "corr" if self.metric == "pearson_and_spearman" else self.metric
+
     def train_examples(self, data_dir: str | os.PathLike) -> list[InputExample]:
         if self.train is None:
             raise GlueDataError(f"GLUE task {self.name} has no training set: it is predicted by a model trained on MNLI")

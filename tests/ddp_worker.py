@@ -1,0 +1,109 @@
+"""Run under torchrun by test_distributed.py: what the Estimator and Distributed do across real processes (gloo).
+
+Writes rank 0's findings as JSON to argv[1]:
+- allreduce_calls: per modeling module / policy, the backward passes whose gradients DDP all-reduced during 3
+  optimizer steps of 4 accumulated micro-batches each (counted by a comm hook), and its bucket all-reduces;
+- evaluate / predict over an odd number of examples split across the ranks, against the same model run by this
+  process alone over all of them;
+- Distributed.mean, broadcast_module and shard.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import tiny_batch, tiny_config  # noqa: E402
+
+from bertbench.distributed import job_from_environment  # noqa: E402
+from bertbench.estimator import Estimator, RunConfig, ShuffledBatches, TrainConfig, seed_everything  # noqa: E402
+from bertbench.models import build_model  # noqa: E402
+
+ALLREDUCES: list[bool] = []  # per bucket all-reduce: whether it was the backward pass's last bucket
+
+
+class CountingDDP(nn.parallel.DistributedDataParallel):
+    """DDP whose every bucket all-reduce is recorded; the estimator builds it in place of the real class. Small
+    buckets, so that the tiny model's gradients travel in several."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, bucket_cap_mb=0.05, **kwargs)
+        self.register_comm_hook(None, self._count)
+
+    @staticmethod
+    def _count(state, bucket):
+        ALLREDUCES.append(bucket.is_last())
+        return allreduce_hook(state, bucket)
+
+
+def features(config, count: int, seed: int) -> dict[str, torch.Tensor]:
+    input_ids, token_type_ids, attention_mask = tiny_batch(config, batch=count, seq=16, seed=seed)
+    labels = torch.arange(count) % 2
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
+            "labels": labels}
+
+
+def count_allreduces(config, dist_info, modeling: str, policy: str, model_dir: str) -> dict[str, int]:
+    seed_everything(0)
+    model = build_model("classification", config, modeling, policy, num_labels=2)
+    steps, accumulation = 3, 4
+    estimator = Estimator(model, RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
+                          TrainConfig(num_train_steps=steps, gradient_accumulation_steps=accumulation,
+                                      excluded_steps=0), dist_info, log=lambda line: None)
+    ALLREDUCES.clear()
+    estimator.train(ShuffledBatches(features(config, 64, seed=1), 2, seed=0, rank=dist_info.rank,
+                                    world_size=dist_info.world_size))
+    return {"synchronized_backwards": sum(ALLREDUCES), "bucket_allreduces": len(ALLREDUCES), "steps": steps,
+            "micro_batches": steps * accumulation}
+
+
+def check(dist_info) -> dict:
+    nn.parallel.DistributedDataParallel = CountingDDP
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    report: dict = {"world_size": dist_info.world_size, "allreduce_calls": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        for modeling, policy in (("baseline", "full"), ("recompute", "full"), ("recompute", "selective"),
+                                 ("recompute", "every-k")):
+            model_dir = os.path.join(scratch, f"{modeling}-{policy}")
+            report["allreduce_calls"][f"{modeling}/{policy}"] = count_allreduces(config, dist_info, modeling,
+                                                                                policy, model_dir)
+
+        seed_everything(1)
+        model = build_model("classification", config, num_labels=2)
+        estimator = Estimator(model, RunConfig(model_dir=os.path.join(scratch, "eval")), None, dist_info,
+                              log=lambda line: None)
+        data = features(config, 37, seed=2)  # 37: the two shards differ in size
+        predicted = estimator.predict(data, batch_size=5)["logits"]
+        scores = estimator.evaluate(data, batch_size=5)
+        with torch.no_grad():
+            model.eval()
+            reference = model(**data)
+        report["predict_rows"] = len(predicted)
+        report["predict_max_difference"] = (predicted - reference.logits).abs().max().item()
+        report["eval_loss"], report["reference_loss"] = scores["loss"], reference.loss.item()
+        report["shard"] = dist_info.all_gather_object(list(dist_info.shard(37)))
+
+    report["mean_of_ranks"] = dist_info.mean(float(dist_info.rank))
+    layer = nn.Linear(3, 3)
+    with torch.no_grad():
+        layer.weight.fill_(dist_info.rank)
+    dist_info.broadcast_module(layer, source=dist_info.world_size - 1)
+    report["broadcast_weights"] = dist_info.all_gather_object(layer.weight.unique().tolist())
+    return report
+
+
+def main() -> None:
+    with job_from_environment("cpu") as dist_info:
+        report = check(dist_info)
+        if dist_info.is_main:
+            with open(sys.argv[1], "w") as handle:
+                json.dump(report, handle)
+
+
+if __name__ == "__main__":
+    main()

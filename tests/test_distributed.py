@@ -1,0 +1,324 @@
+"""Data parallel training across real processes (torchrun through `bertbench launch`, gloo on the CPU): the runners
+give the same loss curve, weights and scores on 2 processes as on 1 with the same global batch; accumulation skips
+the all-reduce; evaluation gathers every example once; independent workers keep the best; a worker killed with
+SIGKILL is restarted and resumes; a node that never joins fails in one line."""
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bertbench import launch, runner
+from bertbench.checkpoint import list_checkpoints, load_checkpoint, worker_dir
+from bertbench.demo.data import write_glue_task, write_squad
+from bertbench.distributed import Distributed
+from bertbench.run_classifier import main as classify
+from bertbench.run_squad import main as squad
+from conftest import free_port, write_bert_dir
+
+pytestmark = pytest.mark.slow
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# Dropout off: 1 process and 2 processes then compute the same function, so their runs can be compared.
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """glue/MRPC (256 training examples, 61 dev: an odd number, so the ranks' shards differ) and bert/."""
+    root = tmp_path_factory.mktemp("distributed")
+    write_glue_task(root / "glue", "MRPC", train=256, dev=61, test=16)
+    write_bert_dir(root / "bert", **NO_DROPOUT)
+    return root
+
+
+def flags(data, out, *extra):
+    return [f"--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
+            f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
+            "--learning_rate=2e-3", "--log_step_count_steps=4", "--save_checkpoints_secs=0", "--do_train",
+            "--do_eval", f"--output_dir={out}", *extra]
+
+
+def launch_command(processes: int, *arguments, restarts: int = 0):
+    return [sys.executable, "-m", "bertbench.launch", "--standalone", f"--nproc-per-node={processes}",
+            f"--max-restarts={restarts}", *arguments]
+
+
+def run(command, timeout=300):
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def classify_on(processes: int, data, out, *extra):
+    return run(launch_command(processes, "-m", "bertbench.run_classifier", *flags(data, out, *extra)))
+
+
+def read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def losses(out):
+    return [(record["step"], record["loss"]) for record in map(json.loads, open(out / "metrics.jsonl"))]
+
+
+def final_weights(directory):
+    return load_checkpoint(list_checkpoints(directory)[-1][1])["model"]
+
+
+@pytest.fixture(scope="module")
+def one_process(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    assert classify(flags(data, out, "--train_batch_size=16")) == 0
+    return out
+
+
+@pytest.mark.parametrize("batch, accumulation, model_flags", [
+    (8, 1, []),
+    (4, 2, ["--modeling=recompute", "--recompute-policy=full"]),
+    (4, 2, ["--modeling=recompute", "--recompute-policy=selective"]),
+], ids=["baseline", "recompute-full-accumulated", "recompute-selective-accumulated"])
+def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_process, batch, accumulation,
+                                                            model_flags):
+    out = tmp_path / "run"
+    done = classify_on(2, data, out, f"--train_batch_size={batch}", f"--num_accumulation_steps={accumulation}",
+                       *model_flags)
+    steps, curve = zip(*losses(out))
+    reference_steps, reference_curve = zip(*losses(one_process))
+    assert steps == reference_steps == tuple(range(4, 49, 4))
+    assert curve == pytest.approx(reference_curve, rel=1e-5)  # the logged loss is the mean over both ranks
+    weights, reference = final_weights(out), final_weights(one_process)
+    assert weights.keys() == reference.keys()
+    for name in weights:
+        torch.testing.assert_close(weights[name], reference[name], rtol=1e-4, atol=1e-5)
+
+    train, reference_train = read_json(out / "train_results.json"), read_json(one_process / "train_results.json")
+    assert (train["world_size"], train["global_step"], train["sentences"]) == (2, 48, reference_train["sentences"])
+    results, reference_results = read_json(out / "eval_results.json"), read_json(one_process / "eval_results.json")
+    assert results["dev_examples"] == 61  # every dev example scored once, across both ranks
+    assert results["dev_acc"] == reference_results["dev_acc"]
+    assert results["dev_loss"] == pytest.approx(reference_results["dev_loss"], rel=1e-4)
+    # rank 0 alone reports and writes: one summary, one checkpoint, no per-rank files
+    assert done.stdout.count("***** Eval results") == 1 and done.stdout.count("***** Training summary") == 1
+    assert [step for step, _ in list_checkpoints(out)] == [48]
+    assert sorted(os.listdir(out)) == ["bertbench_run.json", "ckpt-000000048.pt", "eval_results.json",
+                                       "eval_results.txt", "metrics.jsonl", "train_results.json"]
+
+
+def test_accumulation_all_reduces_once_per_step_and_inference_gathers_every_example(tmp_path):
+    out = tmp_path / "report.json"
+    run(launch_command(2, os.path.join(HERE, "ddp_worker.py"), str(out)))
+    report = read_json(out)
+    assert report["world_size"] == 2
+    for variant, counts in report["allreduce_calls"].items():
+        # 12 micro-batches in 3 optimizer steps: DDP synchronised 3 backward passes, each in several buckets
+        assert counts["synchronized_backwards"] == counts["steps"] == 3, variant
+        assert counts["bucket_allreduces"] > counts["steps"], variant
+    assert report["predict_rows"] == 37 and report["predict_max_difference"] < 1e-6
+    assert report["eval_loss"] == pytest.approx(report["reference_loss"], rel=1e-6)
+    first, second = report["shard"]
+    assert first + second == list(range(37)) and len(first) == 19
+    assert report["mean_of_ranks"] == 0.5
+    assert report["broadcast_weights"] == [[1.0], [1.0]]
+
+
+def test_independent_workers_train_apart_keep_the_best_and_resume_from_a_common_step(data, tmp_path):
+    out = tmp_path / "run"
+    command = launch_command(2, "-m", "bertbench.run_classifier",
+                             *flags(data, out, "--train_batch_size=8", "--no_sync_gradients", "--lr_scaling=sqrt",
+                                    "--save_checkpoints_steps=16", "--keep_checkpoint_max=2"))
+    done = run(command)
+    train = read_json(out / "train_results.json")
+    assert train["sync_gradients"] is False and train["lr_scaling"] == "sqrt"
+    assert train["learning_rate"] == pytest.approx(2e-3 * math.sqrt(2))
+    scores, best = train["worker_scores"], train["selected_worker"]
+    assert train["selection_metric"] == "dev_acc_and_f1" and len(scores) == 2
+    assert best == max(range(2), key=lambda rank: (scores[rank], -rank))
+    assert f"keeping worker {best}" in done.stdout
+
+    workers = [final_weights(worker_dir(out, rank)) for rank in range(2)]
+    assert [[step for step, _ in list_checkpoints(worker_dir(out, rank))] for rank in range(2)] == [[32, 48]] * 2
+    assert any(not torch.equal(workers[0][name], workers[1][name]) for name in workers[0])  # they trained apart
+    kept = load_checkpoint(list_checkpoints(out)[-1][1])
+    assert kept["selected_worker"] == best and kept["worker_scores"] == scores
+    assert all(torch.equal(kept["model"][name], workers[best][name]) for name in workers[best])
+    results = read_json(out / "eval_results.json")
+    assert results["dev_acc_and_f1"] == pytest.approx(scores[best])  # scored again, now split across the ranks
+
+    # Worker 1 lost its newest checkpoint (killed while writing it): both resume from step 32, the last they share,
+    # and end exactly where the uninterrupted run did.
+    os.remove(list_checkpoints(out)[-1][1])
+    os.remove(list_checkpoints(worker_dir(out, 1))[-1][1])
+    resumed = run(command)
+    assert f"resumed from {worker_dir(out, 0)}/ckpt-000000032.pt (step 32" in resumed.stdout
+    again = load_checkpoint(list_checkpoints(out)[-1][1])
+    assert again["selected_worker"] == best and again["worker_scores"] == scores
+    assert all(torch.equal(again["model"][name], kept["model"][name]) for name in kept["model"])
+
+    # Evaluation alone, in one process, reads the kept worker's weights.
+    assert classify(["--output_dir", str(out), "--do_eval", "--nodo_train"]) == 0
+    assert read_json(out / "eval_results.json")["dev_acc_and_f1"] == pytest.approx(scores[best])
+
+
+def test_squad_independent_workers_keep_the_best_f1(tmp_path):
+    write_squad(tmp_path / "squad", "2.0", train=12, dev=6)
+    write_bert_dir(tmp_path / "bert", **NO_DROPOUT)
+    out = tmp_path / "run"
+    done = run(launch_command(2, "-m", "bertbench.run_squad", "--do_train", "--do_predict",
+                              f"--train_file={tmp_path / 'squad' / 'train-v2.0.json'}",
+                              f"--predict_file={tmp_path / 'squad' / 'dev-v2.0.json'}", "--version_2_with_negative",
+                              f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}",
+                              f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}",
+                              "--max_seq_length=48", "--doc_stride=16", "--max_query_length=16",
+                              "--train_batch_size=4", "--learning_rate=1e-3", "--no_sync_gradients",
+                              f"--output_dir={out}"))
+    train = read_json(out / "train_results.json")
+    assert train["selection_metric"] == "f1" and len(train["worker_scores"]) == 2
+    assert read_json(out / "eval_results.json")["f1"] == pytest.approx(train["worker_scores"][train["selected_worker"]])
+    assert len(read_json(out / "predictions.json")) == 18
+    assert done.stdout.count("***** Eval results") == 1
+
+
+def worker_with_rank(rank: int, marker: str) -> int:
+    """The pid of the torchrun worker with RANK=rank whose command line holds `marker`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmdline = handle.read().decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = handle.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if marker in cmdline and f"RANK={rank}" in environ and "bertbench.launch" not in cmdline:
+            return int(pid)
+    raise AssertionError(f"no worker with RANK={rank} running {marker}")
+
+
+def long_run(data, out):
+    # 640 steps with a checkpoint every 100: a few seconds, long enough to be killed in the middle.
+    return launch_command(2, "-m", "bertbench.run_classifier",
+                          *flags(data, out, "--train_batch_size=8", "--num_train_epochs=40",
+                                 "--save_checkpoints_steps=100", "--log_step_count_steps=50"),
+                          restarts=1)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    whole = tmp_path_factory.mktemp("whole") / "run"
+    run(long_run(data, whole))
+    return whole
+
+
+def test_worker_killed_by_sigkill_is_restarted_resumes_and_ends_as_an_uninterrupted_run(data, tmp_path,
+                                                                                       uninterrupted):
+    whole = uninterrupted
+    out = tmp_path / "killed"
+    process = subprocess.Popen(long_run(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(out):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    os.kill(worker_with_rank(1, str(out)), signal.SIGKILL)
+    killed_after = list_checkpoints(out)[-1][0]
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert killed_after < 640
+    resumed = re.search(r"resumed from \S+ckpt-0*(\d+)\.pt \(step (\d+)", output)
+    assert resumed and int(resumed.group(1)) >= killed_after  # from the newest checkpoint when workers restarted
+
+    assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(), final_weights(whole).values()))
+    assert read_json(out / "eval_results.json") == read_json(whole / "eval_results.json")
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
+    assert steps == list(range(50, 641, 50))  # the steps the killed workers logged after the checkpoint: once
+
+
+def test_sigterm_to_the_launcher_saves_exits_143_and_the_same_command_resumes(data, tmp_path, uninterrupted):
+    """What scancel, qdel and a job's time limit do: SIGTERM to the launcher, which passes it to the workers."""
+    out = tmp_path / "terminated"
+    process = subprocess.Popen(long_run(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists():  # training has started
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "bertbench launch: stopped by SIGTERM" in output
+    train = read_json(out / "train_results.json")
+    assert train["interrupted_by"] == "SIGTERM" and train["global_step"] == list_checkpoints(out)[-1][0] < 640
+    assert not (out / "eval_results.json").exists()
+
+    run(long_run(data, out))
+    assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(),
+                                                  final_weights(uninterrupted).values()))
+
+
+def test_a_node_that_never_joins_times_out_in_one_line(tmp_path, capsys):
+    started = time.monotonic()
+    status = launch.main(["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                          f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=lonely",
+                          "--rdzv-conf=join_timeout=2", os.path.join(HERE, "ddp_worker.py"), str(tmp_path / "x")])
+    assert status == 1 and time.monotonic() - started < 60
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("bertbench launch: error: rendezvous 'lonely' at 127.0.0.1:")
+    assert "timed out after 2 s waiting for 2 node(s) to join" in error
+    assert not (tmp_path / "x").exists()
+
+
+def test_rendezvous_options_and_failures_are_described():
+    assert launch.rendezvous_option("join_timeout=5,last_call_timeout=1", "join_timeout", 600) == 5
+    assert launch.rendezvous_option("", "join_timeout", 600) == 600
+    args = SimpleNamespace(rdzv_endpoint="", master_addr="node1", master_port=29500, rdzv_id="job",
+                           rdzv_backend="static", rdzv_conf="", nnodes="4")
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    message = launch.describe_rendezvous_failure(args, RendezvousConnectionError("refused"))
+    assert message.startswith("rendezvous 'job' at node1:29500 (static) cannot be reached (refused)")
+
+
+@pytest.mark.parametrize("scaling, expected", [("none", 1e-4), ("linear", 8e-4), ("sqrt", 1e-4 * math.sqrt(8))])
+def test_learning_rate_scaling_with_the_process_count(scaling, expected):
+    args = SimpleNamespace(learning_rate=1e-4, lr_scaling=scaling)
+    assert runner.scaled_learning_rate(args, Distributed(world_size=8)) == pytest.approx(expected)
+
+
+def test_independent_workers_need_a_dev_metric_and_no_fp16(data, tmp_path, error_line):
+    base = flags(data, tmp_path / "a", "--no_sync_gradients")
+    assert classify([flag for flag in base if flag != "--do_eval"]) == 1
+    assert error_line() == ("run_classifier: error: --no_sync_gradients keeps the worker with the best dev metric: "
+                            "it needs --do_eval")
+    assert classify(flags(data, tmp_path / "b", "--no_sync_gradients", "--precision=fp16")) == 1
+    assert "independent workers need fp32 or bf16" in error_line()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_squad_independent_workers_need_a_predict_file_with_answers(tmp_path, error_line):
+    train, _ = write_squad(tmp_path / "squad", "1.1", train=3, dev=2)
+    unanswered = read_json(train)
+    for article in unanswered["data"]:
+        for paragraph in article["paragraphs"]:
+            for question in paragraph["qas"]:
+                question["answers"] = []  # a test file: questions without their answers
+    (tmp_path / "test.json").write_text(json.dumps(unanswered))
+    write_bert_dir(tmp_path / "bert", **NO_DROPOUT)
+    assert squad(["--do_train", "--do_predict", f"--train_file={train}", f"--predict_file={tmp_path / 'test.json'}",
+                  f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}", "--max_seq_length=48", "--doc_stride=16",
+                  "--max_query_length=16", f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}",
+                  "--no_sync_gradients", f"--output_dir={tmp_path / 'run'}"]) == 1
+    assert error_line() == (f"run_squad: error: {tmp_path / 'test.json'}: no answers to score, so "
+                            "--no_sync_gradients cannot choose a worker; predict a dev file")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_recorded_run_keeps_its_lr_scaling(one_process, error_line):
+    assert classify(["--output_dir", str(one_process), "--do_eval", "--lr_scaling=linear"]) == 1
+    assert "this run was made with --lr_scaling=none, the command gives linear" in error_line()
