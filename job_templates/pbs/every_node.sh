@@ -10,11 +10,12 @@
 # runners save a checkpoint and stop, and the same qsub resumes the run.
 
 # Passed to every node: the remote shell does not carry the job's environment.
-EVERY_NODE_VARIABLES=(BERT_DIR GLUE_DIR SQUAD_DIR RESULTS_DIR PYTHON RDZV_TIMEOUT MAX_RESTARTS PATH VIRTUAL_ENV
-                      OMP_NUM_THREADS NCCL_DEBUG NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME)
+EVERY_NODE_VARIABLES=(BERT_DIR GLUE_DIR SQUAD_DIR RESULTS_DIR PYTHON RDZV_TIMEOUT MAX_RESTARTS
+                      TORCH_ELASTIC_SHUTDOWN_TIMEOUT PATH VIRTUAL_ENV OMP_NUM_THREADS NCCL_DEBUG NCCL_SOCKET_IFNAME
+                      GLOO_SOCKET_IFNAME)
 
 run_on_every_node() {
-  local hosts=() host_index node_rank status=0 pids=() command prefix=()
+  local hosts=() host_index status=0 pids=() command prefix=()
   mapfile -t hosts < <(awk 'NF && !seen[$1]++ {print $1}' "$PBS_NODEFILE")  # one line per process: keep hosts
   if [ ${#hosts[@]} -eq 0 ]; then
     echo "every_node.sh: error: $PBS_NODEFILE lists no hosts" >&2
@@ -32,8 +33,7 @@ run_on_every_node() {
     container=("${CONTAINER_RUNTIME:-singularity}" exec --nv "$IMAGE")
   fi
   for host_index in "${!hosts[@]}"; do
-    node_rank=$host_index
-    command=$(printf '%q ' cd "$PBS_O_WORKDIR")"&& exec "$(printf '%q ' "${prefix[@]}" NODE_RANK="$node_rank" \
+    command=$(printf '%q ' cd "$PBS_O_WORKDIR")"&& exec "$(printf '%q ' "${prefix[@]}" NODE_RANK="$host_index" \
       "${container[@]}" "$@")
     if [ "$host_index" -eq 0 ]; then
       bash -c "$command" &
