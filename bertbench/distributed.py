@@ -99,8 +99,24 @@ def init_from_environment(device: str | None = None) -> Distributed:
         torch.cuda.set_device(chosen)
     if not dist.is_initialized():
         backend = "nccl" if chosen.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, device_id=chosen if chosen.type == "cuda" else None)
+        dist.init_process_group(backend=backend, device_id=chosen if chosen.type == "cuda" else None,
+                                **restart_safe_store(rank, world_size))
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=chosen)
+
+
+def restart_safe_store(rank: int, world_size: int) -> dict[str, Any]:
+    """init_process_group's store arguments when torchrun restarted the workers, {} otherwise.
+
+    torchrun (>= 2.4) keeps one key-value store for the whole job and lets the workers of every restart use it; the
+    workers of a restart then find their predecessors' connection keys and try the dead processes' addresses, so
+    the new process group hangs or fails ("Gloo connectFullMesh failed ... Connection refused"; pytorch#167288; 8 of
+    12 restarts failed here). The keys of each restart go under a prefix of their own.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True) or restart == "0":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
+    return {"store": dist.PrefixStore(f"bertbench/restart-{restart}", store), "rank": rank, "world_size": world_size}
 
 
 def shutdown() -> None:

@@ -19,7 +19,7 @@ import torch
 from bertbench import launch, runner
 from bertbench.checkpoint import list_checkpoints, load_checkpoint, worker_dir
 from bertbench.demo.data import write_glue_task, write_squad
-from bertbench.distributed import Distributed
+from bertbench.distributed import Distributed, restart_safe_store
 from bertbench.run_classifier import main as classify
 from bertbench.run_squad import main as squad
 from conftest import free_port, write_bert_dir
@@ -219,8 +219,9 @@ def uninterrupted(data, tmp_path_factory):
     return whole
 
 
+@pytest.mark.parametrize("killed_rank", [1, 0])
 def test_worker_killed_by_sigkill_is_restarted_resumes_and_ends_as_an_uninterrupted_run(data, tmp_path,
-                                                                                       uninterrupted):
+                                                                                       uninterrupted, killed_rank):
     whole = uninterrupted
     out = tmp_path / "killed"
     process = subprocess.Popen(long_run(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -228,7 +229,7 @@ def test_worker_killed_by_sigkill_is_restarted_resumes_and_ends_as_an_uninterrup
     while not list_checkpoints(out):
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.005)
-    os.kill(worker_with_rank(1, str(out)), signal.SIGKILL)
+    os.kill(worker_with_rank(killed_rank, str(out)), signal.SIGKILL)
     killed_after = list_checkpoints(out)[-1][0]
     output = process.communicate(timeout=300)[0]
     assert process.returncode == 0, output[-3000:]
@@ -283,6 +284,25 @@ def test_rendezvous_options_and_failures_are_described():
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     message = launch.describe_rendezvous_failure(args, RendezvousConnectionError("refused"))
     assert message.startswith("rendezvous 'job' at node1:29500 (static) cannot be reached (refused)")
+
+
+def test_restarted_workers_keep_their_keys_apart(monkeypatch):
+    """torchrun's store outlives a restart: a restart's process group must not read its predecessors' keys."""
+    from torch import distributed as torch_distributed
+    server = torch_distributed.TCPStore("127.0.0.1", 0, 1, is_master=True)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert restart_safe_store(0, 2) == {}  # not torchrun's shared store: env:// as usual
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert restart_safe_store(0, 2) == {}  # the first attempt has the store to itself
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    arguments = restart_safe_store(1, 2)
+    assert (arguments["rank"], arguments["world_size"]) == (1, 2)
+    arguments["store"].set("0", "address of this restart's rank 0")
+    assert server.get("bertbench/restart-2/0") == b"address of this restart's rank 0"
 
 
 @pytest.mark.parametrize("scaling, expected", [("none", 1e-4), ("linear", 8e-4), ("sqrt", 1e-4 * math.sqrt(8))])
