@@ -36,6 +36,9 @@ from bertbench.bench.measure import time_steps
 from bertbench.bench.report import machine, markdown_table, write_report
 from bertbench.config import BertConfig
 from bertbench.demo.data import vocabulary
+from bertbench.distributed import job_from_environment
+from bertbench.estimator import Estimator, RunConfig, ShuffledBatches, TrainConfig
+from bertbench.models import build_model
 
 # name -> (model config, sequence length, batch per process, steps left out of the timing, timed steps, rounds of
 # the all-reduce / no_sync pair)
@@ -102,9 +105,6 @@ def time_allreduce_in_steps(model: nn.Module, batch: dict, rounds: int) -> dict[
 def train_and_time(args, job) -> dict:
     """This process's part of the job: train through the Estimator; on several processes, then time the
     all-reduce inside steps and alone."""
-    from bertbench.estimator import Estimator, RunConfig, ShuffledBatches, TrainConfig
-    from bertbench.models import build_model
-
     config_values, seq, batch, excluded, timed, rounds = MODELS[args.model]
     config = BertConfig(**config_values, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
     torch.manual_seed(0)
@@ -134,8 +134,6 @@ def train_and_time(args, job) -> dict:
 
 
 def worker(args) -> None:
-    from bertbench.distributed import job_from_environment
-
     torch.set_num_threads(args.threads)
     with job_from_environment("cpu") as job:
         findings = train_and_time(args, job)

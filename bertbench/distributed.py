@@ -7,6 +7,7 @@ logs and writes. The collectives here are the few the training loop needs beside
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -127,12 +128,14 @@ def shutdown() -> None:
 @contextmanager
 def job_from_environment(device: str | None = None) -> Iterator[Distributed]:
     """init_from_environment for the block, and the process group torn down after it. A block that ends normally
-    (return included) first waits for every rank: a rank that leaves while another still finishes the last
-    collective can abort both (gloo: "terminate called without an active exception"). One that raises does not wait,
-    for the other ranks may never arrive."""
+    (return included) first frees what still holds the process group and waits for every rank; a DDP wrapper left
+    in a reference cycle would otherwise be destroyed at exit, after the group, and a rank that leaves while another
+    still finishes the last collective can abort both (gloo: "terminate called without an active exception"). One
+    that raises does not wait, for the other ranks may never arrive."""
     job = init_from_environment(device)
     try:
         yield job
+        gc.collect()
         job.barrier()
     finally:
         shutdown()

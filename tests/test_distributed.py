@@ -27,7 +27,6 @@ from conftest import free_port, write_bert_dir
 pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 # Dropout off: 1 process and 2 processes then compute the same function, so their runs can be compared.
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
@@ -42,7 +41,7 @@ def data(tmp_path_factory):
 
 
 def flags(data, out, *extra):
-    return [f"--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
+    return ["--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
             f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
             "--learning_rate=2e-3", "--log_step_count_steps=4", "--save_checkpoints_secs=0", "--do_train",
             "--do_eval", f"--output_dir={out}", *extra]

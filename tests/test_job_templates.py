@@ -220,7 +220,8 @@ def test_pytorchjob_is_well_formed():
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 1)
     container, = replicas["Worker"]["template"]["spec"]["containers"]
     env = {item["name"]: item["value"] for item in container["env"]}
-    assert job["spec"]["nprocPerNode"] == env["NPROC_PER_NODE"] == str(container["resources"]["limits"]["nvidia.com/gpu"])
+    gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert job["spec"]["nprocPerNode"] == env["NPROC_PER_NODE"] == str(gpus)
     unknown = {name for arg in container["args"] for name in re.findall(r"\$\((\w+)\)", arg)} - set(env)
     assert not unknown
     mounts = {mount["name"] for mount in container["volumeMounts"]}
@@ -246,9 +247,8 @@ def test_pytorchjob_pods_run_as_the_operator_starts_them(job_env, tmp_path):
     processes = []
     for rank, container in enumerate(pods):
         env = {item["name"]: item["value"] for item in container["env"]}
-        env.update(BERT_DIR=BERT_DIR, GLUE_DIR=job_env["GLUE_DIR"], RESULTS_DIR=job_env["RESULTS_DIR"],
-                   NPROC_PER_NODE="1", PRECISION="fp32", USE_XLA="false", BATCH_SIZE="8", LEARNING_RATE="1e-3",
-                   SEQ_LENGTH="32", EPOCHS="1.0", RDZV_TIMEOUT="120")
+        env.update(CPU_SETTINGS, BERT_DIR=BERT_DIR, GLUE_DIR=job_env["GLUE_DIR"], RESULTS_DIR=job_env["RESULTS_DIR"],
+                   NPROC_PER_NODE="1")
         env.update(operator, PET_NODE_RANK=str(rank), RANK=str(rank))
         command = [expand(word, env) for word in container["command"] + container["args"]]
         processes.append(subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env, "PYTHON": sys.executable},

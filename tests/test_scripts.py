@@ -154,7 +154,8 @@ def test_nodes_from_the_environment_or_the_scheduler(tmp_path):
     # a task of an srun step: one node per task, the rendezvous on the step's first host
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu[03-04]" ] && printf "gpu03\\ngpu04\\n"\n')
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu[03-04]" ] && printf "gpu03\\ngpu04\\n"\n')
     (bin_dir / "scontrol").chmod(0o755)
     assert resolve_nodes(SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1", SLURM_STEP_NODELIST="gpu[03-04]",
                          PATH=f"{bin_dir}:{os.environ['PATH']}") == "2 1 gpu03 29500"
