@@ -13,6 +13,9 @@ COMMANDS = {
     "squad": ("bertbench.run_squad", "fine-tune / predict SQuAD v1.1 or v2.0 (Google's run_squad flags)"),
     "evaluate-squad": ("bertbench.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
     "launch": ("bertbench.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
+    "bench": ("bertbench.bench.cli", "benchmarks: throughput, memory, scaling, budget, profile, plan (JSON, "
+                                     "markdown, PNG)"),
+    "report": ("bertbench.bench.compare", "merge bench results of several runs into one comparison"),
     "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
 }
 

@@ -35,6 +35,11 @@ class Distributed:
     def enabled(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def nodes(self) -> int:
+        """Nodes of the job: torchrun's LOCAL_WORLD_SIZE processes run on each (one node without torchrun)."""
+        return self.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

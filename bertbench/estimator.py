@@ -1,7 +1,8 @@
 """RunConfig + Estimator: the training loop, shaped like tf.estimator, for any model whose forward returns `.loss`.
 
 - `train` resumes from the newest checkpoint in `model_dir` when there is one (as tf.estimator does), saves on a
-  wall-clock timer and/or every N steps, and on SIGTERM/SIGINT saves at the next step boundary and returns.
+  wall-clock timer and/or every N steps, and on SIGTERM/SIGINT saves at the next step boundary and returns; with a
+  time budget (`max_train_seconds`) it saves and returns once the budget is spent.
 - A checkpoint holds all that an exact resume needs: weights, optimizer, LR schedule, loss scaler, step, position in
   the data order and every RNG state (of every rank). On the CPU a resumed run ends with bit-identical weights.
 - Precision fp32, fp16 (autocast + dynamic loss scaling; a step whose gradients overflow is skipped, counted and
@@ -101,6 +102,11 @@ class TrainConfig:
     sync_gradients: bool = field(default=True, metadata={
         "help": "Under torchrun, all-reduce the gradients (data parallel). False: independent workers, each "
                 "training its own copy on its shard of the data with no communication of gradients."})
+    max_train_seconds: float | None = field(default=None, metadata={
+        "help": "Stop training after this many seconds of training-loop wall-clock time in this invocation "
+                "(checkpoint saves included), save a checkpoint, and go on to evaluation (a fixed-time budget, the "
+                "original suite's 20-minute comparison). The learning-rate schedule stays that of num_train_steps: "
+                "the budget only cuts the run short. None: train to num_train_steps."})
 
     def __post_init__(self) -> None:
         if self.num_train_steps < 1:
@@ -118,6 +124,8 @@ class TrainConfig:
         if not self.sync_gradients and self.precision == "fp16":
             raise ValueError("independent workers need fp32 or bf16: fp16 loss scaling skips overflowing steps on "
                              "each worker separately, and the workers must stay at the same step")
+        if self.max_train_seconds is not None and self.max_train_seconds <= 0:
+            raise ValueError(f"max_train_seconds must be positive, got {self.max_train_seconds}")
         if self.learning_rate <= 0 or not 0 <= self.warmup_proportion <= 1 or self.excluded_steps < 0:
             raise ValueError(f"invalid learning_rate {self.learning_rate}, warmup_proportion "
                              f"{self.warmup_proportion} or excluded_steps {self.excluded_steps}")
@@ -194,6 +202,7 @@ class TrainResult:
     resumed_from: str | None  # the checkpoint this run continued from
     restore_seconds: float  # reading it and restoring every state
     interrupted_by: str | None  # "SIGTERM" / "SIGINT" when a signal stopped the run early
+    budget_exhausted: bool  # max_train_seconds stopped the run before num_train_steps (not an interruption)
     steps: int  # optimizer steps done in this call
     sentences: int  # sequences trained in this call (skipped fp16 steps included: they were computed)
     seconds: float  # wall-clock time of the training loop, checkpoints included
@@ -460,6 +469,7 @@ class Estimator:
         trigger.start(self.global_step)
         loop = _LoopStats(self, batches, config)
         last_checkpoint = resumed_from
+        out_of_time = False
         with _StopSignals() as signals:
             while self.global_step < config.num_train_steps:
                 loss, grad_norm, was_skipped = self._train_step(model, batches, optimizer, schedule, scaler, loop)
@@ -470,26 +480,35 @@ class Estimator:
                                                 f"scale now {scaler.get_scale():g}); the last checkpoint is "
                                                 f"{last_checkpoint}")
                 finished = self.global_step >= config.num_train_steps
-                stop, save_due = self.dist.any(signals.received is not None, trigger.should_save(self.global_step))
+                # Every rank's clock differs a little: OR-ing the decision makes all ranks stop at the same step.
+                stop, save_due, out_of_time = self.dist.any(signals.received is not None,
+                                                            trigger.should_save(self.global_step),
+                                                            loop.budget_spent())
                 if not was_skipped and self.global_step % run.log_step_count_steps == 0:
                     self._report(loop.take_window(), metrics, display, scaler, batches, skipped,
                                  last_checkpoint)
                 elif display.due():
                     display.draw(self.global_step, loop.peek_loss(), loop.window_rate(),
                                  loop.eta(self.global_step))
-                if finished or stop or save_due:
+                if finished or stop or save_due or out_of_time:
                     loop.check_finite(self.global_step, last_checkpoint)
                     with loop.pause():
                         last_checkpoint = self._save(optimizer, schedule, scaler, batches, skipped) or last_checkpoint
                     trigger.saved(self.global_step)
-                if stop:
+                if stop or out_of_time:
                     break
         display.clear()
-        interrupted = signals.received if self.global_step < config.num_train_steps else None
+        unfinished = self.global_step < config.num_train_steps
+        interrupted = signals.received if unfinished else None
+        budget_exhausted = unfinished and out_of_time and not interrupted
         if interrupted:
             self.log(f"stopped by {interrupted} at step {self.global_step}; the checkpoint {last_checkpoint} "
                      "resumes it: run the same command again")
-        return loop.result(resumed_from, restore_seconds, interrupted, skipped, last_checkpoint)
+        elif budget_exhausted:
+            self.log(f"time budget of {config.max_train_seconds:g} s reached at step {self.global_step}/"
+                     f"{config.num_train_steps}: training stops with the model of step {self.global_step}, saved as "
+                     f"{last_checkpoint}")
+        return loop.result(resumed_from, restore_seconds, interrupted, budget_exhausted, skipped, last_checkpoint)
 
     def _train_step(self, model: nn.Module, batches: ShuffledBatches, optimizer, schedule, scaler,
                     loop: "_LoopStats") -> tuple[torch.Tensor, torch.Tensor | None, bool]:
@@ -637,11 +656,18 @@ class _LoopStats:
     def window_rate(self) -> float:
         return self.window["sentences"] / max(1e-9, time.perf_counter() - self.window_started)
 
+    def budget_spent(self) -> bool:
+        """Whether this invocation's training loop (checkpoint saves included) has used up max_train_seconds."""
+        budget = self.estimator.train_config.max_train_seconds
+        return budget is not None and time.perf_counter() - self.started >= budget
+
     def eta(self, step: int) -> float:
         done = step - self.start_step
         total = self.estimator.train_config.num_train_steps - self.start_step
         elapsed = time.perf_counter() - self.started
-        return elapsed / done * (total - done) if done else 0.0
+        eta = elapsed / done * (total - done) if done else 0.0
+        budget = self.estimator.train_config.max_train_seconds
+        return eta if budget is None else min(eta, max(0.0, budget - elapsed))
 
     def mean_loss(self) -> float:
         """The window's mean loss over every rank (each measured its own share of the batches)."""
@@ -679,8 +705,8 @@ class _LoopStats:
         if self.steady_started is not None:
             self.steady_save_seconds += seconds
 
-    def result(self, resumed_from: str | None, restore_seconds: float, interrupted: str | None, skipped: int,
-               last_checkpoint: str | None) -> TrainResult:
+    def result(self, resumed_from: str | None, restore_seconds: float, interrupted: str | None,
+               budget_exhausted: bool, skipped: int, last_checkpoint: str | None) -> TrainResult:
         synchronize(self.device)
         now = time.perf_counter()
         seconds = now - self.started
@@ -694,8 +720,8 @@ class _LoopStats:
         estimator = self.estimator
         return TrainResult(
             global_step=estimator.global_step, resumed_from=resumed_from, restore_seconds=restore_seconds,
-            interrupted_by=interrupted, steps=estimator.global_step - self.start_step,
-            sentences=self.totals["sentences"], seconds=seconds,
+            interrupted_by=interrupted, budget_exhausted=budget_exhausted,
+            steps=estimator.global_step - self.start_step, sentences=self.totals["sentences"], seconds=seconds,
             sentences_per_second=self.totals["sentences"] / max(1e-9, seconds),
             steady_sentences_per_second=steady_rate, steady_steps=steady_steps, checkpoint_saves=self.saves,
             checkpoint_seconds=self.save_seconds, skipped_steps=skipped, final_loss=self.last_loss,

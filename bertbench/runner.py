@@ -103,6 +103,12 @@ def add_common_flags(parser: FlagParser, default_learning_rate: float, default_m
                 choices=("adam", "adamw", "lamb"))
     parser.flag(train, "num_accumulation_steps", 1, "Micro-batches per optimizer step (NVIDIA's name).", type=int)
     parser.flag(train, "max_train_samples", None, "Train on the first N examples only, for quick runs.", type=int)
+    parser.flag(train, "max_train_seconds", None, "Time budget of this command's training loop (checkpoint saves "
+                                                  "included): once spent, save a checkpoint and go on to "
+                                                  "evaluation/prediction, exit status 0. The learning-rate schedule "
+                                                  "stays that of --num_train_epochs; the budget only cuts it short. "
+                                                  "Not recorded: a resumed run has only the budget its command gives.",
+                type=float)
     parser.flag(train, "seed", 42, "Seed of weights, data order and dropout.", type=int)
 
     speed = parser.add_argument_group("precision and speed")
@@ -138,8 +144,9 @@ def add_common_flags(parser: FlagParser, default_learning_rate: float, default_m
 RUN_DEFINING = ("do_lower_case", "max_seq_length", "train_batch_size", "learning_rate", "num_train_epochs",
                 "warmup_proportion", "decay", "weight_decay", "optimizer_type", "num_accumulation_steps",
                 "max_train_samples", "seed", "lr_scaling", "sync_gradients")
-# Flags that are actions or say where things are, not what the run is; they are not recorded.
-NOT_RECORDED = ("output_dir", "do_train", "do_eval", "do_predict")
+# Flags that are actions, say where things are or hold for one command only, not what the run is; they are not
+# recorded.
+NOT_RECORDED = ("output_dir", "do_train", "do_eval", "do_predict", "max_train_seconds")
 
 
 @dataclasses.dataclass
@@ -195,7 +202,7 @@ def parse_flags(parser: FlagParser, argv: Sequence[str] | None, runner: str,
         if getattr(args, name) is None:
             parser.error(f"--{name} is required")
     for name in ("max_seq_length", "train_batch_size", "predict_batch_size", "eval_batch_size", "max_train_samples",
-                 "num_train_epochs"):
+                 "num_train_epochs", "max_train_seconds"):
         value = getattr(args, name, None)
         if value is not None and value <= 0:
             parser.error(f"--{name} must be positive, got {value}")
@@ -271,7 +278,7 @@ def build_estimator(args: argparse.Namespace, model: nn.Module, dist: Distribute
             warmup_proportion=args.warmup_proportion, decay=args.decay,
             optimizer="lamb" if args.optimizer_type == "lamb" else "adamw", weight_decay=args.weight_decay,
             gradient_accumulation_steps=args.num_accumulation_steps, precision=resolve_precision(args),
-            compile=args.use_xla, sync_gradients=args.sync_gradients)
+            compile=args.use_xla, sync_gradients=args.sync_gradients, max_train_seconds=args.max_train_seconds)
     except ValueError as error:
         raise UsageError(str(error)) from None
     return Estimator(model, run_config, train_config, dist)
@@ -307,7 +314,8 @@ def train_and_report(estimator: Estimator, args: argparse.Namespace, record: Run
     log(f"***** Training {description}, {estimator.train_config.num_train_steps} steps, batch "
         f"{args.train_batch_size} x {args.num_accumulation_steps} x {dist.world_size} {mode}, {args.modeling} "
         f"model, {resolve_precision(args)} on {dist.device}, learning rate "
-        f"{estimator.train_config.learning_rate:g} *****")
+        f"{estimator.train_config.learning_rate:g}"
+        + (f", time budget {args.max_train_seconds:g} s" if args.max_train_seconds is not None else "") + " *****")
     result = estimator.train(ShuffledBatches(features, args.train_batch_size, args.seed, dist.rank, dist.world_size))
     selection = {}
     if result.interrupted_by is None and estimator.independent_workers:
@@ -339,7 +347,8 @@ def report_training(result: TrainResult, args: argparse.Namespace, dist: Distrib
                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """train_results.json and the summary NVIDIA's scripts print: sentences/s with and without the start-up."""
     summary = {**dataclasses.asdict(result), "sentences_per_20_minutes": result.sentences_per_20_minutes,
-               "world_size": dist.world_size, "device": str(dist.device), "modeling": args.modeling,
+               "world_size": dist.world_size, "nodes": dist.nodes,
+               "device": str(dist.device), "modeling": args.modeling,
                "recompute_policy": args.recompute_policy if args.modeling == "recompute" else None,
                "precision": resolve_precision(args), "use_xla": args.use_xla,
                "train_batch_size": args.train_batch_size, "num_accumulation_steps": args.num_accumulation_steps,

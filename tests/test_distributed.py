@@ -103,6 +103,7 @@ def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_
 
     train, reference_train = read_json(out / "train_results.json"), read_json(one_process / "train_results.json")
     assert (train["world_size"], train["global_step"], train["sentences"]) == (2, 48, reference_train["sentences"])
+    assert (train["nodes"], reference_train["nodes"]) == (1, 1)
     results, reference_results = read_json(out / "eval_results.json"), read_json(one_process / "eval_results.json")
     assert results["dev_examples"] == 61  # every dev example scored once, across both ranks
     assert results["dev_acc"] == reference_results["dev_acc"]

@@ -64,7 +64,8 @@ def test_run_config_rejects(bad):
 
 
 @pytest.mark.parametrize("bad", [{"num_train_steps": 0}, {"precision": "fp8"}, {"gradient_accumulation_steps": 0},
-                                 {"optimizer": "sgd"}, {"decay": "cosine"}, {"max_grad_norm": 0.0}])
+                                 {"optimizer": "sgd"}, {"decay": "cosine"}, {"max_grad_norm": 0.0},
+                                 {"max_train_seconds": 0}])
 def test_train_config_rejects(bad):
     with pytest.raises(ValueError):
         TrainConfig(**{"num_train_steps": 10, **bad})
@@ -182,26 +183,54 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
                                                                                {"step": 20, "loss": 1.0}]
 
 
+class Slow(torch.nn.Module):
+    """Wraps a model and makes each forward take at least 20 ms, so that steps take a known minimum time."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch):
+        time.sleep(0.02)
+        return self.model(**batch)
+
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.model.load_state_dict(*args, **kwargs)
+
+
 def test_timed_checkpoints_rotate_and_keep_max(tmp_path):
     estimator = make_estimator(tmp_path, steps=16, run={"save_checkpoints_secs": 0.05, "keep_checkpoint_max": 2})
-
-    class Slow(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, **batch):
-            time.sleep(0.02)
-            return self.model(**batch)
-
-    inner = estimator.model
-    estimator.model = Slow(inner)
-    estimator.model.state_dict = inner.state_dict
+    estimator.model = Slow(estimator.model)
     result = estimator.train(ShuffledBatches(features(), 8, seed=0))
     assert result.checkpoint_saves >= 4  # ~0.3 s of steps at one save per 0.05 s, plus the final one
     kept = list_checkpoints(tmp_path)
     assert len(kept) == 2 and kept[-1][0] == 16
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_time_budget_saves_and_stops_early_and_the_run_resumes_exactly(tmp_path):
+    data = features()
+    uninterrupted = make_estimator(tmp_path / "whole", steps=40)
+    uninterrupted.train(ShuffledBatches(data, 8, seed=0))
+
+    # 40 steps of at least 20 ms cannot fit in 0.2 s, however fast or slow the machine.
+    budgeted = make_estimator(tmp_path / "part", steps=40, max_train_seconds=0.2)
+    budgeted.model = Slow(budgeted.model)
+    result = budgeted.train(ShuffledBatches(data, 8, seed=0))
+    assert result.budget_exhausted and result.interrupted_by is None
+    assert 0 < result.global_step < 40 and result.seconds >= 0.2
+    assert [step for step, _ in list_checkpoints(tmp_path / "part")] == [result.global_step]
+    assert load_checkpoint(result.last_checkpoint)["schedule"]["last_epoch"] == result.global_step
+
+    # The budget only cut the run short: the schedule is that of 40 steps, so going on ends with the same weights.
+    resumed = make_estimator(tmp_path / "part", steps=40, max_train_seconds=600)
+    finished = resumed.train(ShuffledBatches(data, 8, seed=0))
+    assert not finished.budget_exhausted and finished.interrupted_by is None
+    assert finished.resumed_from == result.last_checkpoint and finished.global_step == 40
+    assert_same_weights(weights(uninterrupted.model), weights(resumed.model))
 
 
 def test_corrupt_checkpoint_is_reported_and_left_alone(tmp_path):

@@ -85,7 +85,8 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
                and call.endswith(" --modeling=recompute --lr_scaling=linear") for call in calls)
     run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_gpu1_nodes2"
     train = read_json(run_dir / "train_results.json")
-    assert (train["world_size"], train["modeling"], train["lr_scaling"]) == (2, "recompute", "linear")
+    assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (2, 2, "recompute",
+                                                                                             "linear")
     assert train["learning_rate"] == pytest.approx(2e-3) and train["global_step"] == 8  # 128 / (8 x 2)
     assert sorted(name for name in os.listdir(run_dir) if name.endswith(".log")) == \
         ["command.log", "train.node0.log", "train.node1.log"]
@@ -196,7 +197,7 @@ def test_slurm_job_srun_torchrun_two_tasks(slurm_cluster, job_env, tmp_path):
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, output[-3000:]
     run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_slurm2x1"
     train = read_json(run_dir / "train_results.json")
-    assert (train["world_size"], train["global_step"], train["sentences"]) == (2, 8, 128)
+    assert (train["world_size"], train["nodes"], train["global_step"], train["sentences"]) == (2, 2, 8, 128)
     assert read_json(run_dir / "eval_results.json")["dev_examples"] == 24
     assert output.count("***** Eval results") == 1
 
@@ -257,7 +258,8 @@ def test_pytorchjob_pods_run_as_the_operator_starts_them(job_env, tmp_path):
     assert [process.returncode for process in processes] == [0, 0], "\n".join(outputs)[-4000:]
     run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_gpu1_nodes2"
     train = read_json(run_dir / "train_results.json")
-    assert (train["world_size"], train["modeling"], train["lr_scaling"]) == (2, "recompute", "linear")
+    assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (2, 2, "recompute",
+                                                                                             "linear")
     assert "".join(outputs).count("***** Eval results") == 1
 
 

@@ -126,6 +126,20 @@ def test_recompute_module_ends_with_the_baselines_weights(data, tmp_path):
         torch.testing.assert_close(final["recompute"][name], tensor, rtol=1e-5, atol=1e-6)
 
 
+def test_time_budget_stops_training_then_evaluates(data, tmp_path, capsys):
+    out = tmp_path / "budget"
+    # 200 epochs are 6,400 steps: far more than half a second holds on any machine.
+    assert main(flags(data, out, "MRPC", "--do_train", "--do_eval", "--num_train_epochs=200",
+                      "--max_train_seconds=0.5")) == 0
+    train = json.loads((out / "train_results.json").read_text())
+    assert train["budget_exhausted"] and train["interrupted_by"] is None and 0 < train["global_step"] < 6400
+    results = read_results(out)  # evaluation ran, on the model of the step the budget stopped at
+    assert results["global_step"] == train["global_step"] and 0 <= results["dev_acc"] <= 1
+    assert [step for step, _ in list_checkpoints(out)] == [train["global_step"]]
+    assert "max_train_seconds" not in json.loads((out / "bertbench_run.json").read_text())["args"]
+    assert "time budget of 0.5 s reached at step" in capsys.readouterr().out
+
+
 def test_absl_boolean_spellings(tmp_path):
     parser = build_parser()
     args, _ = parse_flags(parser, ["--output_dir", str(tmp_path), "--vocab_file=v", "--bert_config_file=c",
@@ -233,7 +247,8 @@ def test_bad_flags(data, tmp_path, extra, message, error_line):
     assert not list_checkpoints(tmp_path / "out")
 
 
-@pytest.mark.parametrize("flag", ["--train_batch_size=0", "--max_train_samples=-5", "--num_train_epochs=0"])
+@pytest.mark.parametrize("flag", ["--train_batch_size=0", "--max_train_samples=-5", "--num_train_epochs=0",
+                                  "--max_train_seconds=0"])
 def test_non_positive_sizes_are_usage_errors(data, tmp_path, capsys, flag):
     with pytest.raises(SystemExit) as exited:
         main(flags(data, tmp_path / "out", "MRPC", "--do_train", flag))

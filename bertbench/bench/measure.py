@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import time
 from typing import Callable
 
@@ -57,12 +58,64 @@ def time_steps(steps: dict[str, Callable], warmup: int, repeats: int, device: st
     for round_index in range(repeats):
         order = list(steps.items()) if round_index % 2 == 0 else list(reversed(steps.items()))
         for name, step in order:
-            synchronize(device)
-            started = time.perf_counter()
-            step()
-            synchronize(device)
-            times[name].append(time.perf_counter() - started)
+            times[name].append(time_call(step, device))
     return times
+
+
+def time_call(call: Callable[[], object], device: torch.device | str = "cpu") -> float:
+    """Seconds of one call: CUDA events around it on a GPU (the GPU's own clock, after the queue drains), the wall
+    clock between synchronisations on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        call()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end) / 1e3
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    """Start a new peak: the CUDA allocator's on a GPU; the process's resident-set high-water mark on Linux (by
+    writing 5 to /proc/self/clear_refs), so that each setting of a sweep gets its own peak."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass  # not Linux, or not allowed: peak_memory_bytes then reports the process's lifetime peak
+
+
+def current_memory_bytes(device: torch.device | str) -> int:
+    """Bytes held now: CUDA memory allocated by tensors on a GPU, resident set size of the process on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize()
+
+
+def peak_memory_bytes(device: torch.device | str) -> int | None:
+    """Peak bytes since reset_peak_memory: CUDA memory allocated by tensors on a GPU, resident set size of the
+    process on the CPU (VmHWM on Linux; ru_maxrss elsewhere)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def count_flops(run: Callable[[], None]) -> int:

@@ -1,0 +1,113 @@
+"""`bertbench bench KIND`: one module per bench, each with its own `main(argv)`; and what their entry points share."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+
+from bertbench.config import ConfigError
+from bertbench.distributed import resolve_device
+from bertbench.bench.workload import BenchError
+
+BENCHES = {
+    "throughput": ("bertbench.bench.throughput", "seq/s, tokens/s, TFLOP/s, MFU and memory over batch sizes, "
+                                                 "sequence lengths, variants and precisions"),
+    "memory": ("bertbench.bench.memory", "largest batch under a memory cap for each recompute policy, and the "
+                                         "slowdown at equal batch"),
+    "scaling": ("bertbench.bench.scaling", "1..N processes under torchrun (or runs of the job templates): speedup "
+                                           "and efficiency"),
+    "budget": ("bertbench.bench.budget", "train for a fixed wall-clock budget, then evaluate: baseline on 1 worker "
+                                         "vs recompute on N"),
+    "profile": ("bertbench.bench.profile", "torch.profiler trace of a few steps and the time in matmul / attention "
+                                           "/ other"),
+    "plan": ("bertbench.bench.plan", "predict throughput, efficiency and time-to-train on a cluster from a "
+                                     "measured step and the ring all-reduce cost"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: bertbench bench KIND [options]   (bertbench bench KIND --help for its options)", "", "kinds:"]
+    lines += [f"  {name:<11} {help_text}" for name, (_, help_text) in BENCHES.items()]
+    lines += ["", "Each writes KIND.json, KIND.md and KIND-*.png to --output_dir; `bertbench report DIR...` merges "
+              "runs."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] not in BENCHES:
+        print(f"bertbench bench: error: unknown bench {argv[0]!r}\n{_usage()}", file=sys.stderr)
+        return 2
+    return importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:])
+
+
+# ---- shared by the benches' entry points --------------------------------------------------------------------------
+
+def parser_for(bench: str, description: str) -> argparse.ArgumentParser:
+    """An argument parser for `bertbench bench <bench>` with the output flags every bench has."""
+    parser = argparse.ArgumentParser(prog=f"bertbench bench {bench}", description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    output = parser.add_argument_group("output")
+    output.add_argument("--output_dir", "--output-dir", default=None,
+                        help=f"Where {bench}.json, {bench}.md and {bench}-*.png go (default: "
+                             f"bench_results/{bench}-<date>-<time>).")
+    output.add_argument("--overwrite", action="store_true", help="Replace this bench's files in --output_dir.")
+    return parser
+
+
+def output_dir(args: argparse.Namespace, bench: str) -> str:
+    if args.output_dir:
+        return args.output_dir
+    return os.path.join("bench_results", f"{bench}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+
+
+def comma_list(convert: Callable[[str], object]) -> Callable[[str], list]:
+    """An argparse type for "1,2,4"-style lists."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [convert(item.strip()) for item in text.split(",") if item.strip()]
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list")
+        return values
+
+    return parse
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} is not a positive integer")
+    return value
+
+
+def device(name: str | None) -> torch.device:
+    """--device as a torch device (default: CUDA when available); an unusable one is a BenchError."""
+    try:
+        return resolve_device(name)
+    except (ValueError, RuntimeError) as error:
+        raise BenchError(f"--device {name}: {error}") from None
+
+
+USER_ERRORS = (BenchError, ConfigError, FileExistsError, FileNotFoundError)
+
+
+def run(program: str, body: Callable[[], int | None]) -> int:
+    """Run a bench's body, turning a user error into one line `program: error: message` and exit status 1."""
+    try:
+        return body() or 0
+    except USER_ERRORS as error:
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"{program}: error: {message}", file=sys.stderr)
+        return 1

@@ -1,0 +1,306 @@
+"""`bertbench bench profile`: a torch.profiler trace of a few training steps and where their time goes.
+
+The suite's answer to an nvprof / Nsight flow: warm-up steps run unprofiled, then `--steps` steps run under
+torch.profiler. It writes the Chrome trace (profile-trace.json: chrome://tracing or https://ui.perfetto.dev), the
+top operators by self time (CPU time on the CPU, kernel time on a GPU), and the share of the operators' self time in
+matmul, attention, dropout, LayerNorm/activations, the optimizer and the rest.
+
+Self time is summed so that nested ops are not counted twice, and an op is credited to the outermost op it runs
+inside: the bmm and softmax of SDPA's math path count as attention, the bernoulli_ of a dropout as dropout, the
+bias gradient's sum and the operand copies of a Linear as matmul. Backward ops are credited to the forward op that
+created their autograd node (linked by sequence number), so the attention's backward is attention even when it runs
+as plain bmm kernels; ops that a recompute variant re-runs in the backward are classified by their own forward.
+
+    bertbench bench profile --model base --batch_size 8 --steps 3
+    bertbench bench profile --model tiny --batch_size 2 --max_seq_length 32 --device cpu    # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
+from torch.autograd.profiler_util import FunctionEvent
+from torch.profiler import ProfilerActivity
+
+from bertbench.bench import cli, flops, measure, workload
+from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.config import BertConfig
+
+CATEGORIES = ("matmul", "attention", "dropout", "norm_activation", "optimizer", "other")
+
+# Dense matmuls and what nn.Linear / torch.matmul dispatch to (their backward is made of the same ops).
+MATMUL_OPS = frozenset(f"aten::{name}" for name in (
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation", "mv", "addmv", "dot",
+    "einsum", "_scaled_mm", "_int_mm", "mkldnn_linear", "linear_backward", "mkldnn_linear_backward",
+    "mkldnn_linear_backward_input", "mkldnn_linear_backward_weights"))
+NORM_ACTIVATION_PARTS = ("layer_norm", "gelu", "tanh")
+
+
+def op_category(name: str) -> str | None:
+    """The category an op's (or a profiler range's) own name implies; None when the name alone says nothing, as
+    for aten::softmax, which is attention's inside SDPA and not elsewhere."""
+    if name.startswith("Optimizer."):  # the range torch.optim opens around step() and zero_grad()
+        return "optimizer"
+    if not name.startswith("aten::"):
+        return None
+    if name in MATMUL_OPS:
+        return "matmul"
+    if "attention" in name:  # scaled_dot_product_attention and its flash / efficient / cudnn / math kernels
+        return "attention"
+    if "dropout" in name:
+        return "dropout"
+    if any(part in name for part in NORM_ACTIVATION_PARTS):
+        return "norm_activation"
+    if "foreach" in name or name.startswith(("aten::_fused_adam", "aten::_fused_sgd", "aten::_amp_")):
+        return "optimizer"  # fused / multi-tensor optimizers, and the fp16 loss scaler's unscale and update
+    return None
+
+
+def _is_forward_op(event: FunctionEvent) -> bool:
+    """An op that autograd recorded while grad mode was on: it has a sequence number, and no forward thread (the
+    backward's ranges have one)."""
+    return event.sequence_nr >= 0 and event.fwd_thread == 0
+
+
+def _is_autograd_node(event: FunctionEvent) -> bool:
+    """A backward node's range ("MmBackward0"): it carries the sequence number and thread of the forward op that
+    created it. The engine's range around it ("autograd::engine::evaluate_function: MmBackward0") carries them too
+    but is left out: what runs there outside the node, such as adding up the gradients of a tensor used twice, is
+    not the forward op's work."""
+    return (event.fwd_thread > 0 and event.sequence_nr >= 0
+            and not event.name.startswith("autograd::engine::evaluate_function"))
+
+
+def event_category(event: FunctionEvent, forward_ops: Mapping[tuple[int, int], FunctionEvent]) -> str:
+    """The category of the outermost classified range around `event`, looking through a backward node into the
+    forward op that created it. A forward op seen before reaching a backward node means the op is being recomputed
+    there (activation checkpointing): it keeps its own forward's category, not the node's."""
+    category, inside_forward_op = None, False
+    node: FunctionEvent | None = event
+    while node is not None:
+        if _is_autograd_node(node):
+            forward = forward_ops.get((node.fwd_thread, node.sequence_nr))
+            if inside_forward_op or forward is None:
+                break
+            node = forward
+            continue
+        inside_forward_op |= _is_forward_op(node)
+        category = op_category(node.name) or category
+        node = node.cpu_parent
+    return category or "other"
+
+
+def self_seconds(event: Any, device_time: bool) -> float:
+    """An op's own time, without its children's: kernel time on a GPU, CPU time otherwise (profiler: us)."""
+    return (event.self_device_time_total if device_time else event.self_cpu_time_total) / 1e6
+
+
+def categorized_ops(events: Sequence[FunctionEvent]) -> Iterator[tuple[FunctionEvent, str]]:
+    """Each aten op among the profiler's `events`, with its category."""
+    # Ops inside a forward op share its sequence number; the last one started is the innermost, the op whose
+    # autograd node carries the number.
+    forward_ops = {(event.thread, event.sequence_nr): event for event in events if _is_forward_op(event)}
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("aten::"):
+            yield event, event_category(event, forward_ops)
+
+
+def category_seconds(events: Sequence[FunctionEvent], device_time: bool) -> dict[str, float]:
+    """Self time of the aten ops in `events`, summed per category."""
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    for event, category in categorized_ops(events):
+        seconds[category] += self_seconds(event, device_time)
+    return seconds
+
+
+def top_operators(averages: Sequence[Any], device_time: bool, steps: int, profiled_seconds: float,
+                  top: int) -> list[dict[str, Any]]:
+    """The `top` aten ops by total self time, from the profiler's key_averages()."""
+    rows = [{"name": average.key, "calls": average.count, "self_seconds": self_seconds(average, device_time)}
+            for average in averages if average.key.startswith("aten::")]
+    rows.sort(key=lambda row: row["self_seconds"], reverse=True)
+    return [dict(row, seconds_per_step=row["self_seconds"] / steps, step_share=row["self_seconds"] / profiled_seconds)
+            for row in rows[:top]]
+
+
+def profile_steps(step: workload.TrainStep, warmup: int, steps: int,
+                  trace_path: str) -> tuple[list[float], torch.profiler.profile]:
+    """Seconds of each profiled step (wall clock, synchronised) and the profiler; the trace goes to `trace_path`,
+    written under a temporary name and renamed, so a killed run leaves no half-written trace."""
+    for _ in range(warmup):
+        step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if step.device.type == "cuda" else [])
+    seconds = []
+    with torch.profiler.profile(activities=activities, record_shapes=False) as profiler:
+        for _ in range(steps):
+            measure.synchronize(step.device)
+            started = time.perf_counter()
+            step()
+            measure.synchronize(step.device)
+            seconds.append(time.perf_counter() - started)
+            profiler.step()
+    os.makedirs(os.path.dirname(trace_path) or ".", exist_ok=True)
+    temporary = f"{trace_path}.tmp"
+    try:
+        profiler.export_chrome_trace(temporary)
+        os.replace(temporary, trace_path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    return seconds, profiler
+
+
+def category_plot(shares: Mapping[str, float], title: str) -> Figure:
+    """Horizontal bars of each category's share of the operators' self time, first category on top."""
+    figure = Figure(figsize=(6.4, 3.2))
+    axes = figure.add_subplot()
+    names = list(shares)[::-1]
+    bars = axes.barh(names, [shares[name] for name in names], color="tab:blue")
+    axes.bar_label(bars, labels=[f"{shares[name]:.1%}" for name in names], padding=3, fontsize=8)
+    axes.set_xlim(0, min(1.0, max(shares.values()) * 1.2 + 0.05))
+    axes.xaxis.set_major_formatter(PercentFormatter(1.0))
+    axes.set_xlabel("share of operator self time")
+    axes.set_title(title, fontsize=10)
+    axes.grid(True, axis="x", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+CATEGORY_COLUMNS = [("category", "name", "s"), ("ms per step", "ms_per_step", ".2f"), ("share", "share", ".1%")]
+OPERATOR_COLUMNS = [("operator", "name", "s"), ("calls", "calls", "d"), ("self ms", "self_ms", ".2f"),
+                    ("share of step", "step_share", ".1%"), ("ms per step", "ms_per_step", ".2f")]
+
+
+def markdown(title: str, figures: Mapping[str, Any]) -> str:
+    time_kind = figures["time"]
+    rest = "GPU idle time" if time_kind == "self CUDA" else "Python, the autograd engine and the profiler"
+    categories = [{"name": name, "ms_per_step": values["seconds"] * 1e3, "share": values["share"]}
+                  for name, values in figures["categories"].items()]
+    operators = [dict(row, self_ms=row["self_seconds"] * 1e3, ms_per_step=row["seconds_per_step"] * 1e3)
+                 for row in figures["top_operators"]]
+
+    def tflops(value: float | None) -> str:
+        return "–" if value is None else f"{value:.3g} TFLOP/s"
+
+    lines = [f"# Profile: {title}", "",
+             f"- step: {figures['step_seconds'] * 1e3:.1f} ms ({figures['step_timing']})",
+             f"- aten operators' {time_kind} time: {figures['operator_share_of_step']:.1%} of the step (the rest: "
+             f"{rest})",
+             f"- model FLOPs per step: {figures['model_flops_per_step']:.4g}, of which attention scores and mix "
+             f"{figures['attention_flops_per_step']:.4g}",
+             f"- achieved: matmul {tflops(figures['matmul_tflops_per_s'])} (the dense layers' model FLOPs / "
+             f"{time_kind} time of the matmul category), attention {tflops(figures['attention_tflops_per_s'])} "
+             "(scores and mix FLOPs / attention time)",
+             f"- trace: {figures['trace']} (chrome://tracing or https://ui.perfetto.dev)", "",
+             f"## Time by category ({time_kind}, per step)", "",
+             markdown_table(categories, CATEGORY_COLUMNS), "",
+             f"## Top {len(operators)} operators by {time_kind} time ({figures['profiled_steps']} steps)", "",
+             markdown_table(operators, OPERATOR_COLUMNS)]
+    return "\n".join(lines)
+
+
+def _variant(text: str) -> workload.Variant:
+    try:
+        return workload.Variant.parse(text)
+    except workload.BenchError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.parser_for("profile", __doc__.split("\n\n")[0].replace("\n", " "))
+    step = parser.add_argument_group("step")
+    step.add_argument("--model", default="base", help=f"{', '.join(workload.MODEL_SIZES)} or a bert_config.json.")
+    step.add_argument("--kind", choices=workload.STEP_KINDS, default="pretraining",
+                      help="pretraining (MLM + NSP heads) or finetuning (2-way classifier).")
+    step.add_argument("--variant", type=_variant, default="baseline",
+                      help="baseline, full, selective or every-K (recompute policies).")
+    step.add_argument("--precision", choices=workload.PRECISIONS, default="fp32", help="Autocast precision.")
+    step.add_argument("--batch_size", type=cli.positive_int, default=8, help="Sequences per step.")
+    step.add_argument("--max_seq_length", type=cli.positive_int, default=128, help="Tokens per sequence.")
+    profiling = parser.add_argument_group("profiling")
+    profiling.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
+    profiling.add_argument("--warmup", type=_non_negative_int, default=2,
+                           help="Unprofiled steps first (start-up, allocator, kernel selection).")
+    profiling.add_argument("--steps", type=cli.positive_int, default=3, help="Profiled steps.")
+    profiling.add_argument("--top", type=cli.positive_int, default=15, help="Operators in the table.")
+    profiling.add_argument("--threads", type=cli.positive_int, default=None,
+                           help="CPU threads (torch default: one per core).")
+    return parser
+
+
+def figures_of(args: argparse.Namespace, config: BertConfig, device: torch.device, step_seconds: Sequence[float],
+               profiler: torch.profiler.profile, trace_path: str) -> dict[str, Any]:
+    """The JSON figures of a profiled run: step time, categories, top operators, FLOPs and matmul TFLOP/s."""
+    device_time = device.type == "cuda"  # the profiler records kernel times only for CUDA here
+    profiled_seconds = sum(step_seconds)
+    seconds = category_seconds(profiler.events(), device_time)
+    operator_seconds = sum(seconds.values())
+    masked = workload.masked_positions(args.max_seq_length) if args.kind == "pretraining" else 0
+    model_flops = flops.train_flops(config, args.kind, args.max_seq_length, masked) * args.batch_size
+    attention_flops = 3 * flops.attention_forward_flops(config, args.max_seq_length) * args.batch_size
+
+    def tflops_per_s(category_flops: int, category: str) -> float | None:
+        return category_flops * args.steps / seconds[category] / 1e12 if seconds[category] > 0 else None
+
+    return {
+        "step_seconds": profiled_seconds / args.steps,
+        "step_timing": f"mean wall clock of the {args.steps} profiled steps, synchronised; includes the profiler's "
+                       "overhead",
+        "profiled_steps": args.steps,
+        "time": "self CUDA" if device_time else "self CPU",
+        "operator_share_of_step": operator_seconds / profiled_seconds,
+        "categories": {name: {"seconds": value / args.steps, "share": value / operator_seconds}
+                       for name, value in seconds.items()},
+        "top_operators": top_operators(profiler.key_averages(), device_time, args.steps, profiled_seconds, args.top),
+        "trace": os.path.basename(trace_path),
+        "model_flops_per_step": model_flops,
+        "attention_flops_per_step": attention_flops,
+        "matmul_tflops_per_s": tflops_per_s(model_flops - attention_flops, "matmul"),
+        "attention_tflops_per_s": tflops_per_s(attention_flops, "attention"),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+
+    def body() -> None:
+        config = workload.bert_config(args.model, args.max_seq_length)
+        device = cli.device(args.device)
+        output = BenchOutput(cli.output_dir(args, "profile"), "profile", argv, args.overwrite,
+                             other_files=["profile-trace.json"])
+        trace_path = output.path("-trace.json")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+
+        step = workload.train_step(config, args.kind, args.variant, args.precision, args.batch_size,
+                                   args.max_seq_length, device)
+        step_seconds, profiler = profile_steps(step, args.warmup, args.steps, trace_path)
+        figures = figures_of(args, config, device, step_seconds, profiler, trace_path)
+        title = (f"{args.model} {args.kind}, {args.variant.name}, {args.precision}, batch {args.batch_size} x seq "
+                 f"{args.max_seq_length} on {device}")
+        settings = {name: value for name, value in vars(args).items() if name not in ("output_dir", "overwrite")}
+        settings.update(variant=args.variant.name, device=str(device), threads=torch.get_num_threads())
+        text = markdown(title, figures)
+        plot = category_plot({name: values["share"] for name, values in figures["categories"].items()}, title)
+        output.write(settings, figures, text, {"categories": plot})
+        print(text)
+        print(f"\nwrote {output.path('.json')}, {output.path('.md')}, {trace_path} and "
+              f"{output.path('-categories.png')}")
+
+    return cli.run("bertbench bench profile", body)

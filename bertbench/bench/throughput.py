@@ -1,0 +1,223 @@
+"""`bertbench bench throughput`: training-step speed over batch sizes, sequence lengths, variants and precisions.
+
+For each step kind, sequence length and precision, every variant's step is timed at each batch size, the variants
+interleaved (A B C, C B A, ...) so that the machine's drift hits them alike; warm-up steps are left out. Each row
+reports sequences/s, tokens/s, the model TFLOP/s achieved (FLOPs per sequence from the config, see
+bertbench.bench.flops) and MFU against the device's peak: the data sheet's on a known GPU, the measured matmul
+FLOP/s on a CPU. Memory is measured on one extra step per variant, alone: the CUDA allocator's peak on a GPU; on the
+CPU, the bytes the forward saves for backward (exact, by autograd's hooks) and the process's peak resident set.
+
+    bertbench bench throughput --model base --seq_lengths 128,512 --batch_sizes 1,2,4,8
+    bertbench bench throughput --model tiny --batch_sizes 8,32 --steps 3        # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+
+import torch
+
+from bertbench.bench import cli, flops, measure, workload
+from bertbench.bench.plots import line_plot
+from bertbench.bench.report import BenchOutput, markdown_table
+
+COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""), ("variant", "variant", ""),
+           ("batch", "batch", "d"), ("step (s)", "step_seconds", ".4f"), ("seq/s", "seq_per_s", ".2f"),
+           ("tokens/s", "tokens_per_s", ",.0f"), ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"),
+           ("saved for backward (MiB)", "saved_mib", ",.1f"), ("step memory (MiB)", "step_memory_mib", ",.0f")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.parser_for("throughput", __doc__.splitlines()[0])
+    sweep = parser.add_argument_group("sweep")
+    sweep.add_argument("--model", default="base", help=f"{', '.join(workload.MODEL_SIZES)} or a bert_config.json.")
+    sweep.add_argument("--kinds", type=cli.comma_list(str), default=["pretraining", "finetuning"],
+                       help="Step kinds: pretraining (MLM on 15%% of positions + NSP) and finetuning "
+                            "(classification).")
+    sweep.add_argument("--variants", type=cli.comma_list(str), default=list(workload.ALL_VARIANTS),
+                       help="baseline, full, selective, every-K.")
+    sweep.add_argument("--precisions", type=cli.comma_list(str), default=["fp32"],
+                       help="fp32, bf16 (autocast), fp16 (autocast + loss scaling).")
+    sweep.add_argument("--batch_sizes", type=cli.comma_list(cli.positive_int), default=[1, 2, 4, 8],
+                       help="Sequences per step.")
+    sweep.add_argument("--seq_lengths", type=cli.comma_list(cli.positive_int), default=[128],
+                       help="Tokens per sequence.")
+    timing = parser.add_argument_group("timing")
+    timing.add_argument("--warmup", type=int, default=2, help="Untimed steps per setting (start-up, allocator).")
+    timing.add_argument("--steps", type=cli.positive_int, default=5, help="Timed steps per setting; the median "
+                                                                          "is reported, with min and max.")
+    timing.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
+    timing.add_argument("--threads", type=cli.positive_int, default=None, help="CPU threads (torch default: "
+                                                                                "all cores).")
+    timing.add_argument("--no_memory", action="store_true", help="Skip the memory step of each setting.")
+    return parser
+
+
+def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
+    for kind in args.kinds:
+        if kind not in workload.STEP_KINDS:
+            raise workload.BenchError(f"unknown kind {kind!r}: use {' or '.join(workload.STEP_KINDS)}")
+    for precision in args.precisions:
+        if precision not in workload.PRECISIONS:
+            raise workload.BenchError(f"unknown precision {precision!r}: use {', '.join(workload.PRECISIONS)}")
+    if args.warmup < 0:
+        raise workload.BenchError(f"--warmup must be 0 or more, got {args.warmup}")
+    return [workload.Variant.parse(name) for name in args.variants]
+
+
+def measure_memory(step: workload.TrainStep) -> dict:
+    """Saved-for-backward bytes, and the memory one step run alone adds at its peak to what was resident before it
+    (weights, optimizer state, and the other variants' models, which the sweep keeps): activations, gradients,
+    temporaries."""
+    device = step.device
+    _, saved = measure.saved_activation_bytes(step.forward, step.model)
+    measure.synchronize(device)
+    before = measure.current_memory_bytes(device)
+    measure.reset_peak_memory(device)
+    step()
+    measure.synchronize(device)
+    return {"saved_bytes": saved, "step_memory_bytes": measure.peak_memory_bytes(device) - before,
+            "memory_kind": "CUDA allocated" if device.type == "cuda" else "process RSS"}
+
+
+def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device: torch.device,
+          peaks: dict[str, tuple[float, str]]) -> list[dict]:
+    rows = []
+    for kind in args.kinds:
+        for seq in args.seq_lengths:
+            config = workload.bert_config(args.model, seq)
+            models = {variant.name: workload.build(config, kind, variant, device) for variant in variants}
+            masked = workload.masked_positions(seq) if kind == "pretraining" else 0
+            flops_per_sequence = flops.train_flops(config, kind, seq, masked)
+            for precision in args.precisions:
+                out_of_memory: set[str] = set()
+                for batch in args.batch_sizes:
+                    live = [variant for variant in variants if variant.name not in out_of_memory]
+                    steps = {variant.name: workload.train_step(config, kind, variant, precision, batch, seq, device,
+                                                               models[variant.name]) for variant in live}
+                    try:
+                        times = measure.time_steps(steps, args.warmup, args.steps, device)
+                    except torch.cuda.OutOfMemoryError:
+                        times = time_each_alone(steps, args, device, out_of_memory)
+                    for variant in live:
+                        if variant.name in out_of_memory:
+                            rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,
+                                             variant=variant.name, batch=batch, out_of_memory=True))
+                            continue
+                        row = figures(times[variant.name], batch, seq, flops_per_sequence, peaks[precision][0])
+                        if not args.no_memory:
+                            row.update(measure_memory(steps[variant.name]))
+                        rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,
+                                         variant=variant.name, batch=batch, out_of_memory=False, **row))
+                        print(f"  {kind} seq {seq} {precision} {variant.name:<10} batch {batch:>4}: "
+                              f"{row['seq_per_s']:9.2f} seq/s  MFU {row['mfu']:.1%}", flush=True)
+                    for step in steps.values():
+                        step.optimizer.state.clear()  # two fp32 copies of the weights, not needed any more
+                    del steps
+            del models
+    return rows
+
+
+def time_each_alone(steps: dict, args: argparse.Namespace, device: torch.device, out_of_memory: set[str]) -> dict:
+    """After a GPU ran out of memory with the variants interleaved: time each variant on its own, marking those
+    that do not fit at this batch (larger batches of them are skipped)."""
+    times = {}
+    for name, step in steps.items():
+        step.optimizer.state.clear()
+        torch.cuda.empty_cache()
+        try:
+            times.update(measure.time_steps({name: step}, args.warmup, args.steps, device))
+        except torch.cuda.OutOfMemoryError:
+            out_of_memory.add(name)
+            step.optimizer.state.clear()
+            torch.cuda.empty_cache()
+    return times
+
+
+def figures(seconds: list[float], batch: int, seq: int, flops_per_sequence: int, peak: float) -> dict:
+    step = statistics.median(seconds)
+    achieved = flops_per_sequence * batch / step
+    return {"step_seconds": step, "step_seconds_min": min(seconds), "step_seconds_max": max(seconds),
+            "timed_steps": len(seconds), "seq_per_s": batch / step, "tokens_per_s": batch * seq / step,
+            "model_flops_per_step": flops_per_sequence * batch, "model_tflops_per_s": achieved / 1e12,
+            "mfu": achieved / peak}
+
+
+def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, tuple[float, str]]:
+    """Each precision's peak FLOP/s and its source; the matmul is measured only where no data sheet applies."""
+    peaks = {}
+    for precision in precisions:
+        try:
+            peaks[precision] = flops.peak_flops(device, precision)
+        except ValueError:
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+            size = 4096 if device.type == "cuda" else 2048
+            measured = measure.matmul_flops_per_second(size, dtype, str(device))
+            peaks[precision] = flops.peak_flops(device, precision, measured)
+    return peaks
+
+
+def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device) -> str:
+    done = [dict(row, saved_mib=row.get("saved_bytes", 0) / 2**20 if "saved_bytes" in row else None,
+                 step_memory_mib=row["step_memory_bytes"] / 2**20 if "step_memory_bytes" in row else None)
+            for row in rows if not row["out_of_memory"]]
+    lines = [f"# Throughput: {model} on {device}", ""]
+    lines += [f"- peak {precision}: {peak / 1e12:.3f} TFLOP/s ({source})" for precision, (peak, source)
+              in peaks.items()]
+    lines += ["", markdown_table(done, COLUMNS), "",
+              "step memory: what one step adds, at its peak, to the memory resident before it (CUDA allocator on a "
+              "GPU, process RSS on the CPU): activations, gradients, temporaries."]
+    skipped = [row for row in rows if row["out_of_memory"]]
+    if skipped:
+        lines += ["", "Out of memory: " + ", ".join(f"{row['variant']} {row['kind']} seq {row['seq']} "
+                                                    f"{row['precision']} batch {row['batch']}" for row in skipped)]
+    return "\n".join(lines)
+
+
+def plots(rows: list[dict]) -> dict:
+    """Per kind, sequence length and precision: seq/s vs batch and memory vs batch, a line per variant."""
+    result = {}
+    groups = sorted({(row["kind"], row["seq"], row["precision"]) for row in rows})
+    for kind, seq, precision in groups:
+        group = [row for row in rows if (row["kind"], row["seq"], row["precision"]) == (kind, seq, precision)
+                 and not row["out_of_memory"]]
+        variants = list(dict.fromkeys(row["variant"] for row in group))
+        title = f"{rows[0]['model']}, {kind}, seq {seq}, {precision}"
+        speed = {variant: ([row["batch"] for row in group if row["variant"] == variant],
+                           [row["seq_per_s"] for row in group if row["variant"] == variant])
+                 for variant in variants}
+        result[f"{kind}-seq{seq}-{precision}"] = line_plot(speed, "batch size", "sequences / s", title, log_x=True)
+        if any("saved_bytes" in row for row in group):
+            key, label = (("step_memory_bytes", "CUDA memory a step adds (GiB)") if group[0]["memory_kind"]
+                          == "CUDA allocated" else ("saved_bytes", "saved for backward (GiB)"))
+            memory = {variant: ([row["batch"] for row in group if row["variant"] == variant],
+                                [row[key] / 2**30 for row in group if row["variant"] == variant])
+                      for variant in variants}
+            result[f"{kind}-seq{seq}-{precision}-memory"] = line_plot(memory, "batch size", label, title,
+                                                                      log_x=True)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv or [])
+    args = build_parser().parse_args(argv)
+
+    def body() -> None:
+        variants = check_settings(args)
+        workload.bert_config(args.model, max(args.seq_lengths))  # a bad --model fails before anything runs
+        output = BenchOutput(cli.output_dir(args, "throughput"), "throughput", argv, args.overwrite)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        device = cli.device(args.device)
+        peaks = device_peaks(args.precisions, device)
+        rows = sweep(args, variants, device, peaks)
+        text = markdown(rows, peaks, args.model, device)
+        output.write(vars(args), {"device": str(device), "peaks": {precision: {"flops_per_s": peak, "source": source}
+                                                                   for precision, (peak, source) in peaks.items()},
+                                  "rows": rows}, text, plots(rows))
+        print(text)
+        print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
+
+    return cli.run("bertbench bench throughput", body)

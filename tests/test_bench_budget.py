@@ -1,0 +1,97 @@
+"""`bertbench bench budget`: contenders train for the same few seconds through run_classifier (the second under
+torchrun), then score the dev set; bad contenders, half-given data flags and failing runs are one-line errors."""
+
+import json
+import os
+
+import pytest
+
+from bertbench.bench import budget
+from bertbench.demo.data import write_glue_task
+from conftest import write_bert_dir
+
+TINY = ["--hidden=32", "--layers=1", "--max_seq_length=32", "--log_step_count_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def race(tmp_path_factory):
+    out = tmp_path_factory.mktemp("budget") / "out"
+    assert budget.main(["--minutes=0.05", "--contenders=baseline:1,full:2", *TINY, f"--output_dir={out}"]) == 0
+    return out
+
+
+def read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+@pytest.mark.slow
+def test_each_contender_trains_until_the_budget_then_is_scored(race):
+    report = read_json(race / "budget.json")
+    assert report["metric"] == "dev_acc_and_f1" and report["settings"]["budget_seconds"] == 3.0
+    baseline, recompute = report["rows"]
+    assert (baseline["contender"], recompute["contender"]) == ("baseline:1", "full:2")
+    for row in report["rows"]:
+        assert row["budget_exhausted"] and row["sentences"] > 0 and 0 <= row["metric_value"] <= 1
+        assert row["train_seconds"] >= 3.0 and row["learning_rate"] == 1e-3
+        assert os.path.exists(os.path.join(row["run_dir"], "eval_results.json"))
+    assert (baseline["world_size"], recompute["world_size"]) == (1, 2) and recompute["global_batch"] == 64
+    train = read_json(race / "runs" / "full-2proc" / "train_results.json")
+    assert train["world_size"] == 2 and train["recompute_policy"] == "full" and train["interrupted_by"] is None
+    assert all(report["loss_curves"][name][0] for name in ("baseline:1", "full:2"))
+    assert (race / "budget-curves.png").stat().st_size > 0
+    assert "| baseline:1 | 1 | 2 |" in (race / "budget.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_directory_is_refused(race, error_line):
+    before = (race / "budget.json").read_bytes()
+    assert budget.main(["--minutes=0.05", f"--output_dir={race}"]) == 1
+    assert "exists: choose another --output_dir or pass --overwrite" in error_line()
+    assert (race / "budget.json").read_bytes() == before
+
+
+def test_contender_flags_and_command():
+    contender = budget.Contender.parse("every-3:2:independent")
+    assert contender.run_name == "every-3-2proc-independent" and contender.label == "every-3:2:independent"
+    command = contender.command(["--do_train"])
+    assert command[1:6] == ["-m", "bertbench.launch", "--standalone", "--nproc-per-node=2", "-m"]
+    assert command[-5:] == ["--do_train", "--modeling=recompute", "--recompute-policy=every-k",
+                            "--recompute-every=3", "--no_sync_gradients"]
+    assert budget.Contender.parse("baseline:1").command([])[1:] == ["-m", "bertbench.run_classifier",
+                                                                     "--modeling=baseline"]
+
+
+@pytest.mark.parametrize("contenders, message", [
+    ("baseline", "use VARIANT:PROCESSES"), ("full:0", "use VARIANT:PROCESSES"), ("full:2:alone", "use VARIANT"),
+    ("warp:1", "unknown variant 'warp'"), ("baseline:1:independent", "need 2 or more processes"),
+    ("full:2,full:2", "names a contender twice"),
+])
+def test_bad_contenders_are_one_line_errors(tmp_path, error_line, contenders, message):
+    assert budget.main([f"--contenders={contenders}", f"--output_dir={tmp_path / 'out'}"]) == 1
+    assert message in error_line()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags, missing", [
+    (["--task_name=MRPC", "--data_dir=glue/MRPC"], "--vocab_file, --bert_config_file"),
+    (["--init_checkpoint=bert.ckpt"], "--task_name, --data_dir, --vocab_file, --bert_config_file"),
+])
+def test_own_data_needs_all_four_flags(tmp_path, error_line, flags, missing):
+    assert budget.main([*flags, f"--output_dir={tmp_path / 'out'}"]) == 1
+    line = error_line()
+    assert "--bert_config_file together" in line and line.endswith(f"missing {missing}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failing_contender_names_itself_its_run_and_the_reason(tmp_path, error_line):
+    write_glue_task(tmp_path / "glue", "MRPC", train=64, dev=16, test=4)
+    bert = write_bert_dir(tmp_path / "bert")  # max_position_embeddings 64: seq 128 cannot run
+    out = tmp_path / "out"
+    assert budget.main(["--minutes=0.05", "--contenders=baseline:1", "--task_name=MRPC",
+                        f"--data_dir={tmp_path / 'glue' / 'MRPC'}", f"--vocab_file={bert / 'vocab.txt'}",
+                        f"--bert_config_file={bert / 'bert_config.json'}", f"--output_dir={out}"]) == 1
+    line = error_line()
+    assert "contender baseline:1 failed" in line and str(out / "runs" / "baseline-1proc") in line
+    assert "max_position_embeddings is 64" in line
+    assert not (out / "budget.json").exists()

@@ -1,0 +1,212 @@
+import json
+
+import pytest
+import torch
+
+from bertbench.bench import cli, plan, workload
+from conftest import TINY_BERT
+
+NETWORK = plan.Network(intra_bandwidth=100e9, intra_latency=5e-6, inter_bandwidth=25e9, inter_latency=10e-6)
+
+
+def test_flat_ring_by_hand():
+    # 2(P-1) alpha + 2(P-1)/P B / bw with P = 4, B = 100 MB, alpha = 10 us, bw = 10 GB/s; a bucket pays alpha again.
+    assert plan.ring_seconds(1e8, 4, 1e-5, 1e10) == pytest.approx(6e-5 + 0.015)
+    assert plan.ring_seconds(1e8, 4, 1e-5, 1e10, buckets=3) == pytest.approx(3 * 6e-5 + 0.015)
+    assert plan.ring_seconds(1e8, 1, 1e-5, 1e10) == 0.0
+
+
+def test_hierarchical_allreduce_by_hand():
+    # 2 nodes x 4 GPUs, 1 GB: a ring over the node's 4 GPUs, then 2(M-1)/M x B through each node's NIC.
+    intra, inter = plan.allreduce_seconds(1e9, 2, 4, NETWORK)
+    assert intra == pytest.approx(2 * 3 * 5e-6 + 2 * 3 / 4 * 1e9 / 100e9)
+    assert inter == pytest.approx(2 * 1 * 10e-6 + 2 * 1 / 2 * 1e9 / 25e9)
+    assert plan.allreduce_seconds(1e9, 1, 8, NETWORK)[1] == 0.0  # one node: no inter-node term
+    assert plan.allreduce_seconds(1e9, 4, 1, NETWORK)[0] == 0.0  # one GPU per node: no intra-node term
+    assert plan.allreduce_seconds(1e9, 1, 1, NETWORK) == (0.0, 0.0)
+
+
+def test_bucket_count_follows_ddp_bucket_cap_in_mib():
+    assert plan.bucket_count(100 * 2**20, 25) == 4
+    assert plan.bucket_count(100 * 2**20 + 1, 25) == 5
+    assert plan.bucket_count(100 * 2**20, 0) == 1
+
+
+def predictions(overlap, nodes=(1, 2, 4, 8, 16, 32, 64, 128)):
+    return [plan.predict(0.25, 32, 440e6, n, 8, NETWORK, overlap, 17, 1e9) for n in nodes]
+
+
+def test_efficiency_falls_with_every_node_and_overlap_one_is_compute_bound():
+    rows = predictions(0.0)
+    efficiencies = [row["efficiency"] for row in rows]
+    assert all(a > b for a, b in zip(efficiencies, efficiencies[1:]))
+    assert 0 < efficiencies[-1] < 1
+    assert all(row["efficiency"] == pytest.approx(1.0) for row in predictions(1.0))
+    half = predictions(0.5)
+    assert all(a["efficiency"] < b["efficiency"] < 1 for a, b in zip(rows[1:], half[1:]))
+
+
+def test_prediction_row_by_hand():
+    row = plan.predict(0.5, 32, 1e9, 2, 4, NETWORK, 0.25, 3, 1e6)
+    allreduce = sum(plan.allreduce_seconds(1e9, 2, 4, NETWORK, buckets=3))
+    assert row["allreduce_latency_seconds"] == pytest.approx(3 * (2 * 3 * 5e-6 + 2 * 1 * 10e-6))
+    step = 0.5 + 0.75 * allreduce
+    assert row["global_batch"] == 256 and row["gpus"] == 8
+    assert row["step_seconds"] == pytest.approx(step)
+    assert row["seq_per_s"] == pytest.approx(256 / step)
+    assert row["speedup"] == pytest.approx(8 * 0.5 / step)
+    assert row["efficiency"] == pytest.approx(0.5 / step)
+    assert row["time_to_train_hours"] == pytest.approx(1e6 / (256 / step) / 3600)
+
+
+@pytest.mark.parametrize("model", ["tiny", "base", "config_path"])
+@pytest.mark.parametrize("kind", workload.STEP_KINDS)
+def test_parameter_count_matches_a_built_model(model, kind, tmp_path):
+    if model == "config_path":  # 64 positions, a 48-token vocab: the config's own sizes count
+        model = str(tmp_path / "bert_config.json")
+        (tmp_path / "bert_config.json").write_text(json.dumps(TINY_BERT))
+    config = workload.bert_config(model, 32)
+    with torch.device("meta"):  # shapes without memory or initialisation: BERT-base in well under a second
+        built = workload.build(config, kind, workload.Variant.parse("baseline"), "meta")
+    assert plan.parameter_count(config, kind) == sum(p.numel() for p in built.parameters())  # tied weight: once
+
+
+def test_fit_alpha_beta_recovers_synthetic_values():
+    sizes = [2**k for k in range(10, 28, 2)]
+    alpha, bandwidth, processes = 50e-6, 2e9, 4
+    seconds = [plan.ring_seconds(size, processes, alpha, bandwidth) for size in sizes]
+    assert plan.fit_alpha_beta(sizes, seconds, processes) == (pytest.approx(alpha), pytest.approx(bandwidth))
+    noisy = [t + 5e-6 * (-1) ** i for i, t in enumerate(seconds)]  # +-5 us of timer noise
+    fitted_alpha, fitted_bandwidth = plan.fit_alpha_beta(sizes, noisy, processes)
+    assert fitted_alpha == pytest.approx(alpha, rel=0.05) and fitted_bandwidth == pytest.approx(bandwidth, rel=0.01)
+    # No latency plus noise would fit a negative alpha: it is held at 0.
+    no_latency = [plan.ring_seconds(size, 2, 0.0, 1e9) + (-1e-6 if i == 0 else 0) for i, size in enumerate(sizes)]
+    assert plan.fit_alpha_beta(sizes, no_latency, 2)[0] == 0.0
+    with pytest.raises(workload.BenchError):
+        plan.fit_alpha_beta(sizes, seconds, 1)
+    with pytest.raises(workload.BenchError, match="do not grow with the size"):
+        plan.fit_alpha_beta([4096, 65536], [2e-3, 2e-4], 2)  # latency-bound sizes and an outlier
+
+
+def run_plan(argv):
+    return plan.main([str(arg) for arg in argv])
+
+
+def test_layouts_write_rows_files_and_refuse_a_second_run(tmp_path, capsys, error_line):
+    out = tmp_path / "out"
+    argv = ["--step_seconds", 0.3, "--batch_per_device", 32, "--layouts", "2x4,128x8", "--output_dir", out]
+    assert cli.main(["plan", *map(str, argv)]) == 0
+    assert "| 128 | 1024 |" in capsys.readouterr().out
+    report = json.loads((out / "plan.json").read_text())
+    assert [(row["nodes"], row["gpus_per_node"], row["gpus"]) for row in report["rows"]] == [(2, 4, 8),
+                                                                                             (128, 8, 1024)]
+    assert report["settings"]["layouts"] == ["2x4", "128x8"] and report["settings"]["model"] == "base"
+    assert report["settings"]["parameters"] == plan.parameter_count(workload.bert_config("base", 512), "pretraining")
+    for name in ("plan.md", "plan-efficiency.png", "plan-throughput.png"):
+        assert (out / name).stat().st_size > 0
+    before = (out / "plan.json").read_text()
+    assert run_plan(argv) == 1
+    assert str(out) in error_line() and (out / "plan.json").read_text() == before
+
+
+@pytest.mark.parametrize("flags", [["--overlap", "1.5"], ["--inter_bandwidth", "-1"], ["--intra_bandwidth", "0"],
+                                   ["--layouts", "2y4"], ["--layouts", "0x8"], ["--nodes", "0"]])
+def test_bad_values_exit_2_and_write_nothing(tmp_path, flags):
+    with pytest.raises(SystemExit) as exit_info:
+        run_plan(["--step_seconds", 0.3, "--batch_per_device", 32, "--output_dir", tmp_path / "out", *flags])
+    assert exit_info.value.code == 2 and not (tmp_path / "out").exists()
+
+
+def throughput_file(tmp_path, rows):
+    path = tmp_path / "throughput.json"
+    path.write_text(json.dumps({"bench": "throughput", "settings": {}, "rows": rows}))
+    return path
+
+
+def throughput_row(**values):
+    row = {"model": "tiny", "kind": "pretraining", "variant": "baseline", "precision": "fp32", "batch": 8, "seq": 128,
+           "step_seconds": 0.1, "seq_per_s": 80.0}
+    return {**row, **values}
+
+
+def test_from_throughput_selects_the_row(tmp_path, capsys, error_line):
+    path = throughput_file(tmp_path, [throughput_row(), throughput_row(batch=16, step_seconds=0.16),
+                                      throughput_row(batch=16, step_seconds=0.12, precision="bf16")])
+    out = tmp_path / "out"
+    assert run_plan(["--from_throughput", path, "--batch_per_device", 16, "--precision", "bf16", "--nodes", "1,2",
+                     "--gpus_per_node", 1, "--output_dir", out]) == 0
+    report = json.loads((out / "plan.json").read_text())
+    settings, first = report["settings"], report["rows"][0]
+    assert (settings["model"], settings["step_seconds"], settings["batch_per_device"]) == ("tiny", 0.12, 16)
+    assert settings["parameters"] == plan.parameter_count(workload.bert_config("tiny", 128), "pretraining")
+    assert first["gpus"] == 1 and first["seq_per_s"] == pytest.approx(16 / 0.12) and first["efficiency"] == 1.0
+    capsys.readouterr()
+
+    assert run_plan(["--from_throughput", path, "--batch_per_device", 16, "--output_dir", tmp_path / "two"]) == 1
+    line = error_line()
+    assert str(path) in line and "2 rows match" in line and "precision bf16" in line
+    assert run_plan(["--from_throughput", path, "--batch_per_device", 64, "--output_dir", tmp_path / "none"]) == 1
+    assert "no row has batch 64" in error_line()
+    broken = throughput_file(tmp_path, [{key: value for key, value in throughput_row().items() if key != "seq"}])
+    assert run_plan(["--from_throughput", broken, "--output_dir", tmp_path / "broken"]) == 1
+    assert f"{broken}: missing key rows[0].seq" in error_line()
+    assert run_plan(["--from_throughput", tmp_path / "absent.json", "--output_dir", tmp_path / "absent"]) == 1
+    assert "absent.json: no such file" in error_line()
+    assert not any((tmp_path / name).exists() for name in ("two", "none", "broken", "absent"))
+
+
+def scaling_file(tmp_path, alpha=1e-4, bandwidth=1e9, gradient_bytes=4e6, compute=0.05):
+    """A scaling.json whose steps follow the flat-ring model exactly at overlap 0 (one bucket)."""
+    rows = []
+    for processes in (1, 2, 4):
+        step = compute + plan.ring_seconds(gradient_bytes, processes, alpha, bandwidth)
+        rows.append({"nodes": 1, "processes": processes, "global_batch": 8 * processes, "batch_per_process": 8,
+                     "step_seconds": step, "seq_per_s": 8 * processes / step, "speedup": processes * compute / step,
+                     "efficiency": compute / step})
+    report = {"bench": "scaling", "models": [
+        {"model": "demo", "seq": 32, "parameters": int(gradient_bytes / 4), "gradient_bytes": int(gradient_bytes),
+         "rows": rows, "allreduce": {"processes": 4, "sizes_bytes": [1e5, 1e6], "seconds": [0.001, 0.01],
+                                     "latency_seconds": alpha, "bus_bandwidth_bytes_per_s": bandwidth}}]}
+    path = tmp_path / "scaling.json"
+    path.write_text(json.dumps(report))
+    return path, report
+
+
+def test_validate_predicts_a_scaling_run(tmp_path, capsys):
+    path, _ = scaling_file(tmp_path)
+    out = tmp_path / "out"
+    assert run_plan(["--validate", path, "--overlap", 0.5, "--bucket_mb", 0, "--step_seconds", 0.2,
+                     "--batch_per_device", 8, "--nodes", "1,2", "--output_dir", out]) == 0
+    markdown = capsys.readouterr().out
+    assert "Validation against" in markdown and markdown.count("| processes |") == 1
+    report = json.loads((out / "plan.json").read_text())
+    assert len(report["rows"]) == 2
+    validation = report["validation"]
+    assert [row["processes"] for row in validation] == [1, 2, 4]
+    for row in validation:
+        assert row["error_pp_no_overlap"] == pytest.approx(0.0, abs=1e-9)
+        assert row["predicted_efficiency"] >= row["measured_efficiency"]
+    assert validation[-1]["error_pp"] > 0.1
+
+
+def test_validate_alone_and_its_errors(tmp_path, error_line):
+    path, report = scaling_file(tmp_path)
+    assert run_plan(["--validate", path, "--output_dir", tmp_path / "out"]) == 0
+    written = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert "rows" not in written and len(written["validation"]) == 3
+    assert not list((tmp_path / "out").glob("*.png"))
+
+    del report["models"][0]["allreduce"]["latency_seconds"]
+    path.write_text(json.dumps(report))
+    assert run_plan(["--validate", path, "--output_dir", tmp_path / "missing"]) == 1
+    assert f"{path}: missing key models[0].allreduce.latency_seconds" in error_line()
+    path.write_text("{not json")
+    assert run_plan(["--validate", path, "--output_dir", tmp_path / "bad"]) == 1
+    assert str(path) in error_line()
+    assert not (tmp_path / "missing").exists() and not (tmp_path / "bad").exists()
+
+
+def test_the_step_must_be_given():
+    with pytest.raises(SystemExit) as exit_info:
+        run_plan(["--batch_per_device", 8])
+    assert exit_info.value.code == 2

@@ -1,0 +1,168 @@
+"""`bertbench bench profile` on a tiny BERT on the CPU, and the op categorisation it reports."""
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
+
+from bertbench.bench import profile, workload
+
+TINY = ["--model", "tiny", "--batch_size", "2", "--max_seq_length", "32", "--warmup", "1", "--steps", "2",
+        "--device", "cpu", "--threads", "1"]
+TOP = 5
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """One tiny profile run shared by the tests that only read its files; its directory does not exist yet."""
+    directory = tmp_path_factory.mktemp("profile") / "run"
+    assert profile.main([*TINY, "--top", str(TOP), "--output_dir", str(directory)]) == 0
+    with open(directory / "profile.json") as handle:
+        return directory, json.load(handle)
+
+
+def test_trace_is_chrome_json_with_matmul_events(profiled):
+    directory, report = profiled
+    assert report["trace"] == "profile-trace.json"
+    with open(directory / "profile-trace.json") as handle:
+        names = {event.get("name") for event in json.load(handle)["traceEvents"]}
+    assert names & {"aten::mm", "aten::addmm"}
+    assert not [name for name in os.listdir(directory) if name.endswith(".tmp")]
+
+
+def test_category_shares_sum_to_one(profiled):
+    _, report = profiled
+    categories = report["categories"]
+    assert tuple(categories) == profile.CATEGORIES
+    assert sum(values["share"] for values in categories.values()) == pytest.approx(1.0)
+    assert categories["matmul"]["share"] > 0 and categories["attention"]["share"] > 0
+    assert report["model_flops_per_step"] > report["attention_flops_per_step"] > 0
+    assert report["matmul_tflops_per_s"] > 0
+    assert 0 < report["operator_share_of_step"] <= 1.01  # self times are disjoint parts of the profiled steps
+
+
+def test_top_operators_sorted_by_self_time(profiled):
+    directory, report = profiled
+    rows = report["top_operators"]
+    assert len(rows) == TOP
+    seconds = [row["self_seconds"] for row in rows]
+    assert seconds == sorted(seconds, reverse=True)
+    assert all(row["name"].startswith("aten::") and row["calls"] > 0 for row in rows)
+    markdown = (directory / "profile.md").read_text()
+    assert "| operator | calls | self ms | share of step | ms per step |" in markdown
+    assert all(f"| {row['name']} |" in markdown for row in rows)
+    assert (directory / "profile-categories.png").stat().st_size > 0
+
+
+def test_refuses_to_overwrite_and_leaves_files_alone(profiled, capsys):
+    directory, _ = profiled
+    before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
+    assert profile.main([*TINY, "--output_dir", str(directory)]) == 1
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and error.startswith("bertbench bench profile: error: ")
+    assert f"{directory}{os.sep}profile" in error and "exists" in error
+    assert {name: (directory / name).read_bytes() for name in os.listdir(directory)} == before
+
+
+def test_existing_trace_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    trace = tmp_path / "profile-trace.json"
+    trace.write_text("earlier trace")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the step was built although the trace exists")
+
+    monkeypatch.setattr(workload, "train_step", no_work)
+    assert profile.main([*TINY, "--output_dir", str(tmp_path)]) == 1
+    assert str(trace) in capsys.readouterr().err
+    assert trace.read_text() == "earlier trace"
+
+
+def test_overwrite_replaces_the_trace(tmp_path):
+    trace = tmp_path / "profile-trace.json"
+    trace.write_text("earlier trace")
+    assert profile.main([*TINY, "--output_dir", str(tmp_path), "--overwrite"]) == 0
+    assert "traceEvents" in json.loads(trace.read_text())
+    assert (tmp_path / "profile.json").exists() and (tmp_path / "profile.md").exists()
+
+
+@pytest.mark.parametrize("flags", [["--batch_size", "0"], ["--steps", "0"], ["--warmup", "-1"],
+                                   ["--variant", "every-0"], ["--precision", "fp8"]])
+def test_bad_flags_are_usage_errors(flags, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        profile.main([*TINY, *flags, "--output_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+
+
+def test_unknown_model_is_one_line_error(tmp_path, capsys):
+    assert profile.main(["--model", "huge", "--output_dir", str(tmp_path)]) == 1
+    assert "unknown model 'huge'" in capsys.readouterr().err
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("name, category", [
+    ("aten::mm", "matmul"), ("aten::addmm", "matmul"), ("aten::bmm", "matmul"), ("aten::linear", "matmul"),
+    ("aten::matmul", "matmul"),
+    ("aten::scaled_dot_product_attention", "attention"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
+    ("aten::_efficient_attention_backward", "attention"), ("aten::_flash_attention_forward", "attention"),
+    ("aten::native_dropout", "dropout"), ("aten::dropout", "dropout"),
+    ("aten::native_layer_norm_backward", "norm_activation"), ("aten::gelu", "norm_activation"),
+    ("aten::_fused_adamw_", "optimizer"), ("aten::_foreach_mul_", "optimizer"),
+    ("aten::_amp_foreach_non_finite_check_and_unscale_", "optimizer"), ("Optimizer.step#AdamW.step", "optimizer"),
+    ("aten::softmax", None), ("aten::add", None), ("aten::copy_", None), ("aten::embedding_dense_backward", None),
+    ("ProfilerStep#1", None), ("MmBackward0", None), ("autograd::engine::evaluate_function: MmBackward0", None),
+])
+def test_op_category_by_name(name, category):
+    assert profile.op_category(name) == category
+
+
+def categorized(run) -> list[tuple[str, str]]:
+    """(op name, category) of each aten op that `run` executes."""
+    with torch.profiler.profile() as profiler:
+        run()
+    return [(event.name, category) for event, category in profile.categorized_ops(profiler.events())]
+
+
+def test_attention_math_path_and_its_backward_count_as_attention():
+    query, key, value = (torch.randn(2, 2, 8, 4, requires_grad=True) for _ in range(3))
+
+    def attention():
+        with sdpa_kernel(SDPBackend.MATH):
+            F.scaled_dot_product_attention(query, key, value).sum().backward()
+
+    ops = categorized(attention)
+    bmm = [category for name, category in ops if name == "aten::bmm"]
+    assert bmm == ["attention"] * 6  # scores and mix forward, two bmm each in their backward
+    assert {category for name, category in ops if name == "aten::_softmax_backward_data"} == {"attention"}
+    assert {category for name, category in ops if name == "aten::sum"} == {"other"}
+
+
+def test_recomputed_linear_counts_as_matmul_not_as_the_node_it_runs_in():
+    linear = torch.nn.Linear(4, 4)
+    hidden = torch.randn(3, 4, requires_grad=True)
+
+    def checkpointed():
+        output = checkpoint(lambda x: F.layer_norm(linear(x), (4,)), hidden, use_reentrant=False)
+        output.sum().backward()
+
+    ops = categorized(checkpointed)
+    # the forward, and its recomputation inside LayerNorm's backward node
+    assert [category for name, category in ops if name == "aten::addmm"] == ["matmul", "matmul"]
+    assert {category for name, category in ops if name == "aten::native_layer_norm_backward"} == {"norm_activation"}
+
+
+def test_gradient_accumulation_between_nodes_is_not_the_nodes_op():
+    linear = torch.nn.Linear(4, 4)
+    hidden = torch.randn(3, 4, requires_grad=True) * 2
+
+    def shared_input():
+        (linear(hidden) + linear(hidden)).sum().backward()
+
+    ops = categorized(shared_input)
+    # the autograd engine adds the two gradients of `hidden` after the second AddmmBackward0, inside its
+    # evaluate_function range but outside the node
+    assert {category for name, category in ops if name in ("aten::add", "aten::add_")} == {"other"}

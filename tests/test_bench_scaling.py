@@ -1,0 +1,84 @@
+import json
+
+import pytest
+
+from bertbench import cli as bertbench_cli
+from bertbench.bench import compare, plan, scaling
+
+
+def test_one_and_two_processes_under_torchrun(tmp_path):
+    assert scaling.main(["--model", "tiny", "--seq_length", "32", "--batch_per_process", "16", "--steps", "6",
+                         "--excluded_steps", "2", "--allreduce_rounds", "2", "--allreduce_repeats", "2",
+                         "--output_dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "scaling.json").read_text())
+    (model,) = report["models"]
+    one, two = model["rows"]
+    assert (one["processes"], two["processes"], one["nodes"], two["nodes"]) == (1, 2, 1, 1)
+    assert (one["global_batch"], two["global_batch"]) == (16, 32)
+    assert one["speedup"] == one["efficiency"] == 1.0
+    assert two["speedup"] == pytest.approx(two["seq_per_s"] / one["seq_per_s"])
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    assert two["step_seconds"] == pytest.approx(32 / two["seq_per_s"]) and two["backend"] == "gloo"
+    allreduce = model["allreduce"]
+    assert model["gradient_bytes"] == 4 * model["parameters"]
+    assert {model["gradient_bytes"], 2**24} <= set(allreduce["sizes_bytes"])
+    assert allreduce["latency_seconds"] >= 0 and allreduce["bus_bandwidth_bytes_per_s"] > 0
+    assert model["allreduce_in_steps"]["step_with_allreduce_seconds"] > 0
+    assert "| 1 | 2 | 32 |" in (tmp_path / "scaling.md").read_text()
+    assert plan.main(["--validate", str(tmp_path / "scaling.json"), "--output_dir", str(tmp_path / "plan")]) == 0
+    checked = {row["processes"]: row for row in json.loads((tmp_path / "plan" / "plan.json").read_text())["validation"]}
+    assert checked[2]["measured_efficiency"] == pytest.approx(two["efficiency"])
+    assert checked[1]["predicted_efficiency_no_overlap"] == 1.0
+    assert (tmp_path / "scaling-efficiency.png").exists() and (tmp_path / "scaling-throughput.png").exists()
+
+
+def write_run(directory, world_size, seq_per_s, **overrides):
+    directory.mkdir(parents=True)
+    results = {"world_size": world_size, "train_batch_size": 8, "num_accumulation_steps": 1, "max_seq_length": 128,
+               "modeling": "recompute", "precision": "fp16", "steady_sentences_per_second": seq_per_s,
+               "device": "cuda:0", **overrides}
+    (directory / "train_results.json").write_text(json.dumps(results))
+    return str(directory)
+
+
+def test_runs_of_the_job_templates_make_the_table(tmp_path):
+    runs = [write_run(tmp_path / "mrpc_recompute_nodes2", 8, 700.0),
+            write_run(tmp_path / "mrpc_recompute_nodes1", 4, 400.0),
+            write_run(tmp_path / "other", 16, 1200.0, nodes=4)]
+    assert bertbench_cli.main(["bench", "scaling", "--runs", *runs, "--output_dir", str(tmp_path / "out")]) == 0
+    rows = json.loads((tmp_path / "out" / "scaling.json").read_text())["models"][0]["rows"]
+    assert [(row["nodes"], row["processes"], row["global_batch"]) for row in rows] == [(1, 4, 32), (2, 8, 64),
+                                                                                      (4, 16, 128)]
+    assert [row["speedup"] for row in rows] == pytest.approx([1.0, 1.75, 3.0])
+    assert [row["efficiency"] for row in rows] == pytest.approx([1.0, 0.875, 0.75])
+    assert rows[1]["step_seconds"] == pytest.approx(64 / 700)
+
+
+def test_runs_that_differ_or_are_unfinished_are_refused(tmp_path, error_line):
+    first = write_run(tmp_path / "a_nodes1", 4, 400.0)
+    other = write_run(tmp_path / "b_nodes2", 8, 700.0, max_seq_length=512)
+    assert scaling.main(["--runs", first, other, "--output_dir", str(tmp_path / "out")]) == 1
+    assert "differ in batch per process, sequence length" in error_line()
+    (tmp_path / "empty").mkdir()
+    assert scaling.main(["--runs", first, str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")]) == 1
+    assert error_line() == (f"bertbench bench scaling: error: {tmp_path / 'empty' / 'train_results.json'}: no such "
+                            "file (not a finished run directory)")
+    partial = write_run(tmp_path / "c", 2, None)
+    assert scaling.main(["--runs", partial, "--output_dir", str(tmp_path / "out")]) == 1
+    assert "missing key 'steady_sentences_per_second'" in error_line()
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_lines_up_scaling_runs(tmp_path):
+    for name, rates in (("cpu", (400.0, 700.0)), ("gpu", (4000.0, 7800.0))):
+        runs = [write_run(tmp_path / name / f"r_nodes{nodes}", 4 * nodes, rate) for nodes, rate in zip((1, 2), rates)]
+        assert scaling.main(["--runs", *runs, "--output_dir", str(tmp_path / f"{name}-bench")]) == 0
+    assert compare.main([str(tmp_path / "cpu-bench"), str(tmp_path / "gpu-bench"), "--output_dir",
+                         str(tmp_path / "report")]) == 0
+    merged = json.loads((tmp_path / "report" / "report.json").read_text())["comparisons"]["scaling"]
+    two_nodes = next(row for row in merged["rows"] if row["nodes"] == 2)
+    first, last = merged["runs"]
+    assert two_nodes[f"efficiency@{first}"] == pytest.approx(0.875)
+    assert two_nodes[f"efficiency@{last}"] == pytest.approx(0.975)
+    assert two_nodes["efficiency:ratio"] == pytest.approx(0.975 / 0.875)
+    assert (tmp_path / "report" / "report-scaling-efficiency.png").exists()
