@@ -16,13 +16,15 @@ def saved_activation_bytes(forward: Callable[[], T], model: nn.Module) -> tuple[
     """Run `forward` and return its result and the bytes autograd saved for backward, excluding the model's own
     parameters. Each storage counts once however many views of it were saved; the outputs that the selective
     recompute policy caches (outside autograd's hooks) are added."""
-    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    # Storages are told apart by their C++ object (_cdata), not their data pointer: tensors on the meta device,
+    # which count bytes without allocating them, all have data pointer 0.
+    parameter_storages = {p.untyped_storage()._cdata for p in model.parameters()}
     saved: dict[int, int] = {}
 
     def pack(tensor):
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameter_storages:
-            saved[storage.data_ptr()] = storage.nbytes()
+        if storage._cdata not in parameter_storages:
+            saved[storage._cdata] = storage.nbytes()
         return tensor
 
     saved_byte_tally.active, saved_byte_tally.nbytes = True, 0

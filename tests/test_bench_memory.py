@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from bertbench.bench import memory, workload
+from bertbench.bench import measure, memory, workload
 
 
 @pytest.mark.parametrize("threshold, limit", [(37, 100), (1, 100), (64, 64), (500, 100), (0, 100), (99, 100)])
@@ -35,13 +35,26 @@ def test_the_line_through_batch_1_2_4_gives_the_measured_largest_batch(variant):
     assert saved(largest) == found["saved_bytes_fixed"] + largest * found["saved_bytes_per_sequence"]
 
 
-def test_a_large_batch_is_predicted_not_measured_and_the_limit_holds():
+def test_a_large_bf16_batch_is_predicted_not_counted_and_the_limit_holds():
     config = workload.bert_config("tiny", 32)
-    saved = memory.SavedBytes(config, "finetuning", workload.Variant.parse("full"), "fp32", 32, "cpu")
+    saved = memory.SavedBytes(config, "finetuning", workload.Variant.parse("full"), "bf16", 32, "cpu")
+    assert not saved.on_meta
     found = memory.cpu_search(saved, 2**30, search_args(verify_tokens=1000))
     assert not found["verified"] and sorted(saved.counted) == [1, 2, 4]
     assert found["max_batch"] > 1000
     assert memory.cpu_search(saved, 2**30, search_args(max_batch=100, verify_tokens=0))["max_batch"] == 100
+
+
+@pytest.mark.parametrize("kind", workload.STEP_KINDS)
+@pytest.mark.parametrize("variant", ["baseline", "full", "selective", "every-2"])
+def test_bytes_counted_on_the_meta_device_equal_the_cpus(kind, variant):
+    config = workload.bert_config("tiny", 48)
+    on_meta = memory.SavedBytes(config, kind, workload.Variant.parse(variant), "fp32", 48, "cpu")
+    assert on_meta.on_meta and next(on_meta.model.parameters()).device.type == "meta"
+    model = workload.build(config, kind, workload.Variant.parse(variant))
+    inputs = workload.synthetic_batch(config, kind, 3, 48)
+    on_cpu = measure.saved_activation_bytes(lambda: workload.forward_loss(model, inputs, "fp32", "cpu"), model)[1]
+    assert on_meta(3) == on_cpu
 
 
 def test_a_cap_below_one_sequence_fits_nothing():

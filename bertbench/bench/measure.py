@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import time
 from typing import Callable
@@ -86,11 +87,21 @@ def reset_peak_memory(device: torch.device | str) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
+    release_free_heap()
     try:
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")
     except OSError:
         pass  # not Linux, or not allowed: peak_memory_bytes then reports the process's lifetime peak
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim), so that the resident set counts what
+    is in use, not what an earlier, larger step freed and the allocator kept."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the resident set may include freed memory
 
 
 def current_memory_bytes(device: torch.device | str) -> int:

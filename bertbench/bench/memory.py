@@ -5,9 +5,10 @@ two whole training steps (forward, backward, AdamW with its state) run without r
 fitting batch is found by doubling, then bisection. On the CPU, where memory is not the limit, the cap is on the
 bytes the forward saves for backward, counted exactly by autograd's hooks (bertbench.memory). Those bytes are an
 affine function of the batch at a fixed sequence length: they are counted at batch 1, 2 and 4, the line through them
-must hit all three to the byte, and it gives the largest batch under the cap; where that batch is small enough it
-is measured as well (it must fit and the next must not). Without an exact line, the search counts bytes at each
-probe instead.
+must hit all three to the byte, and it gives the largest batch under the cap; that batch and the next are counted
+too, to confirm it. In fp32 the counting runs on the meta device (shapes, no memory), so any batch costs nothing;
+bf16/fp16 count on the CPU, and only where the batch is small enough. Without an exact line, the search counts
+bytes at each probe instead.
 
 Then every variant is timed at one equal batch, interleaved, for the slowdown recompute costs.
 
@@ -17,6 +18,7 @@ Then every variant is timed at one equal batch, interleaved, for the slowdown re
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -48,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "device); on the CPU, of the bytes saved for backward (default 8).")
     search.add_argument("--max_batch", type=cli.positive_int, default=65536, help="Largest batch searched.")
     search.add_argument("--verify_tokens", type=int, default=16384,
-                        help="CPU: measure the largest batch and the next one when batch x seq is at most this "
-                             "(the line through batch 1, 2, 4 predicts it either way).")
+                        help="CPU, bf16/fp16: count the largest batch and the next one too when batch x seq is at "
+                             "most this and their bytes fit in half the available memory (the line through batch 1, "
+                             "2, 4 predicts them either way). fp32 counts every batch, on the meta device.")
     timing = parser.add_argument_group("timing at equal batch")
     timing.add_argument("--time_batch", type=int, default=None,
                         help="Batch of the slowdown comparison (default: the smallest largest-batch, at most 8). "
@@ -80,19 +83,41 @@ def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
 
 
 class SavedBytes:
-    """Bytes a variant's forward saves for backward at a batch size (counted, and remembered per batch)."""
+    """Bytes a variant's forward saves for backward at a batch size (counted, and remembered per batch). In fp32
+    they are counted on the meta device, where tensors have shapes and no memory: the same ops save the same
+    tensors (a test checks the counts equal the CPU's), so any batch is counted at once and nothing is allocated.
+    Autocast does not act on meta tensors, so bf16 and fp16 are counted on the device itself."""
 
     def __init__(self, config, kind: str, variant: workload.Variant, precision: str, seq: int, device):
-        self.config, self.kind, self.precision, self.seq, self.device = config, kind, precision, seq, device
-        self.model = workload.build(config, kind, variant, device)
+        self.config, self.kind, self.precision, self.seq = config, kind, precision, seq
+        self.on_meta = precision == "fp32"
+        self.device = torch.device("meta") if self.on_meta else torch.device(device)
+        self.model = workload.build(config, kind, variant, self.device)
         self.counted: dict[int, int] = {}
 
     def __call__(self, batch: int) -> int:
         if batch not in self.counted:
             inputs = workload.synthetic_batch(self.config, self.kind, batch, self.seq, self.device)
-            _, self.counted[batch] = measure.saved_activation_bytes(
-                lambda: workload.forward_loss(self.model, inputs, self.precision, self.device), self.model)
+            if self.on_meta:
+                # No padding, so no mask is the same attention; and a mask would be read (.all()), which meta
+                # tensors cannot do.
+                inputs.pop("attention_mask")
+            # [1]: the loss, and with it the graph holding the saved bytes, is freed before the next count
+            self.counted[batch] = measure.saved_activation_bytes(
+                lambda: workload.forward_loss(self.model, inputs, self.precision, self.device), self.model)[1]
         return self.counted[batch]
+
+
+def available_memory_bytes() -> int:
+    """Memory the system can give this process now (Linux's MemAvailable; total physical memory elsewhere)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def cpu_search(saved: SavedBytes, cap: int, args: argparse.Namespace) -> dict:
@@ -102,7 +127,11 @@ def cpu_search(saved: SavedBytes, cap: int, args: argparse.Namespace) -> dict:
     result = {"saved_bytes_per_sequence": per_sequence, "saved_bytes_fixed": fixed}
     if fixed + 4 * per_sequence == four and per_sequence > 0:
         largest = max(0, min(args.max_batch, (cap - fixed) // per_sequence))
-        result.update(method="line through batch 1, 2, 4", verified=largest * saved.seq <= args.verify_tokens)
+        # Counting on the CPU holds the batch's saved bytes in memory (and the heap keeps them after): only small
+        # batches that fit twice over. On the meta device counting costs nothing.
+        affordable = (fixed + (largest + 1) * per_sequence) * 2 < available_memory_bytes()
+        result.update(method="line through batch 1, 2, 4", verified=saved.on_meta or (
+            largest * saved.seq <= args.verify_tokens and affordable))
         if result["verified"]:
             fits = largest == 0 or saved(largest) <= cap
             next_does_not = largest >= args.max_batch or saved(largest + 1) > cap

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import FuncFormatter
 
 
 def line_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], xlabel: str, ylabel: str, title: str,
@@ -21,7 +21,7 @@ def line_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], xla
         axes.plot(xs, ys, linestyle="--", color="grey", label=label)
     if log_x:
         axes.set_xscale("log", base=2)
-        axes.xaxis.set_major_formatter(ScalarFormatter())  # 1, 2, 4 ... rather than 2^0, 2^1, 2^2
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))  # 1, 2, 4 rather than 2^0, 2^1, 2^2
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.set_title(title, fontsize=10)

@@ -72,13 +72,14 @@ def measure_memory(step: workload.TrainStep) -> dict:
     (weights, optimizer state, and the other variants' models, which the sweep keeps): activations, gradients,
     temporaries."""
     device = step.device
-    _, saved = measure.saved_activation_bytes(step.forward, step.model)
+    saved = measure.saved_activation_bytes(step.forward, step.model)[1]  # the graph goes before the step runs
     measure.synchronize(device)
-    before = measure.current_memory_bytes(device)
     measure.reset_peak_memory(device)
+    before = measure.current_memory_bytes(device)
     step()
     measure.synchronize(device)
-    return {"saved_bytes": saved, "step_memory_bytes": measure.peak_memory_bytes(device) - before,
+    peak = measure.peak_memory_bytes(device)
+    return {"saved_bytes": saved, "peak_memory_bytes": peak, "step_memory_bytes": peak - before,
             "memory_kind": "CUDA allocated" if device.type == "cuda" else "process RSS"}
 
 
