@@ -14,6 +14,7 @@ import argparse
 import glob
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -166,7 +167,7 @@ def plots(kind: str, runs: list[tuple[str, dict]]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv or [])
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
 
     def body() -> None:

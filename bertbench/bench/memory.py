@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 
 import torch
@@ -265,7 +266,7 @@ def plots(rows: list[dict], device: torch.device, cap: int) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv or [])
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
 
     def body() -> None:

@@ -275,7 +275,7 @@ def plots(rows: list[dict]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv or [])
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.worker:
         worker(args)

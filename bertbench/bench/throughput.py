@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -202,7 +203,7 @@ def plots(rows: list[dict]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv or [])
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
 
     def body() -> None:
