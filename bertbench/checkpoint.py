@@ -44,6 +44,12 @@ def list_checkpoints(model_dir: str | os.PathLike) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The step in a checkpoint's file name (ckpt-<step>.pt), None for another name."""
+    match = _CHECKPOINT_NAME.match(os.path.basename(os.fspath(path)))
+    return int(match.group(1)) if match else None
+
+
 def latest_checkpoint(model_dir: str | os.PathLike) -> str | None:
     checkpoints = list_checkpoints(model_dir)
     return checkpoints[-1][1] if checkpoints else None

@@ -11,10 +11,14 @@ COMMANDS = {
     "classify": ("bertbench.run_classifier", "fine-tune / evaluate / predict a GLUE task (Google's run_classifier "
                                              "flags)"),
     "squad": ("bertbench.run_squad", "fine-tune / predict SQuAD v1.1 or v2.0 (Google's run_squad flags)"),
+    "pretrain": ("bertbench.run_pretraining", "pre-train BERT (MLM + NSP) on NVIDIA-layout hdf5 shards, phase 1 / "
+                                              "phase 2 (Google's run_pretraining flags)"),
+    "create-pretraining-data": ("bertbench.create_pretraining_data", "raw text (Google's format) -> hdf5 shards in "
+                                                                     "NVIDIA's layout, optionally in length bins"),
     "evaluate-squad": ("bertbench.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
     "launch": ("bertbench.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
-    "bench": ("bertbench.bench.cli", "benchmarks: throughput, memory, scaling, budget, profile, plan (JSON, "
-                                     "markdown, PNG)"),
+    "bench": ("bertbench.bench.cli", "benchmarks: throughput, memory, scaling, budget, profile, plan, "
+                                     "pretraining-data (JSON, markdown, PNG)"),
     "report": ("bertbench.bench.compare", "merge bench results of several runs into one comparison"),
     "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
 }
@@ -22,7 +26,7 @@ COMMANDS = {
 
 def _usage() -> str:
     lines = ["usage: bertbench COMMAND [options]   (bertbench COMMAND --help for its options)", "", "commands:"]
-    lines += [f"  {name:<15} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines += [f"  {name:<24} {help_text}" for name, (_, help_text) in COMMANDS.items()]
     return "\n".join(lines)
 
 

@@ -27,11 +27,11 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -194,6 +194,41 @@ class ShuffledBatches:
         self.consumed = state["consumed"]
 
 
+# What predict/evaluate collect: output field names, or a function (model output, batch) -> {name: tensor}.
+Outputs = Sequence[str] | Callable[[Any, Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+
+
+class TrainBatches(Protocol):
+    """What `Estimator.train` reads batches from: an endless iterator whose position a checkpoint saves and a
+    resumed run restores (ShuffledBatches; tasks.pretraining.PretrainingBatches reads shard files)."""
+
+    epoch: float
+
+    def __next__(self) -> dict[str, torch.Tensor]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass
+class PeriodicEvaluation:
+    """Evaluation during training (MLPerf's way): `run(step)` every `every_steps` optimizer steps from
+    `first_step` on, and at the last step; it returns True to stop training there (a target met)."""
+
+    every_steps: int
+    run: Callable[[int], bool]
+    first_step: int | None = None  # default: every_steps
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 1:
+            raise ValueError(f"every_steps must be at least 1, got {self.every_steps}")
+
+    def due(self, step: int, finished: bool) -> bool:
+        first = self.every_steps if self.first_step is None else self.first_step
+        return finished or (step >= first and (step - first) % self.every_steps == 0)
+
+
 @dataclass
 class TrainResult:
     """What one call of `train` did. Throughput counts every sequence of every rank."""
@@ -203,6 +238,7 @@ class TrainResult:
     restore_seconds: float  # reading it and restoring every state
     interrupted_by: str | None  # "SIGTERM" / "SIGINT" when a signal stopped the run early
     budget_exhausted: bool  # max_train_seconds stopped the run before num_train_steps (not an interruption)
+    target_reached: bool  # a PeriodicEvaluation stopped the run (its target met)
     steps: int  # optimizer steps done in this call
     sentences: int  # sequences trained in this call (skipped fp16 steps included: they were computed)
     seconds: float  # wall-clock time of the training loop, checkpoints included
@@ -211,6 +247,8 @@ class TrainResult:
     steady_steps: int  # steps the steady figure covers
     checkpoint_saves: int
     checkpoint_seconds: float
+    evaluation_seconds: float  # evaluations during training (left out of the steady throughput, as saves are)
+    padding_fraction: float | None  # share of the trained tokens that were padding
     skipped_steps: int  # fp16 steps skipped for inf/NaN gradients, in the whole run
     final_loss: float | None  # mean loss of the last logged window
     last_checkpoint: str | None
@@ -307,6 +345,7 @@ class Estimator:
         self._step_lr = 0.0  # learning rate of the last optimizer step, for the logs
         # False once independent workers have trained apart: inference must then not be split across ranks.
         self._same_weights_on_every_rank = True
+        self._schedule_start_step = 0  # the step this run's warm-up began at (an earlier phase's last step)
         self._log = log if log is not None else (lambda line: print(line, flush=True))
 
     def log(self, line: str) -> None:
@@ -351,20 +390,27 @@ class Estimator:
             detail = " ".join(str(error).split())
             raise CheckpointError(f"{path}: its weights do not fit this model ({detail[:300]})") from None
 
-    def _resume(self, optimizer, schedule, scaler, batches: ShuffledBatches) -> tuple[str | None, float, int]:
-        """Restore the newest checkpoint's whole state; (its path or None, seconds taken, skipped fp16 steps)."""
+    def _resume(self, optimizer, scaler, batches: TrainBatches, continue_from: str | None
+                ) -> tuple[Any, str | None, float, int]:
+        """Restore the newest checkpoint's whole state, or else start from `continue_from` (see `train`), or afresh;
+        (the LR schedule, the checkpoint resumed or None, seconds taken, skipped fp16 steps)."""
         started = time.perf_counter()
         path = self._resume_path()
         if path is None:
             seed_everything(self.run_config.seed + self.dist.rank)
-            return None, 0.0, 0
+            start = self._continue(optimizer, continue_from) if continue_from else 0
+            return self._schedule(optimizer, start), None, 0.0, 0
         state = load_checkpoint(path)
         self._load_weights(path, state)
+        schedule = self._schedule(optimizer, state.get("schedule_start_step", 0))
         try:
             optimizer.load_state_dict(state["optimizer"])
             schedule.load_state_dict(state["schedule"])
             scaler.load_state_dict(state["scaler"])
-            batches.load_state_dict(state["data"])
+            data = state["data"]
+            if isinstance(data, list):  # every rank's position; a list of one from an independent worker
+                data = data[self.dist.rank] if len(data) == self.dist.world_size else data[0]
+            batches.load_state_dict(data)
             rng_states, step, skipped = state["rng"], state["step"], state["skipped_steps"]
         except KeyError as error:
             raise CheckpointError(f"{path}: no {error.args[0]!r} entry; not a training checkpoint of this "
@@ -380,7 +426,45 @@ class Estimator:
                      f"{self.dist.world_size}: dropout random streams restart from the seed")
             seed_everything(self.run_config.seed + self.dist.rank + step)
         self.global_step = step
-        return path, time.perf_counter() - started, skipped
+        return schedule, path, time.perf_counter() - started, skipped
+
+    def _schedule(self, optimizer, start_step: int):
+        """Warm-up and decay over the steps from `start_step` (0, or the step an earlier phase ended at) to
+        num_train_steps."""
+        config = self.train_config
+        self._schedule_start_step = start_step
+        return optim.warmup_decay_schedule(optimizer, config.num_train_steps - start_step, config.warmup_proportion,
+                                           config.decay, config.decay_power)
+
+    def _continue(self, optimizer, source: str) -> int:
+        """Start from an earlier phase's checkpoint (a file, or the newest in a run directory): its weights, its
+        step count and, when it was trained with the same optimizer, the optimizer's moments; this run's learning
+        rate and weight decay replace that phase's (NVIDIA's phase 2). Returns the step it ended at."""
+        path = latest_checkpoint(source) if os.path.isdir(source) else source
+        if path is None:
+            raise CheckpointError(f"{source}: no checkpoint (ckpt-<step>.pt) to continue from")
+        state = load_checkpoint(path)
+        self._load_weights(path, state)
+        step = int(state.get("step", 0))
+        if step >= self.train_config.num_train_steps:
+            raise CheckpointError(f"{path}: that run ended at step {step}; this one must go past it, but "
+                                  f"num_train_steps is {self.train_config.num_train_steps}")
+        earlier = state.get("train_config", {}).get("optimizer")
+        if "optimizer" in state and earlier == self.train_config.optimizer:
+            settings = [{key: value for key, value in group.items() if key != "params"}
+                        for group in optimizer.param_groups]
+            try:
+                optimizer.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError) as error:
+                raise CheckpointError(f"{path}: its optimizer state does not fit this model ({error})") from None
+            for group, fresh in zip(optimizer.param_groups, settings):
+                group.pop("initial_lr", None)
+                group.update(fresh)
+        else:
+            self.log(f"warning: {path} holds no {self.train_config.optimizer} state (it was trained with "
+                     f"{earlier or 'no saved optimizer'}): the optimizer's moments start from zero")
+        self.global_step = step
+        return step
 
     def _resume_path(self) -> str | None:
         """The checkpoint to resume from. Independent workers take the newest step that every worker saved: a
@@ -396,16 +480,19 @@ class Estimator:
             return None
         return checkpoint_path(self._checkpoint_dir(), max(common))
 
-    def _save(self, optimizer, schedule, scaler, batches: ShuffledBatches, skipped: int) -> str | None:
+    def _save(self, optimizer, schedule, scaler, batches: TrainBatches, skipped: int) -> str | None:
         independent = self.independent_workers
-        # Data parallel: rank 0 writes the one checkpoint, holding every rank's random streams. Independent
-        # workers: each writes its own, and old ones go only once all have written (see _resume_path).
-        rng_states = [rng_state()] if independent else self.dist.all_gather_object(rng_state())
+        # Data parallel: rank 0 writes the one checkpoint, holding every rank's random streams and data position
+        # (ranks reading their own shards are at different places). Independent workers: each writes its own, and
+        # old ones go only once all have written (see _resume_path).
+        own = (rng_state(), batches.state_dict())
+        gathered = [own] if independent else self.dist.all_gather_object(own)
         if not (independent or self.dist.is_main):
             return None
         state = {"model": self.model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "data": batches.state_dict(),
-                 "epoch": batches.epoch, "rng": rng_states, "skipped_steps": skipped,
+                 "schedule": schedule.state_dict(), "schedule_start_step": self._schedule_start_step,
+                 "scaler": scaler.state_dict(), "data": [data for _, data in gathered],
+                 "epoch": batches.epoch, "rng": [rng for rng, _ in gathered], "skipped_steps": skipped,
                  "train_config": dataclasses.asdict(self.train_config)}
         if not independent:
             return save_checkpoint(self.run_config.model_dir, self.global_step, state,
@@ -443,16 +530,20 @@ class Estimator:
             model = torch.compile(model)
         return model
 
-    def train(self, batches: ShuffledBatches) -> TrainResult:
-        """Train to `train_config.num_train_steps`, resuming from model_dir's newest checkpoint if any."""
+    def train(self, batches: TrainBatches, continue_from: str | None = None,
+              evaluation: PeriodicEvaluation | None = None) -> TrainResult:
+        """Train to `train_config.num_train_steps`, resuming from model_dir's newest checkpoint if any.
+
+        continue_from: when model_dir holds no checkpoint, start from this checkpoint of an earlier phase (its
+        weights, optimizer moments and step count) with the warm-up and decay starting anew at its step, as NVIDIA's
+        phase 2 continues phase 1. evaluation: evaluate during training, and stop when it says so (a target met).
+        """
         if self.train_config is None:
             raise ValueError("train needs a TrainConfig")
         config, run = self.train_config, self.run_config
         optimizer = optim.build_optimizer(self.model, config.optimizer, config.learning_rate, config.weight_decay)
-        schedule = optim.warmup_decay_schedule(optimizer, config.num_train_steps, config.warmup_proportion,
-                                               config.decay, config.decay_power)
         scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
-        resumed_from, restore_seconds, skipped = self._resume(optimizer, schedule, scaler, batches)
+        schedule, resumed_from, restore_seconds, skipped = self._resume(optimizer, scaler, batches, continue_from)
         if self.independent_workers:
             self._same_weights_on_every_rank = False
         if resumed_from:
@@ -469,7 +560,7 @@ class Estimator:
         trigger.start(self.global_step)
         loop = _LoopStats(self, batches, config)
         last_checkpoint = resumed_from
-        out_of_time = False
+        out_of_time = target_reached = False
         with _StopSignals() as signals:
             while self.global_step < config.num_train_steps:
                 loss, grad_norm, was_skipped = self._train_step(model, batches, optimizer, schedule, scaler, loop)
@@ -480,6 +571,9 @@ class Estimator:
                                                 f"scale now {scaler.get_scale():g}); the last checkpoint is "
                                                 f"{last_checkpoint}")
                 finished = self.global_step >= config.num_train_steps
+                if evaluation is not None and not was_skipped and evaluation.due(self.global_step, finished):
+                    with loop.pause(save=False):
+                        target_reached = evaluation.run(self.global_step)
                 # Every rank's clock differs a little: OR-ing the decision makes all ranks stop at the same step.
                 stop, save_due, out_of_time = self.dist.any(signals.received is not None,
                                                             trigger.should_save(self.global_step),
@@ -490,17 +584,20 @@ class Estimator:
                 elif display.due():
                     display.draw(self.global_step, loop.peek_loss(), loop.window_rate(),
                                  loop.eta(self.global_step))
-                if finished or stop or save_due or out_of_time:
+                if finished or stop or save_due or out_of_time or target_reached:
                     loop.check_finite(self.global_step, last_checkpoint)
                     with loop.pause():
                         last_checkpoint = self._save(optimizer, schedule, scaler, batches, skipped) or last_checkpoint
                     trigger.saved(self.global_step)
-                if stop or out_of_time:
+                if stop or out_of_time or target_reached:
                     break
         display.clear()
         unfinished = self.global_step < config.num_train_steps
         interrupted = signals.received if unfinished else None
         budget_exhausted = unfinished and out_of_time and not interrupted
+        if target_reached and unfinished:
+            self.log(f"target reached at step {self.global_step}/{config.num_train_steps}: training stops, the model "
+                     f"saved as {last_checkpoint}")
         if interrupted:
             self.log(f"stopped by {interrupted} at step {self.global_step}; the checkpoint {last_checkpoint} "
                      "resumes it: run the same command again")
@@ -508,9 +605,10 @@ class Estimator:
             self.log(f"time budget of {config.max_train_seconds:g} s reached at step {self.global_step}/"
                      f"{config.num_train_steps}: training stops with the model of step {self.global_step}, saved as "
                      f"{last_checkpoint}")
-        return loop.result(resumed_from, restore_seconds, interrupted, budget_exhausted, skipped, last_checkpoint)
+        return loop.result(resumed_from, restore_seconds, interrupted, budget_exhausted, target_reached, skipped,
+                           last_checkpoint)
 
-    def _train_step(self, model: nn.Module, batches: ShuffledBatches, optimizer, schedule, scaler,
+    def _train_step(self, model: nn.Module, batches: TrainBatches, optimizer, schedule, scaler,
                     loop: "_LoopStats") -> tuple[torch.Tensor, torch.Tensor | None, bool]:
         """One optimizer step over gradient_accumulation_steps micro-batches: (mean loss, grad norm, skipped)."""
         accumulation = self.train_config.gradient_accumulation_steps
@@ -542,7 +640,7 @@ class Estimator:
         return total_loss, grad_norm, skipped
 
     def _report(self, window: dict[str, Any], metrics: MetricsLog | None, display: ProgressDisplay, scaler,
-                batches: ShuffledBatches, skipped: int, last_checkpoint: str | None) -> None:
+                batches: TrainBatches, skipped: int, last_checkpoint: str | None) -> None:
         if not math.isfinite(window["loss"]) and self.train_config.precision != "fp16":
             raise TrainingDivergedError(f"loss is {window['loss']} at step {self.global_step}; the last checkpoint "
                                         f"is {last_checkpoint}")
@@ -559,7 +657,7 @@ class Estimator:
 
     # ---- inference ---------------------------------------------------------------------------------------------
 
-    def _infer(self, features: Mapping[str, torch.Tensor], batch_size: int, outputs: Sequence[str],
+    def _infer(self, features: Mapping[str, torch.Tensor], batch_size: int, outputs: Outputs,
                with_loss: bool) -> tuple[dict[str, torch.Tensor], float | None]:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -568,7 +666,12 @@ class Estimator:
         # each rank must see every example through its own model.
         sharded = self.dist.enabled and self._same_weights_on_every_rank
         shard = self.dist.shard(count) if sharded else range(count)
-        collected: dict[str, list[torch.Tensor]] = {name: [] for name in outputs}
+        if callable(outputs):
+            extract = outputs
+        else:
+            def extract(output, batch):
+                return {name: getattr(output, name) for name in outputs}
+        collected: dict[str, list[torch.Tensor]] = defaultdict(list)
         loss_sum = 0.0
         was_training = self.model.training
         self.model.eval()
@@ -579,27 +682,31 @@ class Estimator:
                     batch = {name: tensor[start:stop].to(self.device) for name, tensor in features.items()}
                     with self._autocast():
                         output = self.model(**batch)
-                    for name in outputs:
-                        collected[name].append(getattr(output, name).float().cpu())
+                    for name, value in extract(output, batch).items():
+                        collected[name].append(value.cpu() if callable(outputs) else value.float().cpu())
                     if with_loss:
                         loss_sum += output.loss.float().item() * (stop - start)
         finally:
             self.model.train(was_training)
         if sharded:  # rank order is example order: concatenating the shards restores it
-            shards = self.dist.all_gather_object((collected, loss_sum))
-            collected = {name: [chunk for part, _ in shards for chunk in part[name]] for name in outputs}
+            shards = self.dist.all_gather_object((dict(collected), loss_sum))
+            names = [name for part, _ in shards for name in part]
+            collected = {name: [chunk for part, _ in shards for chunk in part.get(name, [])]
+                         for name in dict.fromkeys(names)}
             loss_sum = sum(part_loss for _, part_loss in shards)
         return ({name: torch.cat(chunks) for name, chunks in collected.items()},
                 loss_sum / count if with_loss else None)
 
     def predict(self, features: Mapping[str, torch.Tensor], batch_size: int,
-                outputs: Sequence[str] = ("logits",)) -> dict[str, torch.Tensor]:
-        """The model's `outputs` for every example, in order, as float32 CPU tensors, on every rank."""
+                outputs: Outputs = ("logits",)) -> dict[str, torch.Tensor]:
+        """The model's `outputs` for every example, in order, as float32 CPU tensors, on every rank; `outputs` may
+        instead be a function (model output, batch) -> {name: per-example tensor}, collected as it returns them
+        (to keep a per-example figure instead of large logits)."""
         return self._infer(features, batch_size, outputs, with_loss=False)[0]
 
     def evaluate(self, features: Mapping[str, torch.Tensor], batch_size: int,
                  metric_fn: Callable[[dict[str, torch.Tensor]], dict[str, float]] | None = None,
-                 outputs: Sequence[str] = ("logits",)) -> dict[str, float]:
+                 outputs: Outputs = ("logits",)) -> dict[str, float]:
         """{"loss": mean loss, "global_step": ..., **metric_fn(outputs)} over labelled `features`."""
         predictions, loss = self._infer(features, batch_size, outputs, with_loss=True)
         result = {"loss": loss, "global_step": self.global_step}
@@ -611,7 +718,7 @@ class Estimator:
 class _LoopStats:
     """Counts and clocks of the training loop: per-log-window figures, and the run's steady-state throughput."""
 
-    def __init__(self, estimator: Estimator, batches: ShuffledBatches, config: TrainConfig):
+    def __init__(self, estimator: Estimator, batches: TrainBatches, config: TrainConfig):
         self.estimator, self.batches = estimator, batches
         self.device, self.world_size = estimator.device, estimator.dist.world_size
         self.start_step = estimator.global_step
@@ -627,6 +734,7 @@ class _LoopStats:
         self.last_grad_norm: torch.Tensor | None = None
         self.consecutive_skipped = 0
         self.saves, self.save_seconds, self.steady_save_seconds = 0, 0.0, 0.0
+        self.evaluation_seconds = 0.0
         self.last_loss: float | None = None
 
     def count_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
@@ -695,18 +803,22 @@ class _LoopStats:
                                         f"{last_checkpoint}")
 
     @contextmanager
-    def pause(self) -> Iterator[None]:
-        """Time a checkpoint save, so the steady throughput can leave it out."""
+    def pause(self, save: bool = True) -> Iterator[None]:
+        """Time a checkpoint save (or an evaluation), so the steady throughput can leave it out."""
         started = time.perf_counter()
         yield
         seconds = time.perf_counter() - started
-        self.saves += 1
-        self.save_seconds += seconds
+        if save:
+            self.saves += 1
+            self.save_seconds += seconds
+        else:
+            self.evaluation_seconds += seconds
         if self.steady_started is not None:
             self.steady_save_seconds += seconds
 
     def result(self, resumed_from: str | None, restore_seconds: float, interrupted: str | None,
-               budget_exhausted: bool, skipped: int, last_checkpoint: str | None) -> TrainResult:
+               budget_exhausted: bool, target_reached: bool, skipped: int, last_checkpoint: str | None
+               ) -> TrainResult:
         synchronize(self.device)
         now = time.perf_counter()
         seconds = now - self.started
@@ -720,9 +832,11 @@ class _LoopStats:
         estimator = self.estimator
         return TrainResult(
             global_step=estimator.global_step, resumed_from=resumed_from, restore_seconds=restore_seconds,
-            interrupted_by=interrupted, budget_exhausted=budget_exhausted,
+            interrupted_by=interrupted, budget_exhausted=budget_exhausted, target_reached=target_reached,
             steps=estimator.global_step - self.start_step, sentences=self.totals["sentences"], seconds=seconds,
             sentences_per_second=self.totals["sentences"] / max(1e-9, seconds),
             steady_sentences_per_second=steady_rate, steady_steps=steady_steps, checkpoint_saves=self.saves,
-            checkpoint_seconds=self.save_seconds, skipped_steps=skipped, final_loss=self.last_loss,
+            checkpoint_seconds=self.save_seconds, evaluation_seconds=self.evaluation_seconds,
+            padding_fraction=1 - self.totals["real_tokens"] / self.totals["tokens"] if self.totals["tokens"] else None,
+            skipped_steps=skipped, final_loss=self.last_loss,
             last_checkpoint=last_checkpoint, epoch=self.batches.epoch)

@@ -61,16 +61,24 @@ class FlagParser(argparse.ArgumentParser):
     """argparse that only records the flags a command gives (defaults live in `defaults`, so a run directory's
     record can fill the others) and takes absl booleans: --do_train, --do_train=false, --nodo_train."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, omit: Sequence[str] = (), default_overrides: Mapping[str, Any] | None = None, **kwargs):
         super().__init__(argument_default=argparse.SUPPRESS, **kwargs)
         self.defaults: dict[str, Any] = {}
+        self.omit = frozenset(omit)  # common flags a runner has no use for
+        self.default_overrides = dict(default_overrides or {})  # common flags whose default differs in a runner
 
-    def flag(self, group, name: str, default: Any, help: str, **kwargs) -> None:
+    def flag(self, group, name: str, default: Any, help: str, aliases: Sequence[str] = (), **kwargs) -> None:
+        """--name (and --alias ...: other projects' names for the same flag)."""
+        if name in self.omit:
+            return
+        default = self.default_overrides.get(name, default)
         self.defaults[name] = default
         shown = "" if default is None else f" (default: {default})"
-        group.add_argument(f"--{name}", help=help + shown, **kwargs)
+        group.add_argument(f"--{name}", *(f"--{alias}" for alias in aliases), help=help + shown, **kwargs)
 
     def bool_flag(self, group, name: str, default: bool, help: str) -> None:
+        if name in self.omit:
+            return
         self.flag(group, name, default, help, nargs="?", const=True, type=parse_bool, metavar="BOOL")
         group.add_argument(f"--no{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
 
@@ -128,7 +136,9 @@ def add_common_flags(parser: FlagParser, default_learning_rate: float, default_m
     parser.bool_flag(scale, "sync_gradients", True, "All-reduce gradients every step (data parallel). "
                                                     "--no_sync_gradients: independent workers, each training on "
                                                     "its shard alone; the worker with the best dev metric is kept.")
-    scale.add_argument("--no_sync_gradients", dest="sync_gradients", action="store_false", help=argparse.SUPPRESS)
+    if "sync_gradients" not in parser.omit:
+        scale.add_argument("--no_sync_gradients", dest="sync_gradients", action="store_false",
+                           help=argparse.SUPPRESS)
 
     checkpoints = parser.add_argument_group("checkpoints and logs (tf.estimator.RunConfig)")
     parser.flag(checkpoints, "save_checkpoints_secs", 1200.0, "Save every this many seconds of wall-clock time; "
@@ -199,7 +209,7 @@ def parse_flags(parser: FlagParser, argv: Sequence[str] | None, runner: str,
         recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
     args = argparse.Namespace(**{**parser.defaults, **recorded, **given})
     for name in ("bert_config_file", "vocab_file"):
-        if getattr(args, name) is None:
+        if name in parser.defaults and getattr(args, name) is None:
             parser.error(f"--{name} is required")
     for name in ("max_seq_length", "train_batch_size", "predict_batch_size", "eval_batch_size", "max_train_samples",
                  "num_train_epochs", "max_train_seconds"):
@@ -217,16 +227,22 @@ def resolve_precision(args: argparse.Namespace) -> str:
     return args.precision or "fp32"
 
 
+def load_config(args: argparse.Namespace) -> BertConfig:
+    """The model config, checked against --max_seq_length."""
+    config = BertConfig.from_json_file(args.bert_config_file)
+    if args.max_seq_length > config.max_position_embeddings:
+        raise UsageError(f"{args.bert_config_file}: max_position_embeddings is {config.max_position_embeddings}, "
+                         f"so --max_seq_length {args.max_seq_length} cannot be used")
+    return config
+
+
 def load_config_and_tokenizer(args: argparse.Namespace) -> tuple[BertConfig, BertTokenizer]:
     """The model config and tokenizer, checked against each other and against --max_seq_length."""
-    config = BertConfig.from_json_file(args.bert_config_file)
+    config = load_config(args)
     tokenizer = BertTokenizer.from_vocab_file(args.vocab_file, do_lower_case=args.do_lower_case)
     if tokenizer.vocab_size > config.vocab_size:
         raise UsageError(f"{args.vocab_file}: {tokenizer.vocab_size} tokens, but {args.bert_config_file} has "
                          f"vocab_size {config.vocab_size}: this vocab does not belong to this model")
-    if args.max_seq_length > config.max_position_embeddings:
-        raise UsageError(f"{args.bert_config_file}: max_position_embeddings is {config.max_position_embeddings}, "
-                         f"so --max_seq_length {args.max_seq_length} cannot be used")
     return config, tokenizer
 
 
@@ -276,9 +292,11 @@ def build_estimator(args: argparse.Namespace, model: nn.Module, dist: Distribute
         train_config = None if num_train_steps is None else TrainConfig(
             num_train_steps=num_train_steps, learning_rate=scaled_learning_rate(args, dist),
             warmup_proportion=args.warmup_proportion, decay=args.decay,
+            decay_power=getattr(args, "poly_power", 1.0),
             optimizer="lamb" if args.optimizer_type == "lamb" else "adamw", weight_decay=args.weight_decay,
             gradient_accumulation_steps=args.num_accumulation_steps, precision=resolve_precision(args),
-            compile=args.use_xla, sync_gradients=args.sync_gradients, max_train_seconds=args.max_train_seconds)
+            compile=args.use_xla, sync_gradients=getattr(args, "sync_gradients", True),
+            max_train_seconds=args.max_train_seconds)
     except ValueError as error:
         raise UsageError(str(error)) from None
     return Estimator(model, run_config, train_config, dist)
@@ -353,7 +371,7 @@ def report_training(result: TrainResult, args: argparse.Namespace, dist: Distrib
                "precision": resolve_precision(args), "use_xla": args.use_xla,
                "train_batch_size": args.train_batch_size, "num_accumulation_steps": args.num_accumulation_steps,
                "max_seq_length": args.max_seq_length, "lr_scaling": args.lr_scaling,
-               "sync_gradients": args.sync_gradients, **(extra or {})}
+               "sync_gradients": getattr(args, "sync_gradients", True), **(extra or {})}
     if dist.is_main:
         write_json(os.path.join(args.output_dir, "train_results.json"), summary)
     log("***** Training summary *****")

@@ -1,5 +1,5 @@
-# Shared by run_glue.sh and run_squad.sh (sourced, not run): argument checks, the nodes of the job, the launcher, the
-# logged run.
+# Shared by run_glue.sh, run_squad.sh and run_pretraining.sh (sourced, not run): argument checks, the nodes of
+# the job, the launcher, the logged run.
 #
 # One node: num_gpu processes (torchrun when more than 1). Several nodes: run the same script on every node with
 #   NNODES       nodes in the job (default 1)

@@ -73,3 +73,55 @@ def write_bert_dir(directory, **config_overrides):
     with open(os.path.join(directory, "bert_config.json"), "w") as handle:
         json.dump({**TINY_BERT, **config_overrides}, handle)
     return directory
+
+
+def write_nvidia_shard(path, count=32, seq=32, predictions=5, vocab_size=48, seed=0, varlength=False,
+                       lengths=None, masked_id=None):
+    """A shard as NVIDIA's create_pretraining_data.py writes it (datasets, dtypes, gzip; positions and ids padded
+    with 0), or as MLPerf's convert_fixed2variable.py does (varlength: unpadded int16/int8 rows, no input_mask).
+    Random ids with [CLS]=2 and [SEP]=3 of the built-in vocab; `lengths` fixes each sequence's length;
+    `masked_id` makes every masked token that id (a pattern a model learns in a few steps)."""
+    import h5py
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(predictions + 4, seq + 1, count) if lengths is None else np.asarray(lengths)
+    input_ids = np.zeros((count, seq), np.int32)
+    input_mask = np.zeros((count, seq), np.int8)
+    segment_ids = np.zeros((count, seq), np.int8)
+    positions = np.zeros((count, predictions), np.int32)
+    masked_ids = np.zeros((count, predictions), np.int32)
+    for row, length in enumerate(lengths):
+        split = int(rng.integers(2, length - 1))
+        input_ids[row, :length] = rng.integers(5, vocab_size, length)
+        input_ids[row, [0, split, length - 1]] = [2, 3, 3]
+        if masked_id is not None:
+            input_ids[row, 1:length - 1][input_ids[row, 1:length - 1] > 3] = masked_id
+        input_mask[row, :length] = 1
+        segment_ids[row, split + 1:length] = 1
+        candidates = [i for i in range(1, length - 1) if i != split]
+        chosen = np.sort(rng.choice(candidates, int(rng.integers(1, predictions + 1)), replace=False))
+        positions[row, :len(chosen)] = chosen
+        masked_ids[row, :len(chosen)] = input_ids[row, chosen]
+        input_ids[row, chosen] = 4  # [MASK]
+    labels = rng.integers(0, 2, count).astype(np.int8)
+    with h5py.File(path, "w") as handle:
+        if varlength:
+            def rows(array, dtype, widths):
+                column = np.empty(count, dtype=object)
+                for row, width in enumerate(widths):
+                    column[row] = array[row, :width].astype(dtype)
+                return column
+            real = (positions != 0).sum(1)
+            for key, array, dtype, widths in (("input_ids", input_ids, np.int16, lengths),
+                                              ("segment_ids", segment_ids, np.int8, lengths),
+                                              ("masked_lm_positions", positions, np.int16, real),
+                                              ("masked_lm_ids", masked_ids, np.int16, real)):
+                handle.create_dataset(key, data=rows(array, dtype, widths), dtype=h5py.vlen_dtype(dtype))
+            handle.create_dataset("next_sentence_labels", data=labels, dtype="i1")
+        else:
+            for key, array, dtype in (("input_ids", input_ids, "i4"), ("input_mask", input_mask, "i1"),
+                                      ("segment_ids", segment_ids, "i1"), ("masked_lm_positions", positions, "i4"),
+                                      ("masked_lm_ids", masked_ids, "i4"), ("next_sentence_labels", labels, "i1")):
+                handle.create_dataset(key, data=array, dtype=dtype, compression="gzip")
+    return path

@@ -1,6 +1,7 @@
 """The built-in demo on a shortened run: every variant learns the task and ends with the baseline's weights."""
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -29,14 +30,15 @@ def test_vocab_covers_every_word(tmp_path):
 
 def test_short_demo_beats_chance_with_identical_weights(tmp_path, capsys):
     assert main(["--steps", "60", "--train_examples", "1024", "--dev_examples", "256", "--qa_epochs", "0",
-                 "--output_dir", str(tmp_path)]) == 0
+                 "--pretraining_steps", "0", "--output_dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "demo_results.json").read_text())
     results = {result["model"]: result for result in report["results"]}
     assert list(results) == ["baseline", "recompute/full", "recompute/every-k", "recompute/selective"]
     for result in results.values():
         assert result["dev_accuracy"] >= 0.8, result  # chance is 0.5
         assert result["train_seq_per_s"] > 0
-    assert report["max_weight_difference_vs_baseline"] == 0.0 and "question_answering" not in report
+    assert report["max_weight_difference_vs_baseline"] == 0.0
+    assert "question_answering" not in report and "pretraining" not in report
     saved = {name: result["saved_for_backward_bytes"] for name, result in results.items()}
     assert saved["recompute/full"] < saved["recompute/selective"] < saved["baseline"]
     assert saved["recompute/every-k"] < saved["baseline"]
@@ -53,12 +55,13 @@ def test_demo_help_lists_every_setting(capsys):
 
 
 def test_shortest_run_times_a_step():
-    result = run(DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0))["results"][0]
+    result = run(DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0,
+                            pretraining_steps=0))["results"][0]
     assert result["train_seq_per_s"] > 0 and result["step_ms"] > 0 and result["saved_for_backward_bytes"] > 0
 
 
 def test_run_is_reproducible():
-    settings = DemoConfig(steps=8, train_examples=256, dev_examples=64, qa_epochs=0)
+    settings = DemoConfig(steps=8, train_examples=256, dev_examples=64, qa_epochs=0, pretraining_steps=0)
     first, second = run(settings), run(settings)
     assert [r["final_loss"] for r in first["results"]] == [r["final_loss"] for r in second["results"]]
 
@@ -66,7 +69,8 @@ def test_run_is_reproducible():
 @pytest.mark.parametrize("argv, message", [(["--steps", "1"], "--steps must be at least 2"),
                                            (["--hidden_size", "30"], "multiple of the 4 attention heads"),
                                            (["--max_seq_length", "12"], "at least 16"),
-                                           (["--qa_epochs", "-1"], "--qa_epochs must be 0 (no QA step) or more")])
+                                           (["--qa_epochs", "-1"], "--qa_epochs must be 0 (no QA step) or more"),
+                                           (["--pretraining_steps", "-1"], "--pretraining_steps must be 0")])
 def test_bad_settings_are_one_line_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -97,7 +101,7 @@ def test_squad_data_is_deterministic_and_its_answers_sit_where_they_say():
 
 def test_qa_step_runs_run_squad_and_reports_official_scores(tmp_path, capsys):
     assert main(["--steps", "2", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0.1",
-                 "--output_dir", str(tmp_path)]) == 0
+                 "--pretraining_steps", "0", "--output_dir", str(tmp_path)]) == 0
     qa = json.loads((tmp_path / "demo_results.json").read_text())["question_answering"]
     assert qa["train_questions"] == 1800 and qa["dev_questions"] == 300 and qa["steps"] > 0
     assert 0 <= qa["exact"] <= 100 and 20 < qa["no_answer_everywhere_exact"] < 45
@@ -109,3 +113,26 @@ def test_qa_step_runs_run_squad_and_reports_official_scores(tmp_path, capsys):
                            capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert json.loads((run_dir / "eval_results.json").read_text())["exact"] == qa["exact"]
+
+
+def test_corpus_is_in_googles_format_and_each_document_tells_of_one_animal(tmp_path):
+    path = data.write_corpus(tmp_path / "corpus.txt", documents=20, seed=3)
+    documents = open(path, encoding="utf-8").read().strip("\n").split("\n\n")
+    assert len(documents) == 20 and data.make_corpus(20, 3) == [document.split("\n") for document in documents]
+    for document in documents:
+        sentences = document.split("\n")
+        assert 4 <= len(sentences) <= 12 and len({sentence.split()[2] for sentence in sentences}) == 1
+    assert {word for document in documents for word in document.split()} <= set(data.vocabulary())
+
+
+def test_pretraining_step_makes_shards_and_its_masked_lm_accuracy_rises(tmp_path, capsys):
+    assert main(["--steps", "2", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0",
+                 "--pretraining_steps", "400", "--output_dir", str(tmp_path)]) == 0
+    pre = json.loads((tmp_path / "demo_results.json").read_text())["pretraining"]
+    curve = [record["masked_lm_accuracy"] for record in pre["curve"]]
+    assert [record["step"] for record in pre["curve"]] == [1] + list(range(41, 400, 40)) + [400]
+    assert curve[0] < 0.1 and curve[-1] > 0.35 and curve[-1] > 10 * pre["chance_masked_lm_accuracy"]
+    assert pre["steps"] == 400 and pre["training_sequences"] > 5000
+    assert sorted(os.listdir(tmp_path / "pretraining" / "train_shards")) == [
+        "create_pretraining_data.json", *(f"training_{index:05d}.hdf5" for index in range(4))]
+    assert "held-out masked-LM accuracy by step" in capsys.readouterr().out

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from bertbench.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from bertbench.estimator import (Estimator, RunConfig, ShuffledBatches, TrainConfig, TrainingDivergedError,
-                                 rng_state, set_rng_state)
+from bertbench.estimator import (Estimator, PeriodicEvaluation, RunConfig, ShuffledBatches, TrainConfig,
+                                 TrainingDivergedError, rng_state, set_rng_state)
 from bertbench.models import build_model
 from bertbench.progress import MetricsLog, ProgressDisplay
 from conftest import tiny_config
@@ -118,7 +118,8 @@ def test_train_learns_and_saves_the_whole_state(tmp_path):
     assert result.steady_sentences_per_second > 0 and result.steady_steps == 50
     state = load_checkpoint(result.last_checkpoint)
     assert {"model", "optimizer", "schedule", "scaler", "data", "epoch", "rng", "step"} <= set(state)
-    assert state["step"] == 60 and state["data"]["consumed"] == 480 and state["epoch"] == 10.0
+    assert state["step"] == 60 and state["data"] == [{"consumed": 480, "num_examples": 48, "seed": 0}]
+    assert state["epoch"] == 10.0 and state["schedule_start_step"] == 0
     assert state["schedule"]["last_epoch"] == 60
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [record["step"] for record in records] == [20, 40, 60]
@@ -398,3 +399,46 @@ def test_cuda_training_resumes_exactly(tmp_path, precision):
     # masks would move weights by ~1e-3, GPU atomics in attention backward by far less than the tolerance.
     for name, tensor in finals[0].items():
         torch.testing.assert_close(finals[2][name], tensor, rtol=0, atol=1e-5)
+
+
+# ---- evaluation during training, continuing an earlier phase -------------------------------------------------------
+
+def test_periodic_evaluation_runs_when_due_and_its_stop_saves_and_ends_the_run(tmp_path):
+    estimator = make_estimator(tmp_path, steps=40, run={"log_step_count_steps": 100})
+    seen = []
+
+    def evaluate(step):
+        logits = estimator.predict(features(count=8), 4)["logits"]  # inference mid-run, then training goes on
+        seen.append((step, logits.shape, estimator.model.training))
+        return step >= 15
+
+    result = estimator.train(ShuffledBatches(features(), 8, seed=0),
+                             evaluation=PeriodicEvaluation(every_steps=5, run=evaluate, first_step=10))
+    assert seen == [(10, (8, 2), True), (15, (8, 2), True)]  # at steps 10 and 15, then stopped
+    assert result.target_reached and result.global_step == 15 and not result.budget_exhausted
+    assert result.last_checkpoint.endswith("ckpt-000000015.pt") and result.evaluation_seconds > 0
+    assert PeriodicEvaluation(every_steps=5, run=evaluate).due(40, finished=True)
+    assert not PeriodicEvaluation(every_steps=5, run=evaluate).due(4, finished=False)
+
+
+def test_continuing_an_earlier_phase_takes_weights_moments_and_step_with_a_new_schedule(tmp_path):
+    first = make_estimator(tmp_path / "one", steps=10)
+    first.train(ShuffledBatches(features(), 8, seed=0))
+    second = make_estimator(tmp_path / "two", steps=16, learning_rate=5e-4, warmup_proportion=0.5)
+    result = second.train(ShuffledBatches(features(), 8, seed=1), continue_from=str(tmp_path / "one"))
+    assert result.global_step == 16 and result.steps == 6 and result.resumed_from is None
+    state = load_checkpoint(result.last_checkpoint)
+    assert state["schedule_start_step"] == 10 and state["schedule"]["last_epoch"] == 6
+    assert state["optimizer"]["param_groups"][0]["lr"] < 5e-4  # this run's peak, decayed; not phase one's 1e-3
+    assert state["optimizer"]["state"][0]["step"] == 16  # AdamW's moments (and step count) went on
+    with pytest.raises(CheckpointError, match="ended at step 10; this one must go past it"):
+        make_estimator(tmp_path / "three", steps=10).train(ShuffledBatches(features(), 8, seed=0),
+                                                           continue_from=str(tmp_path / "one"))
+
+
+def test_predict_collects_what_a_function_extracts(tmp_path):
+    estimator = make_estimator(tmp_path)
+    data = features(count=10)
+    got = estimator.predict(data, 4, outputs=lambda output, batch: {"right": (output.logits.argmax(-1)
+                                                                              == batch["labels"]).long()})
+    assert got["right"].shape == (10,) and got["right"].dtype == torch.int64

@@ -183,3 +183,53 @@ def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
         "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_gpu1_nodes2' at 127.0.0.1:")
     run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_gpu1_nodes2"
     assert sorted(os.listdir(run_dir)) == ["command.log", "train.node0.log"]  # nothing of a run
+
+
+@pytest.fixture
+def pretraining_env(tmp_path):
+    """BERT_DIR with a tiny model that takes 512 positions, and phase 1 / phase 2 / eval shards of NVIDIA's shapes."""
+    from conftest import write_bert_dir, write_nvidia_shard
+    bert_dir = write_bert_dir(tmp_path / "bert", max_position_embeddings=512)
+    for phase, seq, predictions in ((1, 128, 20), (2, 512, 80)):
+        for index in range(2):
+            (tmp_path / f"phase{phase}").mkdir(exist_ok=True)
+            write_nvidia_shard(tmp_path / f"phase{phase}" / f"part_{index}.hdf5", count=12, seq=seq,
+                               predictions=predictions, seed=index)
+    write_nvidia_shard(tmp_path / "eval.hdf5", count=8, seq=128, predictions=20, seed=7)
+    return dict(os.environ, BERT_DIR=str(bert_dir), DATA_DIR_PHASE1=str(tmp_path / "phase1"),
+                DATA_DIR_PHASE2=str(tmp_path / "phase2"), EVAL_DIR=str(tmp_path / "eval.hdf5"),
+                RESULTS_DIR=str(tmp_path / "results"), PYTHON=sys.executable)
+
+
+def run_pretraining(env, *arguments):
+    return subprocess.run(["bash", os.path.join(SCRIPTS, "run_pretraining.sh"), *arguments], env=env,
+                          capture_output=True, text=True)
+
+
+# phase batch lr precision num_gpu warmup train_steps accumulation save_checkpoint_steps seed
+def pretraining_arguments(phase, steps):
+    return [phase, "4", "1e-3", "fp32", "1", "0.5", steps, "2", "2", "1"]
+
+
+def test_run_pretraining_phase1_then_phase2_continues_it(pretraining_env, tmp_path):
+    phase1 = run_pretraining(pretraining_env, *pretraining_arguments("1", "3"), "--log_step_count_steps=1")
+    assert phase1.returncode == 0, phase1.stdout + phase1.stderr
+    run_root = tmp_path / "results" / "pretraining_fp32_gpu1"
+    train = json.loads((run_root / "phase1" / "train_results.json").read_text())
+    assert train["global_step"] == 3 and train["sentences"] == 3 * 4 * 2 and train["max_seq_length"] == 128
+    assert json.loads((run_root / "phase1" / "eval_results.json").read_text())["global_step"] == 3
+    phase2 = run_pretraining(pretraining_env, *pretraining_arguments("2", "2"))
+    assert phase2.returncode == 0, phase2.stdout + phase2.stderr
+    train = json.loads((run_root / "phase2" / "train_results.json").read_text())
+    assert train["global_step"] == 5 and train["schedule_start_step"] == 3 and train["max_seq_length"] == 512
+    assert "python" in (run_root / "phase2" / "command.log").read_text()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["3"], "phase must be 1 or 2, got '3'"),
+    (["2"], "phase 2 starts from phase 1's run directory"),
+    (["1", "4", "1e-3", "fp8"], "precision must be fp16, fp32 or bf16, got 'fp8'"),
+])
+def test_run_pretraining_bad_arguments(pretraining_env, arguments, message):
+    done = run_pretraining(pretraining_env, *arguments)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -28,12 +28,14 @@ BENCHES = {
                                            "/ other"),
     "plan": ("bertbench.bench.plan", "predict throughput, efficiency and time-to-train on a cluster from a "
                                      "measured step and the ring all-reduce cost"),
+    "pretraining-data": ("bertbench.bench.pretraining_data", "create_pretraining_data's throughput and peak memory "
+                                                             "over worker counts, on your corpus or a generated one"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: bertbench bench KIND [options]   (bertbench bench KIND --help for its options)", "", "kinds:"]
-    lines += [f"  {name:<11} {help_text}" for name, (_, help_text) in BENCHES.items()]
+    lines += [f"  {name:<16} {help_text}" for name, (_, help_text) in BENCHES.items()]
     lines += ["", "Each writes KIND.json, KIND.md and KIND-*.png to --output_dir; `bertbench report DIR...` merges "
               "runs."]
     return "\n".join(lines)

@@ -41,6 +41,10 @@ def model_rows(report: dict) -> list[dict]:
     return [dict(row, model=entry.get("model")) for entry in report.get("models", []) for row in entry["rows"]]
 
 
+def data_creation_rows(report: dict) -> list[dict]:
+    return top_rows(report) + list(report.get("length_bins_rows", []))
+
+
 def category_rows(report: dict) -> list[dict]:
     settings = report.get("settings", {})
     row = {key: settings.get(key) for key in ("model", "kind", "variant", "precision", "batch_size",
@@ -65,6 +69,9 @@ COMPARISONS = {
                            ("attention share", "attention_share", ".1%"))),
     "plan": Comparison(top_rows, ("nodes", "gpus"), (("efficiency", "efficiency", ".1%"),
                                                     ("time to train (h)", "time_to_train_hours", ",.1f"))),
+    "pretraining-data": Comparison(data_creation_rows, ("max_seq_length", "bins", "workers"),
+                                   (("MB/s", "mb_per_s", ",.2f"), ("peak RSS main (MiB)", "peak_rss_main_mib", ",.0f"),
+                                    ("peak RSS worker (MiB)", "peak_rss_worker_mib", ",.0f"))),
 }
 
 

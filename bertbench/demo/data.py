@@ -1,5 +1,5 @@
-"""Deterministic synthetic tasks with their own tiny vocabulary: a sentence-pair task (written as GLUE files too) and
-a reading-comprehension task in SQuAD's format.
+"""Deterministic synthetic tasks with their own tiny vocabulary: a sentence-pair task (written as GLUE files too), a
+reading-comprehension task in SQuAD's format, and a pre-training corpus in Google's text format.
 
 Pair task: sentence A is "the ADJ NOUN VERB the ADJ NOUN ." and sentence B "the ADJ NOUN VERB ."; every adjective
 is either positive or negative, and the label says whether most of the three adjectives of the pair are positive.
@@ -53,6 +53,28 @@ def _random_pair(rng: random.Random) -> tuple[str, str, int]:
     text_a = f"the {first} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {second} {rng.choice(NOUNS)} ."
     text_b = f"the {third} {rng.choice(NOUNS)} {rng.choice(VERBS)} ."
     return text_a, text_b, sum(moods)
+
+
+def make_corpus(documents: int, seed: int) -> list[list[str]]:
+    """A pre-training corpus: documents of 4-12 sentences "the ADJ NOUN VERB the ADJ NOUN ." that all tell of one
+    animal (the subject of every sentence). A masked subject can be read off the document's other sentences, and a
+    random next sentence (another document's) usually tells of another animal, so the text holds what both tasks
+    need."""
+    rng = random.Random(f"corpus-{seed}")
+    corpus = []
+    for _ in range(documents):
+        subject = rng.choice(NOUNS)
+        corpus.append([f"the {rng.choice(POSITIVE + NEGATIVE)} {subject} {rng.choice(VERBS)} the "
+                       f"{rng.choice(POSITIVE + NEGATIVE)} {rng.choice([noun for noun in NOUNS if noun != subject])} ."
+                       for _ in range(rng.randint(4, 12))])
+    return corpus
+
+
+def write_corpus(path: str | os.PathLike, documents: int = 600, seed: int = 0) -> str:
+    """The corpus in Google's pre-training text format: one sentence per line, a blank line between documents."""
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n\n".join("\n".join(document) for document in make_corpus(documents, seed)) + "\n")
+    return os.fspath(path)
 
 
 def vocabulary() -> list[str]:

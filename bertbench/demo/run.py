@@ -1,10 +1,12 @@
 """`bertbench demo`: train a tiny BERT on the built-in pair task with the baseline and each recompute policy, then
-fine-tune one on the built-in SQuAD v2.0 data through run_squad.
+fine-tune one on the built-in SQuAD v2.0 data through run_squad, then pre-train one (MLM + NSP) on the built-in
+corpus through create_pretraining_data and run_pretraining.
 
 Everything is generated here (data, vocab.txt, model), so it runs with no network and no files. The table shows
 what the suite is about: the recompute module reaches the same accuracy with the same weights, keeps fewer bytes
 for backward, and pays for it in step time. The QA step runs the real SQuAD runner (windows, n-best answers,
-no-answer odds, official scoring) on files in SQuAD's format.
+no-answer odds, official scoring) on files in SQuAD's format; the pre-training step turns Google-format text into
+NVIDIA-format hdf5 shards and pre-trains on them with LAMB, scoring masked-LM accuracy on held-out shards as it goes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bertbench import optim, run_squad
+from bertbench import optim, run_pretraining, run_squad
+from bertbench.create_pretraining_data import DataSettings, create_pretraining_data
 from bertbench.config import BertConfig
 from bertbench.demo import data
 from bertbench.durable import write_text_atomically
@@ -59,12 +62,17 @@ class DemoConfig:
     num_hidden_layers: int = field(default=2, metadata={"help": "Transformer blocks of the tiny BERT."})
     qa_epochs: float = field(default=6.0, metadata={"help": "Epochs of the QA step over its 600 built-in "
                                                                 "paragraphs (1,800 questions); 0 skips it."})
+    pretraining_steps: int = field(default=400, metadata={"help": "Steps of the pre-training step (batches of 32 "
+                                                                  "from the built-in corpus); 0 skips it."})
     seed: int = field(default=0, metadata={"help": "Seed of data, weights and dropout; same seed, same table."})
     output_dir: str | None = field(default=None, metadata={"help": "Also write demo_results.json here."})
 
     def __post_init__(self) -> None:
         if self.qa_epochs < 0:
             raise ValueError(f"--qa_epochs must be 0 (no QA step) or more, got {self.qa_epochs}")
+        if self.pretraining_steps < 0:
+            raise ValueError(f"--pretraining_steps must be 0 (no pre-training step) or more, got "
+                             f"{self.pretraining_steps}")
         if self.steps < 2:  # step 0 counts saved bytes and warms up; the later steps are timed
             raise ValueError(f"--steps must be at least 2, got {self.steps}")
         for name in ("batch_size", "train_examples", "dev_examples", "max_seq_length", "hidden_size",
@@ -161,6 +169,20 @@ def format_table(results: list[dict], baseline: dict) -> str:
     return "\n".join(lines)
 
 
+def run_quietly(runner_module, argv: list[str]) -> None:
+    """A runner's main(argv) with its log kept back, shown only if it fails."""
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        status = runner_module.main(argv)
+    if status != 0:
+        raise RuntimeError(f"{runner_module.PROGRAM} exited with status {status}:\n{log.getvalue()}")
+
+
+def read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
 def question_answering(settings: DemoConfig, directory: str, extra_flags: Sequence[str] = ()) -> dict:
     """Fine-tune a tiny BERT on the built-in SQuAD v2.0 files with run_squad, as a user would, in `directory`;
     return the official scores and the training throughput. The run directory is rebuilt on every call, so a
@@ -176,21 +198,59 @@ def question_answering(settings: DemoConfig, directory: str, extra_flags: Sequen
             "--train_batch_size=32", "--learning_rate=1e-3", f"--num_train_epochs={settings.qa_epochs}",
             f"--seed={settings.seed}", "--device=cpu", "--save_checkpoints_secs=0", "--log_step_count_steps=1000000",
             f"--output_dir={os.path.join(directory, 'run')}", *extra_flags]
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log):
-        status = run_squad.main(argv)
-    if status != 0:
-        raise RuntimeError(f"run_squad exited with status {status}:\n{log.getvalue()}")
-    with open(os.path.join(directory, "run", "eval_results.json"), encoding="utf-8") as handle:
-        scores = json.load(handle)
-    with open(os.path.join(directory, "run", "train_results.json"), encoding="utf-8") as handle:
-        training = json.load(handle)
+    run_quietly(run_squad, argv)
+    scores, training = (read_json(os.path.join(directory, "run", name))
+                        for name in ("eval_results.json", "train_results.json"))
     return {"command": "bertbench squad " + shlex.join(argv), "model_config": QA_MODEL,
             "train_questions": len(read_examples(train_file, training=True, version_2=True)),
             "dev_questions": scores["questions"], "windows": scores["windows"], "exact": scores["exact"],
             "f1": scores["f1"], "has_answer_exact": scores["HasAns_exact"], "no_answer_exact": scores["NoAns_exact"],
             "no_answer_everywhere_exact": 100.0 * scores["NoAns_total"] / scores["total"],
             "steps": training["global_step"], "train_seq_per_s": training["steady_sentences_per_second"]}
+
+
+# The pre-training step's model: the demo's tiny BERT, without dropout (nothing here overfits in 400 steps).
+PRETRAINING_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
+                     "max_position_embeddings": 32, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def pretraining(settings: DemoConfig, directory: str) -> dict:
+    """Write the built-in corpus (600 training and 60 held-out documents) as Google's text, make NVIDIA-format shards
+    of it with create_pretraining_data, and pre-train a tiny BERT on them with run_pretraining as a user would,
+    scoring the held-out shard every tenth of the run; return the accuracy curve and the commands."""
+    shutil.rmtree(os.path.join(directory, "run"), ignore_errors=True)
+    os.makedirs(directory, exist_ok=True)
+    vocab_file = data.write_vocab(directory)
+    shard_dirs = {}
+    for split, documents, shards, dupe_factor in (("train", 600, 4, 3), ("eval", 60, 1, 1)):
+        seed = 2 * settings.seed + (split == "eval")
+        corpus = data.write_corpus(os.path.join(directory, f"{split}.txt"), documents, seed=seed)
+        shard_dirs[split] = os.path.join(directory, f"{split}_shards")
+        shutil.rmtree(shard_dirs[split], ignore_errors=True)
+        create_pretraining_data(DataSettings(input_file=corpus, vocab_file=vocab_file, output_dir=shard_dirs[split],
+                                             num_shards=shards, max_seq_length=32, max_predictions_per_seq=5,
+                                             dupe_factor=dupe_factor, random_seed=settings.seed),
+                                log=lambda line: None)
+    config_file = os.path.join(directory, "bert_config.json")
+    write_text_atomically(config_file, json.dumps(
+        dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **PRETRAINING_MODEL)), indent=2) + "\n")
+    steps, batch = settings.pretraining_steps, 32
+    argv = ["--do_train", "--do_eval", f"--input_dir={shard_dirs['train']}", f"--eval_dir={shard_dirs['eval']}",
+            f"--bert_config_file={config_file}", "--max_seq_length=32", "--max_predictions_per_seq=5",
+            f"--train_batch_size={batch}", "--learning_rate=1e-2", f"--num_train_steps={steps}",
+            f"--eval_iter_samples={max(1, steps // 10) * batch}", f"--eval_iter_start_samples={batch}",
+            f"--seed={settings.seed}", "--device=cpu", "--save_checkpoints_secs=0", "--log_step_count_steps=1000000",
+            f"--output_dir={os.path.join(directory, 'run')}"]
+    run_quietly(run_pretraining, argv)
+    with open(os.path.join(directory, "run", "evals.jsonl"), encoding="utf-8") as handle:
+        curve = [json.loads(line) for line in handle]
+    training = read_json(os.path.join(directory, "run", "train_results.json"))
+    return {"command": "bertbench pretrain " + shlex.join(argv), "model_config": PRETRAINING_MODEL,
+            "training_sequences": training["training_sequences"], "steps": training["global_step"],
+            "train_seq_per_s": training["steady_sentences_per_second"],
+            "chance_masked_lm_accuracy": 1 / len(data.vocabulary()),
+            "curve": [{key: record[key] for key in ("step", "masked_lm_accuracy", "next_sentence_accuracy", "loss")}
+                      for record in curve]}
 
 
 def run(settings: DemoConfig) -> dict:
@@ -221,6 +281,13 @@ def run(settings: DemoConfig) -> dict:
         else:
             with tempfile.TemporaryDirectory() as scratch:
                 report["question_answering"] = question_answering(settings, scratch)
+    if settings.pretraining_steps > 0:
+        print("  pre-training on the built-in corpus with create_pretraining_data and run_pretraining ...", flush=True)
+        if settings.output_dir:
+            report["pretraining"] = pretraining(settings, os.path.join(settings.output_dir, "pretraining"))
+        else:
+            with tempfile.TemporaryDirectory() as scratch:
+                report["pretraining"] = pretraining(settings, scratch)
     return report
 
 
@@ -242,6 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  exact match {qa['exact']:.1f}  F1 {qa['f1']:.1f}  (answerable {qa['has_answer_exact']:.1f}, "
               f"unanswerable {qa['no_answer_exact']:.1f}); answering \"no answer\" everywhere scores "
               f"{qa['no_answer_everywhere_exact']:.1f}")
+    pre = report.get("pretraining")
+    if pre:
+        curve = pre["curve"]
+        print(f"\npre-training (create_pretraining_data + run_pretraining, LAMB, {pre['training_sequences']:,} "
+              f"sequences of the built-in corpus, hidden 64, {pre['steps']} steps, {pre['train_seq_per_s']:.0f} "
+              f"seq/s), held-out masked-LM accuracy by step (chance {pre['chance_masked_lm_accuracy']:.2f}):")
+        print("  " + "  ".join(f"{record['step']}: {record['masked_lm_accuracy']:.2f}" for record in curve))
     if settings.output_dir:
         os.makedirs(settings.output_dir, exist_ok=True)
         path = os.path.join(settings.output_dir, "demo_results.json")

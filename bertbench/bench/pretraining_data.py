@@ -1,0 +1,396 @@
+"""`bertbench bench pretraining-data`: throughput and peak memory of create_pretraining_data over worker counts.
+
+Each run is `python -m bertbench.create_pretraining_data` in a process of its own, so that the peak resident set it
+reports (ru_maxrss of its main process, and of its largest worker) is that run's alone; the figures come from the
+statistics file it writes, create_pretraining_data.json. The speed-up of each worker count is relative to the first
+one given. The text is a corpus the user gives (`--corpus` and its `--vocab_file`) or, by default, a synthetic one
+generated here from `--seed`, so that the figures can be made on a machine without a network: English-like
+pseudo-words of syllables with Zipf frequencies, in sentences and documents of English-like lengths, and a vocab.txt
+of BERT-base's size made from it, in which the rarer words are split into WordPieces as a real vocab splits them.
+
+    bertbench bench pretraining-data --megabytes 120 --workers 1,2,4,8
+    bertbench bench pretraining-data --corpus wiki_00.txt wiki_01.txt --vocab_file $BERT_DIR/vocab.txt
+    bertbench bench pretraining-data --megabytes 20 --workers 4 --length_bins_at 512   # padding saved by bins
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertbench.bench import cli, workload
+from bertbench.bench.plots import line_plot
+from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.create_pretraining_data import STATS_FILE
+from bertbench.tokenization import VocabError, load_vocab
+
+BENCH = "pretraining-data"
+# What --keep_corpus keeps of the synthetic corpus, beside the bench's own files.
+KEPT_CORPUS, KEPT_VOCAB = f"{BENCH}-corpus.txt", f"{BENCH}-vocab.txt"
+
+# ---- the synthetic corpus -------------------------------------------------------------------------------------------
+
+VOCAB_SIZE = 30522  # BERT-base's
+# BERT's first ids: [PAD], 99 unused slots (which a model may take over for its own tokens), [UNK] [CLS] [SEP] [MASK].
+SPECIAL_TOKENS = ["[PAD]", *(f"[unused{index}]" for index in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# About the number of distinct words in a few hundred MB of English: twice the vocab, so that the vocab holds the
+# frequent half whole and the rare half is split into pieces, as WordPiece splits a real corpus.
+LEXICON_SIZE = 60000
+# Slots for "##" pieces (syllables and suffixes that continue a word): enough to split rare words into a few pieces
+# rather than into characters; the rest of the vocab is whole words.
+CONTINUATION_PIECES = 3000
+ONSETS = ["", "s", "t", "b", "m", "d", "l", "p", "r", "c", "h", "f", "n", "w", "g", "st", "tr", "pr", "br", "ch", "sh",
+          "th", "gr", "cl", "pl", "k", "v", "fl", "dr", "cr", "sl", "sp", "j", "y", "wh", "str", "fr", "z"]
+NUCLEI = ["a", "e", "i", "o", "u", "ea", "ou", "ai", "ee", "oo", "io", "oa", "y"]
+CODAS = ["", "n", "r", "s", "t", "l", "nd", "m", "st", "ng", "d", "ck", "nt", "rd", "sh", "th", "x"]
+SUFFIXES = ["s", "ed", "ing", "er", "ly", "es", "ion", "al", "ness", "ment", "able", "ful", "est", "less", "ity"]
+# Word shapes by frequency rank, as in English: the most frequent words have one syllable, the common ones two, the
+# rare ones two or three, and some of those a suffix.
+ONE_SYLLABLE_RANKS, TWO_SYLLABLE_RANKS, SUFFIX_FROM_RANK, SUFFIX_SHARE = 300, 6000, 1000, 0.3
+ZIPF_OFFSET = 2.7  # Zipf-Mandelbrot's q: frequency of rank r is proportional to 1 / (r + q), as fitted to English
+SENTENCES_PER_DOCUMENT = (3, 60)
+WORDS_PER_SENTENCE = (5, 35)
+COMMA_SHARE = 0.06  # words followed by a comma
+ENDINGS = {".": 0.88, "?": 0.08, "!": 0.04}
+BLOCK_BYTES = 4_000_000  # text generated and written at a time: memory stays small whatever --megabytes is
+
+
+class Lexicon:
+    """The corpus's words in frequency rank order, each with the syllables (and suffix) it is made of, and the
+    Zipf probability of each rank."""
+
+    def __init__(self, rng: np.random.Generator, size: int = LEXICON_SIZE):
+        syllables, weights = self._syllables()
+        self.words: list[str] = []
+        self.pieces: list[list[str]] = []
+        seen: set[str] = set()
+        while len(self.words) < size:  # a few rounds: a candidate that repeats an earlier word is drawn again
+            ranks = np.arange(len(self.words), size)
+            lengths = np.where(ranks < ONE_SYLLABLE_RANKS, 1, np.where(ranks < TWO_SYLLABLE_RANKS, 2,
+                                                                        2 + (rng.random(len(ranks)) < 0.5)))
+            drawn = rng.choice(len(syllables), size=(len(ranks), 3), p=weights)
+            suffixes = np.where((ranks >= SUFFIX_FROM_RANK) & (rng.random(len(ranks)) < SUFFIX_SHARE),
+                                rng.integers(len(SUFFIXES), size=len(ranks)), -1)
+            for length, row, suffix in zip(lengths.tolist(), drawn.tolist(), suffixes.tolist()):
+                parts = [syllables[index] for index in row[:length]] + ([SUFFIXES[suffix]] if suffix >= 0 else [])
+                word = "".join(parts)
+                if word not in seen and len(self.words) < size:
+                    seen.add(word)
+                    self.words.append(word)
+                    self.pieces.append(parts)
+        weights = 1.0 / (np.arange(size) + ZIPF_OFFSET)
+        self.probabilities = weights / weights.sum()
+        self.cdf = np.cumsum(self.probabilities)
+
+    @staticmethod
+    def _syllables() -> tuple[list[str], np.ndarray]:
+        """Every onset + nucleus + coda, each part's options weighted 1/(i+1) in list order (common ones first)."""
+        def weights(count: int) -> np.ndarray:
+            return 1.0 / np.arange(1, count + 1)
+        joint = np.einsum("i,j,k->ijk", weights(len(ONSETS)), weights(len(NUCLEI)), weights(len(CODAS))).ravel()
+        syllables = [onset + nucleus + coda for onset in ONSETS for nucleus in NUCLEI for coda in CODAS]
+        return syllables, joint / joint.sum()
+
+    def mean_word_bytes(self) -> float:
+        return float(np.dot(self.probabilities, [len(word) for word in self.words]))
+
+
+def generate_corpus(path: str, megabytes: float, seed: int) -> Lexicon:
+    """Write about `megabytes` of synthetic text in Google's format to path (whole documents: it stops at the first
+    document boundary past the size); returns the lexicon it drew the words from."""
+    rng = np.random.default_rng(seed)
+    lexicon = Lexicon(rng)
+    size = len(lexicon.words)
+    separators = [" ", ", "] + [ending + "\n" for ending in ENDINGS] + [ending + "\n\n" for ending in ENDINGS]
+    # Every piece of text there is: the words, capitalised (a sentence's first), then what follows a word.
+    table = np.array([word.encode() for word in lexicon.words]
+                     + [word.capitalize().encode() for word in lexicon.words]
+                     + [separator.encode() for separator in separators], dtype=object)
+    space, comma, sentence_end, document_end = 2 * size, 2 * size + 1, 2 * size + 2, 2 * size + 2 + len(ENDINGS)
+    mean_sentences, mean_words = np.mean(SENTENCES_PER_DOCUMENT), np.mean(WORDS_PER_SENTENCE)
+    bytes_per_document = mean_sentences * mean_words * (lexicon.mean_word_bytes() + 1 + COMMA_SHARE)
+    target, written = megabytes * 1e6, 0
+    with open(path, "wb") as handle:
+        while written < target:
+            documents = math.ceil(min(target - written, BLOCK_BYTES) / bytes_per_document)
+            sentences = rng.integers(SENTENCES_PER_DOCUMENT[0], SENTENCES_PER_DOCUMENT[1] + 1, documents)
+            lengths = rng.integers(WORDS_PER_SENTENCE[0], WORDS_PER_SENTENCE[1] + 1, int(sentences.sum()))
+            words = np.minimum(np.searchsorted(lexicon.cdf, rng.random(int(lengths.sum())), side="right"), size - 1)
+            last_words = np.cumsum(lengths) - 1
+            endings = rng.choice(len(ENDINGS), size=len(lengths), p=list(ENDINGS.values()))
+            last_sentences = np.cumsum(sentences) - 1
+            follows = np.where(rng.random(len(words)) < COMMA_SHARE, comma, space)
+            follows[last_words] = sentence_end + endings
+            follows[last_words[last_sentences]] = document_end + endings[last_sentences]
+            words[last_words - lengths + 1] += size
+            pieces = np.empty(2 * len(words), dtype=np.int64)
+            pieces[0::2], pieces[1::2] = words, follows
+            block = b"".join(table[pieces].tolist())
+            handle.write(block)
+            written += len(block)
+    return lexicon
+
+
+def synthetic_vocab(lexicon: Lexicon, size: int = VOCAB_SIZE) -> list[str]:
+    """BERT's special tokens; every character and "##" + character; the syllables and suffixes that most often
+    continue the words left out, as "##" pieces; then whole words, most frequent first, up to `size` tokens.
+
+    Frequent means by the lexicon's Zipf probabilities rather than by the counts in the corpus: a small corpus holds
+    fewer distinct words than the vocab has room for, and a vocab of those would split none of them. So the vocab
+    is the one a large corpus gives, and the text is tokenized alike whatever --megabytes is."""
+    characters = sorted(set("".join(lexicon.words)) | set("".join(ENDINGS)) | {","})
+    head = SPECIAL_TOKENS + characters + ["##" + character for character in characters]
+    continuing: Counter[str] = Counter()
+    left_out = size - len(head) - CONTINUATION_PIECES  # rank of the first word that will not be in the vocab
+    for pieces, probability in zip(lexicon.pieces[left_out:], lexicon.probabilities[left_out:].tolist()):
+        for piece in pieces[1:]:
+            continuing[piece] += probability
+    vocab = dict.fromkeys(head + ["##" + piece for piece, _ in continuing.most_common(CONTINUATION_PIECES)])
+    for word in lexicon.words:
+        if len(vocab) == size:
+            break
+        vocab.setdefault(word)
+    assert len(vocab) == size, (len(vocab), size)
+    return list(vocab)
+
+
+def make_synthetic_corpus(directory: str, megabytes: float, seed: int, vocab_file: str | None) -> dict:
+    """corpus.txt (and, unless a vocab is given, vocab.txt) in directory; returns what the report says of them."""
+    started = time.perf_counter()
+    corpus = os.path.join(directory, "corpus.txt")
+    lexicon = generate_corpus(corpus, megabytes, seed)
+    if vocab_file is None:
+        vocab_file = os.path.join(directory, "vocab.txt")
+        with open(vocab_file, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(synthetic_vocab(lexicon)) + "\n")
+    return {"source": "synthetic", "files": [corpus], "bytes": os.path.getsize(corpus), "seed": seed,
+            "lexicon_words": len(lexicon.words), "vocab_file": vocab_file,
+            "generate_seconds": time.perf_counter() - started}
+
+
+# ---- the bench ------------------------------------------------------------------------------------------------------
+
+COLUMNS = [("workers", "workers", "d"), ("seq", "max_seq_length", "d"), ("length bins", "bins", ""),
+           ("input MB", "input_mb", ",.1f"), ("documents", "documents", ",d"), ("sentences", "sentences", ",d"),
+           ("instances", "instances", ",d"), ("seconds", "seconds", ",.1f"), ("sentences/s", "sentences_per_s", ",.0f"),
+           ("MB/s", "mb_per_s", ",.2f"), ("instances/s", "instances_per_s", ",.0f"), ("speed-up", "speedup", ".2f"),
+           ("peak RSS main (MiB)", "peak_rss_main_mib", ",.0f"),
+           ("peak RSS worker (MiB)", "peak_rss_worker_mib", ",.0f"),
+           ("output MB", "output_mb", ",.1f"), ("padding", "padding_fraction", ".1%"),
+           ("padding in bins", "padding_fraction_with_bins", ".1%"), ("padding saved", "padding_saved_fraction", ".1%")]
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"{value} is not positive")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.parser_for(BENCH, __doc__.splitlines()[0])
+    corpus = parser.add_argument_group("corpus: the user's, or a synthetic one (the default)")
+    source = corpus.add_mutually_exclusive_group()
+    source.add_argument("--corpus", nargs="+", metavar="FILE",
+                        help="Text files in Google's format (a sentence per line, a blank line between documents); "
+                             "needs --vocab_file.")
+    source.add_argument("--megabytes", type=positive_float, default=120.0,
+                        help="Size of the synthetic corpus (MB of text): 120 makes 15 chunks of 8 MB, enough for "
+                             "8 workers.")
+    corpus.add_argument("--vocab_file", default=None,
+                        help="vocab.txt (default for the synthetic corpus: one of BERT-base's size made from it).")
+    corpus.add_argument("--seed", type=int, default=0, help="Seed of the synthetic corpus: same seed, same bytes.")
+    corpus.add_argument("--keep_corpus", action="store_true",
+                        help=f"Keep the synthetic corpus and vocab as {KEPT_CORPUS} and {KEPT_VOCAB} in --output_dir "
+                             "(they are removed with the shards otherwise).")
+    data = parser.add_argument_group("create_pretraining_data's settings")
+    data.add_argument("--workers", type=cli.comma_list(cli.positive_int), default=[1, 2],
+                      help="--num_workers of each run; the first is the reference of the speed-up.")
+    data.add_argument("--max_seq_length", type=cli.positive_int, default=128, help="Tokens per instance.")
+    data.add_argument("--max_predictions_per_seq", type=cli.positive_int, default=20, help="Most masked tokens per "
+                                                                                          "instance.")
+    data.add_argument("--dupe_factor", type=cli.positive_int, default=1,
+                      help="Passes over each chunk (Google's default is 10). Instances, output and the time spent "
+                           "making and writing them grow linearly with it, while the text is read and tokenized "
+                           "once, so one pass is the quickest figure of both parts.")
+    data.add_argument("--num_shards", type=cli.positive_int, default=16, help="Output shards (per length bin).")
+    data.add_argument("--chunk_megabytes", type=positive_float, default=8.0,
+                      help="Text per chunk: what each worker holds at a time, and so its memory.")
+    data.add_argument("--length_bins", type=cli.comma_list(cli.positive_int), default=None,
+                      help="Bin edges ending at --max_seq_length, e.g. 32,64,128: instances are padded only to "
+                           "their bin's edge (the padding saved is reported).")
+    data.add_argument("--length_bins_at", type=cli.positive_int, default=None, metavar="SEQ",
+                      help="Also one run at max_seq_length SEQ (phase 2: 512) with length bins at its quarters "
+                           "(128,256,384,512) and 15.6%% of SEQ predictions (80), with the most --workers: the "
+                           "padding bins save on long sequences. Off by default: it takes about as long again as "
+                           "the other runs together.")
+    return parser
+
+
+def corpus_files(paths: Sequence[str]) -> list[str]:
+    """--corpus as create_pretraining_data's --input_file: each an existing file, escaped against its globbing."""
+    for path in paths:
+        if not os.path.isfile(path):
+            raise workload.BenchError(f"--corpus {path}: no such file")
+        if "," in path:
+            raise workload.BenchError(f"--corpus {path}: a comma in a file name is not supported "
+                                      "(create_pretraining_data's --input_file is comma-separated)")
+    return [glob.escape(path) for path in paths]
+
+
+def check_vocab(path: str) -> None:
+    try:
+        load_vocab(path)
+    except VocabError as error:
+        raise workload.BenchError(f"--vocab_file {error}") from None
+
+
+def run_once(files: Sequence[str], vocab_file: str, work: str, workers: int, seq: int, predictions: int,
+             bins: Sequence[int] | None, args: argparse.Namespace) -> dict:
+    """One create_pretraining_data process: its statistics as a row of figures. The shards are removed after
+    their size is taken (they are as large as the text: several runs would fill a disk)."""
+    shards = os.path.join(work, f"shards-seq{seq}-workers{workers}")
+    command = [sys.executable, "-m", "bertbench.create_pretraining_data", f"--input_file={','.join(files)}",
+               f"--vocab_file={vocab_file}", f"--output_dir={shards}", f"--num_shards={args.num_shards}",
+               f"--max_seq_length={seq}", f"--max_predictions_per_seq={predictions}",
+               f"--dupe_factor={args.dupe_factor}", f"--num_workers={workers}",
+               f"--chunk_megabytes={args.chunk_megabytes}"]
+    if bins:
+        command.append(f"--length_bins={','.join(map(str, bins))}")
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        raise workload.BenchError(f"create_pretraining_data with {workers} worker(s) failed (exit "
+                                  f"{done.returncode}): {last}")
+    with open(os.path.join(shards, STATS_FILE)) as handle:
+        stats = json.load(handle)
+    output_bytes = sum(os.path.getsize(os.path.join(directory, name)) for directory, _, names in os.walk(shards)
+                       for name in names if name != STATS_FILE)
+    shutil.rmtree(shards)
+    row = {"workers": workers, "max_seq_length": seq, "max_predictions_per_seq": predictions,
+           "length_bins": list(bins) if bins else None, "bins": ",".join(map(str, bins)) if bins else "–",
+           "dupe_factor": args.dupe_factor, "input_mb": stats["input_bytes"] / 1e6, "chunks": stats["chunks"],
+           "documents": stats["documents"], "sentences": stats["sentences"], "instances": stats["instances"],
+           "tokens": stats["tokens"], "seconds": stats["seconds"], "wall_seconds": wall,
+           "sentences_per_s": stats["sentences_per_second"], "mb_per_s": stats["megabytes_per_second"],
+           "instances_per_s": stats["instances"] / stats["seconds"],
+           "peak_rss_main_mib": stats["peak_rss_bytes"] / 2**20,
+           "peak_rss_worker_mib": stats["peak_worker_rss_bytes"] / 2**20, "output_mb": output_bytes / 1e6,
+           "padding_fraction": stats["padding_fraction"],
+           "padding_fraction_with_bins": stats.get("padding_fraction_with_bins"),
+           "padding_saved_fraction": stats.get("padding_saved_fraction")}
+    print(f"  {workers} worker(s), seq {seq}{' bins ' + row['bins'] if bins else ''}: {row['mb_per_s']:.2f} MB/s, "
+          f"{row['sentences_per_s']:,.0f} sentences/s, peak RSS {row['peak_rss_main_mib']:,.0f} MiB main, "
+          f"{row['peak_rss_worker_mib']:,.0f} MiB worker ({wall:.1f} s with start-up)", flush=True)
+    return row
+
+
+def run_all(args: argparse.Namespace, work: str) -> tuple[dict, list[dict], list[dict]]:
+    """The corpus, then a run per worker count (and the --length_bins_at run): (corpus, rows, bins rows)."""
+    if args.corpus:
+        corpus = {"source": "files", "files": list(args.corpus), "bytes": sum(map(os.path.getsize, args.corpus)),
+                  "vocab_file": args.vocab_file}
+        files = corpus_files(args.corpus)
+    else:
+        corpus = make_synthetic_corpus(work, args.megabytes, args.seed, args.vocab_file)
+        files = corpus["files"]
+        print(f"  synthetic corpus: {corpus['bytes'] / 1e6:,.1f} MB in {corpus['generate_seconds']:.1f} s", flush=True)
+    rows = [run_once(files, corpus["vocab_file"], work, workers, args.max_seq_length, args.max_predictions_per_seq,
+                     args.length_bins, args) for workers in args.workers]
+    for row in rows:
+        row["speedup"] = row["mb_per_s"] / rows[0]["mb_per_s"]
+    bins_rows = []
+    if args.length_bins_at:
+        seq = args.length_bins_at
+        bins_rows.append(run_once(files, corpus["vocab_file"], work, max(args.workers), seq,
+                                  workload.masked_positions(seq), [seq * quarter // 4 for quarter in range(1, 5)],
+                                  args))
+    return corpus, rows, bins_rows
+
+
+def markdown(args: argparse.Namespace, corpus: dict, rows: list[dict], bins_rows: list[dict]) -> str:
+    size = f"{corpus['bytes'] / 1e6:,.1f} MB"
+    source = (f"synthetic corpus of {size} (seed {corpus['seed']})" if corpus["source"] == "synthetic"
+              else f"{len(corpus['files'])} file(s), {size}")
+    lines = [f"# Pre-training data creation: {source}, dupe factor {args.dupe_factor}, {args.num_shards} shards, "
+             f"{args.chunk_megabytes:g} MB chunks", "", markdown_table(rows + bins_rows, COLUMNS), "",
+             "seconds: create_pretraining_data's own (reading, tokenizing, making instances, writing), without the "
+             "interpreter's start-up. Peak RSS: the main process (reading, writing, compressing) and the largest "
+             "worker (tokenizing, making instances), each its own peak. Padding: the share of padding tokens in "
+             "the shards; with length bins, what is left of it in the bins and the share of it they save."]
+    if bins_rows:
+        lines += ["", f"The last row is the --length_bins_at {args.length_bins_at} run; its speed-up is not given "
+                      "(other settings)."]
+    return "\n".join(lines)
+
+
+def plots(rows: list[dict]) -> dict:
+    workers = [row["workers"] for row in rows]
+    linear = [rows[0]["mb_per_s"] * count / rows[0]["workers"] for count in workers]
+    return {"throughput": line_plot({"measured": (workers, [row["mb_per_s"] for row in rows])}, "workers",
+                                    "MB of text / s", "create_pretraining_data throughput", log_x=True,
+                                    reference=(workers, linear, "linear")),
+            "memory": line_plot({"main process": (workers, [row["peak_rss_main_mib"] for row in rows]),
+                                 "largest worker": (workers, [row["peak_rss_worker_mib"] for row in rows])},
+                                "workers", "peak RSS (MiB)", "create_pretraining_data peak memory", log_x=True)}
+
+
+def moved(source: str, destination: str) -> str:
+    os.replace(source, destination)
+    return destination
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+
+    def body() -> None:
+        if args.corpus:
+            corpus_files(args.corpus)
+            if args.vocab_file is None:
+                raise workload.BenchError("--corpus needs --vocab_file (the vocab of the model to pre-train)")
+        if args.vocab_file is not None:
+            check_vocab(args.vocab_file)
+        keep_corpus, keep_vocab = args.keep_corpus and not args.corpus, args.keep_corpus and not args.vocab_file
+        directory = cli.output_dir(args, BENCH)
+        output = BenchOutput(directory, BENCH, argv, args.overwrite,
+                             other_files=[KEPT_CORPUS] * keep_corpus + [KEPT_VOCAB] * keep_vocab)
+        created = not os.path.isdir(directory)
+        os.makedirs(directory, exist_ok=True)
+        # In the output directory, not /tmp: that may be memory (tmpfs), which the shards would then fill and count.
+        work = tempfile.mkdtemp(prefix=f".{BENCH}-work-", dir=directory)
+        try:
+            corpus, rows, bins_rows = run_all(args, work)
+            text = markdown(args, corpus, rows, bins_rows)
+            if keep_corpus:
+                corpus["files"] = [moved(corpus["files"][0], os.path.join(directory, KEPT_CORPUS))]
+            if keep_vocab:
+                corpus["vocab_file"] = moved(corpus["vocab_file"], os.path.join(directory, KEPT_VOCAB))
+            output.write(vars(args), {"corpus": corpus, "rows": rows, "length_bins_rows": bins_rows}, text,
+                         plots(rows))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            if created and not os.listdir(directory):
+                os.rmdir(directory)
+        print(text)
+        print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
+
+    return cli.run(f"bertbench bench {BENCH}", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,118 @@
+"""`bertbench bench pretraining-data`: the synthetic corpus and vocab, one create_pretraining_data process per worker
+count, the figures it reports, and one-line errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertbench import cli as bertbench_cli
+from bertbench.bench import pretraining_data
+from bertbench.demo.data import write_vocab
+from bertbench.tokenization import BertTokenizer
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SMALL = ["--megabytes", "0.3", "--num_shards", "2", "--max_seq_length", "64", "--max_predictions_per_seq", "10"]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pretraining-data")
+    assert pretraining_data.main(SMALL + ["--workers", "1,2", "--length_bins_at", "128", "--keep_corpus",
+                                          "--output_dir", str(out)]) == 0
+    return out, json.loads((out / "pretraining-data.json").read_text())
+
+
+def test_every_worker_count_makes_the_same_instances_and_reports_its_figures(measured):
+    _, report = measured
+    one, two = report["rows"]
+    assert (one["workers"], two["workers"]) == (1, 2) and one["speedup"] == 1.0
+    for key in ("documents", "sentences", "instances", "tokens"):
+        assert one[key] == two[key] > 0, key
+    for row in (one, two):
+        assert row["sentences_per_s"] == pytest.approx(row["sentences"] / row["seconds"])
+        assert row["mb_per_s"] > 0 and row["peak_rss_main_mib"] > 0 and row["peak_rss_worker_mib"] > 0
+        assert 0 < row["padding_fraction"] < 1 and row["output_mb"] > 0
+
+
+def test_length_bins_run_saves_padding(measured):
+    _, report = measured
+    (row,) = report["length_bins_rows"]
+    assert row["max_seq_length"] == 128 and row["length_bins"] == [32, 64, 96, 128]
+    assert row["max_predictions_per_seq"] == 20 and row["padding_fraction_with_bins"] < row["padding_fraction"]
+    assert row["padding_saved_fraction"] == pytest.approx(
+        1 - row["padding_fraction_with_bins"] / row["padding_fraction"], abs=0.05)
+
+
+def test_markdown_plots_and_kept_corpus(measured):
+    out, _ = measured
+    assert "| 2 | 64 | – |" in (out / "pretraining-data.md").read_text()
+    for name in ("throughput", "memory"):
+        assert (out / f"pretraining-data-{name}.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert (out / pretraining_data.KEPT_CORPUS).stat().st_size > 0.3e6
+    assert len((out / pretraining_data.KEPT_VOCAB).read_text().split("\n")) == 30522 + 1
+    assert not [path.name for path in out.iterdir() if path.name.startswith(".")]  # the work directory is gone
+
+
+def test_synthetic_corpus_is_deterministic_and_in_googles_format(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        pretraining_data.make_synthetic_corpus(str(tmp_path / name), 0.2, seed=7, vocab_file=None)
+    first = (tmp_path / "a" / "corpus.txt").read_bytes()
+    assert first == (tmp_path / "b" / "corpus.txt").read_bytes() and len(first) >= 0.2e6
+    documents = first.decode().strip("\n").split("\n\n")
+    assert len(documents) > 10 and all("" not in document.split("\n") for document in documents)
+    assert all(line[0].isupper() and line[-1] in ".?!" for line in documents[0].split("\n"))
+
+
+def test_synthetic_vocab_has_berts_size_and_splits_rare_words(tmp_path):
+    info = pretraining_data.make_synthetic_corpus(str(tmp_path), 0.5, seed=0, vocab_file=None)
+    vocab = (tmp_path / "vocab.txt").read_text().split("\n")[:-1]
+    assert len(vocab) == len(set(vocab)) == 30522
+    assert {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"} <= set(vocab) and vocab[0] == "[PAD]"
+    tokenizer = BertTokenizer.from_vocab_file(info["vocab_file"])
+    text = (tmp_path / "corpus.txt").read_text()[:20000]
+    pieces = tokenizer.tokenize(text)
+    assert "[UNK]" not in pieces
+    split_share = np.mean([piece.startswith("##") for piece in pieces])
+    assert 0.01 < split_share < 0.5  # some words are split into WordPieces, most are whole
+
+
+def test_a_user_corpus(tmp_path):
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("the happy cat sees the sad dog .\nthe calm owl likes the kind fox .\n\n"
+                      "the rude wolf finds the dull deer .\nthe bright bird meets the grim lion .\n")
+    out = tmp_path / "out"
+    assert bertbench_cli.main(["bench", "pretraining-data", "--corpus", str(corpus), "--vocab_file",
+                               write_vocab(tmp_path), "--workers", "1", "--max_seq_length", "32",
+                               "--max_predictions_per_seq", "5", "--num_shards", "1", "--output_dir", str(out)]) == 0
+    report = json.loads((out / "pretraining-data.json").read_text())
+    rows = report["rows"]
+    assert rows[0]["documents"] == 2 and rows[0]["sentences"] == 4
+
+
+def test_errors_are_one_line_and_results_are_not_overwritten(measured, tmp_path, error_line):
+    assert pretraining_data.main(["--corpus", str(tmp_path / "missing.txt"), "--vocab_file", "v.txt",
+                                  "--output_dir", str(tmp_path / "out")]) == 1
+    assert "--corpus " + str(tmp_path / "missing.txt") + ": no such file" in error_line()
+    assert not (tmp_path / "out").exists()
+    out, _ = measured
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert pretraining_data.main(SMALL + ["--workers", "1", "--output_dir", str(out)]) == 1
+    assert "pretraining-data.json exists" in error_line()
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
+def test_a_failing_create_pretraining_data_is_quoted_in_one_line(tmp_path, error_line):
+    out = tmp_path / "out"
+    assert pretraining_data.main(["--megabytes", "0.05", "--workers", "1", "--max_seq_length", "4",
+                                  "--max_predictions_per_seq", "1", "--output_dir", str(out)]) == 1
+    assert error_line() == ("bertbench bench pretraining-data: error: create_pretraining_data with 1 worker(s) failed "
+                            "(exit 1): create_pretraining_data: error: --max_seq_length must be at least 5 ([CLS] A "
+                            "[SEP] B [SEP]), got 4")
+    assert not out.exists()
+
+
+def test_the_bench_command_lists_it(capsys):
+    assert bertbench_cli.main(["bench"]) == 0
+    assert "  pretraining-data " in capsys.readouterr().out
