@@ -265,7 +265,7 @@ def train(args, record, config, dist, estimator: Estimator, files, sequences: in
     extra = {"learning_rate": estimator.train_config.learning_rate, "max_predictions_per_seq":
              args.max_predictions_per_seq, "phase2": args.phase2, "schedule_start_step": start_step,
              "training_shards": len(files), "training_sequences": sequences, "length_bins": args.length_bins,
-             "sequences_left_out_in_partial_batches": batches.dropped,
+             "sequences_left_out_in_partial_batches": sum(dist.all_gather_object(batches.dropped)),
              **(evaluation.summary() if evaluation is not None else {})}
     runner.report_training(result, args, dist, log, extra)
     if result.padding_fraction is not None:

@@ -96,7 +96,7 @@ def test_shards_wider_than_the_run_or_not_hdf5_are_refused(tmp_path):
 
 
 def test_find_shards_takes_directories_files_and_patterns(tmp_path):
-    for name in ("a/x.hdf5", "a/b/y.h5", "c/z.hdf5"):
+    for name in ("a/x.hdf5", "a/b/y.h5", "c/z.hdf5", "a/.tmp-1/w.hdf5"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         write_nvidia_shard(tmp_path / name, count=2)
     assert find_shards(str(tmp_path / "a")) == [str(tmp_path / "a/b/y.h5"), str(tmp_path / "a/x.hdf5")]
@@ -172,6 +172,19 @@ def test_length_bins_draw_each_batch_from_one_bin_and_cut_it(tmp_path):
         assert ((real > low) & (real <= width)).all()
         widths.add(width)
     assert widths == {12, 20, 32}
+    stream.close()
+
+
+def test_empty_shards_are_read_and_passed_over(tmp_path):
+    empty = tmp_path / "empty.hdf5"
+    with h5py.File(empty, "w") as handle:
+        for key in SHARD_KEYS:
+            width = {"masked_lm_positions": 5, "masked_lm_ids": 5, "next_sentence_labels": None}.get(key, 32)
+            handle.create_dataset(key, shape=(0,) if width is None else (0, width), dtype=NVIDIA_DTYPES[key])
+    assert check_layout(str(empty), LIMITS) == 0 and len(read_shard(str(empty), LIMITS)["input_ids"]) == 0
+    full = str(write_nvidia_shard(tmp_path / "full.hdf5", count=8))
+    stream = PretrainingBatches([str(empty), full], 4, seed=0, limits=LIMITS)
+    assert [len(next(stream)["input_ids"]) for _ in range(5)] == [4] * 5
     stream.close()
 
 

@@ -46,8 +46,12 @@ def find_shards(spec: str) -> list[str]:
         if not part:
             continue
         if os.path.isdir(part):
-            matches = [os.path.join(root, name) for root, _, names in os.walk(part) for name in names
-                       if name.endswith(SHARD_SUFFIXES) and not name.startswith(".")]
+            matches = []
+            for root, directories, names in os.walk(part):
+                # Hidden entries are not shards: a temporary directory of create-pretraining-data, for one.
+                directories[:] = [name for name in directories if not name.startswith(".")]
+                matches += [os.path.join(root, name) for name in names
+                            if name.endswith(SHARD_SUFFIXES) and not name.startswith(".")]
             if not matches:
                 raise ShardError(f"{part}: no .hdf5 or .h5 shard in this directory")
         else:
@@ -164,8 +168,8 @@ def read_shard(path: str, limits: ShardLimits) -> dict[str, np.ndarray]:
 
 def _check_shapes(path: str, arrays: Mapping[str, np.ndarray], limits: ShardLimits) -> None:
     ids = arrays["input_ids"]
-    if ids.ndim != 2 or ids.shape[0] == 0:
-        raise ShardError(f"{path}: input_ids has shape {list(ids.shape)}, expected [sequences > 0, length]")
+    if ids.ndim != 2:  # no sequences is allowed: create-pretraining-data leaves shards empty on a tiny corpus
+        raise ShardError(f"{path}: input_ids has shape {list(ids.shape)}, expected [sequences, length]")
     count, width = ids.shape
     expected = {"input_mask": (count, width), "segment_ids": (count, width), "next_sentence_labels": (count,)}
     predictions = arrays["masked_lm_positions"].shape
