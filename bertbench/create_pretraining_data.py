@@ -28,7 +28,6 @@ import glob
 import json
 import os
 import random
-import resource
 import shutil
 import signal
 import sys
@@ -45,9 +44,10 @@ import h5py
 import numpy as np
 
 from bertbench import runner
+from bertbench.bench.measure import peak_memory_bytes
 from bertbench.durable import fsync_path
 from bertbench.progress import format_duration
-from bertbench.tasks.pretraining import NVIDIA_DTYPES, SHARD_KEYS, check_length_bins
+from bertbench.tasks.pretraining import NVIDIA_DTYPES, SHARD_KEYS, check_length_bins, parse_length_bins
 from bertbench.tokenization import BertTokenizer, VocabError, truncated_pair_lengths
 
 PROGRAM = "create_pretraining_data"
@@ -140,13 +140,6 @@ class DataSettings:
 
 def _join(values: Sequence[Any]) -> str:
     return ",".join(str(value) for value in values)
-
-
-def parse_length_bins(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(edge) for edge in text.split(","))
-    except ValueError:
-        raise DataError(f"--length_bins must be comma-separated integers, got {text!r}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -385,12 +378,8 @@ class _Columns:
             return np.frombuffer(values, dtype=np.intc)
         return ChunkInstances(view(self.tokens), int32(self.lengths), int32(self.a_lengths), view(self.positions),
                               view(self.ids), int32(self.counts), np.asarray(self.labels, dtype=np.int8),
-                              _peak_rss())
+                              peak_memory_bytes("cpu"))
 
-
-def _peak_rss() -> int:
-    """This process's peak resident set size in bytes."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kB
 
 
 _MAKER: InstanceMaker | None = None  # a worker process's own
@@ -742,7 +731,7 @@ def _statistics(settings: DataSettings, paths: list[str], reader: CorpusReader, 
     stats.update({
         "seconds": seconds, "sentences_per_second": reader.sentences / seconds,
         "megabytes_per_second": reader.bytes_read / 1e6 / seconds,
-        "peak_rss_bytes": _peak_rss(), "peak_worker_rss_bytes": writer.worker_peak_rss,
+        "peak_rss_bytes": peak_memory_bytes("cpu"), "peak_worker_rss_bytes": writer.worker_peak_rss,
         "num_workers": settings.num_workers})
     return stats
 
@@ -791,8 +780,10 @@ def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
     parser = build_parser(prog)
     values = {**parser.defaults, **vars(parser.parse_args(argv))}
     try:
-        if values["length_bins"] is not None:
-            values["length_bins"] = parse_length_bins(values["length_bins"])
+        try:
+            values["length_bins"] = parse_length_bins(values["length_bins"], values["max_seq_length"])
+        except ValueError as error:
+            raise DataError(str(error)) from None
         create_pretraining_data(DataSettings(**values))
     except (DataError, VocabError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__

@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import random
-import resource
 import signal
 import sys
 import threading
@@ -38,7 +37,7 @@ import torch
 from torch import nn
 
 from bertbench import optim
-from bertbench.bench.measure import synchronize
+from bertbench.bench.measure import peak_memory_bytes, synchronize
 from bertbench.checkpoint import (CheckpointError, SaveTrigger, checkpoint_path, latest_checkpoint, list_checkpoints,
                                   load_checkpoint, prune_checkpoints, save_checkpoint, worker_dir)
 from bertbench.distributed import Distributed
@@ -294,13 +293,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def memory_bytes(device: torch.device) -> int:
-    """Peak CUDA memory allocated on a GPU; peak resident set size of the process on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kB
 
 
 class _StopSignals:
@@ -647,7 +639,7 @@ class Estimator:
         record = {"step": self.global_step, "epoch": round(batches.epoch, 4), **window,
                   "lr": self._step_lr, "skipped_steps": skipped,
                   "loss_scale": scaler.get_scale() if scaler.is_enabled() else None,
-                  "memory_bytes": memory_bytes(self.device)}
+                  "memory_bytes": peak_memory_bytes(self.device)}
         if metrics is not None:
             metrics.write(record)
         display.clear()
@@ -670,7 +662,7 @@ class Estimator:
             extract = outputs
         else:
             def extract(output, batch):
-                return {name: getattr(output, name) for name in outputs}
+                return {name: getattr(output, name).float() for name in outputs}
         collected: dict[str, list[torch.Tensor]] = defaultdict(list)
         loss_sum = 0.0
         was_training = self.model.training
@@ -683,7 +675,7 @@ class Estimator:
                     with self._autocast():
                         output = self.model(**batch)
                     for name, value in extract(output, batch).items():
-                        collected[name].append(value.cpu() if callable(outputs) else value.float().cpu())
+                        collected[name].append(value.cpu())
                     if with_loss:
                         loss_sum += output.loss.float().item() * (stop - start)
         finally:

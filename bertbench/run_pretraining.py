@@ -142,23 +142,27 @@ class MlmEvaluation:
         self.history = MetricsLog(os.path.join(args.output_dir, "evals.jsonl"),
                                   checkpoint_step(resumed) if resumed else None) \
             if dist.is_main and args.do_train and args.eval_iter_samples else None
+        # Time to train runs from here (the model built, every shard checked) to the evaluation that meets the target.
         self.started = time.perf_counter()
-        self.last: dict | None = None
+        self.last: tuple[int, dict] | None = None  # the step of the last evaluation and its scores
         self.reached: dict | None = None
 
     def score(self) -> dict:
+        """Loss, accuracies and counts of the model as it is now (at estimator.global_step)."""
+        if self.last is not None and self.last[0] == self.estimator.global_step:
+            return self.last[1]
         results = self.estimator.evaluate(self.features, self.args.eval_batch_size, metric_fn=accuracies,
                                           outputs=prediction_counts)
+        del results["global_step"]
         results["eval_sequences"] = len(self.features["input_ids"])
+        self.last = (self.estimator.global_step, results)
         return results
 
     def __call__(self, step: int) -> bool:
         results = self.score()
         elapsed = time.perf_counter() - self.started
-        results.pop("global_step")
         record = {"step": step, "training_sequences": step * self.global_batch, "seconds": round(elapsed, 3),
                   **results}
-        self.last = record
         if self.history is not None:
             self.history.write(record)
         self.log(f"eval at step {step}: masked-LM accuracy {results['masked_lm_accuracy']:.4f}, next-sentence "
@@ -218,11 +222,8 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
     with job_from_environment(args.device) as dist:
         runner.check_record(record, config, args, dist)
         log = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
-        if args.phase2:  # the weights come from phase 1's checkpoint, by Estimator.train
-            model = runner.build_model(argparse.Namespace(**{**vars(args), "init_checkpoint": None}),
-                                       "pretraining", config, log)
-        else:
-            model = runner.build_model(args, "pretraining", config, log)
+        # Phase 2's weights come with the rest of phase 1's state, through Estimator.train.
+        model = runner.build_model(args, "pretraining", config, log, warm_start=not args.phase2)
         estimator = runner.build_estimator(args, model, dist,
                                            start_step + args.num_train_steps if args.do_train else None)
         evaluation = MlmEvaluation(args, estimator, eval_features, dist, log) if eval_features is not None else None
@@ -233,12 +234,8 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
                 return status
         elif estimator.restore() is None and not args.init_checkpoint:
             raise runner.UsageError(f"{args.output_dir}: no checkpoint to evaluate and no --init_checkpoint")
-        if args.do_eval:
-            last = evaluation.last
-            results = last if last is not None and last["step"] == estimator.global_step else \
-                {"step": estimator.global_step, **evaluation.score()}
-            results = {("global_step" if key == "step" else key): value for key, value in results.items()
-                       if key not in ("seconds", "training_sequences")}
+        if args.do_eval:  # the evaluation at the last step, if one ran there
+            results = {"global_step": estimator.global_step, **evaluation.score()}
             runner.report_eval(args.output_dir, f"pre-training, step {estimator.global_step}", results,
                                {"eval_dir": args.eval_dir}, dist.is_main, log)
         return 0
@@ -256,8 +253,6 @@ def train(args, record, config, dist, estimator: Estimator, files, sequences: in
         f"x {dist.world_size} processes, {args.optimizer_type}, {args.modeling} model, "
         f"{runner.resolve_precision(args)} on {dist.device}"
         + (f", length bins {args.length_bins}" if bins else "") + " *****")
-    if evaluation is not None:
-        evaluation.started = time.perf_counter()  # time to train: from here to the evaluation that meets the target
     try:
         result = estimator.train(batches, continue_from=continue_from, evaluation=periodic)
     finally:

@@ -271,12 +271,13 @@ def write_record(record: RunRecord | None, runner: str, args: argparse.Namespace
 
 
 def build_model(args: argparse.Namespace, task: str, config: BertConfig, log: Callable[[str], None],
-                **head_kwargs) -> nn.Module:
-    """The task model from the chosen modeling module; warm-started from --init_checkpoint unless the run
-    directory holds a checkpoint (which replaces every weight when training resumes or evaluation restores)."""
+                warm_start: bool = True, **head_kwargs) -> nn.Module:
+    """The task model from the chosen modeling module; warm-started from --init_checkpoint (unless `warm_start` is
+    False: the caller loads it otherwise) unless the run directory holds a checkpoint (which replaces every weight
+    when training resumes or evaluation restores)."""
     seed_everything(args.seed)
     model = model_from_args(args, task, config, **head_kwargs)
-    if args.init_checkpoint and not holds_training_state(args.output_dir):
+    if warm_start and args.init_checkpoint and not holds_training_state(args.output_dir):
         log(str(load_pretrained(model, args.init_checkpoint, config)))
     return model
 

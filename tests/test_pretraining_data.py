@@ -89,6 +89,9 @@ def test_shards_wider_than_the_run_or_not_hdf5_are_refused(tmp_path):
     wide = str(write_nvidia_shard(tmp_path / "wide.hdf5", seq=64))
     with pytest.raises(ShardError, match="wide.hdf5: sequences of 64 tokens, longer than --max_seq_length 32"):
         check_layout(wide, LIMITS)
+    with pytest.raises(ShardError, match="wide.hdf5: up to 5 masked positions per sequence, more than "
+                                         "--max_predictions_per_seq 2"):
+        read_shard(wide, ShardLimits(max_seq_length=64, max_predictions_per_seq=2, vocab_size=48))
     text = tmp_path / "notes.hdf5"
     text.write_text("not hdf5")
     with pytest.raises(ShardError, match="notes.hdf5: cannot be read as hdf5"):

@@ -119,14 +119,20 @@ def peak_memory_bytes(device: torch.device | str) -> int | None:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    peak = proc_kilobytes("/proc/self/status", "VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def proc_kilobytes(path: str, field: str) -> int | None:
+    """Bytes of a "<field>: <n> kB" line of a Linux /proc file; None where there is no such file or line."""
     try:
-        with open("/proc/self/status") as handle:
+        with open(path) as handle:
             for line in handle:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
 
 
 def count_flops(run: Callable[[], None]) -> int:

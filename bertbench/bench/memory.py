@@ -111,14 +111,8 @@ class SavedBytes:
 
 def available_memory_bytes() -> int:
     """Memory the system can give this process now (Linux's MemAvailable; total physical memory elsewhere)."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    available = measure.proc_kilobytes("/proc/meminfo", "MemAvailable")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def cpu_search(saved: SavedBytes, cap: int, args: argparse.Namespace) -> dict:

@@ -83,42 +83,65 @@ def _import_h5py():
     return h5py
 
 
-def _check_keys(handle, path: str, h5py) -> bool:
-    """Raise if a dataset is missing; return whether the shard is variable-length (MLPerf)."""
-    varlength = "input_ids" in handle and h5py.check_vlen_dtype(handle["input_ids"].dtype) is not None
-    missing = [key for key in SHARD_KEYS if key not in handle and not (varlength and key in _OPTIONAL_IN_VARLENGTH)]
-    if missing:
-        raise ShardError(f"{path}: no dataset {', '.join(missing)}: not a pre-training shard in NVIDIA's layout (it "
-                         f"has {', '.join(sorted(handle)) or 'no datasets'})")
-    return varlength
+def _read(path: str, read):
+    """`read(handle, varlength)` on the open shard, once every dataset is known to be there; a file that is not
+    hdf5 or lacks a dataset is a ShardError naming it. varlength: MLPerf's variable-length rows."""
+    h5py = _import_h5py()
+    try:
+        with h5py.File(path, "r") as handle:
+            varlength = "input_ids" in handle and h5py.check_vlen_dtype(handle["input_ids"].dtype) is not None
+            missing = [key for key in SHARD_KEYS
+                       if key not in handle and not (varlength and key in _OPTIONAL_IN_VARLENGTH)]
+            if missing:
+                raise ShardError(f"{path}: no dataset {', '.join(missing)}: not a pre-training shard in NVIDIA's "
+                                 f"layout (it has {', '.join(sorted(handle)) or 'no datasets'})")
+            return read(handle, varlength)
+    except ShardError:
+        raise
+    except (OSError, KeyError, TypeError, ValueError) as error:
+        raise ShardError(f"{path}: cannot be read as hdf5 ({' '.join(str(error).split())})") from None
+
+
+def _check_shapes(path: str, shapes: Mapping[str, tuple[int, ...]], limits: ShardLimits, varlength: bool) -> None:
+    """Every dataset holds the same number of sequences; fixed-length ones agree on the length and the number of
+    predictions, and are no longer than the run's sequences. (No sequences is allowed: create-pretraining-data
+    leaves shards empty on a tiny corpus.)"""
+    ids = shapes["input_ids"]
+    count = ids[0] if ids else 0
+    for key, shape in shapes.items():
+        if not shape or shape[0] != count:
+            raise ShardError(f"{path}: {key} has shape {list(shape)}, input_ids has {count} sequences")
+    if varlength:
+        return
+    predictions = shapes["masked_lm_positions"]
+    if len(ids) != 2 or len(predictions) != 2:
+        raise ShardError(f"{path}: input_ids has shape {list(ids)} and masked_lm_positions {list(predictions)}, "
+                         "expected [sequences, length] and [sequences, predictions]")
+    expected = {"input_mask": ids, "segment_ids": ids, "masked_lm_ids": predictions,
+                "next_sentence_labels": (count,)}
+    for key, shape in expected.items():
+        if shapes[key] != shape:
+            raise ShardError(f"{path}: {key} has shape {list(shapes[key])}, input_ids {list(ids)} asks for "
+                             f"{list(shape)}")
+    if ids[1] > limits.max_seq_length:
+        raise ShardError(f"{path}: sequences of {ids[1]} tokens, longer than --max_seq_length "
+                         f"{limits.max_seq_length}")
+
+
+def _label_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Some writers keep next_sentence_labels as an [N, 1] column."""
+    return shape[:1] if len(shape) == 2 and shape[1] == 1 else shape
 
 
 def check_layout(path: str, limits: ShardLimits) -> int:
     """Open a shard and check its keys and shapes without reading the data (cheap enough to do for every shard of
     a run before training starts); returns its number of sequences. `read_shard` checks the values."""
-    h5py = _import_h5py()
-    try:
-        with h5py.File(path, "r") as handle:
-            varlength = _check_keys(handle, path, h5py)
-            shapes = {key: handle[key].shape for key in SHARD_KEYS if key in handle}
-    except ShardError:
-        raise
-    except (OSError, KeyError, TypeError, ValueError) as error:
-        raise ShardError(f"{path}: cannot be read as hdf5 ({' '.join(str(error).split())})") from None
-    count = shapes["input_ids"][0] if shapes["input_ids"] else 0
-    for key, shape in shapes.items():
-        if not shape or shape[0] != count:
-            raise ShardError(f"{path}: {key} has shape {list(shape)}, input_ids has {count} sequences")
-    if not varlength:
-        width = shapes["input_ids"][1] if len(shapes["input_ids"]) == 2 else None
-        for key in ("input_mask", "segment_ids"):
-            if shapes[key] != shapes["input_ids"]:
-                raise ShardError(f"{path}: {key} has shape {list(shapes[key])}, input_ids "
-                                 f"{list(shapes['input_ids'])}")
-        if width is not None and width > limits.max_seq_length:
-            raise ShardError(f"{path}: sequences of {width} tokens, longer than --max_seq_length "
-                             f"{limits.max_seq_length}")
-    return count
+    def read(handle, varlength):
+        shapes = {key: handle[key].shape for key in SHARD_KEYS if key in handle}
+        shapes["next_sentence_labels"] = _label_shape(shapes["next_sentence_labels"])
+        _check_shapes(path, shapes, limits, varlength)
+        return shapes["input_ids"][0] if shapes["input_ids"] else 0
+    return _read(path, read)
 
 
 def _pad_rows(rows, width: int | None, path: str, key: str) -> np.ndarray:
@@ -136,59 +159,26 @@ def _pad_rows(rows, width: int | None, path: str, key: str) -> np.ndarray:
 def read_shard(path: str, limits: ShardLimits) -> dict[str, np.ndarray]:
     """The six arrays of one shard (int64), checked: every key present, shapes that agree, masked positions inside
     each sequence, ids inside the vocabulary. Anything else is a ShardError naming the file (and row)."""
-    h5py = _import_h5py()
-    try:
-        with h5py.File(path, "r") as handle:
-            _check_keys(handle, path, h5py)
-            raw = {key: handle[key][()] for key in SHARD_KEYS if key in handle}
-    except ShardError:
-        raise
-    except (OSError, KeyError, TypeError, ValueError) as error:
-        raise ShardError(f"{path}: cannot be read as hdf5 ({' '.join(str(error).split())})") from None
+    raw = _read(path, lambda handle, varlength: {key: handle[key][()] for key in SHARD_KEYS if key in handle})
     arrays: dict[str, np.ndarray] = {}
     for key, value in raw.items():
-        if value.dtype == object:  # variable-length rows
-            width = limits.max_predictions_per_seq if key.startswith("masked_lm") else None
-            arrays[key] = _pad_rows(value, width, path, key) if key != "next_sentence_labels" else \
-                np.asarray([int(np.asarray(row).reshape(-1)[0]) for row in value])
-        elif not np.issubdtype(value.dtype, np.integer):
+        if value.dtype != object and not np.issubdtype(value.dtype, np.integer):
             raise ShardError(f"{path}: {key} holds {value.dtype} values, not integers")
-        else:
+        if value.dtype != object:
             arrays[key] = value.astype(np.int64, copy=False)
+        elif key == "next_sentence_labels":  # a one-element row per sequence
+            arrays[key] = np.asarray([int(np.asarray(row).reshape(-1)[0]) for row in value])
+        else:  # variable-length rows, padded here
+            width = limits.max_predictions_per_seq if key.startswith("masked_lm") else None
+            arrays[key] = _pad_rows(value, width, path, key)
     if "input_mask" not in arrays:
         lengths = np.array([len(row) for row in raw["input_ids"]])
         arrays["input_mask"] = (np.arange(arrays["input_ids"].shape[1]) < lengths[:, None]).astype(np.int64)
-    labels = arrays["next_sentence_labels"]
-    if labels.ndim == 2 and labels.shape[1] == 1:  # some writers keep a [N, 1] column
-        arrays["next_sentence_labels"] = labels = labels[:, 0]
-    _check_shapes(path, arrays, limits)
+    arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(
+        _label_shape(arrays["next_sentence_labels"].shape))
+    _check_shapes(path, {key: array.shape for key, array in arrays.items()}, limits, varlength=False)
     _check_values(path, arrays, limits)
     return arrays
-
-
-def _check_shapes(path: str, arrays: Mapping[str, np.ndarray], limits: ShardLimits) -> None:
-    ids = arrays["input_ids"]
-    if ids.ndim != 2:  # no sequences is allowed: create-pretraining-data leaves shards empty on a tiny corpus
-        raise ShardError(f"{path}: input_ids has shape {list(ids.shape)}, expected [sequences, length]")
-    count, width = ids.shape
-    expected = {"input_mask": (count, width), "segment_ids": (count, width), "next_sentence_labels": (count,)}
-    predictions = arrays["masked_lm_positions"].shape
-    if len(predictions) != 2:
-        raise ShardError(f"{path}: masked_lm_positions has shape {list(predictions)}, expected [{count}, "
-                         "predictions]")
-    expected["masked_lm_positions"] = expected["masked_lm_ids"] = (count, predictions[1])
-    for key, shape in expected.items():
-        if arrays[key].shape != shape:
-            raise ShardError(f"{path}: {key} has shape {list(arrays[key].shape)}, input_ids "
-                             f"{list(ids.shape)} asks for {list(shape)}")
-    if width > limits.max_seq_length:
-        raise ShardError(f"{path}: sequences of {width} tokens, longer than --max_seq_length "
-                         f"{limits.max_seq_length}")
-    if predictions[1] > limits.max_predictions_per_seq:
-        used = int((arrays["masked_lm_positions"] != 0).sum(axis=1).max())
-        if used > limits.max_predictions_per_seq:
-            raise ShardError(f"{path}: up to {used} masked positions per sequence, more than "
-                             f"--max_predictions_per_seq {limits.max_predictions_per_seq}")
 
 
 def _first_bad_row(bad: np.ndarray) -> int:
@@ -198,6 +188,10 @@ def _first_bad_row(bad: np.ndarray) -> int:
 def _check_values(path: str, arrays: Mapping[str, np.ndarray], limits: ShardLimits) -> None:
     lengths = arrays["input_mask"].sum(axis=1)
     positions = arrays["masked_lm_positions"]
+    used = int((positions != 0).sum(axis=1).max(initial=0))
+    if used > limits.max_predictions_per_seq:
+        raise ShardError(f"{path}: up to {used} masked positions per sequence, more than --max_predictions_per_seq "
+                         f"{limits.max_predictions_per_seq}")
     real = _real_predictions(positions)
     outside = real & ((positions < 0) | (positions >= lengths[:, None]))
     if outside.any():
