@@ -19,7 +19,7 @@ import sys
 import torch
 
 from bertbench.bench import measure
-from bertbench.bench.report import machine, markdown_table, write_report
+from bertbench.bench.output import machine, markdown_table, write_report
 from bertbench.config import BertConfig
 from bertbench.models import build_model
 

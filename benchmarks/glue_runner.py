@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from bertbench.bench.report import machine, write_report
+from bertbench.bench.output import machine, write_report
 from bertbench.checkpoint import list_checkpoints
-from bertbench.demo.data import write_glue_task, write_vocab
+from bertbench.synthetic import write_glue_task, write_vocab
 
 VARIANTS = (("baseline", "full"), ("recompute", "full"), ("recompute", "every-k"), ("recompute", "selective"))
 

@@ -36,7 +36,7 @@ import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from bertbench.bench import measure
-from bertbench.bench.report import machine, markdown_table, write_report
+from bertbench.bench.output import machine, markdown_table, write_report
 from bertbench.config import BertConfig
 from bertbench.demo.run import DemoConfig, question_answering
 from bertbench.models import build_model

@@ -19,7 +19,7 @@ COMMANDS = {
     "launch": ("bertbench.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
     "bench": ("bertbench.bench.cli", "benchmarks: throughput, memory, scaling, budget, profile, plan, "
                                      "pretraining-data (JSON, markdown, PNG)"),
-    "report": ("bertbench.bench.compare", "merge bench results of several runs into one comparison"),
+    "report": ("bertbench.bench.report", "merge bench results of several runs into one comparison"),
     "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
 }
 

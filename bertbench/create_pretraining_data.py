@@ -43,9 +43,9 @@ from typing import Any, NamedTuple
 import h5py
 import numpy as np
 
-from bertbench import runner
-from bertbench.bench.measure import peak_memory_bytes
+from bertbench.devices import peak_memory_bytes
 from bertbench.durable import fsync_path
+from bertbench.flags import FlagParser
 from bertbench.progress import format_duration
 from bertbench.tasks.pretraining import NVIDIA_DTYPES, SHARD_KEYS, check_length_bins, parse_length_bins
 from bertbench.tokenization import BertTokenizer, VocabError, truncated_pair_lengths
@@ -757,9 +757,9 @@ def _summary(stats: dict[str, Any], layout: OutputLayout) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # The command.
 
-def build_parser(prog: str = PROGRAM) -> runner.FlagParser:
+def build_parser(prog: str = PROGRAM) -> FlagParser:
     """The flags, one per DataSettings field, with its help text and default."""
-    parser = runner.FlagParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = FlagParser(prog=prog, description=__doc__.splitlines()[0])
     flags = parser.add_argument_group("flags (Google's names and defaults)")
     outputs = flags.add_mutually_exclusive_group(required=True)
     for field in dataclasses.fields(DataSettings):

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from bertbench import optim
-from bertbench.bench.measure import peak_memory_bytes, synchronize
+from bertbench.devices import peak_memory_bytes, synchronize
 from bertbench.checkpoint import (CheckpointError, SaveTrigger, checkpoint_path, latest_checkpoint, list_checkpoints,
                                   load_checkpoint, prune_checkpoints, save_checkpoint, worker_dir)
 from bertbench.distributed import Distributed

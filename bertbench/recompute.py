@@ -17,8 +17,10 @@ Dropout masks are reproduced exactly: checkpoint restores the RNG state before r
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-import threading
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -32,23 +34,30 @@ POLICIES = ("full", "every-k", "selective")
 _DENSE_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 
 
-class _SavedByteTally(threading.local):
-    """Bytes the selective policy caches for backward. Autograd's saved_tensors_hooks do not see this cache (it is
-    held by checkpoint's dispatch mode), so `bertbench.memory` adds it explicitly when it counts saved bytes."""
+# Who is told the size of each output the selective policy caches for backward. Autograd's saved_tensors_hooks do
+# not see that cache (checkpoint's dispatch mode holds it), so a counter of saved bytes (bertbench.saved_activations)
+# listens here; the model itself keeps no tally.
+_cache_listener: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
+    "recompute_cache_listener", default=None)
 
-    active = False
-    nbytes = 0
 
-
-saved_byte_tally = _SavedByteTally()
+@contextlib.contextmanager
+def listen_to_cached_outputs(listener: Callable[[int], None]) -> Iterator[None]:
+    """While active, `listener(nbytes)` is called for each dense-layer output the selective policy keeps."""
+    token = _cache_listener.set(listener)
+    try:
+        yield
+    finally:
+        _cache_listener.reset(token)
 
 
 def _keep_dense_outputs(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     if op not in _DENSE_OPS:
         return CheckpointPolicy.PREFER_RECOMPUTE
-    if saved_byte_tally.active and not ctx.is_recompute:
+    listener = _cache_listener.get()
+    if listener is not None and not ctx.is_recompute:
         left, right = args[-2], args[-1]
-        saved_byte_tally.nbytes += left.shape[0] * right.shape[1] * left.element_size()
+        listener(left.shape[0] * right.shape[1] * left.element_size())
     return CheckpointPolicy.MUST_SAVE
 
 

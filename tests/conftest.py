@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bertbench.config import BertConfig
-from bertbench.demo.data import write_vocab
+from bertbench.synthetic import write_vocab
 
 # bert_config.json of the runners' tests: Google's format, 2 layers of hidden 32, the built-in task's vocab.
 TINY_BERT = {"vocab_size": 48, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,

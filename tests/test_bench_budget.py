@@ -7,7 +7,7 @@ import os
 import pytest
 
 from bertbench.bench import budget
-from bertbench.demo.data import write_glue_task
+from bertbench.synthetic import write_glue_task
 from conftest import write_bert_dir
 
 TINY = ["--hidden=32", "--layers=1", "--max_seq_length=32", "--log_step_count_steps=1"]

@@ -5,6 +5,7 @@ import pathlib
 import pytest
 import torch
 
+from bertbench import devices
 from bertbench.bench import flops, measure, workload
 from conftest import TINY_BERT
 
@@ -118,11 +119,11 @@ def test_bert_config_by_name_or_file(tmp_path):
 
 
 def test_peak_memory_restarts_per_setting():
-    measure.reset_peak_memory("cpu")
-    before = measure.peak_memory_bytes("cpu")
+    devices.reset_peak_memory("cpu")
+    before = devices.peak_memory_bytes("cpu")
     block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-    during = measure.peak_memory_bytes("cpu")
+    during = devices.peak_memory_bytes("cpu")
     del block
-    measure.reset_peak_memory("cpu")
+    devices.reset_peak_memory("cpu")
     assert during - before >= 60 * 2**20
-    assert measure.peak_memory_bytes("cpu") < during
+    assert devices.peak_memory_bytes("cpu") < during

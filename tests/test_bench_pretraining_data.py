@@ -8,7 +8,7 @@ import pytest
 
 from bertbench import cli as bertbench_cli
 from bertbench.bench import pretraining_data
-from bertbench.demo.data import write_vocab
+from bertbench.synthetic import write_vocab
 from bertbench.tokenization import BertTokenizer
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from bertbench import cli as bertbench_cli
-from bertbench.bench import compare
-from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.bench import report as report_command
+from bertbench.bench.output import BenchOutput, markdown_table
 
 
 def write_throughput(directory, gpu, seq_per_s):
@@ -42,7 +42,7 @@ def test_runs_line_up_by_setting_with_the_last_over_the_first(tmp_path, capsys):
 def test_same_directory_names_stay_apart(tmp_path):
     write_throughput(tmp_path / "a" / "run", None, (1.0, 1.0))
     write_throughput(tmp_path / "b" / "run", None, (2.0, 2.0))
-    assert compare.main([str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run"), "--output_dir",
+    assert report_command.main([str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run"), "--output_dir",
                          str(tmp_path / "report")]) == 0
     runs = json.loads((tmp_path / "report" / "report.json").read_text())["comparisons"]["throughput"]["runs"]
     assert len(set(runs)) == 2
@@ -50,16 +50,16 @@ def test_same_directory_names_stay_apart(tmp_path):
 
 def test_bad_inputs_fail_in_one_line(tmp_path, error_line):
     (tmp_path / "empty").mkdir()
-    assert compare.main([str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")]) == 1
+    assert report_command.main([str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")]) == 1
     assert error_line() == (f"bertbench report: error: {tmp_path / 'empty'}: no bench results (a KIND.json written "
                             "by `bertbench bench KIND`)")
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "throughput.json").write_text('{"bench": "throughput",\n "rows": [}')
-    assert compare.main([str(broken), "--output_dir", str(tmp_path / "out")]) == 1
+    assert report_command.main([str(broken), "--output_dir", str(tmp_path / "out")]) == 1
     assert error_line() == f"bertbench report: error: {broken / 'throughput.json'}: not valid JSON (line 2: " \
                            "Expecting value)"
-    assert compare.main([str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")]) == 1
+    assert report_command.main([str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")]) == 1
     assert "nowhere: no such file or directory" in error_line()
     assert not (tmp_path / "out").exists()
 
@@ -67,9 +67,9 @@ def test_bad_inputs_fail_in_one_line(tmp_path, error_line):
 def test_a_report_is_not_overwritten(tmp_path, error_line):
     write_throughput(tmp_path / "run", None, (1.0, 1.0))
     arguments = [str(tmp_path / "run"), "--output_dir", str(tmp_path / "report")]
-    assert compare.main(arguments) == 0
+    assert report_command.main(arguments) == 0
     before = (tmp_path / "report" / "report.json").read_bytes()
-    assert compare.main(arguments) == 1
+    assert report_command.main(arguments) == 1
     assert error_line().endswith("report.json exists: choose another --output_dir or pass --overwrite")
     assert (tmp_path / "report" / "report.json").read_bytes() == before
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from bertbench import cli as bertbench_cli
-from bertbench.bench import compare, plan, scaling
+from bertbench.bench import plan, report, scaling
 
 
 def test_one_and_two_processes_under_torchrun(tmp_path):
@@ -73,7 +73,7 @@ def test_report_lines_up_scaling_runs(tmp_path):
     for name, rates in (("cpu", (400.0, 700.0)), ("gpu", (4000.0, 7800.0))):
         runs = [write_run(tmp_path / name / f"r_nodes{nodes}", 4 * nodes, rate) for nodes, rate in zip((1, 2), rates)]
         assert scaling.main(["--runs", *runs, "--output_dir", str(tmp_path / f"{name}-bench")]) == 0
-    assert compare.main([str(tmp_path / "cpu-bench"), str(tmp_path / "gpu-bench"), "--output_dir",
+    assert report.main([str(tmp_path / "cpu-bench"), str(tmp_path / "gpu-bench"), "--output_dir",
                          str(tmp_path / "report")]) == 0
     merged = json.loads((tmp_path / "report" / "report.json").read_text())["comparisons"]["scaling"]
     two_nodes = next(row for row in merged["rows"] if row["nodes"] == 2)

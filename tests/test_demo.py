@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bertbench.demo import data
+from bertbench import synthetic as data
 from bertbench.demo.run import DemoConfig, main, run
 
 

@@ -18,7 +18,7 @@ import torch
 
 from bertbench import launch, runner
 from bertbench.checkpoint import list_checkpoints, load_checkpoint, worker_dir
-from bertbench.demo.data import write_glue_task, write_squad
+from bertbench.synthetic import write_glue_task, write_squad
 from bertbench.distributed import Distributed, restart_safe_store
 from bertbench.run_classifier import main as classify
 from bertbench.run_squad import main as squad

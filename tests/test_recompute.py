@@ -5,7 +5,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bertbench import modeling, recompute
-from bertbench.memory import saved_activation_bytes
+from bertbench.saved_activations import saved_activation_bytes
 from bertbench.models import build_model
 from conftest import tiny_batch, tiny_config
 

@@ -14,7 +14,7 @@ import torch
 
 from bertbench import cli
 from bertbench.checkpoint import list_checkpoints, load_checkpoint
-from bertbench.demo.data import vocabulary, write_glue_task
+from bertbench.synthetic import vocabulary, write_glue_task
 from bertbench.run_classifier import build_parser, main
 from bertbench.runner import parse_flags, resolve_precision
 from conftest import TINY_BERT, write_bert_dir

@@ -12,7 +12,7 @@ import torch
 from bertbench import cli, evaluate_squad
 from bertbench.checkpoint import list_checkpoints, load_checkpoint
 from bertbench.config import BertConfig
-from bertbench.demo.data import vocabulary, write_squad, write_vocab
+from bertbench.synthetic import vocabulary, write_squad, write_vocab
 from bertbench.run_squad import build_parser, main
 from bertbench.runner import parse_flags
 

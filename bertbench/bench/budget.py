@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.bench.workload import BenchError, Variant
-from bertbench.demo.data import vocabulary, write_glue_task, write_vocab
+from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
 from bertbench.runner import LR_SCALINGS
 from bertbench.tasks.glue import get_processor
 

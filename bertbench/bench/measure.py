@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import ctypes
-import resource
 import time
 from typing import Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertbench.memory import saved_activation_bytes
+from bertbench.devices import synchronize
+from bertbench.saved_activations import saved_activation_bytes
 
 
-def synchronize(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def matmul_flops_per_second(size: int = 4096, dtype: torch.dtype = torch.float32, device: str = "cpu",
@@ -80,59 +76,14 @@ def time_call(call: Callable[[], object], device: torch.device | str = "cpu") ->
     return time.perf_counter() - started
 
 
-def reset_peak_memory(device: torch.device | str) -> None:
-    """Start a new peak: the CUDA allocator's on a GPU; the process's resident-set high-water mark on Linux (by
-    writing 5 to /proc/self/clear_refs), so that each setting of a sweep gets its own peak."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    release_free_heap()
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-    except OSError:
-        pass  # not Linux, or not allowed: peak_memory_bytes then reports the process's lifetime peak
 
 
-def release_free_heap() -> None:
-    """Hand the C heap's free pages back to the system (glibc's malloc_trim), so that the resident set counts what
-    is in use, not what an earlier, larger step freed and the allocator kept."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: the resident set may include freed memory
 
 
-def current_memory_bytes(device: torch.device | str) -> int:
-    """Bytes held now: CUDA memory allocated by tensors on a GPU, resident set size of the process on the CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device)
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * resource.getpagesize()
 
 
-def peak_memory_bytes(device: torch.device | str) -> int | None:
-    """Peak bytes since reset_peak_memory: CUDA memory allocated by tensors on a GPU, resident set size of the
-    process on the CPU (VmHWM on Linux; ru_maxrss elsewhere)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    peak = proc_kilobytes("/proc/self/status", "VmHWM")
-    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def proc_kilobytes(path: str, field: str) -> int | None:
-    """Bytes of a "<field>: <n> kB" line of a Linux /proc file; None where there is no such file or line."""
-    try:
-        with open(path) as handle:
-            for line in handle:
-                if line.startswith(f"{field}:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def count_flops(run: Callable[[], None]) -> int:
@@ -143,7 +94,7 @@ def count_flops(run: Callable[[], None]) -> int:
 
 
 def forward_backward_saved_bytes(model: torch.nn.Module, batch: dict) -> int:
-    """Bytes the forward keeps for backward (see bertbench.memory); runs the backward too, to free them."""
+    """Bytes the forward keeps for backward (see bertbench.saved_activations); runs the backward too, to free them."""
     loss, saved = saved_activation_bytes(lambda: model(**batch).loss, model)
     loss.backward()
     model.zero_grad(set_to_none=True)

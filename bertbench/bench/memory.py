@@ -3,7 +3,7 @@
 On a GPU the cap is real: `torch.cuda.set_per_process_memory_fraction` limits the allocator, and a batch fits when
 two whole training steps (forward, backward, AdamW with its state) run without running out of memory; the largest
 fitting batch is found by doubling, then bisection. On the CPU, where memory is not the limit, the cap is on the
-bytes the forward saves for backward, counted exactly by autograd's hooks (bertbench.memory). Those bytes are an
+bytes the forward saves for backward, counted exactly by autograd's hooks (bertbench.saved_activations). Those bytes are an
 affine function of the batch at a fixed sequence length: they are counted at batch 1, 2 and 4, the line through them
 must hit all three to the byte, and it gives the largest batch under the cap; that batch and the next are counted
 too, to confirm it. In fp32 the counting runs on the meta device (shapes, no memory), so any batch costs nothing;
@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from bertbench import devices
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.bench.output import BenchOutput, markdown_table
 
 AFFINE_PROBES = (1, 2, 4)
 
@@ -111,7 +112,7 @@ class SavedBytes:
 
 def available_memory_bytes() -> int:
     """Memory the system can give this process now (Linux's MemAvailable; total physical memory elsewhere)."""
-    available = measure.proc_kilobytes("/proc/meminfo", "MemAvailable")
+    available = devices.proc_kilobytes("/proc/meminfo", "MemAvailable")
     return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -153,11 +154,11 @@ def gpu_search(config, kind: str, variant: workload.Variant, precision: str, seq
         try:
             step = workload.TrainStep(model, workload.synthetic_batch(config, kind, batch, seq, device), precision,
                                       device)
-            measure.reset_peak_memory(device)
+            devices.reset_peak_memory(device)
             step()
             step()  # the second step runs with AdamW's state allocated
-            measure.synchronize(device)
-            probes.append({"batch": batch, "fits": True, "peak_bytes": measure.peak_memory_bytes(device)})
+            devices.synchronize(device)
+            probes.append({"batch": batch, "fits": True, "peak_bytes": devices.peak_memory_bytes(device)})
             return True
         except torch.cuda.OutOfMemoryError:
             probes.append({"batch": batch, "fits": False, "peak_bytes": None})

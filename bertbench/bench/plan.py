@@ -50,7 +50,7 @@ import numpy
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.bench.workload import STEP_KINDS, BenchError, bert_config
 from bertbench.config import BertConfig
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from bertbench.bench import cli, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.create_pretraining_data import STATS_FILE
 from bertbench.tokenization import VocabError, load_vocab
 

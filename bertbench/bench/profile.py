@@ -30,8 +30,9 @@ from matplotlib.ticker import PercentFormatter
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity
 
-from bertbench.bench import cli, flops, measure, workload
-from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench import devices
+from bertbench.bench import cli, flops, workload
+from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.config import BertConfig
 
 CATEGORIES = ("matmul", "attention", "dropout", "norm_activation", "optimizer", "other")
@@ -141,10 +142,10 @@ def profile_steps(step: workload.TrainStep, warmup: int, steps: int,
     seconds = []
     with torch.profiler.profile(activities=activities, record_shapes=False) as profiler:
         for _ in range(steps):
-            measure.synchronize(step.device)
+            devices.synchronize(step.device)
             started = time.perf_counter()
             step()
-            measure.synchronize(step.device)
+            devices.synchronize(step.device)
             seconds.append(time.perf_counter() - started)
             profiler.step()
     os.makedirs(os.path.dirname(trace_path) or ".", exist_ok=True)

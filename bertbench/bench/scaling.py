@@ -37,7 +37,7 @@ from torch import nn
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plan import fit_alpha_beta
 from bertbench.bench.plots import line_plot
-from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.distributed import job_from_environment
 from bertbench.estimator import Estimator, RunConfig, ShuffledBatches, TrainConfig
 

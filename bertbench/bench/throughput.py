@@ -20,9 +20,10 @@ from collections.abc import Sequence
 
 import torch
 
+from bertbench import devices
 from bertbench.bench import cli, flops, measure, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.report import BenchOutput, markdown_table
+from bertbench.bench.output import BenchOutput, markdown_table
 
 COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""), ("variant", "variant", ""),
            ("batch", "batch", "d"), ("step (s)", "step_seconds", ".4f"), ("seq/s", "seq_per_s", ".2f"),
@@ -74,12 +75,12 @@ def measure_memory(step: workload.TrainStep) -> dict:
     temporaries."""
     device = step.device
     saved = measure.saved_activation_bytes(step.forward, step.model)[1]  # the graph goes before the step runs
-    measure.synchronize(device)
-    measure.reset_peak_memory(device)
-    before = measure.current_memory_bytes(device)
+    devices.synchronize(device)
+    devices.reset_peak_memory(device)
+    before = devices.current_memory_bytes(device)
     step()
-    measure.synchronize(device)
-    peak = measure.peak_memory_bytes(device)
+    devices.synchronize(device)
+    peak = devices.peak_memory_bytes(device)
     return {"saved_bytes": saved, "peak_memory_bytes": peak, "step_memory_bytes": peak - before,
             "memory_kind": "CUDA allocated" if device.type == "cuda" else "process RSS"}
 

@@ -30,10 +30,10 @@ import torch
 from bertbench import optim, run_pretraining, run_squad
 from bertbench.create_pretraining_data import DataSettings, create_pretraining_data
 from bertbench.config import BertConfig
-from bertbench.demo import data
+from bertbench import synthetic as data
 from bertbench.durable import write_text_atomically
 from bertbench.estimator import ShuffledBatches
-from bertbench.memory import saved_activation_bytes
+from bertbench.saved_activations import saved_activation_bytes
 from bertbench.models import build_model
 from bertbench.tasks.squad import read_examples
 from bertbench.tokenization import BertTokenizer

@@ -7,7 +7,7 @@ from typing import Callable, TypeVar
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from bertbench.recompute import saved_byte_tally
+from bertbench.recompute import listen_to_cached_outputs
 
 T = TypeVar("T")
 
@@ -27,10 +27,7 @@ def saved_activation_bytes(forward: Callable[[], T], model: nn.Module) -> tuple[
             saved[storage._cdata] = storage.nbytes()
         return tensor
 
-    saved_byte_tally.active, saved_byte_tally.nbytes = True, 0
-    try:
-        with saved_tensors_hooks(pack, lambda tensor: tensor):
-            result = forward()
-    finally:
-        saved_byte_tally.active = False
-    return result, sum(saved.values()) + saved_byte_tally.nbytes
+    cached: list[int] = []
+    with saved_tensors_hooks(pack, lambda tensor: tensor), listen_to_cached_outputs(cached.append):
+        result = forward()
+    return result, sum(saved.values()) + sum(cached)
