@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
     with job_from_environment(args.device) as dist:
         runner.check_record(record, config, args, dist)
         log = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
-        model = runner.build_model(args, "classification", config, log, num_labels=processor.num_labels)
+        model, start = runner.build_model(args, "classification", config, dist, log, num_labels=processor.num_labels)
 
         train_steps, train_features = None, None
         if args.do_train:
@@ -71,11 +71,11 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
         if args.do_train:
             status = runner.train_and_report(estimator, args, record, PROGRAM, config, dist, train_features,
                                              f"{processor.name}: {len(train_features['labels'])} examples", log,
-                                             worker_score(args, processor, estimator, dev_sets))
+                                             start, worker_score(args, processor, estimator, dev_sets))
             if status is not None:
                 return status
-        elif estimator.restore() is None and not args.init_checkpoint:
-            raise runner.UsageError(f"{args.output_dir}: no checkpoint to evaluate and no --init_checkpoint")
+        else:
+            runner.restore_for_inference(estimator, start)
 
         if args.do_eval:
             evaluate(args, processor, estimator, dev_sets, dist.is_main, log)

@@ -30,9 +30,10 @@ import time
 from collections.abc import Sequence
 
 from bertbench import runner
-from bertbench.checkpoint import checkpoint_step, holds_training_state, latest_checkpoint
+from bertbench.checkpoint import checkpoint_step, latest_checkpoint
 from bertbench.distributed import Distributed, job_from_environment
 from bertbench.estimator import Estimator, PeriodicEvaluation
+from bertbench.train_state import CONTINUE, RunStart
 from bertbench.progress import MetricsLog
 from bertbench.tasks.pretraining import (PretrainingBatches, ShardError, ShardLimits, accuracies, check_layout,
                                          find_shards, parse_length_bins, prediction_counts, read_eval_set)
@@ -118,19 +119,6 @@ def check_flags(args: argparse.Namespace) -> None:
                                 f"--max_seq_length {args.max_seq_length}")
 
 
-def phase1_checkpoint(args: argparse.Namespace) -> tuple[str, int]:
-    """Phase 1's checkpoint (the newest of its run directory) and the step it ended at."""
-    path = latest_checkpoint(args.init_checkpoint) if os.path.isdir(args.init_checkpoint) else args.init_checkpoint
-    step = checkpoint_step(path) if path and os.path.isfile(path) else None
-    if step is None:
-        raise runner.UsageError(f"{args.init_checkpoint}: no bertbench checkpoint (ckpt-<step>.pt) of phase 1 to "
-                                "continue from")
-    if args.phase1_end_step is not None and args.phase1_end_step != step:
-        raise runner.UsageError(f"{path}: phase 1 ended at step {step}, not --phase1_end_step "
-                                f"{args.phase1_end_step}")
-    return path, step
-
-
 class MlmEvaluation:
     """Scores the eval set, logs and records each evaluation, and tells when the target is met."""
 
@@ -185,6 +173,19 @@ class MlmEvaluation:
                 "sequences_to_target": reached["training_sequences"] if reached else None}
 
 
+def phase_start_step(args: argparse.Namespace, start: RunStart) -> int:
+    """The step this phase's schedule starts at: 0, or where phase 1 ended. A phase 2 that continues phase 1 records
+    it (checked against --phase1_end_step when given); a phase 2 that resumes reads it from its run record."""
+    if not (args.phase2 and args.do_train):
+        return 0
+    if start.kind == CONTINUE:
+        if args.phase1_end_step is not None and args.phase1_end_step != start.step:
+            raise runner.UsageError(f"{start.checkpoint}: phase 1 ended at step {start.step}, not --phase1_end_step "
+                                    f"{args.phase1_end_step}")
+        args.phase1_end_step = start.step  # recorded, so that a resumed phase 2 keeps its step count
+    return args.phase1_end_step
+
+
 def evaluation_schedule(args: argparse.Namespace, evaluation: MlmEvaluation, start_step: int
                         ) -> PeriodicEvaluation | None:
     if not args.eval_iter_samples:
@@ -209,13 +210,6 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
     train_sequences = sum(check_layout(path, limits) for path in train_files)
     eval_features = read_eval_set(find_shards(args.eval_dir), limits, args.num_eval_examples) \
         if args.eval_dir else None
-    continue_from, start_step = None, 0
-    if args.phase2 and args.do_train:
-        if holds_training_state(args.output_dir):  # a phase 2 run resuming: its record says where phase 1 ended
-            start_step = args.phase1_end_step
-        else:
-            continue_from, start_step = phase1_checkpoint(args)
-            args.phase1_end_step = start_step  # recorded, so that a resumed phase 2 keeps its step count
     if args.num_warmup_steps is not None:
         args.warmup_proportion = args.num_warmup_steps / args.num_train_steps
 
@@ -223,17 +217,19 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
         runner.check_record(record, config, args, dist)
         log = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
         # Phase 2's weights come with the rest of phase 1's state, through Estimator.train.
-        model = runner.build_model(args, "pretraining", config, log, warm_start=not args.phase2)
+        model, start = runner.build_model(args, "pretraining", config, dist, log,
+                                          continue_phase=args.phase2 and args.do_train)
+        start_step = phase_start_step(args, start)
         estimator = runner.build_estimator(args, model, dist,
                                            start_step + args.num_train_steps if args.do_train else None)
         evaluation = MlmEvaluation(args, estimator, eval_features, dist, log) if eval_features is not None else None
         if args.do_train:
             status = train(args, record, config, dist, estimator, train_files, train_sequences, limits, bins,
-                           continue_from, start_step, evaluation, log)
+                           start, start_step, evaluation, log)
             if status is not None:
                 return status
-        elif estimator.restore() is None and not args.init_checkpoint:
-            raise runner.UsageError(f"{args.output_dir}: no checkpoint to evaluate and no --init_checkpoint")
+        else:
+            runner.restore_for_inference(estimator, start)
         if args.do_eval:  # the evaluation at the last step, if one ran there
             results = {"global_step": estimator.global_step, **evaluation.score()}
             runner.report_eval(args.output_dir, f"pre-training, step {estimator.global_step}", results,
@@ -241,20 +237,20 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
         return 0
 
 
-def train(args, record, config, dist, estimator: Estimator, files, sequences: int, limits, bins, continue_from,
+def train(args, record, config, dist, estimator: Estimator, files, sequences: int, limits, bins, start: RunStart,
           start_step: int, evaluation: MlmEvaluation | None, log) -> int | None:
     """Train on the shards (resuming the run, or continuing phase 1) and write train_results.json."""
     runner.write_record(record, PROGRAM, args, config, dist)
     batches = PretrainingBatches(files, args.train_batch_size, args.seed, limits, dist.rank, dist.world_size, bins)
     periodic = evaluation_schedule(args, evaluation, start_step) if evaluation is not None else None
-    log(f"***** Pre-training{' phase 2 from ' + continue_from if continue_from else ''}: {len(files)} shards, "
+    log(f"***** Pre-training{' phase 2 from ' + start.checkpoint if start.kind == CONTINUE else ''}: {len(files)} shards, "
         f"{sequences:,} sequences of {args.max_seq_length} tokens, steps {start_step} to "
         f"{estimator.train_config.num_train_steps}, batch {args.train_batch_size} x {args.num_accumulation_steps} "
         f"x {dist.world_size} processes, {args.optimizer_type}, {args.modeling} model, "
         f"{runner.resolve_precision(args)} on {dist.device}"
         + (f", length bins {args.length_bins}" if bins else "") + " *****")
     try:
-        result = estimator.train(batches, continue_from=continue_from, evaluation=periodic)
+        result = estimator.train(batches, start, evaluation=periodic)
     finally:
         batches.close()
     extra = {"learning_rate": estimator.train_config.learning_rate, "max_predictions_per_seq":

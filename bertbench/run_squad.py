@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
                 raise runner.UsageError(f"{args.predict_file}: no answers to score, so --no_sync_gradients cannot "
                                         "choose a worker; predict a dev file")
         runner.check_record(record, config, args, dist)
-        model = runner.build_model(args, "question_answering", config, log)
+        model, start = runner.build_model(args, "question_answering", config, dist, log)
         train_steps = runner.num_train_steps(len(train_features), args, dist) if args.do_train else None
         estimator = runner.build_estimator(args, model, dist, train_steps)
 
@@ -112,12 +112,12 @@ def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
                 return official_scores(args, questions, file_is_version_2, predictions, log=lambda line: None)["f1"]
             status = runner.train_and_report(
                 estimator, args, record, PROGRAM, config, dist, train_features.inputs,
-                f"SQuAD {version}: {len(train_examples)} questions in {len(train_features)} windows", log,
+                f"SQuAD {version}: {len(train_examples)} questions in {len(train_features)} windows", log, start,
                 runner.WorkerScore("f1", worker_f1) if args.do_predict else None)
             if status is not None:
                 return status
-        elif estimator.restore() is None and not args.init_checkpoint:
-            raise runner.UsageError(f"{args.output_dir}: no checkpoint to predict with and no --init_checkpoint")
+        else:
+            runner.restore_for_inference(estimator, start)
 
         if args.do_predict:
             predict(args, predict_examples, predict_features, questions, file_is_version_2, estimator,

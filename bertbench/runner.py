@@ -22,13 +22,16 @@ from typing import Any
 from torch import nn
 
 from bertbench import __version__
-from bertbench.checkpoint import CheckpointError, holds_training_state
+from bertbench.checkpoint import CheckpointError
 from bertbench.config import BertConfig, ConfigError
 from bertbench.distributed import Distributed
 from bertbench.durable import write_text_atomically
 from bertbench.flags import FlagParser
-from bertbench.estimator import (PRECISIONS, Estimator, RunConfig, ShuffledBatches, TrainConfig, TrainingDivergedError,
-                                 TrainResult, seed_everything)
+from bertbench.batches import ShuffledBatches
+from bertbench.estimator import Estimator, TrainingDivergedError
+from bertbench.train_state import RESTORE, WARM_START, RunStart, decide_start, seed_everything
+from bertbench.train_stats import TrainResult
+from bertbench.training_config import PRECISIONS, RunConfig, TrainConfig
 from bertbench.models import add_model_arguments, model_from_args
 from bertbench.tf_checkpoint import CheckpointError as TFCheckpointError
 from bertbench.tokenization import BertTokenizer, VocabError
@@ -235,16 +238,26 @@ def write_record(record: RunRecord | None, runner: str, args: argparse.Namespace
               dist.world_size).write()
 
 
-def build_model(args: argparse.Namespace, task: str, config: BertConfig, log: Callable[[str], None],
-                warm_start: bool = True, **head_kwargs) -> nn.Module:
-    """The task model from the chosen modeling module; warm-started from --init_checkpoint (unless `warm_start` is
-    False: the caller loads it otherwise) unless the run directory holds a checkpoint (which replaces every weight
-    when training resumes or evaluation restores)."""
+def build_model(args: argparse.Namespace, task: str, config: BertConfig, dist: Distributed,
+                log: Callable[[str], None], continue_phase: bool = False, **head_kwargs) -> tuple[nn.Module, RunStart]:
+    """The task model from the chosen modeling module, and where the run starts, decided once here
+    (train_state.decide_start): training resumes output_dir's checkpoint, continues an earlier phase
+    (`continue_phase`), warm-starts from --init_checkpoint or starts afresh; evaluation and prediction restore the
+    run's checkpoint or warm-start from --init_checkpoint. A warm start's weights are loaded here."""
+    start = decide_start(args.output_dir, training=args.do_train, init_checkpoint=args.init_checkpoint,
+                         continue_phase=continue_phase, dist=dist,
+                         independent_workers=dist.enabled and not getattr(args, "sync_gradients", True), log=log)
     seed_everything(args.seed)
     model = model_from_args(args, task, config, **head_kwargs)
-    if warm_start and args.init_checkpoint and not holds_training_state(args.output_dir):
-        log(str(load_pretrained(model, args.init_checkpoint, config)))
-    return model
+    if start.kind == WARM_START:
+        log(str(load_pretrained(model, start.checkpoint, config)))
+    return model, start
+
+
+def restore_for_inference(estimator: Estimator, start: RunStart) -> None:
+    """Without training, evaluation and prediction score the run's checkpoint (or the warm start's weights)."""
+    if start.kind == RESTORE:
+        estimator.restore(start.checkpoint)
 
 
 def build_estimator(args: argparse.Namespace, model: nn.Module, dist: Distributed,
@@ -289,7 +302,8 @@ def check_independent_workers(args: argparse.Namespace, needs: str) -> None:
 
 def train_and_report(estimator: Estimator, args: argparse.Namespace, record: RunRecord | None, runner: str,
                      config: BertConfig, dist: Distributed, features: Mapping[str, Any], description: str,
-                     log: Callable[[str], None], worker_score: WorkerScore | None = None) -> int | None:
+                     log: Callable[[str], None], start: RunStart,
+                     worker_score: WorkerScore | None = None) -> int | None:
     """Record the run, train on `features` (resuming from output_dir's newest checkpoint) and report; independent
     workers then keep the best by `worker_score`. Returns the exit status of a run a signal stopped, None for a
     finished one."""
@@ -300,7 +314,8 @@ def train_and_report(estimator: Estimator, args: argparse.Namespace, record: Run
         f"model, {resolve_precision(args)} on {dist.device}, learning rate "
         f"{estimator.train_config.learning_rate:g}"
         + (f", time budget {args.max_train_seconds:g} s" if args.max_train_seconds is not None else "") + " *****")
-    result = estimator.train(ShuffledBatches(features, args.train_batch_size, args.seed, dist.rank, dist.world_size))
+    result = estimator.train(ShuffledBatches(features, args.train_batch_size, args.seed, dist.rank, dist.world_size),
+                             start)
     selection = {}
     if result.interrupted_by is None and estimator.independent_workers:
         best, scores = estimator.keep_best_worker(worker_score.score)

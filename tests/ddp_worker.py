@@ -21,7 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_batch, tiny_config  # noqa: E402
 
 from bertbench.distributed import job_from_environment  # noqa: E402
-from bertbench.estimator import Estimator, RunConfig, ShuffledBatches, TrainConfig, seed_everything  # noqa: E402
+from bertbench.batches import ShuffledBatches  # noqa: E402
+from bertbench.estimator import Estimator  # noqa: E402
+from bertbench.train_state import seed_everything  # noqa: E402
+from bertbench.training_config import RunConfig, TrainConfig  # noqa: E402
 from bertbench.models import build_model  # noqa: E402
 
 ALLREDUCES: list[bool] = []  # per bucket all-reduce: whether it was the backward pass's last bucket

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from bertbench.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from bertbench.estimator import (Estimator, PeriodicEvaluation, RunConfig, ShuffledBatches, TrainConfig,
-                                 TrainingDivergedError, rng_state, set_rng_state)
+from bertbench.batches import ShuffledBatches
+from bertbench.estimator import Estimator, PeriodicEvaluation, TrainingDivergedError
+from bertbench.train_state import rng_state, set_rng_state
+from bertbench.training_config import RunConfig, TrainConfig
 from bertbench.models import build_model
 from bertbench.progress import MetricsLog, ProgressDisplay
 from conftest import tiny_config
@@ -425,15 +427,18 @@ def test_continuing_an_earlier_phase_takes_weights_moments_and_step_with_a_new_s
     first = make_estimator(tmp_path / "one", steps=10)
     first.train(ShuffledBatches(features(), 8, seed=0))
     second = make_estimator(tmp_path / "two", steps=16, learning_rate=5e-4, warmup_proportion=0.5)
-    result = second.train(ShuffledBatches(features(), 8, seed=1), continue_from=str(tmp_path / "one"))
+    start = second.decide_start(init_checkpoint=str(tmp_path / "one"), continue_phase=True)
+    assert (start.kind, start.step) == ("continue", 10)
+    result = second.train(ShuffledBatches(features(), 8, seed=1), start)
     assert result.global_step == 16 and result.steps == 6 and result.resumed_from is None
     state = load_checkpoint(result.last_checkpoint)
     assert state["schedule_start_step"] == 10 and state["schedule"]["last_epoch"] == 6
     assert state["optimizer"]["param_groups"][0]["lr"] < 5e-4  # this run's peak, decayed; not phase one's 1e-3
     assert state["optimizer"]["state"][0]["step"] == 16  # AdamW's moments (and step count) went on
     with pytest.raises(CheckpointError, match="ended at step 10; this one must go past it"):
-        make_estimator(tmp_path / "three", steps=10).train(ShuffledBatches(features(), 8, seed=0),
-                                                           continue_from=str(tmp_path / "one"))
+        third = make_estimator(tmp_path / "three", steps=10)
+        third.train(ShuffledBatches(features(), 8, seed=0),
+                    third.decide_start(init_checkpoint=str(tmp_path / "one"), continue_phase=True))
 
 
 def test_predict_collects_what_a_function_extracts(tmp_path):

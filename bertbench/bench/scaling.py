@@ -39,7 +39,9 @@ from bertbench.bench.plan import fit_alpha_beta
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.distributed import job_from_environment
-from bertbench.estimator import Estimator, RunConfig, ShuffledBatches, TrainConfig
+from bertbench.batches import ShuffledBatches
+from bertbench.estimator import Estimator
+from bertbench.training_config import RunConfig, TrainConfig
 
 # All-reduce sizes timed alone, besides the whole gradient: latency-bound to bandwidth-bound (16 MiB even for a
 # tiny model, so that the fit has a size where bandwidth shows).

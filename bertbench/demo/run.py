@@ -32,7 +32,7 @@ from bertbench.create_pretraining_data import DataSettings, create_pretraining_d
 from bertbench.config import BertConfig
 from bertbench import synthetic as data
 from bertbench.durable import write_text_atomically
-from bertbench.estimator import ShuffledBatches
+from bertbench.batches import ShuffledBatches
 from bertbench.saved_activations import saved_activation_bytes
 from bertbench.models import build_model
 from bertbench.tasks.squad import read_examples

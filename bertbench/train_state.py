@@ -1,0 +1,208 @@
+"""Where a run starts, and the state that a checkpoint carries between invocations.
+
+`decide_start` is the one place that answers "where does this run start?": afresh, resuming its own newest checkpoint,
+warm-started from --init_checkpoint, continuing an earlier phase's checkpoint, or (for evaluation and prediction)
+restoring the run's checkpoint. Runners call it once and hand the answer to the Estimator.
+
+`TrainingCheckpoints` saves and loads the stateful parts of training as one checkpoint: the model, the step's
+optimizer, schedule and loss scaler, the data stream's position and the random generators of every rank. Under DDP
+rank 0 writes one file holding every rank's data position and RNG state; independent workers each write their own in
+worker-<rank>/, and old ones are pruned only once every worker has written (see decide_start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bertbench.batches import TrainBatches
+from bertbench.checkpoint import (CheckpointError, checkpoint_path, checkpoint_step, latest_checkpoint,
+                                  list_checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint, worker_dir)
+from bertbench.distributed import Distributed
+from bertbench.train_step import TrainStep
+
+FRESH, RESUME, WARM_START, CONTINUE, RESTORE = "fresh", "resume", "warm_start", "continue", "restore"
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """How a run starts. `checkpoint`: the file resumed, continued or restored, or the --init_checkpoint a warm
+    start reads; `step`: the global step the run starts at."""
+
+    kind: str
+    checkpoint: str | None = None
+    step: int = 0
+
+
+def decide_start(model_dir: str, *, training: bool, init_checkpoint: str | None = None, continue_phase: bool = False,
+                 dist: Distributed | None = None, independent_workers: bool = False,
+                 log: Callable[[str], None] = lambda line: None) -> RunStart:
+    """Training: resume the run's newest checkpoint (independent workers: the newest step every worker saved); else
+    continue the earlier phase in init_checkpoint (`continue_phase`), warm-start from init_checkpoint, or start
+    afresh. Evaluation/prediction: restore the run's newest checkpoint, else warm-start from init_checkpoint; with
+    neither there is nothing to score, a CheckpointError."""
+    if training:
+        path = _resume_path(model_dir, dist or Distributed(), log) if independent_workers \
+            else latest_checkpoint(model_dir)
+        if path is not None:
+            return RunStart(RESUME, path, checkpoint_step(path))
+        if continue_phase:
+            if not init_checkpoint:
+                raise CheckpointError("continuing an earlier phase needs its checkpoint or run directory")
+            path = latest_checkpoint(init_checkpoint) if os.path.isdir(init_checkpoint) else init_checkpoint
+            step = checkpoint_step(path) if path and os.path.isfile(path) else None
+            if step is None:
+                raise CheckpointError(f"{init_checkpoint}: no bertbench checkpoint (ckpt-<step>.pt) of the earlier "
+                                      "phase to continue from")
+            return RunStart(CONTINUE, path, step)
+        return RunStart(WARM_START, init_checkpoint) if init_checkpoint else RunStart(FRESH)
+    path = latest_checkpoint(model_dir)
+    if path is not None:
+        return RunStart(RESTORE, path, checkpoint_step(path))
+    if init_checkpoint:
+        return RunStart(WARM_START, init_checkpoint)
+    raise CheckpointError(f"{model_dir}: no checkpoint to evaluate and no --init_checkpoint")
+
+
+def _resume_path(model_dir: str, dist: Distributed, log: Callable[[str], None]) -> str | None:
+    """Independent workers resume the newest step that every worker saved: a worker killed while the others were
+    saving may lack the newest, and they must go on from the same step."""
+    own_dir = worker_dir(model_dir, dist.rank)
+    saved = dist.all_gather_object([step for step, _ in list_checkpoints(own_dir)])
+    common = set(saved[0]).intersection(*saved[1:])
+    if not common:
+        if any(saved):
+            log(f"warning: the workers' checkpoints in {model_dir}/worker-*/ have no step in common (a worker "
+                "stopped before its first save): starting from the beginning")
+        return None
+    return checkpoint_path(own_dir, max(common))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and CUDA generator states, in types the safe (weights_only) loader reads."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32),
+                         numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_weights(model: nn.Module, path: str, state: Mapping[str, Any]) -> None:
+    """A checkpoint's weights into `model`; a checkpoint of another model is a CheckpointError naming the file."""
+    try:
+        model.load_state_dict(state["model"])
+    except KeyError:
+        raise CheckpointError(f"{path}: no 'model' entry") from None
+    except RuntimeError as error:
+        detail = " ".join(str(error).split())
+        raise CheckpointError(f"{path}: its weights do not fit this model ({detail[:300]})") from None
+
+
+@dataclass
+class Restored:
+    """What a restored training state says about the run: its step and fp16 steps skipped so far."""
+
+    step: int
+    skipped_steps: int
+
+
+class TrainingCheckpoints:
+    """Saves and restores the stateful parts of a training run (see the module's doc)."""
+
+    def __init__(self, model_dir: str, keep_max: int, model: nn.Module, step: TrainStep, batches: TrainBatches,
+                 dist: Distributed, independent_workers: bool, log: Callable[[str], None]):
+        self.model_dir, self.keep_max = model_dir, keep_max
+        self.model, self.step, self.batches, self.dist = model, step, batches, dist
+        self.independent_workers, self.log = independent_workers, log
+        self.directory = worker_dir(model_dir, dist.rank) if independent_workers else model_dir
+
+    def save(self, global_step: int, skipped_steps: int) -> str | None:
+        """Write the checkpoint of `global_step` (every rank calls this); the path written, None on other ranks."""
+        own = (rng_state(), self.batches.state_dict())
+        gathered = [own] if self.independent_workers else self.dist.all_gather_object(own)
+        if not (self.independent_workers or self.dist.is_main):
+            return None
+        state = {"model": self.model.state_dict(), **self.step.state_dict(),
+                 "data": [data for _, data in gathered], "epoch": self.batches.epoch,
+                 "rng": [rng for rng, _ in gathered], "skipped_steps": skipped_steps,
+                 "train_config": dataclasses.asdict(self.step.config)}
+        if not self.independent_workers:
+            return save_checkpoint(self.model_dir, global_step, state, self.keep_max)
+        path = save_checkpoint(self.directory, global_step, state, keep_max=None)
+        self.dist.barrier()
+        prune_checkpoints(self.directory, self.keep_max)
+        return path
+
+    def restore(self, path: str, state: Mapping[str, Any], seed: int) -> Restored:
+        """Every part from `state` (read from `path`): the run continues exactly where it was saved."""
+        load_weights(self.model, path, state)
+        try:
+            self.step.load_state_dict(state)
+            data = state["data"]
+            if isinstance(data, list):  # every rank's position; a list of one from an independent worker
+                data = data[self.dist.rank] if len(data) == self.dist.world_size else data[0]
+            self.batches.load_state_dict(data)
+            rng_states, step, skipped = state["rng"], state["step"], state["skipped_steps"]
+        except KeyError as error:
+            raise CheckpointError(f"{path}: no {error.args[0]!r} entry; not a training checkpoint of this "
+                                  f"bertbench version") from None
+        except ValueError as error:
+            raise CheckpointError(f"{path}: does not fit this run: {error}") from None
+        if self.independent_workers:
+            set_rng_state(rng_states[0])  # each worker's file holds its own
+        elif len(rng_states) == self.dist.world_size:
+            set_rng_state(rng_states[self.dist.rank])
+        else:  # the weights and data position still resume exactly; dropout draws cannot
+            self.log(f"warning: {path} was written by {len(rng_states)} processes, this run has "
+                     f"{self.dist.world_size}: dropout random streams restart from the seed")
+            seed_everything(seed + self.dist.rank + step)
+        return Restored(step, skipped)
+
+    def continue_phase(self, path: str, state: Mapping[str, Any]) -> int:
+        """Start from an earlier phase's checkpoint: its weights, its step count and, when it was trained with the
+        same optimizer, the optimizer's moments; this run's learning rate and weight decay replace that phase's
+        (NVIDIA's phase 2). Returns the step it ended at."""
+        load_weights(self.model, path, state)
+        step = int(state.get("step", 0))
+        config = self.step.config
+        earlier = state.get("train_config", {}).get("optimizer")
+        if "optimizer" in state and earlier == config.optimizer:
+            try:
+                self.step.load_optimizer_moments(state["optimizer"])
+            except (ValueError, KeyError) as error:
+                raise CheckpointError(f"{path}: its optimizer state does not fit this model ({error})") from None
+        else:
+            self.log(f"warning: {path} holds no {config.optimizer} state (it was trained with "
+                     f"{earlier or 'no saved optimizer'}): the optimizer's moments start from zero")
+        return step
+
+
+def read_training_state(start: RunStart) -> dict[str, Any] | None:
+    """The checkpoint a resumed or continued run reads (once), None for a run that starts without one."""
+    return load_checkpoint(start.checkpoint) if start.kind in (RESUME, CONTINUE) else None

@@ -1,0 +1,197 @@
+"""Counts and clocks of the training loop: the log windows' figures and the run's steady-state throughput.
+
+The steady throughput leaves out the first `excluded_steps` steps (start-up, compilation) and the time spent saving
+checkpoints and evaluating during training after them. The clock is injectable, so the arithmetic is tested with a
+fake one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bertbench.devices import synchronize
+
+
+@dataclass
+class TrainResult:
+    """What one call of `Estimator.train` did. Throughput counts every sequence of every rank."""
+
+    global_step: int
+    resumed_from: str | None  # the checkpoint this run continued from
+    restore_seconds: float  # reading it and restoring every state
+    interrupted_by: str | None  # "SIGTERM" / "SIGINT" when a signal stopped the run early
+    budget_exhausted: bool  # max_train_seconds stopped the run before num_train_steps (not an interruption)
+    target_reached: bool  # a PeriodicEvaluation stopped the run (its target met)
+    steps: int  # optimizer steps done in this call
+    sentences: int  # sequences trained in this call (skipped fp16 steps included: they were computed)
+    seconds: float  # wall-clock time of the training loop, checkpoints included
+    sentences_per_second: float  # sentences / seconds
+    steady_sentences_per_second: float | None  # without the first excluded steps and without checkpoint saves
+    steady_steps: int  # steps the steady figure covers
+    checkpoint_saves: int
+    checkpoint_seconds: float
+    evaluation_seconds: float  # evaluations during training (left out of the steady throughput, as saves are)
+    padding_fraction: float | None  # share of the trained tokens that were padding
+    skipped_steps: int  # fp16 steps skipped for inf/NaN gradients, in the whole run
+    final_loss: float | None  # mean loss of the last logged window
+    last_checkpoint: str | None
+    epoch: float
+
+    @property
+    def sentences_per_20_minutes(self) -> float | None:
+        """The original suite's comparison figure: sentences a run processes in 20 minutes at the steady rate."""
+        rate = self.steady_sentences_per_second
+        return None if rate is None else rate * 1200
+
+
+class LoopStats:
+    """Counts batches, steps, saves and evaluations of one `train` call, and times them."""
+
+    def __init__(self, *, start_step: int, num_train_steps: int, excluded_steps: int,
+                 max_train_seconds: float | None, world_size: int = 1, device: torch.device | str = "cpu",
+                 mean_over_ranks: Callable[[float], float] = lambda value: value,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.start_step, self.num_train_steps = start_step, num_train_steps
+        self.max_train_seconds, self.world_size, self.device = max_train_seconds, world_size, torch.device(device)
+        self.mean_over_ranks, self.clock = mean_over_ranks, clock
+        self.exclude = min(excluded_steps, (num_train_steps - start_step) // 2)
+        self.started = self.window_started = clock()
+        self.steady_started: float | None = None
+        self.steady_start_sentences = 0
+        self.steps = 0
+        self.totals: Counter[str] = Counter()  # sentences, tokens (padding included), real_tokens
+        self.window: Counter[str] = Counter()  # the same since the last log line
+        self.window_loss = torch.zeros((), device=self.device)
+        self.window_counted = 0
+        self.last_grad_norm: torch.Tensor | None = None
+        self.consecutive_skipped = 0
+        self.saves, self.save_seconds, self.steady_pause_seconds = 0, 0.0, 0.0
+        self.evaluation_seconds = 0.0
+        self.last_loss: float | None = None
+
+    def counted(self, batches: Iterator[Mapping[str, torch.Tensor]]) -> "CountedBatches":
+        """`batches`, counting each batch taken from it."""
+        return CountedBatches(batches, self.count_batch)
+
+    def count_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
+        input_ids, mask = batch.get("input_ids"), batch.get("attention_mask")
+        tokens = input_ids.numel() if input_ids is not None else 0
+        # Every rank trains a batch of the same shape; real tokens are this rank's, scaled alike.
+        counts = {"sentences": len(next(iter(batch.values()))), "tokens": tokens,
+                  "real_tokens": int(mask.sum()) if mask is not None else tokens}
+        counts = {name: value * self.world_size for name, value in counts.items()}
+        self.totals.update(counts)
+        self.window.update(counts)
+
+    def after_step(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, skipped: bool) -> None:
+        self.steps += 1
+        self.consecutive_skipped = self.consecutive_skipped + 1 if skipped else 0
+        if not skipped:
+            self.window_loss += loss
+            self.window_counted += 1
+            self.last_grad_norm = grad_norm
+        if self.steps == self.exclude and self.steady_started is None:
+            synchronize(self.device)
+            self.steady_started, self.steady_start_sentences = self.clock(), self.totals["sentences"]
+
+    def peek_loss(self) -> float:
+        return (self.window_loss / max(1, self.window_counted)).item()
+
+    def window_rate(self) -> float:
+        return self.window["sentences"] / max(1e-9, self.clock() - self.window_started)
+
+    def budget_spent(self) -> bool:
+        """Whether this invocation's training loop (checkpoint saves included) has used up max_train_seconds."""
+        return self.max_train_seconds is not None and self.clock() - self.started >= self.max_train_seconds
+
+    def eta(self, step: int) -> float:
+        done = step - self.start_step
+        total = self.num_train_steps - self.start_step
+        elapsed = self.clock() - self.started
+        eta = elapsed / done * (total - done) if done else 0.0
+        budget = self.max_train_seconds
+        return eta if budget is None else min(eta, max(0.0, budget - elapsed))
+
+    def mean_loss(self) -> float:
+        """The window's mean loss over every rank (each measured its own share of the batches)."""
+        return self.mean_over_ranks(self.peek_loss())
+
+    def take_window(self) -> dict[str, Any]:
+        now = self.clock()
+        elapsed = max(1e-9, now - self.window_started)
+        loss = self.mean_loss() if self.window_counted else math.nan
+        window = {"loss": loss, "grad_norm": None if self.last_grad_norm is None else self.last_grad_norm.item(),
+                  "seq_per_s": self.window["sentences"] / elapsed, "tokens_per_s": self.window["tokens"] / elapsed,
+                  "real_tokens_per_s": self.window["real_tokens"] / elapsed,
+                  "elapsed_s": round(now - self.started, 3)}
+        self.last_loss = loss
+        self.window_loss.zero_()
+        self.window_counted = 0
+        self.window.clear()
+        self.window_started = self.clock()
+        return window
+
+    def finite_loss(self) -> float:
+        """The window's loss so far (0 when no step counted), for the check before a save."""
+        return self.mean_loss() if self.window_counted else 0.0
+
+    @contextmanager
+    def pause(self, save: bool = True) -> Iterator[None]:
+        """Time a checkpoint save (or an evaluation), so the steady throughput can leave it out."""
+        started = self.clock()
+        yield
+        seconds = self.clock() - started
+        if save:
+            self.saves += 1
+            self.save_seconds += seconds
+        else:
+            self.evaluation_seconds += seconds
+        if self.steady_started is not None:
+            self.steady_pause_seconds += seconds
+
+    def result(self, *, global_step: int, epoch: float, resumed_from: str | None, restore_seconds: float,
+               interrupted: str | None, budget_exhausted: bool, target_reached: bool, skipped: int,
+               last_checkpoint: str | None) -> TrainResult:
+        synchronize(self.device)
+        now = self.clock()
+        seconds = now - self.started
+        steady_rate, steady_steps = None, 0
+        if self.steady_started is not None and self.steps > self.exclude:
+            steady_seconds = now - self.steady_started - self.steady_pause_seconds
+            steady_rate = (self.totals["sentences"] - self.steady_start_sentences) / max(1e-9, steady_seconds)
+            steady_steps = self.steps - self.exclude
+        if self.window_counted:
+            self.last_loss = self.mean_loss()
+        return TrainResult(
+            global_step=global_step, resumed_from=resumed_from, restore_seconds=restore_seconds,
+            interrupted_by=interrupted, budget_exhausted=budget_exhausted, target_reached=target_reached,
+            steps=global_step - self.start_step, sentences=self.totals["sentences"], seconds=seconds,
+            sentences_per_second=self.totals["sentences"] / max(1e-9, seconds),
+            steady_sentences_per_second=steady_rate, steady_steps=steady_steps, checkpoint_saves=self.saves,
+            checkpoint_seconds=self.save_seconds, evaluation_seconds=self.evaluation_seconds,
+            padding_fraction=1 - self.totals["real_tokens"] / self.totals["tokens"] if self.totals["tokens"] else None,
+            skipped_steps=skipped, final_loss=self.last_loss, last_checkpoint=last_checkpoint, epoch=epoch)
+
+
+class CountedBatches:
+    """An iterator over another's batches that reports each one it hands out."""
+
+    def __init__(self, batches: Iterator[Mapping[str, torch.Tensor]],
+                 count: Callable[[Mapping[str, torch.Tensor]], None]):
+        self.batches, self.count = batches, count
+
+    def __iter__(self) -> "CountedBatches":
+        return self
+
+    def __next__(self) -> Mapping[str, torch.Tensor]:
+        batch = next(self.batches)
+        self.count(batch)
+        return batch

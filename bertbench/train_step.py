@@ -1,0 +1,118 @@
+"""The training step: one optimizer step as users train it, and as every bench times it.
+
+`TrainStep` owns the optimizer, the learning-rate schedule and the fp16 loss scaler of one model, and runs a step:
+gradient_accumulation_steps micro-batches of forward and backward under the run's precision (gradients all-reduced
+once, on the last micro-batch, under DDP), global-norm clipping, the optimizer and the schedule. An fp16 step whose
+gradients overflow is skipped and does not advance the schedule (NVIDIA's BERT). The Estimator's loop calls it with
+the run's batch stream; the benches call it with a fixed synthetic batch, so a bench figure is the speed of this step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bertbench import optim
+from bertbench.distributed import Distributed
+from bertbench.training_config import TrainConfig
+
+
+def autocast(precision: str, device: torch.device | str):
+    """The forward's precision context: none for fp32, autocast to fp16 or bf16 otherwise."""
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
+
+
+def wrap_for_training(model: nn.Module, config: TrainConfig, dist: Distributed) -> nn.Module:
+    """The module the step runs: DistributedDataParallel under torchrun (unless the workers train apart), then
+    torch.compile when asked; the parameters stay the model's own."""
+    wrapped = model
+    if dist.enabled and config.sync_gradients:
+        device_ids = [dist.device.index] if dist.device.type == "cuda" else None
+        wrapped = nn.parallel.DistributedDataParallel(wrapped, device_ids=device_ids)
+    if config.compile:
+        wrapped = torch.compile(wrapped)
+    return wrapped
+
+
+@dataclass
+class StepResult:
+    """What one step did. `loss` stays on the device (reading it would synchronise every step)."""
+
+    loss: torch.Tensor  # mean over the micro-batches
+    grad_norm: torch.Tensor | None  # before clipping; None without clipping
+    skipped: bool  # fp16 gradients overflowed: no update, the schedule did not advance
+    learning_rate: float  # the learning rate the optimizer applied
+
+
+class TrainStep:
+    """One optimizer step of `model` under `config`; the schedule's warm-up and decay run from
+    `schedule_start_step` (0, or the step an earlier phase ended at) to config.num_train_steps."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig, dist: Distributed | None = None,
+                 schedule_start_step: int = 0):
+        self.dist = dist or Distributed()
+        self.device = self.dist.device
+        self.model = model.to(self.device)
+        self.config = config
+        self.schedule_start_step = schedule_start_step
+        self.optimizer = optim.build_optimizer(model, config.optimizer, config.learning_rate, config.weight_decay)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
+        self.schedule = optim.warmup_decay_schedule(self.optimizer, config.num_train_steps - schedule_start_step,
+                                                    config.warmup_proportion, config.decay, config.decay_power)
+        self.training_model = wrap_for_training(model, config, self.dist)
+
+    def forward_loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The loss of one micro-batch under the step's precision, through the module the step trains."""
+        with autocast(self.config.precision, self.device):
+            return self.training_model(**batch).loss
+
+    def __call__(self, batches: Iterator[Mapping[str, torch.Tensor]]) -> StepResult:
+        """Read gradient_accumulation_steps micro-batches from `batches` and take one optimizer step."""
+        accumulation = self.config.gradient_accumulation_steps
+        total_loss = torch.zeros((), device=self.device)
+        for micro_step in range(accumulation):
+            batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in next(batches).items()}
+            # Gradients are all-reduced once per optimizer step, on the last micro-batch, not on every one.
+            defer_sync = micro_step < accumulation - 1 and hasattr(self.training_model, "no_sync")
+            with self.training_model.no_sync() if defer_sync else nullcontext():
+                loss = self.forward_loss(batch) / accumulation
+                self.scaler.scale(loss).backward()
+            total_loss += loss.detach()
+        grad_norm = None
+        if self.config.max_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        learning_rate = self.optimizer.param_groups[0]["lr"]
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        skipped = self.scaler.is_enabled() and self.scaler.get_scale() < scale_before
+        if not skipped:
+            self.schedule.step()
+        return StepResult(total_loss, grad_norm, skipped, learning_rate)
+
+    def state_dict(self) -> dict:
+        """The optimizer's, schedule's and loss scaler's states, as a checkpoint holds them."""
+        return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+                "schedule_start_step": self.schedule_start_step, "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.scaler.load_state_dict(state["scaler"])
+
+    def load_optimizer_moments(self, optimizer_state: Mapping) -> None:
+        """Take an earlier phase's optimizer moments, keeping this run's learning rate and weight decay (NVIDIA's
+        phase 2)."""
+        settings = [{key: value for key, value in group.items() if key != "params"}
+                    for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(optimizer_state)
+        for group, fresh in zip(self.optimizer.param_groups, settings):
+            group.update(fresh)

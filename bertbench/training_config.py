@@ -1,0 +1,94 @@
+"""What a training run is: RunConfig (where it keeps checkpoints, how often it saves and logs) and TrainConfig (the
+optimisation: steps, optimizer, schedule, clipping, accumulation, precision, compile). The loop, the training step
+and the benches all read these; the runners' flags are generated from their fields' help text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bertbench import optim
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a run keeps its checkpoints and how often it writes them (tf.estimator.RunConfig's names)."""
+
+    model_dir: str = field(metadata={"help": "Directory of the run's checkpoints and logs; a run started on a "
+                                             "directory holding a checkpoint resumes from it."})
+    save_checkpoints_secs: float | None = field(default=1200, metadata={
+        "help": "Save a checkpoint every this many seconds of wall-clock time (None: not on a timer)."})
+    save_checkpoints_steps: int | None = field(default=None, metadata={
+        "help": "Save a checkpoint every this many steps (None: not by steps). Either, both or neither."})
+    keep_checkpoint_max: int = field(default=1, metadata={"help": "Checkpoints kept; older ones are deleted once "
+                                                                  "a newer one is completely written."})
+    log_step_count_steps: int = field(default=100, metadata={"help": "Log loss and throughput every this many "
+                                                                     "steps (to the console and metrics.jsonl)."})
+    seed: int = field(default=42, metadata={"help": "Seed of the data order and of dropout."})
+
+    def __post_init__(self) -> None:
+        if self.save_checkpoints_secs is not None and self.save_checkpoints_secs <= 0:
+            raise ValueError(f"save_checkpoints_secs must be positive, got {self.save_checkpoints_secs}")
+        if self.save_checkpoints_steps is not None and self.save_checkpoints_steps < 1:
+            raise ValueError(f"save_checkpoints_steps must be at least 1, got {self.save_checkpoints_steps}")
+        if self.keep_checkpoint_max < 1:
+            raise ValueError(f"keep_checkpoint_max must be at least 1, got {self.keep_checkpoint_max}")
+        if self.log_step_count_steps < 1:
+            raise ValueError(f"log_step_count_steps must be at least 1, got {self.log_step_count_steps}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation: steps, optimizer, schedule, precision."""
+
+    num_train_steps: int = field(metadata={"help": "Optimizer steps of the whole run (a resumed run continues "
+                                                   "to the same number)."})
+    learning_rate: float = field(default=5e-5, metadata={"help": "Peak learning rate."})
+    warmup_proportion: float = field(default=0.1, metadata={"help": "Share of the steps in linear warm-up."})
+    decay: str = field(default="linear", metadata={"help": "After warm-up: linear or poly(nomial) decay to 0."})
+    decay_power: float = field(default=1.0, metadata={"help": "Power of the polynomial decay."})
+    optimizer: str = field(default="adamw", metadata={"help": "adamw or lamb."})
+    weight_decay: float = field(default=0.01, metadata={"help": "Decoupled weight decay (not on biases and "
+                                                                "LayerNorm)."})
+    gradient_accumulation_steps: int = field(default=1, metadata={
+        "help": "Micro-batches per optimizer step; the step's batch is their sum."})
+    max_grad_norm: float | None = field(default=1.0, metadata={"help": "Clip the global gradient norm to this "
+                                                                       "(Google's 1.0); None: no clipping."})
+    precision: str = field(default="fp32", metadata={"help": "fp32, fp16 (autocast + dynamic loss scaling) or "
+                                                             "bf16 (autocast)."})
+    compile: bool = field(default=False, metadata={"help": "Run the training forward/backward through "
+                                                           "torch.compile (the original --use_xla)."})
+    excluded_steps: int = field(default=10, metadata={
+        "help": "Steps at the start of each run left out of the steady-state throughput (start-up, compilation)."})
+    sync_gradients: bool = field(default=True, metadata={
+        "help": "Under torchrun, all-reduce the gradients (data parallel). False: independent workers, each "
+                "training its own copy on its shard of the data with no communication of gradients."})
+    max_train_seconds: float | None = field(default=None, metadata={
+        "help": "Stop training after this many seconds of training-loop wall-clock time in this invocation "
+                "(checkpoint saves included), save a checkpoint, and go on to evaluation (a fixed-time budget, the "
+                "original suite's 20-minute comparison). The learning-rate schedule stays that of num_train_steps: "
+                "the budget only cuts the run short. None: train to num_train_steps."})
+
+    def __post_init__(self) -> None:
+        if self.num_train_steps < 1:
+            raise ValueError(f"num_train_steps must be at least 1, got {self.num_train_steps}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.gradient_accumulation_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be positive, got {self.max_grad_norm}")
+        if self.optimizer not in optim.OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(optim.OPTIMIZERS)}")
+        if self.decay not in optim.DECAYS:
+            raise ValueError(f"unknown decay {self.decay!r}; choose one of {', '.join(optim.DECAYS)}")
+        if not self.sync_gradients and self.precision == "fp16":
+            raise ValueError("independent workers need fp32 or bf16: fp16 loss scaling skips overflowing steps on "
+                             "each worker separately, and the workers must stay at the same step")
+        if self.max_train_seconds is not None and self.max_train_seconds <= 0:
+            raise ValueError(f"max_train_seconds must be positive, got {self.max_train_seconds}")
+        if self.learning_rate <= 0 or not 0 <= self.warmup_proportion <= 1 or self.excluded_steps < 0:
+            raise ValueError(f"invalid learning_rate {self.learning_rate}, warmup_proportion "
+                             f"{self.warmup_proportion} or excluded_steps {self.excluded_steps}")
