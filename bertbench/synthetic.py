@@ -11,6 +11,10 @@ questions that name one of its phrases, "where is the calm owl ?", answered by t
 v2.0 a third of the questions pair an adjective of the paragraph with an animal it does not mention, and have no
 answer. The model has to match the question's words to the paragraph's (one attention hop), which a 2-layer BERT
 of hidden size 128 learns from scratch in a few hundred steps.
+
+Model sizes and random batches: the named BERT shapes the benches time ("tiny" is also the tests' and the demo's
+debug size), and full-length batches of random ids with a step kind's labels, for timing a step whose cost does not
+depend on the values.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ import json
 import os
 import random
 from dataclasses import dataclass
+
+import torch
+
+from bertbench.config import BertConfig
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 POSITIVE = ["happy", "brave", "quick", "kind", "bright", "calm"]
@@ -214,3 +222,41 @@ def write_squad(directory: str | os.PathLike, version: str = "2.0", train: int =
             json.dump(dataset, handle, indent=1)
         paths.append(path)
     return paths[0], paths[1]
+
+
+# Named model shapes; any bert_config.json / HF config.json path works as well.
+MODEL_SIZES = {
+    "tiny": dict(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
+    "mini": dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 intermediate_size=1024),
+    "base": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072),
+    "large": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                  intermediate_size=4096),
+}
+# Masked positions per sequence, as NVIDIA's phase 1 (seq 128: 20) and phase 2 (seq 512: 80) data has them.
+MASKED_SHARE = 0.15625
+
+
+def masked_positions(seq: int) -> int:
+    return max(1, round(seq * MASKED_SHARE))
+
+
+def synthetic_batch(config: BertConfig, kind: str, batch: int, seq: int, device: torch.device | str = "cpu",
+                    seed: int = 0) -> dict[str, torch.Tensor]:
+    """A full-length batch (no padding) of random ids with the labels of `kind`."""
+    generator = torch.Generator().manual_seed(seed)
+    values = {"input_ids": torch.randint(1, config.vocab_size, (batch, seq), generator=generator),
+              "token_type_ids": (torch.arange(seq) >= seq // 2).long().expand(batch, seq).contiguous(),
+              "attention_mask": torch.ones(batch, seq, dtype=torch.long)}
+    if kind == "pretraining":
+        predictions = masked_positions(seq)
+        values["masked_lm_positions"] = torch.stack([torch.randperm(seq, generator=generator)[:predictions]
+                                                     for _ in range(batch)])
+        values["masked_lm_labels"] = torch.randint(1, config.vocab_size, (batch, predictions), generator=generator)
+        values["next_sentence_labels"] = torch.randint(0, 2, (batch,), generator=generator)
+    elif kind == "finetuning":
+        values["labels"] = torch.randint(0, 2, (batch,), generator=generator)
+    else:
+        raise ValueError(f"unknown step kind {kind!r}: use pretraining or finetuning")
+    return {name: tensor.to(device) for name, tensor in values.items()}

@@ -5,7 +5,7 @@ import pathlib
 import pytest
 import torch
 
-from bertbench import devices
+from bertbench import devices, synthetic
 from bertbench.bench import flops, measure, workload
 from conftest import TINY_BERT
 
@@ -51,8 +51,8 @@ def test_foundation_benchmark_runs_on_a_tiny_model(tmp_path, capsys):
 def test_analytic_flops_equal_what_pytorch_counts(kind):
     config = workload.bert_config("tiny", 64)
     model = workload.build(config, kind, workload.Variant.parse("baseline"))
-    batch = workload.synthetic_batch(config, kind, 3, 48)
-    masked = workload.masked_positions(48) if kind == "pretraining" else 0
+    batch = synthetic.synthetic_batch(config, kind, 3, 48)
+    masked = synthetic.masked_positions(48) if kind == "pretraining" else 0
     with torch.no_grad():
         counted_forward = measure.count_flops(lambda: model(**batch))
     counted_training = measure.count_flops(lambda: model(**batch).loss.backward())
@@ -62,7 +62,7 @@ def test_analytic_flops_equal_what_pytorch_counts(kind):
 
 def test_full_recompute_redoes_exactly_the_encoder_forward():
     config = workload.bert_config("tiny", 32)
-    batch = workload.synthetic_batch(config, "finetuning", 2, 32)
+    batch = synthetic.synthetic_batch(config, "finetuning", 2, 32)
     counted = {}
     for name in ("baseline", "full"):
         model = workload.build(config, "finetuning", workload.Variant.parse(name))
@@ -100,9 +100,9 @@ def test_unknown_variants_are_refused(text):
 
 
 def test_pretraining_batches_mask_as_nvidia_phase_1_and_2_data():
-    assert workload.masked_positions(128) == 20 and workload.masked_positions(512) == 80
+    assert synthetic.masked_positions(128) == 20 and synthetic.masked_positions(512) == 80
     config = workload.bert_config("tiny", 128)
-    batch = workload.synthetic_batch(config, "pretraining", 4, 128)
+    batch = synthetic.synthetic_batch(config, "pretraining", 4, 128)
     assert batch["masked_lm_positions"].shape == (4, 20)
     assert all(len(set(row.tolist())) == 20 for row in batch["masked_lm_positions"])  # distinct positions
 

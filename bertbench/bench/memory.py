@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from bertbench import devices
+from bertbench import devices, synthetic
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
@@ -36,7 +36,7 @@ AFFINE_PROBES = (1, 2, 4)
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser_for("memory", __doc__.splitlines()[0])
     setting = parser.add_argument_group("setting")
-    setting.add_argument("--model", default="base", help=f"{', '.join(workload.MODEL_SIZES)} or a "
+    setting.add_argument("--model", default="base", help=f"{', '.join(synthetic.MODEL_SIZES)} or a "
                                                          "bert_config.json.")
     setting.add_argument("--kind", default="pretraining", choices=workload.STEP_KINDS, help="Step kind.")
     setting.add_argument("--variants", type=cli.comma_list(str), default=list(workload.ALL_VARIANTS),
@@ -99,7 +99,7 @@ class SavedBytes:
 
     def __call__(self, batch: int) -> int:
         if batch not in self.counted:
-            inputs = workload.synthetic_batch(self.config, self.kind, batch, self.seq, self.device)
+            inputs = synthetic.synthetic_batch(self.config, self.kind, batch, self.seq, self.device)
             if self.on_meta:
                 # No padding, so no mask is the same attention; and a mask would be read (.all()), which meta
                 # tensors cannot do.
@@ -152,8 +152,7 @@ def gpu_search(config, kind: str, variant: workload.Variant, precision: str, seq
     def fits(batch: int) -> bool:
         step = None
         try:
-            step = workload.TrainStep(model, workload.synthetic_batch(config, kind, batch, seq, device), precision,
-                                      device)
+            step = workload.train_step(config, kind, variant, precision, batch, seq, device, model)
             devices.reset_peak_memory(device)
             step()
             step()  # the second step runs with AdamW's state allocated

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bertbench import synthetic
 from bertbench.bench import cli, workload
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
@@ -317,7 +318,7 @@ def run_all(args: argparse.Namespace, work: str) -> tuple[dict, list[dict], list
     if args.length_bins_at:
         seq = args.length_bins_at
         bins_rows.append(run_once(files, corpus["vocab_file"], work, max(args.workers), seq,
-                                  workload.masked_positions(seq), [seq * quarter // 4 for quarter in range(1, 5)],
+                                  synthetic.masked_positions(seq), [seq * quarter // 4 for quarter in range(1, 5)],
                                   args))
     return corpus, rows, bins_rows
 

@@ -30,7 +30,7 @@ from matplotlib.ticker import PercentFormatter
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity
 
-from bertbench import devices
+from bertbench import devices, synthetic
 from bertbench.bench import cli, flops, workload
 from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.config import BertConfig
@@ -132,7 +132,7 @@ def top_operators(averages: Sequence[Any], device_time: bool, steps: int, profil
             for row in rows[:top]]
 
 
-def profile_steps(step: workload.TrainStep, warmup: int, steps: int,
+def profile_steps(step: workload.BenchStep, warmup: int, steps: int,
                   trace_path: str) -> tuple[list[float], torch.profiler.profile]:
     """Seconds of each profiled step (wall clock, synchronised) and the profiler; the trace goes to `trace_path`,
     written under a temporary name and renamed, so a killed run leaves no half-written trace."""
@@ -225,7 +225,7 @@ def _non_negative_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser_for("profile", __doc__.split("\n\n")[0].replace("\n", " "))
     step = parser.add_argument_group("step")
-    step.add_argument("--model", default="base", help=f"{', '.join(workload.MODEL_SIZES)} or a bert_config.json.")
+    step.add_argument("--model", default="base", help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json.")
     step.add_argument("--kind", choices=workload.STEP_KINDS, default="pretraining",
                       help="pretraining (MLM + NSP heads) or finetuning (2-way classifier).")
     step.add_argument("--variant", type=_variant, default="baseline",
@@ -251,7 +251,7 @@ def figures_of(args: argparse.Namespace, config: BertConfig, device: torch.devic
     profiled_seconds = sum(step_seconds)
     seconds = category_seconds(profiler.events(), device_time)
     operator_seconds = sum(seconds.values())
-    masked = workload.masked_positions(args.max_seq_length) if args.kind == "pretraining" else 0
+    masked = synthetic.masked_positions(args.max_seq_length) if args.kind == "pretraining" else 0
     model_flops = flops.train_flops(config, args.kind, args.max_seq_length, masked) * args.batch_size
     attention_flops = 3 * flops.attention_forward_flops(config, args.max_seq_length) * args.batch_size
 

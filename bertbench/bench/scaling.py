@@ -28,12 +28,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from bertbench import synthetic
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plan import fit_alpha_beta
 from bertbench.bench.plots import line_plot
@@ -54,7 +54,7 @@ COLUMNS = [("nodes", "nodes", "d"), ("processes", "processes", "d"), ("global ba
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser_for("scaling", __doc__.splitlines()[0])
     local = parser.add_argument_group("local mode: torchrun jobs on this machine")
-    local.add_argument("--model", default="base", help=f"{', '.join(workload.MODEL_SIZES)} or a bert_config.json.")
+    local.add_argument("--model", default="base", help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json.")
     local.add_argument("--processes", type=cli.comma_list(cli.positive_int), default=[1, 2],
                        help="Process counts to run; the first is the reference of speedup and efficiency.")
     local.add_argument("--seq_length", type=cli.positive_int, default=128, help="Tokens per sequence.")
@@ -99,19 +99,14 @@ def time_allreduce(numel: int, repeats: int) -> float:
     return statistics.median(slowest_rank(seconds))
 
 
-def time_allreduce_in_steps(model: nn.Module, batch: dict, rounds: int, device: torch.device) -> dict[str, float]:
-    """Median seconds of a DDP training step with its all-reduce and without (no_sync), interleaved."""
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def step(all_reduce: bool) -> None:
-        with nullcontext() if all_reduce else ddp.no_sync():
-            ddp(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    times = measure.time_steps({"with": lambda: step(True), "without": lambda: step(False)}, warmup=1,
-                               repeats=rounds, device=device)
+def time_allreduce_in_steps(config, model: nn.Module, batch_size: int, seq: int, rounds: int, job
+                            ) -> dict[str, float]:
+    """Median seconds of the training step with DDP's all-reduce and of the same step without it (as independent
+    workers train), interleaved."""
+    steps = {name: workload.train_step(config, "finetuning", workload.Variant.parse("baseline"), "fp32", batch_size,
+                                       seq, job.device, model, dist=job, sync_gradients=sync)
+             for name, sync in (("with", True), ("without", False))}
+    times = measure.time_steps(steps, warmup=1, repeats=rounds, device=job.device)
     with_all_reduce, without = slowest_rank(times["with"]), slowest_rank(times["without"])
     return {"step_with_allreduce_seconds": statistics.median(with_all_reduce),
             "step_without_allreduce_seconds": statistics.median(without),
@@ -124,7 +119,7 @@ def train_and_time(args: argparse.Namespace, job) -> dict:
     config = workload.bert_config(args.model, args.seq_length)
     model = workload.build(config, "finetuning", workload.Variant.parse("baseline"), job.device)
     examples = max(args.batch_per_process * job.world_size * 4, 256)
-    features = workload.synthetic_batch(config, "finetuning", examples, args.seq_length, seed=1)
+    features = synthetic.synthetic_batch(config, "finetuning", examples, args.seq_length, seed=1)
     with tempfile.TemporaryDirectory() as model_dir:
         estimator = Estimator(model, RunConfig(model_dir=model_dir, save_checkpoints_secs=None,
                                                log_step_count_steps=10**9),
@@ -139,8 +134,8 @@ def train_and_time(args: argparse.Namespace, job) -> dict:
                 "parameters": parameters, "backend": dist.get_backend() if job.enabled else None}
     findings["step_seconds"] = findings["global_batch"] / findings["seq_per_s"]
     if job.enabled:
-        one_batch = {name: tensor[:args.batch_per_process].to(job.device) for name, tensor in features.items()}
-        findings.update(time_allreduce_in_steps(model, one_batch, args.allreduce_rounds, job.device),
+        findings.update(time_allreduce_in_steps(config, model, args.batch_per_process, args.seq_length,
+                                                args.allreduce_rounds, job),
                         allreduce_rounds=args.allreduce_rounds)
         sizes = sorted(set(ALLREDUCE_SIZES) | {parameters * 4})
         findings["allreduce"] = {"processes": job.world_size, "sizes_bytes": sizes,

@@ -14,16 +14,22 @@ CPU, the bytes the forward saves for backward (exact, by autograd's hooks) and t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
+import tempfile
 from collections.abc import Sequence
 
 import torch
 
-from bertbench import devices
+from bertbench import devices, synthetic
 from bertbench.bench import cli, flops, measure, workload
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.batches import ShuffledBatches
+from bertbench.distributed import Distributed
+from bertbench.estimator import Estimator
+from bertbench.training_config import RunConfig
 
 COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""), ("variant", "variant", ""),
            ("batch", "batch", "d"), ("step (s)", "step_seconds", ".4f"), ("seq/s", "seq_per_s", ".2f"),
@@ -34,7 +40,7 @@ COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision",
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser_for("throughput", __doc__.splitlines()[0])
     sweep = parser.add_argument_group("sweep")
-    sweep.add_argument("--model", default="base", help=f"{', '.join(workload.MODEL_SIZES)} or a bert_config.json.")
+    sweep.add_argument("--model", default="base", help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json.")
     sweep.add_argument("--kinds", type=cli.comma_list(str), default=["pretraining", "finetuning"],
                        help="Step kinds: pretraining (MLM on 15%% of positions + NSP) and finetuning "
                             "(classification).")
@@ -54,7 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
     timing.add_argument("--threads", type=cli.positive_int, default=None, help="CPU threads (torch default: "
                                                                                 "all cores).")
     timing.add_argument("--no_memory", action="store_true", help="Skip the memory step of each setting.")
+    recipe = parser.add_argument_group("the training step (the training defaults unless changed)")
+    recipe.add_argument("--optimizer", default="adamw", choices=("adamw", "lamb"), help="Optimizer of the step.")
+    recipe.add_argument("--gradient_accumulation_steps", type=cli.positive_int, default=1,
+                        help="Micro-batches (each of the batch size) per optimizer step.")
+    recipe.add_argument("--max_grad_norm", type=float, default=1.0, help="Global-norm clipping; 0 turns it off.")
+    recipe.add_argument("--compile", action="store_true", help="torch.compile the step's forward and backward.")
+    recipe.add_argument("--with_trainer", action="store_true",
+                        help="Also train each setting through the Estimator (the loop users run: data stream, "
+                             "logging, save checks) for --trainer_rounds rounds interleaved with the bench's "
+                             "rounds, and report its steady seq/s beside the bench's, with the spread of both.")
+    recipe.add_argument("--trainer_rounds", type=cli.positive_int, default=3,
+                        help="Rounds of the --with_trainer comparison.")
     return parser
+
+
+def recipe(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields the flags change: the step the bench times is the training step with these."""
+    return {"optimizer": args.optimizer, "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "max_grad_norm": args.max_grad_norm or None, "compile": args.compile}
 
 
 def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
@@ -69,7 +93,7 @@ def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
     return [workload.Variant.parse(name) for name in args.variants]
 
 
-def measure_memory(step: workload.TrainStep) -> dict:
+def measure_memory(step: workload.BenchStep) -> dict:
     """Saved-for-backward bytes, and the memory one step run alone adds at its peak to what was resident before it
     (weights, optimizer state, and the other variants' models, which the sweep keeps): activations, gradients,
     temporaries."""
@@ -92,14 +116,15 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device
         for seq in args.seq_lengths:
             config = workload.bert_config(args.model, seq)
             models = {variant.name: workload.build(config, kind, variant, device) for variant in variants}
-            masked = workload.masked_positions(seq) if kind == "pretraining" else 0
+            masked = synthetic.masked_positions(seq) if kind == "pretraining" else 0
             flops_per_sequence = flops.train_flops(config, kind, seq, masked)
             for precision in args.precisions:
                 out_of_memory: set[str] = set()
                 for batch in args.batch_sizes:
                     live = [variant for variant in variants if variant.name not in out_of_memory]
                     steps = {variant.name: workload.train_step(config, kind, variant, precision, batch, seq, device,
-                                                               models[variant.name]) for variant in live}
+                                                               models[variant.name], **recipe(args))
+                             for variant in live}
                     try:
                         times = measure.time_steps(steps, args.warmup, args.steps, device)
                     except torch.cuda.OutOfMemoryError:
@@ -109,7 +134,8 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device
                             rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,
                                              variant=variant.name, batch=batch, out_of_memory=True))
                             continue
-                        row = figures(times[variant.name], batch, seq, flops_per_sequence, peaks[precision][0])
+                        row = figures(times[variant.name], steps[variant.name].sequences, seq, flops_per_sequence,
+                                      peaks[precision][0])
                         if not args.no_memory:
                             row.update(measure_memory(steps[variant.name]))
                         rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,
@@ -121,6 +147,53 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device
                     del steps
             del models
     return rows
+
+
+TRAINER_COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""),
+                   ("variant", "variant", ""), ("batch", "batch", "d"), ("bench seq/s", "bench_seq_per_s", ".2f"),
+                   ("bench min-max", "bench_range", ""), ("trainer seq/s", "trainer_seq_per_s", ".2f"),
+                   ("trainer min-max", "trainer_range", ""), ("trainer / bench", "trainer_over_bench", ".3f")]
+
+
+def bench_vs_trainer(args: argparse.Namespace, config, kind: str, variant: workload.Variant, precision: str,
+                     batch: int, seq: int, device: torch.device) -> dict:
+    """The bench's seq/s and the Estimator's steady seq/s on one setting, in alternating rounds (bench, trainer,
+    trainer, bench, ...), each round on a freshly built model: the bench times --steps steps after --warmup; the
+    trainer trains --warmup + --steps steps on a shuffled stream of synthetic examples of the same shape and reports
+    its steady figure (the first --warmup steps and the checkpoint save left out). Each round's figure is sequences
+    over the summed step time, so both are rates over the same steps."""
+    train = recipe(args)
+    features = synthetic.synthetic_batch(config, kind, batch * 8, seq, seed=1)
+
+    def bench_round() -> float:
+        step = workload.train_step(config, kind, variant, precision, batch, seq, device, **train)
+        seconds = measure.time_steps({"step": step}, args.warmup, args.steps, device)["step"]
+        return step.sequences * len(seconds) / sum(seconds)
+
+    def trainer_round() -> float:
+        model = workload.build(config, kind, variant, device)
+        train_config = dataclasses.replace(workload.train_config(precision, **train),
+                                           num_train_steps=args.warmup + args.steps, excluded_steps=args.warmup)
+        with tempfile.TemporaryDirectory() as model_dir:
+            estimator = Estimator(model, RunConfig(model_dir=model_dir, save_checkpoints_secs=None,
+                                                   log_step_count_steps=10**9), train_config,
+                                  Distributed(device=device), log=lambda line: None)
+            result = estimator.train(ShuffledBatches(features, batch, seed=0))
+        return result.steady_sentences_per_second
+
+    rates: dict[str, list[float]] = {"bench": [], "trainer": []}
+    for round_index in range(args.trainer_rounds):
+        order = (("bench", bench_round), ("trainer", trainer_round))
+        for name, measure_round in order if round_index % 2 == 0 else reversed(order):
+            rates[name].append(measure_round())
+    row = {"kind": kind, "seq": seq, "precision": precision, "variant": variant.name, "batch": batch}
+    for name, values in rates.items():
+        row.update({f"{name}_seq_per_s": statistics.median(values), f"{name}_rounds": values,
+                    f"{name}_range": f"{min(values):.2f}-{max(values):.2f}"})
+    row["trainer_over_bench"] = row["trainer_seq_per_s"] / row["bench_seq_per_s"]
+    print(f"  trainer vs bench, {kind} seq {seq} {precision} {variant.name} batch {batch}: "
+          f"{row['trainer_seq_per_s']:.2f} vs {row['bench_seq_per_s']:.2f} seq/s", flush=True)
+    return row
 
 
 def time_each_alone(steps: dict, args: argparse.Namespace, device: torch.device, out_of_memory: set[str]) -> dict:
@@ -139,13 +212,14 @@ def time_each_alone(steps: dict, args: argparse.Namespace, device: torch.device,
     return times
 
 
-def figures(seconds: list[float], batch: int, seq: int, flops_per_sequence: int, peak: float) -> dict:
+def figures(seconds: list[float], sequences: int, seq: int, flops_per_sequence: int, peak: float) -> dict:
+    """Figures of one setting from its step times; `sequences` per step (the batch times its micro-batches)."""
     step = statistics.median(seconds)
-    achieved = flops_per_sequence * batch / step
+    achieved = flops_per_sequence * sequences / step
     return {"step_seconds": step, "step_seconds_min": min(seconds), "step_seconds_max": max(seconds),
-            "timed_steps": len(seconds), "seq_per_s": batch / step, "tokens_per_s": batch * seq / step,
-            "model_flops_per_step": flops_per_sequence * batch, "model_tflops_per_s": achieved / 1e12,
-            "mfu": achieved / peak}
+            "timed_steps": len(seconds), "sequences_per_step": sequences, "seq_per_s": sequences / step,
+            "tokens_per_s": sequences * seq / step, "model_flops_per_step": flops_per_sequence * sequences,
+            "model_tflops_per_s": achieved / 1e12, "mfu": achieved / peak}
 
 
 def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, tuple[float, str]]:
@@ -162,7 +236,7 @@ def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, t
     return peaks
 
 
-def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device) -> str:
+def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, compared: list[dict]) -> str:
     done = [dict(row, saved_mib=row.get("saved_bytes", 0) / 2**20 if "saved_bytes" in row else None,
                  step_memory_mib=row["step_memory_bytes"] / 2**20 if "step_memory_bytes" in row else None)
             for row in rows if not row["out_of_memory"]]
@@ -172,6 +246,10 @@ def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device) ->
     lines += ["", markdown_table(done, COLUMNS), "",
               "step memory: what one step adds, at its peak, to the memory resident before it (CUDA allocator on a "
               "GPU, process RSS on the CPU): activations, gradients, temporaries."]
+    if compared:
+        lines += ["", "## The bench's step and the trainer's loop", "",
+                  "Seq/s of the bench's step and the Estimator's steady seq/s on the same setting, in alternating "
+                  "rounds (median and range over the rounds).", "", markdown_table(compared, TRAINER_COLUMNS)]
     skipped = [row for row in rows if row["out_of_memory"]]
     if skipped:
         lines += ["", "Out of memory: " + ", ".join(f"{row['variant']} {row['kind']} seq {row['seq']} "
@@ -216,10 +294,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = cli.device(args.device)
         peaks = device_peaks(args.precisions, device)
         rows = sweep(args, variants, device, peaks)
-        text = markdown(rows, peaks, args.model, device)
+        compared = [bench_vs_trainer(args, workload.bert_config(args.model, seq), kind, variant, precision, batch,
+                                     seq, device)
+                    for kind in args.kinds for seq in args.seq_lengths for precision in args.precisions
+                    for variant in variants for batch in args.batch_sizes] if args.with_trainer else []
+        text = markdown(rows, peaks, args.model, device, compared)
         output.write(vars(args), {"device": str(device), "peaks": {precision: {"flops_per_s": peak, "source": source}
                                                                    for precision, (peak, source) in peaks.items()},
-                                  "rows": rows}, text, plots(rows))
+                                  "training_step": recipe(args), "rows": rows, "trainer_comparison": compared},
+                     text, plots(rows))
         print(text)
         print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 

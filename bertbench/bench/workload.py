@@ -1,40 +1,31 @@
 """What a bench times: a model size, a step kind, a modeling variant and a precision, on synthetic data.
 
-Every bench (throughput, memory, profile) builds its steps here, so that "BERT-base, pre-training, seq 128,
-recompute/selective, bf16" means the same model, batch and step everywhere. The data is random token ids: a step's
-cost does not depend on the values, and no file or network is needed.
+Every bench (throughput, memory, profile, scaling) builds its steps here, so that "BERT-base, pre-training, seq 128,
+recompute/selective, bf16" means the same model, batch and step everywhere, and the step is the one users train with:
+bertbench.train_step.TrainStep with the training defaults (optimizer, schedule, clipping, loss scaling). The data is
+random token ids: a step's cost does not depend on the values, and no file or network is needed.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import os
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from bertbench import optim
 from bertbench.config import BertConfig, ConfigError
+from bertbench.synthetic import MODEL_SIZES, synthetic_batch
+from bertbench.distributed import Distributed
 from bertbench.models import build_model
+from bertbench.train_step import TrainStep, autocast
+from bertbench.training_config import TrainConfig
 
-# Named model shapes; any bert_config.json / HF config.json path works as well.
-MODEL_SIZES = {
-    "tiny": dict(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
-    "mini": dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                 intermediate_size=1024),
-    "base": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 intermediate_size=3072),
-    "large": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                  intermediate_size=4096),
-}
 # pretraining: BertForPreTraining with MLM on the masked positions only plus NSP (NVIDIA's / MLPerf's step);
 # finetuning: sequence classification (GLUE's step).
 STEP_KINDS = ("pretraining", "finetuning")
 PRECISIONS = ("fp32", "bf16", "fp16")
-# Masked positions per sequence, as NVIDIA's phase 1 (seq 128: 20) and phase 2 (seq 512: 80) data has them.
-MASKED_SHARE = 0.15625
 
 
 class BenchError(ValueError):
@@ -62,6 +53,8 @@ class Variant:
 
 
 ALL_VARIANTS = ("baseline", "full", "selective", "every-2")
+# The schedule length of a bench step: long enough that the learning rate never decays noticeably while timed.
+BENCH_STEPS = 10**9
 
 
 def bert_config(model: str, max_seq_length: int, dropout: float = 0.1) -> BertConfig:
@@ -82,30 +75,6 @@ def bert_config(model: str, max_seq_length: int, dropout: float = 0.1) -> BertCo
     return config
 
 
-def masked_positions(seq: int) -> int:
-    return max(1, round(seq * MASKED_SHARE))
-
-
-def synthetic_batch(config: BertConfig, kind: str, batch: int, seq: int, device: torch.device | str = "cpu",
-                    seed: int = 0) -> dict[str, torch.Tensor]:
-    """A full-length batch (no padding) of random ids with the labels of `kind`."""
-    generator = torch.Generator().manual_seed(seed)
-    values = {"input_ids": torch.randint(1, config.vocab_size, (batch, seq), generator=generator),
-              "token_type_ids": (torch.arange(seq) >= seq // 2).long().expand(batch, seq).contiguous(),
-              "attention_mask": torch.ones(batch, seq, dtype=torch.long)}
-    if kind == "pretraining":
-        predictions = masked_positions(seq)
-        values["masked_lm_positions"] = torch.stack([torch.randperm(seq, generator=generator)[:predictions]
-                                                     for _ in range(batch)])
-        values["masked_lm_labels"] = torch.randint(1, config.vocab_size, (batch, predictions), generator=generator)
-        values["next_sentence_labels"] = torch.randint(0, 2, (batch,), generator=generator)
-    elif kind == "finetuning":
-        values["labels"] = torch.randint(0, 2, (batch,), generator=generator)
-    else:
-        raise BenchError(f"unknown step kind {kind!r}: use {' or '.join(STEP_KINDS)}")
-    return {name: tensor.to(device) for name, tensor in values.items()}
-
-
 def build(config: BertConfig, kind: str, variant: Variant, device: torch.device | str = "cpu") -> nn.Module:
     """The model of a step kind from the variant's modeling module, in training mode, seeded alike for all."""
     torch.manual_seed(0)
@@ -115,51 +84,65 @@ def build(config: BertConfig, kind: str, variant: Variant, device: torch.device 
     return model.to(device).train()
 
 
-def autocast(precision: str, device: torch.device | str):
-    device_type = torch.device(device).type
-    if precision == "fp32":
-        return nullcontext()
-    return torch.autocast(device_type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], precision: str,
                  device: torch.device | str) -> torch.Tensor:
+    """The loss of a forward under the training step's precision (for counting saved bytes without a step)."""
     with autocast(precision, device):
         return model(**batch).loss
 
 
+def train_config(precision: str, **overrides) -> TrainConfig:
+    """The TrainConfig a bench step trains with: the training defaults (AdamW, weight decay, clipping at 1.0, one
+    micro-batch, no compile) with the bench's precision and any `overrides`. The schedule spans BENCH_STEPS without
+    warm-up, so the learning rate stays at its peak however many steps a bench times."""
+    if precision not in PRECISIONS:
+        raise BenchError(f"unknown precision {precision!r}: use {', '.join(PRECISIONS)}")
+    try:
+        return TrainConfig(num_train_steps=BENCH_STEPS, warmup_proportion=0.0, precision=precision, **overrides)
+    except ValueError as error:
+        raise BenchError(str(error)) from None
+
+
 @dataclass
-class TrainStep:
-    """One optimizer step (forward, backward, AdamW) of a model on a fixed batch; call it to run a step."""
+class BenchStep:
+    """The training step users train with (bertbench.train_step.TrainStep), fed one fixed synthetic batch;
+    call it to run one optimizer step (gradient_accumulation_steps micro-batches of that batch)."""
 
-    model: nn.Module
+    step: TrainStep
     batch: dict[str, torch.Tensor]
-    precision: str
-    device: torch.device
-    optimizer: torch.optim.Optimizer = dataclasses.field(init=False)
-    scaler: torch.amp.GradScaler = dataclasses.field(init=False)
 
-    def __post_init__(self) -> None:
-        self.device = torch.device(self.device)
-        if self.precision not in PRECISIONS:
-            raise BenchError(f"unknown precision {self.precision!r}: use {', '.join(PRECISIONS)}")
-        self.optimizer = optim.build_optimizer(self.model, "adamw", 1e-5)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+    @property
+    def model(self) -> nn.Module:
+        return self.step.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.step.optimizer
+
+    @property
+    def device(self) -> torch.device:
+        return self.step.device
+
+    @property
+    def sequences(self) -> int:
+        """Sequences one call trains: the batch times the micro-batches per step."""
+        return len(self.batch["input_ids"]) * self.step.config.gradient_accumulation_steps
 
     def forward(self) -> torch.Tensor:
-        return forward_loss(self.model, self.batch, self.precision, self.device)
+        return self.step.forward_loss(self.batch)
 
     def __call__(self) -> None:
-        self.scaler.scale(self.forward()).backward()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.step(itertools.repeat(self.batch))
 
 
 def train_step(config: BertConfig, kind: str, variant: Variant, precision: str, batch: int, seq: int,
-               device: torch.device | str = "cpu", model: nn.Module | None = None) -> TrainStep:
-    """A TrainStep for one setting; pass `model` to reuse one already built for the same kind and variant."""
+               device: torch.device | str = "cpu", model: nn.Module | None = None,
+               dist: Distributed | None = None, **train_overrides) -> BenchStep:
+    """The training step of one setting; pass `model` to reuse one already built for the same kind and variant, and
+    `train_overrides` (TrainConfig fields: optimizer, gradient_accumulation_steps, compile, ...) to time another
+    recipe. Under torchrun pass the job's `dist`: the step is then DDP's, as in training."""
     device = torch.device(device)
+    dist = dist or Distributed(device=device)
     model = model if model is not None else build(config, kind, variant, device)
-    return TrainStep(model, synthetic_batch(config, kind, batch, seq, device), precision, device)
-
+    step = TrainStep(model, train_config(precision, **train_overrides), dist)
+    return BenchStep(step, synthetic_batch(config, kind, batch, seq, device))

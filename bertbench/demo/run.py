@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bertbench import optim, run_pretraining, run_squad
+from bertbench import run_pretraining, run_squad
 from bertbench.create_pretraining_data import DataSettings, create_pretraining_data
 from bertbench.config import BertConfig
 from bertbench import synthetic as data
 from bertbench.durable import write_text_atomically
 from bertbench.batches import ShuffledBatches
+from bertbench.train_step import TrainStep
+from bertbench.training_config import TrainConfig
 from bertbench.saved_activations import saved_activation_bytes
 from bertbench.models import build_model
 from bertbench.tasks.squad import read_examples
@@ -121,28 +123,24 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
               train: dict, dev: dict) -> tuple[dict, torch.nn.Module]:
     torch.manual_seed(settings.seed)
     model = build_model("classification", config, modeling_name, policy or "full", num_labels=len(data.LABELS))
-    optimizer = optim.build_optimizer(model, "adamw", settings.learning_rate, weight_decay=0.01)
-    schedule = optim.warmup_decay_schedule(optimizer, settings.steps, settings.warmup_proportion)
+    # The training step users train with (AdamW, Google's warm-up and linear decay, clipping at 1.0).
+    step = TrainStep(model, TrainConfig(num_train_steps=settings.steps, learning_rate=settings.learning_rate,
+                                        warmup_proportion=settings.warmup_proportion))
     stream = ShuffledBatches(train, settings.batch_size, settings.seed)
     model.train()
+    # Counted on a forward of its own (its graph is dropped): autograd's hooks would slow a timed step.
+    first_batch = next(ShuffledBatches(train, settings.batch_size, settings.seed))
+    saved_bytes = saved_activation_bytes(lambda: step.forward_loss(first_batch), model)[1]
     timed_steps, timed_seconds = 0, 0.0
-    # Untimed: step 0, which counts saved bytes under autograd hooks, and the first steps, which pay for
-    # allocation and thread start-up.
+    # Untimed: the first steps, which pay for allocation and thread start-up.
     untimed = max(1, min(5, settings.steps // 4))
-    for step in range(settings.steps):
-        batch = next(stream)
+    for index in range(settings.steps):
         started = time.perf_counter()
-        if step == 0:
-            loss, saved_bytes = saved_activation_bytes(lambda: model(**batch).loss, model)
-        else:
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step >= untimed:
+        outcome = step(stream)
+        if index >= untimed:
             timed_steps += 1
             timed_seconds += time.perf_counter() - started
+    loss = outcome.loss
     name = modeling_name if policy is None else f"{modeling_name}/{policy}"
     result = {
         "model": name,
