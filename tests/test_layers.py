@@ -1,0 +1,83 @@
+"""The layers point one way: the core never imports the benches or the demo, the model code knows nothing of
+training, and the data-creation tool loads only what it uses. Read from the source (every import statement, at
+any depth), so a lazy import inside a function counts too."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "bertbench"
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Every bertbench module `path` imports (`from bertbench import x` counts as bertbench.x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name == "bertbench" or name.startswith("bertbench.")}
+
+
+MODULES = {module_name(path): imported_modules(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_the_modules_were_found():
+    assert {"bertbench.estimator", "bertbench.train_step", "bertbench.bench.throughput", "bertbench.demo.run",
+            "bertbench.tasks.glue"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("leaf", ["bertbench.bench", "bertbench.demo"])
+def test_the_core_never_imports_the_benches_or_the_demo(leaf):
+    offenders = {module: sorted(name for name in imports if under(name, leaf))
+                 for module, imports in MODULES.items()
+                 if not (under(module, "bertbench.bench") or under(module, "bertbench.demo"))}
+    assert {module: names for module, names in offenders.items() if names} == {}
+
+
+def test_the_benches_and_the_demo_do_not_lean_on_each_other():
+    crossing = {module: sorted(name for name in imports if under(name, "bertbench.demo" if under(
+        module, "bertbench.bench") else "bertbench.bench"))
+                for module, imports in MODULES.items()
+                if under(module, "bertbench.bench") or under(module, "bertbench.demo")}
+    assert {module: names for module, names in crossing.items() if names} == {}
+
+
+@pytest.mark.parametrize("model_module", ["bertbench.modeling", "bertbench.recompute", "bertbench.config",
+                                          "bertbench.models"])
+def test_model_code_has_no_training_code(model_module):
+    training = ("bertbench.estimator", "bertbench.train_step", "bertbench.train_state", "bertbench.train_stats",
+                "bertbench.optim", "bertbench.runner", "bertbench.checkpoint", "bertbench.saved_activations")
+    assert sorted(name for name in MODULES[model_module] if name.startswith(training)) == []
+
+
+def test_the_training_step_and_state_do_not_import_the_loop_or_the_runners():
+    for module in ("bertbench.train_step", "bertbench.train_state", "bertbench.train_stats", "bertbench.batches",
+                   "bertbench.training_config"):
+        assert not {name for name in MODULES[module]
+                    if name.startswith(("bertbench.estimator", "bertbench.runner", "bertbench.run_"))}, module
+
+
+def test_data_creation_loads_no_training_code():
+    # Its worker processes import this module: the loop, the runners and the weights code have no place there.
+    loaded = subprocess.run([sys.executable, "-c", "import sys, bertbench.create_pretraining_data; "
+                             "print(' '.join(m for m in sys.modules if m.startswith('bertbench')))"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert "bertbench.create_pretraining_data" in loaded
+    assert sorted(name for name in loaded if name.startswith((
+        "bertbench.estimator", "bertbench.runner", "bertbench.run_", "bertbench.weights", "bertbench.train_",
+        "bertbench.bench", "bertbench.demo", "bertbench.optim", "bertbench.recompute"))) == []
