@@ -1,4 +1,7 @@
-"""RunConfig + Estimator: the training loop, shaped like tf.estimator, for any model whose forward returns `.loss`.
+"""Estimator: the training loop, shaped like tf.estimator, for any model whose forward returns `.loss`.
+
+The loop owns only the loop: the step is train_step.TrainStep, where a run starts is train_state.decide_start, the
+checkpointed state is train_state.TrainingCheckpoints, and the figures are train_stats.LoopStats'.
 
 - `train` resumes from the newest checkpoint in `model_dir` when there is one (as tf.estimator does), saves on a
   wall-clock timer and/or every N steps, and on SIGTERM/SIGINT saves at the next step boundary and returns; with a
@@ -183,17 +186,17 @@ class Estimator:
         step = TrainStep(self.model, config, self.dist, schedule_start)
         checkpoints = TrainingCheckpoints(run.model_dir, run.keep_checkpoint_max, self.model, step, batches,
                                           self.dist, self.independent_workers, self.log)
-        skipped, resumed_from = 0, None
+        skipped, resumed_from, restore_seconds = 0, None, 0.0
         if start.kind == RESUME:
             restored = checkpoints.restore(start.checkpoint, state, run.seed)
             self.global_step, skipped, resumed_from = restored.step, restored.skipped_steps, start.checkpoint
+            restore_seconds = time.perf_counter() - started
             self.log(f"resumed from {resumed_from} (step {self.global_step}, epoch {batches.epoch:.2f}) in "
-                     f"{time.perf_counter() - started:.2f} s")
+                     f"{restore_seconds:.2f} s")
         else:
             seed_everything(run.seed + self.dist.rank)
             self.global_step = checkpoints.continue_phase(start.checkpoint, state) if start.kind == CONTINUE else 0
-        restore_seconds = time.perf_counter() - started if resumed_from else 0.0
-        del state
+        del state  # the checkpoint's copy of every tensor: not kept through training
         if self.independent_workers:
             self._same_weights_on_every_rank = False
         return self._loop(step, checkpoints, batches, evaluation, resumed_from, restore_seconds, skipped)
