@@ -12,24 +12,14 @@ import sys
 
 from bertbench.config import ConfigError
 from bertbench.tf_checkpoint import CheckpointError
+from bertbench.errors import ArgumentParser, run_command
 from bertbench.weights import WeightsError, convert_tf_checkpoint
 
 PROG = "bertbench convert"
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """Reports usage errors as exceptions so `main` can return 2 instead of exiting the caller's process."""
-
-    def error(self, message: str):
-        raise _UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Convert a TensorFlow BERT checkpoint (Google's names, as in Google's "
+    parser = ArgumentParser(prog=PROG, description="Convert a TensorFlow BERT checkpoint (Google's names, as in Google's "
                      "and NVIDIA's releases) into an HF-format directory that bertbench and transformers load.")
     parser.add_argument("--tf-checkpoint", required=True, metavar="PREFIX",
                         help="checkpoint prefix (bert_model.ckpt), its .index file, or a directory holding one")
@@ -44,16 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
+    def body() -> None:
         args = build_parser().parse_args(argv)
         mapping = convert_tf_checkpoint(args.tf_checkpoint, args.bert_config, args.output,
                                         vocab_file=args.vocab_file, overwrite=args.overwrite,
                                         safe_serialization=not args.pytorch_bin)
-    except (_UsageError, CheckpointError, ConfigError, WeightsError, OSError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    print(f"{PROG}: wrote {args.output}: {mapping.summary()}")
-    return 0
+        print(f"{PROG}: wrote {args.output}: {mapping.summary()}")
+    return run_command(PROG, body, input_errors=(CheckpointError, ConfigError, WeightsError))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import numpy as np
 
 from bertbench.devices import peak_memory_bytes
 from bertbench.durable import fsync_path
+from bertbench.errors import run_command, signal_status
 from bertbench.flags import FlagParser
 from bertbench.progress import format_duration
 from bertbench.tasks.pretraining import NVIDIA_DTYPES, SHARD_KEYS, check_length_bins, parse_length_bins
@@ -777,22 +778,20 @@ def build_parser(prog: str = PROGRAM) -> FlagParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
-    parser = build_parser(prog)
-    values = {**parser.defaults, **vars(parser.parse_args(argv))}
-    try:
+    def body() -> int | None:
+        parser = build_parser(prog)
+        values = {**parser.defaults, **vars(parser.parse_args(argv))}
         try:
             values["length_bins"] = parse_length_bins(values["length_bins"], values["max_seq_length"])
         except ValueError as error:
             raise DataError(str(error)) from None
-        create_pretraining_data(DataSettings(**values))
-    except (DataError, VocabError, OSError) as error:
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
-        return 130
-    return 0
+        try:
+            create_pretraining_data(DataSettings(**values))
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
+            return signal_status("SIGINT")
+        return None
+    return run_command(prog, body, input_errors=(DataError, VocabError))
 
 
 if __name__ == "__main__":

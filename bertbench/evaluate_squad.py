@@ -12,11 +12,14 @@ import json
 import sys
 from collections.abc import Sequence
 
+from bertbench.errors import ArgumentParser, run_command
 from bertbench.tasks.squad import SquadDataError, evaluate, read_predictions, read_questions
+
+PROGRAM = "bertbench evaluate-squad"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bertbench evaluate-squad", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=PROGRAM, description=__doc__.splitlines()[0])
     parser.add_argument("data_file", help="SQuAD dev file (dev-v1.1.json or dev-v2.0.json).")
     parser.add_argument("pred_file", help="predictions.json: question id -> answer text.")
     parser.add_argument("--out-file", "-o", help="Also write the figures as JSON here.")
@@ -27,22 +30,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
+    def body() -> None:
+        args = parse_args(argv)
         questions, version_2 = read_questions(args.data_file)
         predictions = read_predictions(args.pred_file)
         probabilities = read_predictions(args.na_prob_file, float) if args.na_prob_file else None
         figures = evaluate(questions, predictions, version_2, probabilities, args.na_prob_thresh,
                            warn=lambda message: print(message, file=sys.stderr))
-    except SquadDataError as error:
-        print(f"evaluate-squad: error: {error}", file=sys.stderr)
-        return 1
-    text = json.dumps(figures, indent=2)
-    print(text)
-    if args.out_file:
-        with open(args.out_file, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-    return 0
+        text = json.dumps(figures, indent=2)
+        print(text)
+        if args.out_file:
+            with open(args.out_file, "w", encoding="utf-8") as handle:
+                handle.write(text + "\n")
+    return run_command(PROGRAM, body, input_errors=(SquadDataError,))
 
 
 if __name__ == "__main__":

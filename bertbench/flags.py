@@ -10,6 +10,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bertbench.errors import ArgumentParser
+
 
 def parse_bool(text: str) -> bool:
     """absl's boolean spellings: --flag=true/false/1/0/yes/no (any case)."""
@@ -21,7 +23,7 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-class FlagParser(argparse.ArgumentParser):
+class FlagParser(ArgumentParser):
     """argparse that only records the flags a command gives (defaults live in `defaults`, so a run directory's
     record can fill the others) and takes absl booleans: --do_train, --do_train=false, --nodo_train."""
 

@@ -14,11 +14,10 @@ import dataclasses
 import json
 import math
 import os
-import signal
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from bertbench import __version__
@@ -26,6 +25,7 @@ from bertbench.checkpoint import CheckpointError
 from bertbench.config import BertConfig, ConfigError
 from bertbench.distributed import Distributed
 from bertbench.durable import write_text_atomically
+from bertbench.errors import UsageError, run_command, signal_status
 from bertbench.flags import FlagParser
 from bertbench.batches import ShuffledBatches
 from bertbench.estimator import Estimator, TrainingDivergedError
@@ -42,13 +42,10 @@ RUN_RECORD = "bertbench_run.json"
 LR_SCALINGS = {"none": lambda processes: 1.0, "linear": float, "sqrt": math.sqrt}
 
 
-class UsageError(ValueError):
-    """Flags that cannot work together, or a run directory that does not fit the command."""
-
-
-# Errors a user's input causes: reported in one line with the file they name, never as a traceback.
-USER_ERRORS = (UsageError, ConfigError, VocabError, WeightsError, CheckpointError, TFCheckpointError,
-               TrainingDivergedError, OSError)
+# Errors a user's input causes (exit status 2, see bertbench.errors), each naming its file or flag; and the runtime
+# failures of a run (exit status 1).
+INPUT_ERRORS = (ConfigError, VocabError, WeightsError, CheckpointError, TFCheckpointError)
+RUNTIME_FAILURES = (TrainingDivergedError, torch.cuda.OutOfMemoryError)
 
 
 def add_common_flags(parser: FlagParser, default_learning_rate: float, default_max_seq_length: int = 128) -> None:
@@ -368,9 +365,7 @@ def report_training(result: TrainResult, args: argparse.Namespace, dist: Distrib
 
 def interrupted_status(result: TrainResult) -> int | None:
     """The shell's exit status for a run a signal stopped (128 + signal number), None for a finished run."""
-    if result.interrupted_by is None:
-        return None
-    return 128 + int(getattr(signal, result.interrupted_by))
+    return None if result.interrupted_by is None else signal_status(result.interrupted_by)
 
 
 def report_eval(output_dir: str, title: str, results: Mapping[str, Any], header: Mapping[str, Any], is_main: bool,
@@ -390,12 +385,8 @@ def report_eval(output_dir: str, title: str, results: Mapping[str, Any], header:
 def run_main(program: str, parser: FlagParser, argv: Sequence[str] | None, runner: str,
              run_defining: Sequence[str], run: Callable[[argparse.Namespace, RunRecord | None], int],
              extra_errors: tuple[type[Exception], ...] = ()) -> int:
-    """A runner's main: parse the flags (see parse_flags) and run, turning user errors (USER_ERRORS and the task's
-    own) into `program: error: message` and exit status 1."""
-    try:
-        args, record = parse_flags(parser, argv, runner, run_defining)
-        return run(args, record)
-    except USER_ERRORS + extra_errors as error:
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"{program}: error: {message}", file=sys.stderr)
-        return 1
+    """A runner's main: parse the flags (see parse_flags) and run, with bertbench.errors' exit-code policy (input
+    errors: INPUT_ERRORS and the task's own `extra_errors`)."""
+    def body() -> int:
+        return run(*parse_flags(parser, argv, runner, run_defining))
+    return run_command(program, body, input_errors=INPUT_ERRORS + extra_errors, runtime_errors=RUNTIME_FAILURES)

@@ -46,7 +46,7 @@ def test_each_contender_trains_until_the_budget_then_is_scored(race):
 @pytest.mark.slow
 def test_a_second_run_on_the_same_directory_is_refused(race, error_line):
     before = (race / "budget.json").read_bytes()
-    assert budget.main(["--minutes=0.05", f"--output_dir={race}"]) == 1
+    assert budget.main(["--minutes=0.05", f"--output_dir={race}"]) == 2
     assert "exists: choose another --output_dir or pass --overwrite" in error_line()
     assert (race / "budget.json").read_bytes() == before
 
@@ -68,7 +68,7 @@ def test_contender_flags_and_command():
     ("full:2,full:2", "names a contender twice"),
 ])
 def test_bad_contenders_are_one_line_errors(tmp_path, error_line, contenders, message):
-    assert budget.main([f"--contenders={contenders}", f"--output_dir={tmp_path / 'out'}"]) == 1
+    assert budget.main([f"--contenders={contenders}", f"--output_dir={tmp_path / 'out'}"]) == 2
     assert message in error_line()
     assert not (tmp_path / "out").exists()
 
@@ -78,7 +78,7 @@ def test_bad_contenders_are_one_line_errors(tmp_path, error_line, contenders, me
     (["--init_checkpoint=bert.ckpt"], "--task_name, --data_dir, --vocab_file, --bert_config_file"),
 ])
 def test_own_data_needs_all_four_flags(tmp_path, error_line, flags, missing):
-    assert budget.main([*flags, f"--output_dir={tmp_path / 'out'}"]) == 1
+    assert budget.main([*flags, f"--output_dir={tmp_path / 'out'}"]) == 2
     line = error_line()
     assert "--bert_config_file together" in line and line.endswith(f"missing {missing}")
     assert not (tmp_path / "out").exists()

@@ -79,7 +79,7 @@ def test_memory_bench_orders_the_policies_and_times_them_at_one_batch(tmp_path):
 
 
 def test_a_non_positive_cap_is_refused(tmp_path, error_line):
-    assert memory.main(["--model", "tiny", "--cap_gib", "0", "--output_dir", str(tmp_path / "out")]) == 1
+    assert memory.main(["--model", "tiny", "--cap_gib", "0", "--output_dir", str(tmp_path / "out")]) == 2
     assert error_line() == "bertbench bench memory: error: --cap_gib must be positive, got 0.0"
     assert not (tmp_path / "out").exists()
 

@@ -105,7 +105,7 @@ def test_layouts_write_rows_files_and_refuse_a_second_run(tmp_path, capsys, erro
     for name in ("plan.md", "plan-efficiency.png", "plan-throughput.png"):
         assert (out / name).stat().st_size > 0
     before = (out / "plan.json").read_text()
-    assert run_plan(argv) == 1
+    assert run_plan(argv) == 2
     assert str(out) in error_line() and (out / "plan.json").read_text() == before
 
 
@@ -142,15 +142,15 @@ def test_from_throughput_selects_the_row(tmp_path, capsys, error_line):
     assert first["gpus"] == 1 and first["seq_per_s"] == pytest.approx(16 / 0.12) and first["efficiency"] == 1.0
     capsys.readouterr()
 
-    assert run_plan(["--from_throughput", path, "--batch_per_device", 16, "--output_dir", tmp_path / "two"]) == 1
+    assert run_plan(["--from_throughput", path, "--batch_per_device", 16, "--output_dir", tmp_path / "two"]) == 2
     line = error_line()
     assert str(path) in line and "2 rows match" in line and "precision bf16" in line
-    assert run_plan(["--from_throughput", path, "--batch_per_device", 64, "--output_dir", tmp_path / "none"]) == 1
+    assert run_plan(["--from_throughput", path, "--batch_per_device", 64, "--output_dir", tmp_path / "none"]) == 2
     assert "no row has batch 64" in error_line()
     broken = throughput_file(tmp_path, [{key: value for key, value in throughput_row().items() if key != "seq"}])
-    assert run_plan(["--from_throughput", broken, "--output_dir", tmp_path / "broken"]) == 1
+    assert run_plan(["--from_throughput", broken, "--output_dir", tmp_path / "broken"]) == 2
     assert f"{broken}: missing key rows[0].seq" in error_line()
-    assert run_plan(["--from_throughput", tmp_path / "absent.json", "--output_dir", tmp_path / "absent"]) == 1
+    assert run_plan(["--from_throughput", tmp_path / "absent.json", "--output_dir", tmp_path / "absent"]) == 2
     assert "absent.json: no such file" in error_line()
     assert not any((tmp_path / name).exists() for name in ("two", "none", "broken", "absent"))
 
@@ -198,10 +198,10 @@ def test_validate_alone_and_its_errors(tmp_path, error_line):
 
     del report["models"][0]["allreduce"]["latency_seconds"]
     path.write_text(json.dumps(report))
-    assert run_plan(["--validate", path, "--output_dir", tmp_path / "missing"]) == 1
+    assert run_plan(["--validate", path, "--output_dir", tmp_path / "missing"]) == 2
     assert f"{path}: missing key models[0].allreduce.latency_seconds" in error_line()
     path.write_text("{not json")
-    assert run_plan(["--validate", path, "--output_dir", tmp_path / "bad"]) == 1
+    assert run_plan(["--validate", path, "--output_dir", tmp_path / "bad"]) == 2
     assert str(path) in error_line()
     assert not (tmp_path / "missing").exists() and not (tmp_path / "bad").exists()
 

@@ -93,12 +93,12 @@ def test_a_user_corpus(tmp_path):
 
 def test_errors_are_one_line_and_results_are_not_overwritten(measured, tmp_path, error_line):
     assert pretraining_data.main(["--corpus", str(tmp_path / "missing.txt"), "--vocab_file", "v.txt",
-                                  "--output_dir", str(tmp_path / "out")]) == 1
+                                  "--output_dir", str(tmp_path / "out")]) == 2
     assert "--corpus " + str(tmp_path / "missing.txt") + ": no such file" in error_line()
     assert not (tmp_path / "out").exists()
     out, _ = measured
     before = {path.name: path.read_bytes() for path in out.iterdir()}
-    assert pretraining_data.main(SMALL + ["--workers", "1", "--output_dir", str(out)]) == 1
+    assert pretraining_data.main(SMALL + ["--workers", "1", "--output_dir", str(out)]) == 2
     assert "pretraining-data.json exists" in error_line()
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
 
@@ -108,7 +108,7 @@ def test_a_failing_create_pretraining_data_is_quoted_in_one_line(tmp_path, error
     assert pretraining_data.main(["--megabytes", "0.05", "--workers", "1", "--max_seq_length", "4",
                                   "--max_predictions_per_seq", "1", "--output_dir", str(out)]) == 1
     assert error_line() == ("bertbench bench pretraining-data: error: create_pretraining_data with 1 worker(s) failed "
-                            "(exit 1): create_pretraining_data: error: --max_seq_length must be at least 5 ([CLS] A "
+                            "(exit 2): create_pretraining_data: error: --max_seq_length must be at least 5 ([CLS] A "
                             "[SEP] B [SEP]), got 4")
     assert not out.exists()
 

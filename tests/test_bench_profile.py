@@ -61,7 +61,7 @@ def test_top_operators_sorted_by_self_time(profiled):
 def test_refuses_to_overwrite_and_leaves_files_alone(profiled, capsys):
     directory, _ = profiled
     before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
-    assert profile.main([*TINY, "--output_dir", str(directory)]) == 1
+    assert profile.main([*TINY, "--output_dir", str(directory)]) == 2
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and error.startswith("bertbench bench profile: error: ")
     assert f"{directory}{os.sep}profile" in error and "exists" in error
@@ -76,7 +76,7 @@ def test_existing_trace_is_refused_before_any_work(tmp_path, capsys, monkeypatch
         raise AssertionError("the step was built although the trace exists")
 
     monkeypatch.setattr(workload, "train_step", no_work)
-    assert profile.main([*TINY, "--output_dir", str(tmp_path)]) == 1
+    assert profile.main([*TINY, "--output_dir", str(tmp_path)]) == 2
     assert str(trace) in capsys.readouterr().err
     assert trace.read_text() == "earlier trace"
 
@@ -98,7 +98,7 @@ def test_bad_flags_are_usage_errors(flags, tmp_path):
 
 
 def test_unknown_model_is_one_line_error(tmp_path, capsys):
-    assert profile.main(["--model", "huge", "--output_dir", str(tmp_path)]) == 1
+    assert profile.main(["--model", "huge", "--output_dir", str(tmp_path)]) == 2
     assert "unknown model 'huge'" in capsys.readouterr().err
     assert not os.listdir(tmp_path)
 

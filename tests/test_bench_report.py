@@ -50,16 +50,16 @@ def test_same_directory_names_stay_apart(tmp_path):
 
 def test_bad_inputs_fail_in_one_line(tmp_path, error_line):
     (tmp_path / "empty").mkdir()
-    assert report_command.main([str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")]) == 1
+    assert report_command.main([str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")]) == 2
     assert error_line() == (f"bertbench report: error: {tmp_path / 'empty'}: no bench results (a KIND.json written "
                             "by `bertbench bench KIND`)")
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "throughput.json").write_text('{"bench": "throughput",\n "rows": [}')
-    assert report_command.main([str(broken), "--output_dir", str(tmp_path / "out")]) == 1
+    assert report_command.main([str(broken), "--output_dir", str(tmp_path / "out")]) == 2
     assert error_line() == f"bertbench report: error: {broken / 'throughput.json'}: not valid JSON (line 2: " \
                            "Expecting value)"
-    assert report_command.main([str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")]) == 1
+    assert report_command.main([str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")]) == 2
     assert "nowhere: no such file or directory" in error_line()
     assert not (tmp_path / "out").exists()
 
@@ -69,7 +69,7 @@ def test_a_report_is_not_overwritten(tmp_path, error_line):
     arguments = [str(tmp_path / "run"), "--output_dir", str(tmp_path / "report")]
     assert report_command.main(arguments) == 0
     before = (tmp_path / "report" / "report.json").read_bytes()
-    assert report_command.main(arguments) == 1
+    assert report_command.main(arguments) == 2
     assert error_line().endswith("report.json exists: choose another --output_dir or pass --overwrite")
     assert (tmp_path / "report" / "report.json").read_bytes() == before
 

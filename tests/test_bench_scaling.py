@@ -57,14 +57,14 @@ def test_runs_of_the_job_templates_make_the_table(tmp_path):
 def test_runs_that_differ_or_are_unfinished_are_refused(tmp_path, error_line):
     first = write_run(tmp_path / "a_nodes1", 4, 400.0)
     other = write_run(tmp_path / "b_nodes2", 8, 700.0, max_seq_length=512)
-    assert scaling.main(["--runs", first, other, "--output_dir", str(tmp_path / "out")]) == 1
+    assert scaling.main(["--runs", first, other, "--output_dir", str(tmp_path / "out")]) == 2
     assert "differ in batch per process, sequence length" in error_line()
     (tmp_path / "empty").mkdir()
-    assert scaling.main(["--runs", first, str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")]) == 1
+    assert scaling.main(["--runs", first, str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")]) == 2
     assert error_line() == (f"bertbench bench scaling: error: {tmp_path / 'empty' / 'train_results.json'}: no such "
                             "file (not a finished run directory)")
     partial = write_run(tmp_path / "c", 2, None)
-    assert scaling.main(["--runs", partial, "--output_dir", str(tmp_path / "out")]) == 1
+    assert scaling.main(["--runs", partial, "--output_dir", str(tmp_path / "out")]) == 2
     assert "missing key 'steady_sentences_per_second'" in error_line()
     assert not (tmp_path / "out").exists()
 

@@ -57,7 +57,7 @@ def test_json_markdown_and_plots_are_written(swept):
 def test_results_are_never_overwritten_by_accident(swept, error_line):
     out, _ = swept
     before = {path.name: path.read_bytes() for path in out.iterdir()}
-    assert throughput.main(TINY + ["--output_dir", str(out)]) == 1
+    assert throughput.main(TINY + ["--output_dir", str(out)]) == 2
     assert error_line() == (f"bertbench bench throughput: error: {out / 'throughput.json'} exists: choose another "
                             "--output_dir or pass --overwrite")
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
@@ -130,7 +130,7 @@ def test_with_trainer_reports_both_figures_over_alternating_rounds(tmp_path, mon
 ])
 def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):
     out = tmp_path / "out"
-    assert throughput.main(TINY + flags + ["--output_dir", str(out)]) == 1
+    assert throughput.main(TINY + flags + ["--output_dir", str(out)]) == 2
     assert message in error_line()
     assert not out.exists()
 

@@ -255,7 +255,7 @@ def test_refuses_an_existing_output_file_and_touches_nothing(corpus, tmp_path, e
     out = tmp_path / "out"
     out.mkdir()
     (out / "training_00001.hdf5").write_bytes(b"keep")
-    assert main(flags(corpus[0], corpus[1], out, "--num_shards=2")) == 1
+    assert main(flags(corpus[0], corpus[1], out, "--num_shards=2")) == 2
     assert error_line() == f"create_pretraining_data: error: {out / 'training_00001.hdf5'}: already exists; " \
                            "remove it or choose another output"
     assert os.listdir(out) == ["training_00001.hdf5"] and (out / "training_00001.hdf5").read_bytes() == b"keep"
@@ -265,7 +265,7 @@ def test_a_decode_error_midway_leaves_nothing(corpus, tmp_path, error_line):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"the cat sees the dog .\n" * 100 + b"the \xff cat .\n")
     out = tmp_path / "new" / "out"
-    assert main(flags(f"{corpus[0]},{bad}", corpus[1], out, "--chunk_megabytes=0.001")) == 1
+    assert main(flags(f"{corpus[0]},{bad}", corpus[1], out, "--chunk_megabytes=0.001")) == 2
     assert error_line() == f"create_pretraining_data: error: {bad}:101: not valid UTF-8 (invalid start byte at " \
                            "byte 5 of the line)"
     assert not out.exists() and os.listdir(tmp_path / "new") == []
@@ -280,19 +280,19 @@ def test_a_decode_error_midway_leaves_nothing(corpus, tmp_path, error_line):
     (["--num_workers=0"], "--num_workers must be positive, got 0"),
 ])
 def test_bad_flags_are_one_line_errors(corpus, tmp_path, error_line, extra, message):
-    assert main(flags(corpus[0], corpus[1], tmp_path / "out", *extra)) == 1
+    assert main(flags(corpus[0], corpus[1], tmp_path / "out", *extra)) == 2
     assert error_line() == f"create_pretraining_data: error: {message}"
     assert not (tmp_path / "out").exists()
 
 
 def test_bad_input_is_a_one_line_error_naming_it(corpus, tmp_path, error_line):
-    assert main(flags(tmp_path / "nothing*.txt", corpus[1], tmp_path / "out")) == 1
+    assert main(flags(tmp_path / "nothing*.txt", corpus[1], tmp_path / "out")) == 2
     assert error_line() == f"create_pretraining_data: error: --input_file {tmp_path / 'nothing*.txt'}: no such file"
     blank = tmp_path / "blank.txt"
     blank.write_text("\n   \n\t\n")
-    assert main(flags(blank, corpus[1], tmp_path / "out")) == 1
+    assert main(flags(blank, corpus[1], tmp_path / "out")) == 2
     assert error_line() == f"create_pretraining_data: error: {blank}: no documents (every line is blank)"
-    assert main(flags(corpus[0], tmp_path / "missing.txt", tmp_path / "out")) == 1
+    assert main(flags(corpus[0], tmp_path / "missing.txt", tmp_path / "out")) == 2
     assert "missing.txt: no such vocabulary file" in error_line()
     assert not (tmp_path / "out").exists()
 

@@ -83,7 +83,7 @@ def test_conflicting_flag_is_refused_and_nothing_changes(mrpc_run, error_line):
     record = (mrpc_run / "bertbench_run.json").read_bytes()
     checkpoint = list_checkpoints(mrpc_run)[-1][1]
     weights = open(checkpoint, "rb").read()
-    assert main(["--do_train", f"--output_dir={mrpc_run}", "--learning_rate=3e-5"]) == 1
+    assert main(["--do_train", f"--output_dir={mrpc_run}", "--learning_rate=3e-5"]) == 2
     line = error_line()
     assert "bertbench_run.json" in line and "--learning_rate=0.002" in line and "3e-05" in line
     assert (mrpc_run / "bertbench_run.json").read_bytes() == record and open(checkpoint, "rb").read() == weights
@@ -185,12 +185,12 @@ def test_classify_subcommand(data, tmp_path):
 
 def test_missing_glue_file(data, tmp_path, error_line):
     (tmp_path / "empty").mkdir()
-    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + [f"--data_dir={tmp_path / 'empty'}"]) == 1
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + [f"--data_dir={tmp_path / 'empty'}"]) == 2
     assert "empty/train.tsv: no such file" in error_line()
 
 
 def test_unknown_task(data, tmp_path, error_line):
-    assert main(flags(data, tmp_path / "out", "MRPCC", "--do_train")) == 1
+    assert main(flags(data, tmp_path / "out", "MRPCC", "--do_train")) == 2
     assert "unknown GLUE task 'MRPCC'" in error_line()
 
 
@@ -200,7 +200,7 @@ def test_label_outside_the_tasks_labels(data, tmp_path, error_line):
     lines = (task / "train.tsv").read_text().splitlines()
     lines[3] = "2" + lines[3][1:]
     (task / "train.tsv").write_text("\n".join(lines) + "\n")
-    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + [f"--data_dir={task}"]) == 1
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + [f"--data_dir={task}"]) == 2
     assert "train.tsv:4: unknown label '2' for MRPC" in error_line()
 
 
@@ -208,7 +208,7 @@ def test_vocab_larger_than_the_embeddings(data, tmp_path, error_line):
     config = dict(TINY_BERT, vocab_size=20)
     (tmp_path / "bert_config.json").write_text(json.dumps(config))
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") +
-                [f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 1
+                [f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 2
     line = error_line()
     assert f"vocab.txt: {len(vocabulary())} tokens" in line and "vocab_size 20" in line
 
@@ -216,7 +216,7 @@ def test_vocab_larger_than_the_embeddings(data, tmp_path, error_line):
 def test_run_directory_of_another_model(mrpc_run, data, tmp_path, error_line):
     (tmp_path / "bert_config.json").write_text(json.dumps(dict(TINY_BERT, hidden_size=64, intermediate_size=128)))
     record = (mrpc_run / "bertbench_run.json").read_bytes()
-    assert main(["--do_train", f"--output_dir={mrpc_run}", f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 1
+    assert main(["--do_train", f"--output_dir={mrpc_run}", f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 2
     line = error_line()
     assert "bertbench_run.json" in line and "hidden_size=32" in line
     assert (mrpc_run / "bertbench_run.json").read_bytes() == record
@@ -229,7 +229,7 @@ def test_corrupt_checkpoint(data, tmp_path, error_line):
     with open(path, "r+b") as handle:
         handle.truncate(2000)
     damaged = open(path, "rb").read()
-    assert main(flags(data, out, "MRPC", "--do_train", "--num_train_epochs=0.25")) == 1
+    assert main(flags(data, out, "MRPC", "--do_train", "--num_train_epochs=0.25")) == 2
     assert os.path.basename(path) in error_line()
     assert open(path, "rb").read() == damaged and len(list_checkpoints(out)) == 1
 
@@ -242,22 +242,22 @@ def test_corrupt_checkpoint(data, tmp_path, error_line):
     (["--num_train_epochs=0.01"], "make no full step"),
 ])
 def test_bad_flags(data, tmp_path, extra, message, error_line):
-    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + extra) == 1
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + extra) == 2
     assert message in error_line()
     assert not list_checkpoints(tmp_path / "out")
 
 
-@pytest.mark.parametrize("flag", ["--train_batch_size=0", "--max_train_samples=-5", "--num_train_epochs=0",
-                                  "--max_train_seconds=0"])
-def test_non_positive_sizes_are_usage_errors(data, tmp_path, capsys, flag):
-    with pytest.raises(SystemExit) as exited:
-        main(flags(data, tmp_path / "out", "MRPC", "--do_train", flag))
-    assert exited.value.code == 2 and f"{flag.split('=')[0]} must be positive" in capsys.readouterr().err
+@pytest.mark.parametrize("flag, value", [("--train_batch_size=0", "0"), ("--max_train_samples=-5", "-5"),
+                                         ("--num_train_epochs=0", "0.0"), ("--max_train_seconds=0", "0.0")])
+def test_non_positive_sizes_are_usage_errors(data, tmp_path, error_line, flag, value):
+    # One line naming the flag (no usage block), exit status 2, nothing written.
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train", flag)) == 2
+    assert error_line() == f"run_classifier: error: {flag.split('=')[0]} must be positive, got {value}"
     assert not (tmp_path / "out").exists()
 
 
 def test_eval_with_nothing_to_evaluate(data, tmp_path, error_line):
-    assert main(flags(data, tmp_path / "out", "MRPC", "--do_eval")) == 1
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_eval")) == 2
     assert "no checkpoint to evaluate and no --init_checkpoint" in error_line()
 
 
@@ -322,3 +322,9 @@ def test_sigterm_saves_exits_143_and_resumes(data, tmp_path, uninterrupted):
     assert train["interrupted_by"] == "SIGTERM" and train["global_step"] == list_checkpoints(out)[-1][0]
     subprocess.run(command(data, out), check=True, capture_output=True)
     assert_same_weights(final_weights(out), uninterrupted)
+
+
+def test_a_malformed_flag_is_one_line_with_status_2(data, tmp_path, error_line):
+    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train", "--train_batch_size=many")) == 2
+    assert error_line() == "run_classifier: error: argument --train_batch_size: invalid int value: 'many'"
+    assert not (tmp_path / "out").exists()

@@ -110,7 +110,7 @@ def test_phase2_resumes_without_phase1s_directory(phase1, data, tmp_path):
 def test_phase2_refuses_another_phase1_end_step(phase1, data, tmp_path, error_line):
     out = tmp_path / "phase2"
     assert main(flags(data, out, "--do_train", "--phase2", f"--init_checkpoint={phase1}", "--num_train_steps=5",
-                      "--phase1_end_step=7038")) == 1
+                      "--phase1_end_step=7038")) == 2
     assert "phase 1 ended at step 30, not --phase1_end_step 7038" in error_line()
     assert not out.exists()
 
@@ -195,7 +195,7 @@ def test_a_bad_training_shard_fails_in_one_line_before_anything_is_written(data,
     shards = damaged_copy(data, tmp_path, damage)
     out = tmp_path / "run"
     status = main(flags(data, out, "--do_train", "--num_train_steps=40", f"--input_dir={shards}"))
-    assert status == 1
+    assert status == 2
     assert message in error_line()
     # A layout error is found before training; a value error when its shard is read, before any checkpoint of it.
     assert not out.exists() or not list_checkpoints(out)
@@ -205,7 +205,7 @@ def test_a_bad_eval_shard_fails_before_training(data, tmp_path, error_line):
     bad = tmp_path / "eval.hdf5"
     write_nvidia_shard(bad, count=4, seq=64)
     out = tmp_path / "run"
-    assert main(flags(data, out, "--do_train", "--num_train_steps=4", f"--eval_dir={bad}")) == 1
+    assert main(flags(data, out, "--do_train", "--num_train_steps=4", f"--eval_dir={bad}")) == 2
     assert f"{bad}: sequences of 64 tokens, longer than --max_seq_length 32" in error_line()
     assert not out.exists()
 
@@ -219,7 +219,7 @@ def test_a_bad_eval_shard_fails_before_training(data, tmp_path, error_line):
     (["--do_train", "--num_train_steps=5", "--input_dir=/nonexistent/*.hdf5"], "/nonexistent/*.hdf5: no such shard"),
 ])
 def test_bad_flags(data, tmp_path, extra, message, error_line):
-    assert main(flags(data, tmp_path / "run", *extra)) == 1
+    assert main(flags(data, tmp_path / "run", *extra)) == 2
     assert message in error_line()
 
 

@@ -175,7 +175,7 @@ def test_bad_training_file_names_the_question_and_leaves_results_alone(data, tmp
     out.mkdir()
     (out / "predictions.json").write_text('{"earlier": "results"}')
     assert main(flags(data, out, "1.1", "tiny_config.json", "--do_train", "--do_predict",
-                      f"--train_file={path}")) == 1
+                      f"--train_file={path}")) == 2
     assert error_line() == f"run_squad: error: {path}: {message}"
     assert os.listdir(out) == ["predictions.json"]
     assert (out / "predictions.json").read_text() == '{"earlier": "results"}'
@@ -185,12 +185,12 @@ def test_bad_predict_file_fails_before_training_and_overwrites_nothing(v2_run, d
     broken = tmp_path / "dev.json"
     broken.write_text('{"version": "v2.0", "data": [{"paragraphs": [')
     before = {name: (v2_run / name).read_bytes() for name in os.listdir(v2_run)}
-    assert main(["--do_predict", f"--predict_file={broken}", f"--output_dir={v2_run}"]) == 1
+    assert main(["--do_predict", f"--predict_file={broken}", f"--output_dir={v2_run}"]) == 2
     assert error_line().startswith(f"run_squad: error: {broken}: not valid JSON")
     assert {name: (v2_run / name).read_bytes() for name in os.listdir(v2_run)} == before
     out = tmp_path / "fresh"
     assert main(flags(data, out, "1.1", "tiny_config.json", "--do_train", "--do_predict",
-                      f"--predict_file={broken}")) == 1
+                      f"--predict_file={broken}")) == 2
     capsys.readouterr()
     assert not out.exists()  # no record, no checkpoint: nothing was trained
 
@@ -204,7 +204,7 @@ def test_bad_predict_file_fails_before_training_and_overwrites_nothing(v2_run, d
     (["--do_train", "--max_seq_length=128"], "max_position_embeddings is 64"),
 ])
 def test_bad_flags(data, tmp_path, extra, message, error_line):
-    assert main(flags(data, tmp_path / "run", "1.1", "tiny_config.json", *extra)) == 1
+    assert main(flags(data, tmp_path / "run", "1.1", "tiny_config.json", *extra)) == 2
     line = error_line()
     assert line.startswith("run_squad: error: ") and message in line
 
@@ -212,7 +212,7 @@ def test_bad_flags(data, tmp_path, extra, message, error_line):
 def test_v2_file_without_the_flag_says_which_flag(data, tmp_path, error_line):
     arguments = flags(data, tmp_path / "run", "2.0", "tiny_config.json", "--do_train",
                       "--version_2_with_negative=false")
-    assert main(arguments) == 1
+    assert main(arguments) == 2
     assert "train on this file with --version_2_with_negative" in error_line()
 
 

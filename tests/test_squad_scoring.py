@@ -108,7 +108,7 @@ def test_command_prints_json_and_warns(tmp_path, capsys):
 def test_bad_data_files(tmp_path, capsys, content, message):
     (tmp_path / "data.json").write_text(content)
     (tmp_path / "predictions.json").write_text("{}")
-    assert cli.main(["evaluate-squad", str(tmp_path / "data.json"), str(tmp_path / "predictions.json")]) == 1
+    assert cli.main(["evaluate-squad", str(tmp_path / "data.json"), str(tmp_path / "predictions.json")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
-from bertbench.bench.workload import BenchError, Variant
+from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
 from bertbench.runner import LR_SCALINGS
 from bertbench.tasks.glue import get_processor
@@ -214,7 +214,7 @@ def run_contender(contender: Contender, flags: Sequence[str], run_dir: str, thre
     if done.returncode:
         with open(log_path, encoding="utf-8", errors="replace") as log:
             reason = last_error_line(log.read())
-        raise BenchError(f"contender {contender.label} failed (exit status {done.returncode}) in {run_dir}: "
+        raise BenchRunFailed(f"contender {contender.label} failed (exit status {done.returncode}) in {run_dir}: "
                          f"{reason} (whole output: {log_path})")
     return time.perf_counter() - started
 

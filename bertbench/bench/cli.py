@@ -13,7 +13,8 @@ import torch
 
 from bertbench.config import ConfigError
 from bertbench.distributed import resolve_device
-from bertbench.bench.workload import BenchError
+from bertbench.bench.workload import BenchError, BenchRunFailed
+from bertbench.errors import ArgumentParser, run_command
 
 BENCHES = {
     "throughput": ("bertbench.bench.throughput", "seq/s, tokens/s, TFLOP/s, MFU and memory over batch sizes, "
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def parser_for(bench: str, description: str) -> argparse.ArgumentParser:
     """An argument parser for `bertbench bench <bench>` with the output flags every bench has."""
-    parser = argparse.ArgumentParser(prog=f"bertbench bench {bench}", description=description,
+    parser = ArgumentParser(prog=f"bertbench bench {bench}", description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     output = parser.add_argument_group("output")
     output.add_argument("--output_dir", "--output-dir", default=None,
@@ -102,14 +103,7 @@ def device(name: str | None) -> torch.device:
         raise BenchError(f"--device {name}: {error}") from None
 
 
-USER_ERRORS = (BenchError, ConfigError, FileExistsError, FileNotFoundError)
-
-
 def run(program: str, body: Callable[[], int | None]) -> int:
-    """Run a bench's body, turning a user error into one line `program: error: message` and exit status 1."""
-    try:
-        return body() or 0
-    except USER_ERRORS as error:
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"{program}: error: {message}", file=sys.stderr)
-        return 1
+    """Run a bench's body under bertbench.errors' exit-code policy: a bad setting or input file is an input error
+    (2), a run the bench started that failed is a runtime failure (1)."""
+    return run_command(program, body, input_errors=(BenchError, ConfigError), runtime_errors=(BenchRunFailed,))

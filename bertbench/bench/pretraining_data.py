@@ -275,7 +275,7 @@ def run_once(files: Sequence[str], vocab_file: str, work: str, workers: int, seq
     wall = time.perf_counter() - started
     if done.returncode:
         last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
-        raise workload.BenchError(f"create_pretraining_data with {workers} worker(s) failed (exit "
+        raise workload.BenchRunFailed(f"create_pretraining_data with {workers} worker(s) failed (exit "
                                   f"{done.returncode}): {last}")
     with open(os.path.join(shards, STATS_FILE)) as handle:
         stats = json.load(handle)

@@ -22,6 +22,7 @@ from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.bench.workload import BenchError
+from bertbench.errors import ArgumentParser
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ COMPARISONS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertbench report", description=__doc__.splitlines()[0],
+    parser = ArgumentParser(prog="bertbench report", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="DIR", help="Output directories of bench runs (or their JSON "
                                                                 "files), in the order of the columns.")

@@ -170,7 +170,7 @@ def run_job(args: argparse.Namespace, processes: int) -> dict:
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode:
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-            raise workload.BenchError(f"the {processes}-process job failed (exit {done.returncode}): {tail}")
+            raise workload.BenchRunFailed(f"the {processes}-process job failed (exit {done.returncode}): {tail}")
         with open(out) as handle:
             findings = json.load(handle)
         print(f"  {processes} process(es): {findings['seq_per_s']:.2f} seq/s ({time.perf_counter() - started:.0f} s "

@@ -32,6 +32,10 @@ class BenchError(ValueError):
     """A bench setting or input file a user supplied is unusable; the message names it."""
 
 
+class BenchRunFailed(RuntimeError):
+    """A run the bench started (a contender, a data-creation job) failed; the message quotes why."""
+
+
 @dataclass(frozen=True)
 class Variant:
     """A modeling module with its recompute policy: "baseline", "full", "selective" or "every-K"."""

@@ -11,7 +11,6 @@ NVIDIA-format hdf5 shards and pre-trains on them with LAMB, scoring masked-LM ac
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import io
@@ -32,6 +31,7 @@ from bertbench.create_pretraining_data import DataSettings, create_pretraining_d
 from bertbench.config import BertConfig
 from bertbench import synthetic as data
 from bertbench.durable import write_text_atomically
+from bertbench.errors import ArgumentParser
 from bertbench.batches import ShuffledBatches
 from bertbench.train_step import TrainStep
 from bertbench.training_config import TrainConfig
@@ -91,7 +91,7 @@ class DemoConfig:
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
-    parser = argparse.ArgumentParser(prog="bertbench demo", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="bertbench demo", description=__doc__.splitlines()[0])
     for spec in dataclasses.fields(DemoConfig):
         parser.add_argument(f"--{spec.name}", type=type(spec.default) if spec.default is not None else str,
                             default=spec.default, help=spec.metadata["help"])
