@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from bertbench.errors import INPUT_ERROR
+
 # sub-command -> (module with main(argv), one-line help); modules are imported only when their command runs.
 COMMANDS = {
     "demo": ("bertbench.demo.run", "train a tiny BERT on built-in data, baseline vs recompute (no network)"),
@@ -39,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         from bertbench import __version__
         print(f"bertbench {__version__}")
         return 0
-    if argv[0] not in COMMANDS:
-        print(f"bertbench: error: unknown command {argv[0]!r}\n{_usage()}", file=sys.stderr)
-        return 2
+    if argv[0] not in COMMANDS:  # a usage error: one line, status 2 (bertbench.errors)
+        print(f"bertbench: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return INPUT_ERROR
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])

@@ -46,7 +46,7 @@ import numpy as np
 from bertbench.devices import peak_memory_bytes
 from bertbench.durable import fsync_path
 from bertbench.errors import run_command, signal_status
-from bertbench.flags import FlagParser
+from bertbench.flags import FlagParser, add_dataclass_flags, setting
 from bertbench.progress import format_duration
 from bertbench.tasks.pretraining import NVIDIA_DTYPES, SHARD_KEYS, check_length_bins, parse_length_bins
 from bertbench.tokenization import BertTokenizer, VocabError, truncated_pair_lengths
@@ -66,46 +66,43 @@ class DataError(ValueError):
     """Input or settings a user gave that cannot work; the message names the file or flag."""
 
 
-def _setting(help_text: str, default: Any = dataclasses.MISSING) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help_text})
-
-
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """What to read, how to make instances and where to write them: the command's flags (Google's names and
-    defaults), each field's help being the flag's --help text."""
+    """The flags (Google's names and defaults): what to read, how to make instances and where to write them.
 
-    input_file: str = _setting("Comma-separated text files or glob patterns: one sentence per line, a blank line "
-                               "between documents (Google's format).")
-    vocab_file: str = _setting("vocab.txt of the model to pre-train.")
-    output_dir: str | None = _setting("Directory for the shards, <shard_prefix>_<i:05d>.hdf5 (in len_<edge>/ with "
-                                      "--length_bins), and the statistics, create_pretraining_data.json. Give this "
-                                      "or --output_file.", None)
-    output_file: str | None = _setting("NVIDIA's single shard at this path, statistics in PATH.json. Give this or "
-                                       "--output_dir.", None)
-    num_shards: int = _setting("Shards (per length bin) in --output_dir; instances are dealt round-robin, so shard "
-                               "sizes differ by at most one.", 1)
-    shard_prefix: str = _setting("File name prefix of the shards in --output_dir.", "training")
-    do_lower_case: bool = _setting("Lower-case and strip accents (uncased models).", True)
-    do_whole_word_mask: bool = _setting("Mask all WordPiece pieces of a word together.", False)
-    max_seq_length: int = _setting("Tokens per instance, [CLS] and [SEP]s included; shorter ones are padded with 0.",
-                                   128)
-    max_predictions_per_seq: int = _setting("Most masked tokens per instance.", 20)
-    random_seed: int = _setting("Seed: chunk k draws from a generator seeded from (random_seed, k) alone.", 12345)
-    dupe_factor: int = _setting("Passes over each chunk's documents, each with new sentence pairs and a new mask.",
+    Each field's help is its flag's --help text."""
+
+    input_file: str = setting("Comma-separated text files or glob patterns: one sentence per line, a blank line "
+                              "between documents (Google's format).")
+    vocab_file: str = setting("vocab.txt of the model to pre-train.")
+    output_dir: str | None = setting("Directory for the shards, <shard_prefix>_<i:05d>.hdf5 (in len_<edge>/ with "
+                                     "--length_bins), and the statistics, create_pretraining_data.json. Give this "
+                                     "or --output_file.", None)
+    output_file: str | None = setting("NVIDIA's single shard at this path, statistics in PATH.json. Give this or "
+                                      "--output_dir.", None)
+    num_shards: int = setting("Shards (per length bin) in --output_dir; instances are dealt round-robin, so shard "
+                              "sizes differ by at most one.", 1)
+    shard_prefix: str = setting("File name prefix of the shards in --output_dir.", "training")
+    do_lower_case: bool = setting("Lower-case and strip accents (uncased models).", True)
+    do_whole_word_mask: bool = setting("Mask all WordPiece pieces of a word together.", False)
+    max_seq_length: int = setting("Tokens per instance, [CLS] and [SEP]s included; shorter ones are padded with 0.",
+                                  128)
+    max_predictions_per_seq: int = setting("Most masked tokens per instance.", 20)
+    random_seed: int = setting("Seed: chunk k draws from a generator seeded from (random_seed, k) alone.", 12345)
+    dupe_factor: int = setting("Passes over each chunk's documents, each with new sentence pairs and a new mask.",
                                 10)
-    masked_lm_prob: float = _setting("Share of an instance's tokens to mask (rounded, at least one).", 0.15)
-    short_seq_prob: float = _setting("Probability that an instance aims at a random shorter length, so the model "
-                                     "also sees short sequences.", 0.1)
-    length_bins: tuple[int, ...] | None = _setting(
+    masked_lm_prob: float = setting("Share of an instance's tokens to mask (rounded, at least one).", 0.15)
+    short_seq_prob: float = setting("Probability that an instance aims at a random shorter length, so the model "
+                                    "also sees short sequences.", 0.1)
+    length_bins: tuple[int, ...] | None = setting(
         "Ascending comma-separated bin edges ending at --max_seq_length, e.g. 128,256,384,512: each instance goes to "
         "the smallest bin that holds it, whose shards in len_<edge>/ are padded to <edge> only, so batches drawn "
         "from one bin carry less padding (the MLPerf trick).", None)
-    num_workers: int = _setting("Worker processes making instances; the output does not depend on it.", 1)
-    chunk_megabytes: float = _setting("Text per chunk (MB), cut at document boundaries. A chunk stands in for "
-                                      "Google's whole corpus: random next sentences come from its own documents and "
-                                      "its instances are shuffled together. Memory grows with this (times "
-                                      "--dupe_factor and the workers), not with the corpus.", 8.0)
+    num_workers: int = setting("Worker processes making instances; the output does not depend on it.", 1)
+    chunk_megabytes: float = setting("Text per chunk (MB), cut at document boundaries. A chunk stands in for "
+                                     "Google's whole corpus: random next sentences come from its own documents and "
+                                     "its instances are shuffled together. Memory grows with this (times "
+                                     "--dupe_factor and the workers), not with the corpus.", 8.0)
 
     def __post_init__(self):
         if (self.output_dir is None) == (self.output_file is None):
@@ -761,19 +758,7 @@ def _summary(stats: dict[str, Any], layout: OutputLayout) -> str:
 def build_parser(prog: str = PROGRAM) -> FlagParser:
     """The flags, one per DataSettings field, with its help text and default."""
     parser = FlagParser(prog=prog, description=__doc__.splitlines()[0])
-    flags = parser.add_argument_group("flags (Google's names and defaults)")
-    outputs = flags.add_mutually_exclusive_group(required=True)
-    for field in dataclasses.fields(DataSettings):
-        group = outputs if field.name in ("output_dir", "output_file") else flags
-        help_text = field.metadata["help"]
-        if field.default is dataclasses.MISSING:
-            parser.flag(group, field.name, None, help_text, required=True)
-        elif isinstance(field.default, bool):
-            parser.bool_flag(group, field.name, field.default, help_text)
-        else:
-            # None-valued defaults are strings on the command line (--length_bins is parsed by main).
-            kind = str if field.default is None else type(field.default)
-            parser.flag(group, field.name, field.default, help_text, type=kind)
+    add_dataclass_flags(parser, DataSettings, one_of=("output_dir", "output_file"))
     return parser
 
 

@@ -1,16 +1,32 @@
-"""Command-line flags in Google's (absl) style on argparse: --flag=true/false, --noflag, and defaults kept apart.
+"""Command-line flags in Google's (absl) style on argparse, generated from the fields of frozen dataclasses.
 
-Every command builds its parser here, so that a boolean is spelt alike everywhere and a run directory's record can
-fill the flags a command leaves out (FlagParser records only the flags given).
+A command's settings are dataclasses whose fields carry their --help text (`setting`, or metadata["help"]);
+`add_dataclass_flags` makes one flag per field, with the field's help, type and default, and `FlagName` gives a field
+another project's flag name and value (Google's --num_accumulation_steps for TrainConfig.gradient_accumulation_steps).
+Booleans take absl's spellings: --flag, --flag=false, --noflag. FlagParser records only the flags a command gives
+(their defaults are kept apart), so that a run directory's record can fill the others; `build` turns flag values back
+into the dataclass.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+import dataclasses
+import re
+import typing
+from collections import defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from bertbench.errors import ArgumentParser
+from bertbench.errors import ArgumentParser, UsageError
+
+
+def setting(help: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
+    """A dataclass field that is also a flag: its --help text, its default, and what else the flag or a run record
+    reads from metadata: choices, aliases (other names of the flag), required (None is refused), positive (values
+    <= 0 are refused), defines_run (a resumed run must keep it), per_command (what one command does, not what the
+    run is: never recorded)."""
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
 def parse_bool(text: str) -> bool:
@@ -23,27 +39,157 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+FIELD_DEFAULT = object()  # a FlagName's default: the field's own
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagName:
+    """A flag for the field `field` of the dataclass `owner` under another name (NVIDIA's --use_xla for
+    TrainConfig.compile), and how its value becomes the field's. Several flags may set one field (--precision,
+    --amp): those left at their default say nothing, the others must agree."""
+
+    flag: str
+    owner: type
+    field: str
+    value: Callable[[Any], Any] = _same  # the flag's value -> the field's
+    type: type | None = None  # the flag's type, when not the field's (--amp is a boolean for a string field)
+    choices: Sequence[str] | None = None  # the flag's choices, when not the field's
+    default: Any = FIELD_DEFAULT  # the flag's default, when not the field's
+    aliases: tuple[str, ...] = ()
+    note: str = ""  # how the flag reads, after the field's help
+
+
 class FlagParser(ArgumentParser):
     """argparse that only records the flags a command gives (defaults live in `defaults`, so a run directory's
     record can fill the others) and takes absl booleans: --do_train, --do_train=false, --nodo_train."""
 
-    def __init__(self, omit: Sequence[str] = (), default_overrides: Mapping[str, Any] | None = None, **kwargs):
+    def __init__(self, **kwargs):
         super().__init__(argument_default=argparse.SUPPRESS, **kwargs)
         self.defaults: dict[str, Any] = {}
-        self.omit = frozenset(omit)  # common flags a runner has no use for
-        self.default_overrides = dict(default_overrides or {})  # common flags whose default differs in a runner
+        self.names: dict[str, FlagName] = {}  # the flags add_dataclass_flags made: the field each one sets
+        self.fields: dict[str, dataclasses.Field] = {}  # ... and that field, whose metadata describes the flag
 
     def flag(self, group, name: str, default: Any, help: str, aliases: Sequence[str] = (), **kwargs) -> None:
         """--name (and --alias ...: other projects' names for the same flag)."""
-        if name in self.omit:
-            return
-        default = self.default_overrides.get(name, default)
         self.defaults[name] = default
         shown = "" if default is None else f" (default: {default})"
         group.add_argument(f"--{name}", *(f"--{alias}" for alias in aliases), help=help + shown, **kwargs)
 
-    def bool_flag(self, group, name: str, default: bool, help: str) -> None:
-        if name in self.omit:
-            return
-        self.flag(group, name, default, help, nargs="?", const=True, type=parse_bool, metavar="BOOL")
-        group.add_argument(f"--no{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
+    def bool_flag(self, group, name: str, default: bool, help: str, aliases: Sequence[str] = ()) -> None:
+        self.flag(group, name, default, help, aliases, nargs="?", const=True, type=parse_bool, metavar="BOOL")
+        group.add_argument(f"--no{name}", f"--no_{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
+
+    def field_values(self, cls: type, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of `cls` that `flags` (values by flag name) set, each value translated by its FlagName. Of
+        several flags for one field, those at their default say nothing and the others must agree; a field none of
+        them sets keeps the dataclass's default."""
+        by_field = defaultdict(list)
+        for name in self.names.values():
+            if name.owner is cls and name.flag in flags:
+                by_field[name.field].append(name)
+        values = {}
+        for field, names in by_field.items():
+            said = {name.flag: name.value(flags[name.flag]) for name in names
+                    if len(names) == 1 or flags[name.flag] != self.defaults[name.flag]}
+            if len(set(said.values())) > 1:
+                raise UsageError(" and ".join(f"--{flag}={_spelt(flags[flag])}" for flag in said)
+                                 + f" contradict each other: {field} {' or '.join(map(str, said.values()))}")
+            if said:
+                values[field] = next(iter(said.values()))
+        return values
+
+
+def _spelt(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def flag_names(cls: type, names: Sequence[FlagName] = ()) -> dict[str, list[FlagName]]:
+    """The flags of each field of `cls`: those `names` gives it, else the flag of the field's own name."""
+    given = defaultdict(list)
+    for name in names:
+        if name.owner is cls:
+            given[name.field].append(name)
+    return {field.name: given.get(field.name) or [FlagName(field.name, cls, field.name)]
+            for field in dataclasses.fields(cls)}
+
+
+def add_dataclass_flags(parser: FlagParser, cls: type, names: Sequence[FlagName] = (), omit: Collection[str] = (),
+                        defaults: Mapping[str, Any] | None = None, one_of: Collection[str] = ()) -> None:
+    """One flag per field of the dataclass `cls` (or the flags `names` gives a field), in an argument group for each
+    class of `cls`'s hierarchy that declares fields, titled by its docstring's first line. A flag's help is the
+    field's metadata["help"], its type the field's (X | None reads X; a type argparse cannot call, such as a tuple,
+    reads text for the command to convert), its default the field's (a field without one is a required flag); a bool
+    is an absl boolean. omit: flags to leave out; defaults: flag defaults other than the fields'; one_of: flags of
+    which a command must give exactly one."""
+    hints = typing.get_type_hints(cls)
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    class_groups, exclusive = {}, None
+    for field_name, flags in flag_names(cls, names).items():
+        field = fields[field_name]
+        declared_by = next(klass for klass in cls.__mro__ if field_name in vars(klass).get("__annotations__", {}))
+        if declared_by not in class_groups:
+            class_groups[declared_by] = parser.add_argument_group(declared_by.__doc__.splitlines()[0].rstrip("."))
+        for name in flags:
+            if name.flag in omit:
+                continue
+            parser.names[name.flag], parser.fields[name.flag] = name, field
+            default = (defaults or {}).get(name.flag, field.default if name.default is FIELD_DEFAULT
+                                           else name.default)
+            required = default is dataclasses.MISSING
+            if name.type is not None:  # another kind of value: what the flag means comes first
+                help_text = f"{name.note} [{cls.__name__}.{field_name}: {field.metadata['help']}]"
+            else:
+                help_text = " ".join(filter(None, (field.metadata["help"], name.note)))
+                help_text += f" [{cls.__name__}.{field_name}]" if name.flag != field_name else ""
+            aliases = name.aliases + (tuple(field.metadata.get("aliases", ())) if name.flag == field_name else ())
+            where = class_groups[declared_by]
+            if name.flag in one_of:
+                exclusive = exclusive or where.add_mutually_exclusive_group(required=True)
+                where = exclusive
+            kind = name.type or _flag_type(hints[field_name])
+            if kind is bool:
+                parser.bool_flag(where, name.flag, default, help_text, aliases)
+            else:
+                parser.flag(where, name.flag, None if required else default, help_text, aliases, type=kind,
+                            choices=name.choices or field.metadata.get("choices"), required=required)
+
+
+def _flag_type(hint: Any) -> type:
+    arguments = [argument for argument in typing.get_args(hint) if argument is not type(None)]
+    kind = arguments[0] if typing.get_origin(hint) in (typing.Union, type(int | None)) else hint
+    return kind if isinstance(kind, type) and typing.get_origin(kind) is None else str
+
+
+def build(cls: type, names: Sequence[FlagName] = (), **values: Any) -> Any:
+    """cls(**values), with the ValueError of a check in the dataclass made a UsageError that names the flags (a
+    UsageError names them already): "gradient_accumulation_steps must be at least 1" reads
+    "--num_accumulation_steps must be at least 1"."""
+    try:
+        return cls(**values)
+    except UsageError:
+        raise
+    except ValueError as error:
+        message = str(error)
+        for field, flags in flag_names(cls, names).items():
+            message = re.sub(rf"(?<![\w.-]){re.escape(field)}\b", "--" + "/--".join(name.flag for name in flags),
+                             message)
+        raise UsageError(message) from None
+
+
+class FrozenNamespace(argparse.Namespace):
+    """Parsed flags that cannot be changed: what a command was given is a fact, values derived from it are new
+    names."""
+
+    def __init__(self, **values: Any):
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to flag {name!r}: parsed flags are frozen")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete flag {name!r}: parsed flags are frozen")

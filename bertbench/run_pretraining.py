@@ -22,7 +22,7 @@ eval_results.txt/.json. Under torchrun each process reads whole shards of its ow
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -33,103 +33,95 @@ from bertbench import runner
 from bertbench.checkpoint import checkpoint_step, latest_checkpoint
 from bertbench.distributed import Distributed, job_from_environment
 from bertbench.estimator import Estimator, PeriodicEvaluation
-from bertbench.train_state import CONTINUE, RunStart
+from bertbench.flags import setting
 from bertbench.progress import MetricsLog
 from bertbench.tasks.pretraining import (PretrainingBatches, ShardError, ShardLimits, accuracies, check_layout,
                                          find_shards, parse_length_bins, prediction_counts, read_eval_set)
+from bertbench.train_state import CONTINUE, RunStart
 
 PROGRAM = "run_pretraining"
 # MLPerf BERT's quality target: masked-LM accuracy on its 10,000 eval sequences.
 MLPERF_TARGET_MLM_ACCURACY = 0.720
-# Flags whose value defines the trained weights, beyond runner.RUN_DEFINING.
-RUN_DEFINING = runner.RUN_DEFINING + ("max_predictions_per_seq", "num_train_steps", "num_warmup_steps", "phase2",
-                                      "phase1_end_step", "length_bins", "poly_power")
-# Common flags that mean nothing here: no tokenizer (shards hold ids), no epochs (steps), no independent workers.
-OMITTED = ("vocab_file", "do_lower_case", "do_predict", "predict_batch_size", "num_train_epochs",
-           "max_train_samples", "sync_gradients")
 
 
-def build_parser(prog: str = PROGRAM) -> runner.FlagParser:
-    # NVIDIA's pre-training recipe: LAMB, polynomial decay.
-    parser = runner.FlagParser(prog=prog, description=__doc__.splitlines()[0], omit=OMITTED,
-                               default_overrides={"optimizer_type": "lamb", "decay": "poly"})
-    data = parser.add_argument_group("pre-training data")
-    parser.flag(data, "input_dir", None, "Training shards: a directory (every .hdf5/.h5 under it, NVIDIA's "
-                                         "--input_dir), a file, or comma-separated files and glob patterns "
-                                         "(Google's --input_file).", aliases=("input_file",))
-    parser.flag(data, "max_predictions_per_seq", 20, "Masked positions per sequence the shards were made with "
-                                                     "(20 at 128 tokens, 80 at 512).", type=int)
-    parser.flag(data, "length_bins", None, "Draw each batch from one length bin and cut it to the bin's edge, e.g. "
-                                           "128,256,384,512 (the last must be --max_seq_length): less padding.")
-    phases = parser.add_argument_group("phases and schedule")
-    parser.flag(phases, "num_train_steps", None, "Optimizer steps of this phase (NVIDIA's --max_steps).", type=int,
-                aliases=("max_steps",))
-    parser.flag(phases, "num_warmup_steps", None, "Warm-up steps (Google's); overrides --warmup_proportion.",
-                type=int)
-    parser.flag(phases, "poly_power", 0.5, "Power of the polynomial decay after warm-up (NVIDIA's 0.5; 1 is "
-                                           "Google's linear decay).", type=float)
-    parser.bool_flag(phases, "phase2", False, "Continue from phase 1: --init_checkpoint is its run directory or "
-                                              "checkpoint, whose weights, optimizer moments and step count this run "
-                                              "starts from; warm-up and decay start anew.")
-    parser.flag(phases, "phase1_end_step", None, "The step phase 1 ended at (NVIDIA's flag): checked against the "
-                                                 "checkpoint, which says it anyway.", type=int)
-    evaluation = parser.add_argument_group("evaluation (MLPerf's names)")
-    parser.bool_flag(evaluation, "do_eval", False, "Score --eval_dir after training (or the run's checkpoint "
-                                                   "without --do_train).")
-    parser.flag(evaluation, "eval_dir", None, "Evaluation shards (same forms as --input_dir).")
-    parser.flag(evaluation, "eval_batch_size", 32, "Sequences per evaluation batch.", type=int)
-    parser.flag(evaluation, "num_eval_examples", None, "Score the first N eval sequences only (MLPerf: 10000).",
-                type=int)
-    parser.flag(evaluation, "eval_iter_samples", None, "Also evaluate during training, every this many training "
-                                                       "sequences (rounded up to whole steps).", type=int)
-    parser.flag(evaluation, "eval_iter_start_samples", None, "First evaluation after this many training sequences "
-                                                             "(default: --eval_iter_samples).", type=int)
-    parser.flag(evaluation, "target_mlm_accuracy", None, f"Stop training once masked-LM accuracy reaches this and "
-                                                         f"report the time to train (MLPerf: "
-                                                         f"{MLPERF_TARGET_MLM_ACCURACY}).", type=float)
-    runner.add_common_flags(parser, default_learning_rate=5e-5)
-    return parser
+@dataclasses.dataclass(frozen=True)
+class PretrainingSettings(runner.RunnerSettings):
+    """Pre-training: shards, phases and evaluation (Google's, NVIDIA's and MLPerf's flags)."""
+
+    input_dir: str | None = setting("Training shards: a directory (every .hdf5/.h5 under it, NVIDIA's --input_dir), a "
+                                    "file, or comma-separated files and glob patterns (Google's --input_file).", None,
+                                    aliases=("input_file",))
+    max_predictions_per_seq: int = setting("Masked positions per sequence the shards were made with (20 at 128 "
+                                           "tokens, 80 at 512).", 20, positive=True, defines_run=True)
+    length_bins: str | None = setting("Draw each batch from one length bin and cut it to the bin's edge, e.g. "
+                                      "128,256,384,512 (the last must be --max_seq_length): less padding.", None,
+                                      defines_run=True)
+    num_train_steps: int | None = setting("Optimizer steps of this phase (NVIDIA's --max_steps).", None,
+                                          aliases=("max_steps",), positive=True, defines_run=True)
+    num_warmup_steps: int | None = setting("Warm-up steps (Google's); overrides --warmup_proportion.", None,
+                                           defines_run=True)
+    phase2: bool = setting("Continue from phase 1: --init_checkpoint is its run directory or checkpoint, whose "
+                           "weights, optimizer moments and step count this run starts from; warm-up and decay start "
+                           "anew.", False, defines_run=True)
+    phase1_end_step: int | None = setting("The step phase 1 ended at (NVIDIA's flag): checked against the checkpoint "
+                                          "(or a resumed phase 2's record), which says it anyway.", None)
+    do_eval: bool = setting("Score --eval_dir after training (or the run's checkpoint without --do_train).", False,
+                            per_command=True)
+    eval_dir: str | None = setting("Evaluation shards (same forms as --input_dir).", None)
+    eval_batch_size: int = setting("Sequences per evaluation batch.", 32, positive=True)
+    num_eval_examples: int | None = setting("Score the first N eval sequences only (MLPerf: 10000).", None,
+                                            positive=True)
+    eval_iter_samples: int | None = setting("Also evaluate during training, every this many training sequences "
+                                            "(rounded up to whole steps).", None, positive=True)
+    eval_iter_start_samples: int | None = setting("First evaluation after this many training sequences (default: "
+                                                  "--eval_iter_samples).", None, positive=True)
+    target_mlm_accuracy: float | None = setting("Stop training once masked-LM accuracy reaches this and report the "
+                                                f"time to train (MLPerf: {MLPERF_TARGET_MLM_ACCURACY}).", None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.do_train or self.do_eval):
+            raise runner.UsageError("at least one of --do_train or --do_eval must be true")
+        if self.do_train and not self.input_dir:
+            raise runner.UsageError("--do_train needs --input_dir (or --input_file): the training shards")
+        if self.do_train and self.num_train_steps is None:
+            raise runner.UsageError("--do_train needs --num_train_steps (or --max_steps)")
+        if (self.do_eval or self.eval_iter_samples or self.target_mlm_accuracy) and not self.eval_dir:
+            raise runner.UsageError("evaluation needs --eval_dir: the evaluation shards")
+        if self.target_mlm_accuracy is not None and not self.eval_iter_samples:
+            raise runner.UsageError("--target_mlm_accuracy is checked at the evaluations during training: give "
+                                    "--eval_iter_samples")
+        if self.phase2 and not self.init_checkpoint:
+            raise runner.UsageError("--phase2 needs --init_checkpoint: phase 1's run directory or checkpoint")
+        if self.num_warmup_steps is not None and not 0 <= self.num_warmup_steps <= (self.num_train_steps or 0):
+            raise runner.UsageError(f"--num_warmup_steps must be 0..--num_train_steps, got {self.num_warmup_steps}")
+        if self.target_mlm_accuracy is not None and not 0 < self.target_mlm_accuracy <= 1:
+            raise runner.UsageError(f"--target_mlm_accuracy must be in (0, 1], got {self.target_mlm_accuracy}")
+        if self.max_predictions_per_seq >= self.max_seq_length:
+            raise runner.UsageError(f"--max_predictions_per_seq {self.max_predictions_per_seq} must be less than "
+                                    f"--max_seq_length {self.max_seq_length}")
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    if not (args.do_train or args.do_eval):
-        raise runner.UsageError("at least one of --do_train or --do_eval must be true")
-    if args.do_train and not args.input_dir:
-        raise runner.UsageError("--do_train needs --input_dir (or --input_file): the training shards")
-    if args.do_train and args.num_train_steps is None:
-        raise runner.UsageError("--do_train needs --num_train_steps (or --max_steps)")
-    if (args.do_eval or args.eval_iter_samples or args.target_mlm_accuracy) and not args.eval_dir:
-        raise runner.UsageError("evaluation needs --eval_dir: the evaluation shards")
-    if args.target_mlm_accuracy is not None and not args.eval_iter_samples:
-        raise runner.UsageError("--target_mlm_accuracy is checked at the evaluations during training: give "
-                                "--eval_iter_samples")
-    if args.phase2 and not args.init_checkpoint:
-        raise runner.UsageError("--phase2 needs --init_checkpoint: phase 1's run directory or checkpoint")
-    for name in ("max_predictions_per_seq", "num_train_steps", "num_eval_examples", "eval_iter_samples",
-                 "eval_iter_start_samples"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise runner.UsageError(f"--{name} must be positive, got {value}")
-    if args.num_warmup_steps is not None and not 0 <= args.num_warmup_steps <= (args.num_train_steps or 0):
-        raise runner.UsageError(f"--num_warmup_steps must be 0..--num_train_steps, got {args.num_warmup_steps}")
-    if args.target_mlm_accuracy is not None and not 0 < args.target_mlm_accuracy <= 1:
-        raise runner.UsageError(f"--target_mlm_accuracy must be in (0, 1], got {args.target_mlm_accuracy}")
-    if args.max_predictions_per_seq >= args.max_seq_length:
-        raise runner.UsageError(f"--max_predictions_per_seq {args.max_predictions_per_seq} must be less than "
-                                f"--max_seq_length {args.max_seq_length}")
+# NVIDIA's pre-training recipe: LAMB, polynomial decay with power 0.5. No independent workers: nothing chooses one.
+SPEC = runner.RunnerSpec(name=PROGRAM, description=__doc__.splitlines()[0], settings=PretrainingSettings,
+                         omit=("sync_gradients",), defaults={"optimizer_type": "lamb", "decay": "poly",
+                                                             "poly_power": 0.5},
+                         input_errors=(ShardError,))
 
 
 class MlmEvaluation:
     """Scores the eval set, logs and records each evaluation, and tells when the target is met."""
 
-    def __init__(self, args: argparse.Namespace, estimator: Estimator, features, dist: Distributed, log):
-        self.args, self.estimator, self.features, self.log = args, estimator, features, log
-        self.global_batch = args.train_batch_size * args.num_accumulation_steps * dist.world_size
+    def __init__(self, command: runner.Command, estimator: Estimator, features, dist: Distributed, log):
+        self.settings, self.estimator, self.features, self.log = command.settings, estimator, features, log
+        self.global_batch = \
+            command.settings.train_batch_size * command.train["gradient_accumulation_steps"] * dist.world_size
         # Evaluations during training are logged; a resumed run keeps those up to its checkpoint.
-        resumed = latest_checkpoint(args.output_dir)
-        self.history = MetricsLog(os.path.join(args.output_dir, "evals.jsonl"),
+        output_dir = command.run.model_dir
+        resumed = latest_checkpoint(output_dir)
+        self.history = MetricsLog(os.path.join(output_dir, "evals.jsonl"),
                                   checkpoint_step(resumed) if resumed else None) \
-            if dist.is_main and args.do_train and args.eval_iter_samples else None
+            if dist.is_main and self.settings.do_train and self.settings.eval_iter_samples else None
         # Time to train runs from here (the model built, every shard checked) to the evaluation that meets the target.
         self.started = time.perf_counter()
         self.last: tuple[int, dict] | None = None  # the step of the last evaluation and its scores
@@ -139,7 +131,7 @@ class MlmEvaluation:
         """Loss, accuracies and counts of the model as it is now (at estimator.global_step)."""
         if self.last is not None and self.last[0] == self.estimator.global_step:
             return self.last[1]
-        results = self.estimator.evaluate(self.features, self.args.eval_batch_size, metric_fn=accuracies,
+        results = self.estimator.evaluate(self.features, self.settings.eval_batch_size, metric_fn=accuracies,
                                           outputs=prediction_counts)
         del results["global_step"]
         results["eval_sequences"] = len(self.features["input_ids"])
@@ -155,7 +147,7 @@ class MlmEvaluation:
             self.history.write(record)
         self.log(f"eval at step {step}: masked-LM accuracy {results['masked_lm_accuracy']:.4f}, next-sentence "
                  f"accuracy {results['next_sentence_accuracy']:.4f}, loss {results['loss']:.4f}")
-        target = self.args.target_mlm_accuracy
+        target = self.settings.target_mlm_accuracy
         if target is not None and self.reached is None and results["masked_lm_accuracy"] >= target:
             self.reached = record
             self.log(f"target masked-LM accuracy {target} reached at step {step} after {elapsed:.1f} s")
@@ -163,7 +155,7 @@ class MlmEvaluation:
         return False
 
     def summary(self) -> dict:
-        target = self.args.target_mlm_accuracy
+        target = self.settings.target_mlm_accuracy
         if target is None:
             return {}
         reached = self.reached
@@ -173,99 +165,112 @@ class MlmEvaluation:
                 "sequences_to_target": reached["training_sequences"] if reached else None}
 
 
-def phase_start_step(args: argparse.Namespace, start: RunStart) -> int:
-    """The step this phase's schedule starts at: 0, or where phase 1 ended. A phase 2 that continues phase 1 records
-    it (checked against --phase1_end_step when given); a phase 2 that resumes reads it from its run record."""
-    if not (args.phase2 and args.do_train):
+def phase_start_step(settings: PretrainingSettings, start: RunStart, record: runner.RunRecord | None) -> int:
+    """The step this phase's schedule starts at: 0, or where phase 1 ended: for a phase 2 that continues phase 1,
+    its checkpoint's step; for one that resumes, the step its run record derived (or --phase1_end_step). Given,
+    --phase1_end_step must agree."""
+    if not (settings.phase2 and settings.do_train):
         return 0
-    if start.kind == CONTINUE:
-        if args.phase1_end_step is not None and args.phase1_end_step != start.step:
-            raise runner.UsageError(f"{start.checkpoint}: phase 1 ended at step {start.step}, not --phase1_end_step "
-                                    f"{args.phase1_end_step}")
-        args.phase1_end_step = start.step  # recorded, so that a resumed phase 2 keeps its step count
-    return args.phase1_end_step
+    ended = start.step if start.kind == CONTINUE else record.derived.get("phase1_end_step") if record else None
+    given = settings.phase1_end_step
+    if ended is None and given is None:
+        raise runner.UsageError(f"{start.checkpoint}: a phase 2 run whose {runner.RUN_RECORD} does not say where phase "
+                                "1 ended; give --phase1_end_step")
+    if ended is not None and given is not None and given != ended:
+        raise runner.UsageError(f"{start.checkpoint}: phase 1 ended at step {ended}, not --phase1_end_step {given}")
+    return given if ended is None else ended
 
 
-def evaluation_schedule(args: argparse.Namespace, evaluation: MlmEvaluation, start_step: int
+def evaluation_schedule(settings: PretrainingSettings, evaluation: MlmEvaluation, start_step: int
                         ) -> PeriodicEvaluation | None:
-    if not args.eval_iter_samples:
+    if not settings.eval_iter_samples:
         return None
-    every = math.ceil(args.eval_iter_samples / evaluation.global_batch)
-    first = math.ceil((args.eval_iter_start_samples or args.eval_iter_samples) / evaluation.global_batch)
+    every = math.ceil(settings.eval_iter_samples / evaluation.global_batch)
+    first = math.ceil((settings.eval_iter_start_samples or settings.eval_iter_samples) / evaluation.global_batch)
     return PeriodicEvaluation(every_steps=every, run=evaluation, first_step=start_step + first)
 
 
-def run(args: argparse.Namespace, record: runner.RunRecord | None) -> int:
-    check_flags(args)
-    config = runner.load_config(args)
+# Pre-training keeps its own run() beside runner.run_task, on the same parts (parse, record, build_model,
+# build_estimator, report_training): its data are shards streamed per rank rather than features in memory, it has no
+# tokenizer, a phase 2 continues phase 1, and it evaluates during training and stops at a target. Hooks for each of
+# those in the fine-tuning skeleton would make that skeleton harder to read than this function.
+def run(command: runner.Command, record: runner.RunRecord | None) -> int:
+    settings = command.settings
+    config = runner.load_config(settings)
     try:
-        bins = parse_length_bins(args.length_bins, args.max_seq_length)
+        bins = parse_length_bins(settings.length_bins, settings.max_seq_length)
     except ValueError as error:
         raise runner.UsageError(str(error)) from None
-    limits = ShardLimits(args.max_seq_length, args.max_predictions_per_seq, config.vocab_size,
+    limits = ShardLimits(settings.max_seq_length, settings.max_predictions_per_seq, config.vocab_size,
                          config.type_vocab_size)
     # Every shard's layout and the whole eval set are checked before the model is built: a bad file must not
     # surface hours into a run.
-    train_files = find_shards(args.input_dir) if args.do_train else []
+    train_files = find_shards(settings.input_dir) if settings.do_train else []
     train_sequences = sum(check_layout(path, limits) for path in train_files)
-    eval_features = read_eval_set(find_shards(args.eval_dir), limits, args.num_eval_examples) \
-        if args.eval_dir else None
-    if args.num_warmup_steps is not None:
-        args.warmup_proportion = args.num_warmup_steps / args.num_train_steps
+    eval_features = read_eval_set(find_shards(settings.eval_dir), limits, settings.num_eval_examples) \
+        if settings.eval_dir else None
 
-    with job_from_environment(args.device) as dist:
-        runner.check_record(record, config, args, dist)
-        log = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
+    with job_from_environment(settings.device) as dist:
+        runner.check_record(record, config, settings, dist)
+        log = runner.main_process_log(dist)
         # Phase 2's weights come with the rest of phase 1's state, through Estimator.train.
-        model, start = runner.build_model(args, "pretraining", config, dist, log,
-                                          continue_phase=args.phase2 and args.do_train)
-        start_step = phase_start_step(args, start)
-        estimator = runner.build_estimator(args, model, dist,
-                                           start_step + args.num_train_steps if args.do_train else None)
-        evaluation = MlmEvaluation(args, estimator, eval_features, dist, log) if eval_features is not None else None
-        if args.do_train:
-            status = train(args, record, config, dist, estimator, train_files, train_sequences, limits, bins,
-                           start, start_step, evaluation, log)
+        model, start = runner.build_model(command, "pretraining", config, dist, log,
+                                          continue_phase=settings.phase2 and settings.do_train)
+        start_step = phase_start_step(settings, start, record)
+        # A warm-up given in steps is this phase's share of them.
+        warmup = {} if settings.num_warmup_steps is None or not settings.do_train else \
+            {"warmup_proportion": settings.num_warmup_steps / settings.num_train_steps}
+        estimator = runner.build_estimator(command, model, dist,
+                                           start_step + settings.num_train_steps if settings.do_train else None,
+                                           **warmup)
+        evaluation = MlmEvaluation(command, estimator, eval_features, dist, log) \
+            if eval_features is not None else None
+        if settings.do_train:
+            # Recorded, so that a resumed phase 2 keeps its step count without phase 1's directory.
+            runner.write_record(record, PROGRAM, command, config, dist,
+                                {"phase1_end_step": start_step} if settings.phase2 else None)
+            status = train(command, dist, estimator, train_files, train_sequences, limits, bins, start, start_step,
+                           evaluation, log)
             if status is not None:
                 return status
         else:
             runner.restore_for_inference(estimator, start)
-        if args.do_eval:  # the evaluation at the last step, if one ran there
+        if settings.do_eval:  # the evaluation at the last step, if one ran there
             results = {"global_step": estimator.global_step, **evaluation.score()}
-            runner.report_eval(args.output_dir, f"pre-training, step {estimator.global_step}", results,
-                               {"eval_dir": args.eval_dir}, dist.is_main, log)
+            runner.report_eval(command.run.model_dir, f"pre-training, step {estimator.global_step}", results,
+                               {"eval_dir": settings.eval_dir}, dist.is_main, log)
         return 0
 
 
-def train(args, record, config, dist, estimator: Estimator, files, sequences: int, limits, bins, start: RunStart,
-          start_step: int, evaluation: MlmEvaluation | None, log) -> int | None:
+def train(command: runner.Command, dist: Distributed, estimator: Estimator, files, sequences: int, limits, bins,
+          start: RunStart, start_step: int, evaluation: MlmEvaluation | None, log) -> int | None:
     """Train on the shards (resuming the run, or continuing phase 1) and write train_results.json."""
-    runner.write_record(record, PROGRAM, args, config, dist)
-    batches = PretrainingBatches(files, args.train_batch_size, args.seed, limits, dist.rank, dist.world_size, bins)
-    periodic = evaluation_schedule(args, evaluation, start_step) if evaluation is not None else None
-    log(f"***** Pre-training{' phase 2 from ' + start.checkpoint if start.kind == CONTINUE else ''}: {len(files)} shards, "
-        f"{sequences:,} sequences of {args.max_seq_length} tokens, steps {start_step} to "
-        f"{estimator.train_config.num_train_steps}, batch {args.train_batch_size} x {args.num_accumulation_steps} "
-        f"x {dist.world_size} processes, {args.optimizer_type}, {args.modeling} model, "
-        f"{runner.resolve_precision(args)} on {dist.device}"
-        + (f", length bins {args.length_bins}" if bins else "") + " *****")
+    settings, config = command.settings, estimator.train_config
+    batches = PretrainingBatches(files, settings.train_batch_size, command.run.seed, limits, dist.rank,
+                                 dist.world_size, bins)
+    periodic = evaluation_schedule(settings, evaluation, start_step) if evaluation is not None else None
+    log(f"***** Pre-training{' phase 2 from ' + start.checkpoint if start.kind == CONTINUE else ''}: {len(files)} "
+        f"shards, {sequences:,} sequences of {settings.max_seq_length} tokens, steps {start_step} to "
+        f"{config.num_train_steps}, batch {settings.train_batch_size} x {config.gradient_accumulation_steps} x "
+        f"{dist.world_size} processes, {config.optimizer}, {command.flags.modeling} model, {config.precision} on "
+        f"{dist.device}" + (f", length bins {settings.length_bins}" if bins else "") + " *****")
     try:
         result = estimator.train(batches, start, evaluation=periodic)
     finally:
         batches.close()
-    extra = {"learning_rate": estimator.train_config.learning_rate, "max_predictions_per_seq":
-             args.max_predictions_per_seq, "phase2": args.phase2, "schedule_start_step": start_step,
-             "training_shards": len(files), "training_sequences": sequences, "length_bins": args.length_bins,
+    extra = {"max_predictions_per_seq": settings.max_predictions_per_seq, "phase2": settings.phase2,
+             "schedule_start_step": start_step, "training_shards": len(files), "training_sequences": sequences,
+             "length_bins": settings.length_bins,
              "sequences_left_out_in_partial_batches": sum(dist.all_gather_object(batches.dropped)),
              **(evaluation.summary() if evaluation is not None else {})}
-    runner.report_training(result, args, dist, log, extra)
+    runner.report_training(result, command, estimator, dist, log, extra)
     if result.padding_fraction is not None:
         log(f"  padding: {result.padding_fraction:.1%} of the tokens trained")
     return runner.interrupted_status(result)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
-    return runner.run_main(prog, build_parser(prog), argv, PROGRAM, RUN_DEFINING, run, extra_errors=(ShardError,))
+    return runner.run_main(SPEC, argv, prog, run)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 # it recorded. GLUE runs are evaluated (run_classifier --do_eval); SQuAD runs predict their predict_file and score it
 # (run_squad --do_predict: predictions.json, nbest_predictions.json, null_odds.json). Flags given here override
 # those that do not change the run (--data_dir or --predict_file if the data moved, batch sizes, --device). Results
-# are also written to each run's eval_results.txt and eval_results.json. PYTHON defaults to python3.
+# are also written to each run's eval_results.txt and eval_results.json. PYTHON defaults to python3. Exit status: the
+# README's policy (2: no run directory or an unreadable record; otherwise the last failing runner's status).
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
@@ -29,18 +30,18 @@ else
 fi
 if [ ${#runs[@]} -eq 0 ]; then
   echo "eval.sh: error: $results_dir: no run directory (bertbench_run.json) here or one level down" >&2
-  exit 1
+  exit 2
 fi
 
 status=0
 for run in "${runs[@]}"; do
   echo "== $run"
   runner=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["runner"])' "$run/bertbench_run.json") \
-    || { status=1; continue; }
+    || { status=2; continue; }
   case "$runner" in
     run_classifier) action=--do_eval=true ;;
     run_squad) action=--do_predict=true ;;
-    *) echo "eval.sh: error: $run/bertbench_run.json: unknown runner '$runner'" >&2; status=1; continue ;;
+    *) echo "eval.sh: error: $run/bertbench_run.json: unknown runner '$runner'" >&2; status=2; continue ;;
   esac
   "$PYTHON" -m "bertbench.$runner" "$action" --output_dir="$run" "$@" || status=$?
 done

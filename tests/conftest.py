@@ -8,6 +8,13 @@ import torch
 from bertbench.config import BertConfig
 from bertbench.synthetic import write_vocab
 
+# The tests' models are tiny and the machine they run on may have 2 cores, shared with the processes a test starts:
+# a second intra-op thread then costs far more than it gives (OpenMP threads spin waiting for each other; a run of
+# test_run_squad took 4x the CPU time with 2). One thread here and, through the environment, in every process a test
+# starts, unless OMP_NUM_THREADS says otherwise (a bench's --threads still sets its own).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # bert_config.json of the runners' tests: Google's format, 2 layers of hidden 32, the built-in task's vocab.
 TINY_BERT = {"vocab_size": 48, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 64, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,

@@ -5,7 +5,11 @@ Writes rank 0's findings as JSON to argv[1]:
   optimizer steps of 4 accumulated micro-batches each (counted by a comm hook), and its bucket all-reduces;
 - evaluate / predict over an odd number of examples split across the ranks, against the same model run by this
   process alone over all of them;
-- Distributed.mean, broadcast_module and shard.
+- Distributed.mean, broadcast_module and shard;
+- a checkpoint that rank 0 wrote training alone, resumed on both ranks (weights, data position, RNG restart).
+
+argv[2], when given, is the directory where the training runs are kept (each in <modeling>-<policy>/), for the test
+to resume one of them in a single process.
 """
 
 import json
@@ -20,6 +24,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_batch, tiny_config  # noqa: E402
 
+from bertbench.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
 from bertbench.distributed import job_from_environment  # noqa: E402
 from bertbench.batches import ShuffledBatches  # noqa: E402
 from bertbench.estimator import Estimator  # noqa: E402
@@ -51,6 +56,58 @@ def features(config, count: int, seed: int) -> dict[str, torch.Tensor]:
             "labels": labels}
 
 
+class FirstBatchProbe(ShuffledBatches):
+    """Batches that note, as the first one is drawn (after a resume's restore, before any update), its input ids,
+    the model's weights and torch's generator state."""
+
+    def __init__(self, *args, model: nn.Module, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.model, self.first = model, None
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        batch = super().__next__()
+        if self.first is None:
+            self.first = {"input_ids": batch["input_ids"], "rng": torch.get_rng_state(),
+                          "weights": {name: tensor.clone() for name, tensor in self.model.state_dict().items()}}
+        return batch
+
+
+def same_weights(first: dict, second: dict) -> bool:
+    return first.keys() == second.keys() and all(torch.equal(first[name], second[name]) for name in first)
+
+
+def resume_a_one_process_run_on_two(config, dist_info, scratch: str) -> dict:
+    """Rank 0 alone trains 2 steps of batch 4 and saves; both ranks then resume that checkpoint with 2 each (the same
+    global batch), from initial weights of their own, for one more step."""
+    model_dir = dist_info.all_gather_object(os.path.join(scratch, "one-then-two"))[0]  # rank 0's, for both
+    data = features(config, 64, seed=1)
+    if dist_info.is_main:
+        seed_everything(0)
+        Estimator(build_model("classification", config, num_labels=2),
+                  RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
+                  TrainConfig(num_train_steps=2, excluded_steps=0), log=lambda line: None
+                  ).train(ShuffledBatches(data, 4, seed=0))
+    dist_info.barrier()
+    checkpoint = latest_checkpoint(model_dir)
+    saved = load_checkpoint(checkpoint)
+    seed_everything(100 + dist_info.rank)
+    model = build_model("classification", config, num_labels=2)
+    fresh_weights_differ = not same_weights(model.state_dict(), saved["model"])
+    logs: list[str] = []
+    batches = FirstBatchProbe(data, 2, seed=0, rank=dist_info.rank, world_size=2, model=model)
+    result = Estimator(model, RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
+                       TrainConfig(num_train_steps=3, excluded_steps=0), dist_info, log=logs.append).train(batches)
+    reference = ShuffledBatches(data, 4, seed=0)  # the one-process order: its third batch, split over the ranks
+    expected_ids = [next(reference)["input_ids"] for _ in range(3)][2][2 * dist_info.rank:2 * dist_info.rank + 2]
+    own = {"first_batch_is_the_next_one": torch.equal(batches.first["input_ids"], expected_ids),
+           "fresh_weights_differ": fresh_weights_differ,
+           "weights_were_the_checkpoints": same_weights(batches.first["weights"], saved["model"]),
+           "rng": batches.first["rng"].tolist(), "saved_rng": saved["rng"][0]["torch"].tolist(),
+           "consumed": batches.consumed}
+    return {"ranks": dist_info.all_gather_object(own), "logs": logs, "checkpoint": checkpoint,
+            "resumed_from": result.resumed_from, "global_step": result.global_step}
+
+
 def count_allreduces(config, dist_info, modeling: str, policy: str, model_dir: str) -> dict[str, int]:
     seed_everything(0)
     model = build_model("classification", config, modeling, policy, num_labels=2)
@@ -70,9 +127,10 @@ def check(dist_info) -> dict:
     config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     report: dict = {"world_size": dist_info.world_size, "allreduce_calls": {}}
     with tempfile.TemporaryDirectory() as scratch:
+        runs = sys.argv[2] if len(sys.argv) > 2 else scratch
         for modeling, policy in (("baseline", "full"), ("recompute", "full"), ("recompute", "selective"),
                                  ("recompute", "every-k")):
-            model_dir = os.path.join(scratch, f"{modeling}-{policy}")
+            model_dir = os.path.join(runs, f"{modeling}-{policy}")
             report["allreduce_calls"][f"{modeling}/{policy}"] = count_allreduces(config, dist_info, modeling,
                                                                                 policy, model_dir)
 
@@ -90,6 +148,7 @@ def check(dist_info) -> dict:
         report["predict_max_difference"] = (predicted - reference.logits).abs().max().item()
         report["eval_loss"], report["reference_loss"] = scores["loss"], reference.loss.item()
         report["shard"] = dist_info.all_gather_object(list(dist_info.shard(37)))
+        report["one_process_run_resumed_on_two"] = resume_a_one_process_run_on_two(config, dist_info, scratch)
 
     report["mean_of_ranks"] = dist_info.mean(float(dist_info.rank))
     layer = nn.Linear(3, 3)

@@ -24,15 +24,21 @@ def measured(tmp_path_factory):
 
 
 def test_every_worker_count_makes_the_same_instances_and_reports_its_figures(measured):
-    _, report = measured
+    out, report = measured
     one, two = report["rows"]
     assert (one["workers"], two["workers"]) == (1, 2) and one["speedup"] == 1.0
     for key in ("documents", "sentences", "instances", "tokens"):
         assert one[key] == two[key] > 0, key
+    corpus_bytes = (out / pretraining_data.KEPT_CORPUS).stat().st_size
     for row in (one, two):
         assert row["sentences_per_s"] == pytest.approx(row["sentences"] / row["seconds"])
-        assert row["mb_per_s"] > 0 and row["peak_rss_main_mib"] > 0 and row["peak_rss_worker_mib"] > 0
-        assert 0 < row["padding_fraction"] < 1 and row["output_mb"] > 0
+        assert row["input_mb"] == corpus_bytes / 1e6  # the whole corpus read, whatever the worker count
+        assert row["mb_per_s"] == pytest.approx(corpus_bytes / 1e6 / row["seconds"])
+        # every instance padded to --max_seq_length 64
+        assert row["padding_fraction"] == pytest.approx(1 - row["tokens"] / (row["instances"] * 64))
+        # MiB of a Python process with NumPy, not bytes or GiB
+        assert 10 < row["peak_rss_main_mib"] < 4096 and 10 < row["peak_rss_worker_mib"] < 4096
+        assert row["output_mb"] > 0
 
 
 def test_length_bins_run_saves_padding(measured):

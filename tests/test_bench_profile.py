@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
 
 from bertbench.bench import profile, workload
 
@@ -34,14 +35,34 @@ def test_trace_is_chrome_json_with_matmul_events(profiled):
     assert not [name for name in os.listdir(directory) if name.endswith(".tmp")]
 
 
-def test_category_shares_sum_to_one(profiled):
+def counted_flops() -> dict[str, int]:
+    """FLOPs of the profiled step's forward and backward (pretraining, batch 2, seq 32), counted by PyTorch's
+    FlopCounterMode."""
+    config = workload.bert_config("tiny", 32)
+    model = workload.build(config, "pretraining", workload.Variant.parse("baseline"))
+    with FlopCounterMode(display=False) as counter:
+        model(**workload.synthetic_batch(config, "pretraining", 2, 32)).loss.backward()
+    return {str(op): count for op, count in counter.get_flop_counts()["Global"].items()}
+
+
+def test_flops_and_categories(profiled):
     _, report = profiled
+    counted = counted_flops()
+    assert report["model_flops_per_step"] == sum(counted.values())
+    assert report["attention_flops_per_step"] == counted["aten.bmm"]  # scores and mix, forward and backward
     categories = report["categories"]
     assert tuple(categories) == profile.CATEGORIES
-    assert sum(values["share"] for values in categories.values()) == pytest.approx(1.0)
-    assert categories["matmul"]["share"] > 0 and categories["attention"]["share"] > 0
-    assert report["model_flops_per_step"] > report["attention_flops_per_step"] > 0
-    assert report["matmul_tflops_per_s"] > 0
+    assert categories["matmul"]["seconds"] > 0 and categories["attention"]["seconds"] > 0
+    # the dense layers' FLOPs over the time of the ops categorised as matmul, not over the whole step
+    assert report["matmul_tflops_per_s"] * 1e12 * categories["matmul"]["seconds"] == pytest.approx(
+        report["model_flops_per_step"] - report["attention_flops_per_step"])
+    # addmm and mm are matmuls wherever they run: the top operators' time of them is in the matmul category
+    dense = sum(row["seconds_per_step"] for row in report["top_operators"]
+                if row["name"] in ("aten::addmm", "aten::mm"))
+    assert 0 < dense <= categories["matmul"]["seconds"] * (1 + 1e-9)
+    operator_seconds = sum(values["seconds"] for values in categories.values())
+    assert operator_seconds == pytest.approx(report["operator_share_of_step"] * report["step_seconds"])
+    assert categories["matmul"]["share"] == pytest.approx(categories["matmul"]["seconds"] / operator_seconds)
     assert 0 < report["operator_share_of_step"] <= 1.01  # self times are disjoint parts of the profiled steps
 
 

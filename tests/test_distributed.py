@@ -1,12 +1,14 @@
 """Data parallel training across real processes (torchrun through `bertbench launch`, gloo on the CPU): the runners
 give the same loss curve, weights and scores on 2 processes as on 1 with the same global batch; accumulation skips
-the all-reduce; evaluation gathers every example once; independent workers keep the best; a worker killed with
-SIGKILL is restarted and resumes; a node that never joins fails in one line."""
+the all-reduce; evaluation gathers every example once; a checkpoint resumes on another process count; independent
+workers keep the best; workers killed with SIGKILL are restarted and resume, SIGTERM saves and the run goes on
+later; a node that never joins fails in one line."""
 
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,12 +19,17 @@ import pytest
 import torch
 
 from bertbench import launch, runner
+from bertbench.batches import ShuffledBatches
 from bertbench.checkpoint import list_checkpoints, load_checkpoint, worker_dir
+from bertbench.estimator import Estimator
+from bertbench.models import build_model
 from bertbench.synthetic import write_glue_task, write_squad
 from bertbench.distributed import Distributed, restart_safe_store
 from bertbench.run_classifier import main as classify
 from bertbench.run_squad import main as squad
-from conftest import free_port, write_bert_dir
+from bertbench.training_config import RunConfig, TrainConfig
+from conftest import free_port, tiny_config, write_bert_dir
+from ddp_worker import FirstBatchProbe, features, same_weights
 
 pytestmark = pytest.mark.slow
 
@@ -82,16 +89,13 @@ def one_process(data, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("batch, accumulation, model_flags", [
-    (8, 1, []),
-    (4, 2, ["--modeling=recompute", "--recompute-policy=full"]),
-    (4, 2, ["--modeling=recompute", "--recompute-policy=selective"]),
-], ids=["baseline", "recompute-full-accumulated", "recompute-selective-accumulated"])
-def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_process, batch, accumulation,
-                                                            model_flags):
+def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_process):
+    """The most involved setting against the plainest: recompute (selective) with 2 accumulated micro-batches of 4 on
+    each of 2 processes, against the baseline on 1 process with batches of 16. (Each setting costs a torchrun job:
+    the other policies' DDP steps are ddp_worker's, the plain DDP step the job templates' and scripts' tests'.)"""
     out = tmp_path / "run"
-    done = classify_on(2, data, out, f"--train_batch_size={batch}", f"--num_accumulation_steps={accumulation}",
-                       *model_flags)
+    done = classify_on(2, data, out, "--train_batch_size=4", "--num_accumulation_steps=2", "--modeling=recompute",
+                       "--recompute-policy=selective")
     steps, curve = zip(*losses(out))
     reference_steps, reference_curve = zip(*losses(one_process))
     assert steps == reference_steps == tuple(range(4, 49, 4))
@@ -115,10 +119,17 @@ def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_
                                        "eval_results.txt", "metrics.jsonl", "train_results.json"]
 
 
-def test_accumulation_all_reduces_once_per_step_and_inference_gathers_every_example(tmp_path):
-    out = tmp_path / "report.json"
-    run(launch_command(2, os.path.join(HERE, "ddp_worker.py"), str(out)))
-    report = read_json(out)
+@pytest.fixture(scope="module")
+def ddp_worker_run(tmp_path_factory):
+    """ddp_worker.py's findings on 2 processes, and the directory of its training runs."""
+    directory = tmp_path_factory.mktemp("ddp_worker")
+    run(launch_command(2, os.path.join(HERE, "ddp_worker.py"), str(directory / "report.json"),
+                       str(directory / "runs")))
+    return read_json(directory / "report.json"), directory / "runs"
+
+
+def test_accumulation_all_reduces_once_per_step_and_inference_gathers_every_example(ddp_worker_run):
+    report, _ = ddp_worker_run
     assert report["world_size"] == 2
     for variant, counts in report["allreduce_calls"].items():
         # 12 micro-batches in 3 optimizer steps: DDP synchronised 3 backward passes, each in several buckets
@@ -130,6 +141,58 @@ def test_accumulation_all_reduces_once_per_step_and_inference_gathers_every_exam
     assert first + second == list(range(37)) and len(first) == 19
     assert report["mean_of_ranks"] == 0.5
     assert report["broadcast_weights"] == [[1.0], [1.0]]
+
+
+def generator_seeded(seed: int) -> list[int]:
+    """The state of torch's CPU generator seeded with `seed`. A resume on another process count reseeds each rank
+    with the run's seed (RunConfig's 42) + its rank + the step resumed, so no two ranks or resumes draw alike."""
+    return torch.Generator().manual_seed(seed).get_state().tolist()
+
+
+def test_a_checkpoint_of_one_process_resumes_on_two(ddp_worker_run):
+    """Weights and data position resume exactly; dropout's streams cannot (one was saved, two are needed), so they
+    restart from the seed, a different one on each rank, with a warning."""
+    resumed = ddp_worker_run[0]["one_process_run_resumed_on_two"]
+    checkpoint = resumed["checkpoint"]
+    assert resumed["global_step"] == 3 and resumed["resumed_from"] == checkpoint
+    assert checkpoint.endswith("ckpt-000000002.pt")
+    assert [line for line in resumed["logs"] if "warning" in line] == [
+        f"warning: {checkpoint} was written by 1 processes, this run has 2: dropout random streams restart from the "
+        "seed"]
+    for rank, found in enumerate(resumed["ranks"]):
+        assert found["fresh_weights_differ"] and found["weights_were_the_checkpoints"], rank
+        assert found["first_batch_is_the_next_one"] and found["consumed"] == 2 * 4 + 4, rank
+        assert found["rng"] == generator_seeded(42 + rank + 2) != found["saved_rng"], rank
+
+
+def test_a_checkpoint_of_two_processes_resumes_in_one(ddp_worker_run, tmp_path):
+    """ddp_worker's baseline run (2 processes x batch 2 x 4 micro-batches, 3 steps) goes on in one process with the
+    same global batch: its weights, optimizer and the next batch of the one-process order, dropout's stream
+    restarted from the seed with a warning."""
+    shutil.copytree(ddp_worker_run[1] / "baseline-full", tmp_path / "run")
+    saved_path = list_checkpoints(tmp_path / "run")[-1][1]
+    saved = load_checkpoint(saved_path)
+    assert saved["step"] == 3 and len(saved["rng"]) == 2
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(100)
+    model = build_model("classification", config, num_labels=2)
+    assert not same_weights(model.state_dict(), saved["model"])
+    data, logs = features(config, 64, seed=1), []
+    batches = FirstBatchProbe(data, 4, seed=0, model=model)
+    result = Estimator(model, RunConfig(str(tmp_path / "run"), save_checkpoints_secs=None),
+                       TrainConfig(num_train_steps=4, gradient_accumulation_steps=4, excluded_steps=0),
+                       log=logs.append).train(batches)
+    assert result.resumed_from == saved_path and result.global_step == 4 and result.steps == 1
+    assert f"warning: {saved_path} was written by 2 processes, this run has 1: dropout random streams restart " \
+           "from the seed" in logs
+    assert same_weights(batches.first["weights"], saved["model"])
+    reference = ShuffledBatches(data, 4, seed=0)
+    for _ in range(3 * 4):  # what the 2 processes took: 3 steps of 4 micro-batches of 2 x 2
+        next(reference)
+    assert torch.equal(batches.first["input_ids"], next(reference)["input_ids"])
+    assert batches.consumed == 64 and result.epoch == 1.0
+    assert batches.first["rng"].tolist() == generator_seeded(42 + 3) != saved["rng"][0]["torch"].tolist()
+    assert load_checkpoint(result.last_checkpoint)["optimizer"]["state"][0]["step"] == 4  # AdamW's moments went on
 
 
 def test_independent_workers_train_apart_keep_the_best_and_resume_from_a_common_step(data, tmp_path):
@@ -204,12 +267,15 @@ def worker_with_rank(rank: int, marker: str) -> int:
     raise AssertionError(f"no worker with RANK={rank} running {marker}")
 
 
+LONG_RUN_STEPS = 320
+
+
 def long_run(data, out):
-    # 640 steps with a checkpoint every 100: a few seconds, long enough to be killed in the middle.
+    # 320 steps with a checkpoint every 40: a few seconds, long enough to be hit three times in the middle.
     return launch_command(2, "-m", "bertbench.run_classifier",
-                          *flags(data, out, "--train_batch_size=8", "--num_train_epochs=40",
-                                 "--save_checkpoints_steps=100", "--log_step_count_steps=50"),
-                          restarts=1)
+                          *flags(data, out, "--train_batch_size=8", "--num_train_epochs=20",
+                                 "--save_checkpoints_steps=40", "--log_step_count_steps=20"),
+                          restarts=2)
 
 
 @pytest.fixture(scope="module")
@@ -219,49 +285,47 @@ def uninterrupted(data, tmp_path_factory):
     return whole
 
 
-@pytest.mark.parametrize("killed_rank", [1, 0])
-def test_worker_killed_by_sigkill_is_restarted_resumes_and_ends_as_an_uninterrupted_run(data, tmp_path,
-                                                                                       uninterrupted, killed_rank):
-    whole = uninterrupted
-    out = tmp_path / "killed"
-    process = subprocess.Popen(long_run(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def newest_checkpoint_after(process, out, step: int) -> int:
+    """Waits, while `process` runs, for a checkpoint newer than `step` in `out`; returns the newest one's step."""
     deadline = time.monotonic() + 120
-    while not list_checkpoints(out):
+    while not list_checkpoints(out) or list_checkpoints(out)[-1][0] <= step:
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.005)
-    os.kill(worker_with_rank(killed_rank, str(out)), signal.SIGKILL)
-    killed_after = list_checkpoints(out)[-1][0]
-    output = process.communicate(timeout=300)[0]
-    assert process.returncode == 0, output[-3000:]
-    assert killed_after < 640
-    resumed = re.search(r"resumed from \S+ckpt-0*(\d+)\.pt \(step (\d+)", output)
-    assert resumed and int(resumed.group(1)) >= killed_after  # from the newest checkpoint when workers restarted
-
-    assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(), final_weights(whole).values()))
-    assert read_json(out / "eval_results.json") == read_json(whole / "eval_results.json")
-    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
-    assert steps == list(range(50, 641, 50))  # the steps the killed workers logged after the checkpoint: once
+    return list_checkpoints(out)[-1][0]
 
 
-def test_sigterm_to_the_launcher_saves_exits_143_and_the_same_command_resumes(data, tmp_path, uninterrupted):
-    """What scancel, qdel and a job's time limit do: SIGTERM to the launcher, which passes it to the workers."""
-    out = tmp_path / "terminated"
+def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_if_uninterrupted(data, tmp_path,
+                                                                                               uninterrupted):
+    """One job, hit three times: SIGKILL to the worker of rank 1, then to the restarted worker of rank 0 (the one
+    that writes the checkpoints), each restart resuming from the newest checkpoint; then SIGTERM to the launcher
+    (what scancel, qdel and a job's time limit do), which passes it to the workers: they save and it exits 143.
+    The same command then ends the run with the uninterrupted run's weights, scores and log."""
+    out = tmp_path / "preempted"
     process = subprocess.Popen(long_run(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not (out / "metrics.jsonl").exists():  # training has started
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.005)
+    killed_after = []
+    for rank in (1, 0):
+        killed_after.append(newest_checkpoint_after(process, out, killed_after[-1] if killed_after else -1))
+        os.kill(worker_with_rank(rank, str(out)), signal.SIGKILL)
+    newest_checkpoint_after(process, out, killed_after[-1])  # the second restart trains
     process.send_signal(signal.SIGTERM)
     output = process.communicate(timeout=120)[0]
     assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert "bertbench launch: stopped by SIGTERM" in output
+    resumed = [int(step) for step in re.findall(r"resumed from \S+ckpt-0*(\d+)\.pt \(step \d+", output)]
+    assert len(resumed) == 2, output[-3000:]
+    # each restart went on from the newest checkpoint there was when its worker was killed, or a newer one
+    assert resumed[0] >= killed_after[0] and resumed[1] >= killed_after[1]
     train = read_json(out / "train_results.json")
-    assert train["interrupted_by"] == "SIGTERM" and train["global_step"] == list_checkpoints(out)[-1][0] < 640
+    assert train["interrupted_by"] == "SIGTERM"
+    assert killed_after[1] < train["global_step"] == list_checkpoints(out)[-1][0] < LONG_RUN_STEPS
     assert not (out / "eval_results.json").exists()
 
     run(long_run(data, out))
     assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(),
                                                   final_weights(uninterrupted).values()))
+    assert read_json(out / "eval_results.json") == read_json(uninterrupted / "eval_results.json")
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
+    assert steps == list(range(20, LONG_RUN_STEPS + 1, 20))  # steps logged after a checkpoint and lost: once
 
 
 def test_a_node_that_never_joins_times_out_in_one_line(tmp_path, capsys):

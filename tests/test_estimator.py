@@ -366,13 +366,13 @@ def test_progress_bar_draws_on_a_terminal():
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                     reason="torch.compile on the CPU needs a C compiler")
-def test_compile_trains_like_eager(tmp_path):
+def test_compiled_recompute_trains_like_the_eager_baseline(tmp_path):
     config = tiny_config(hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0,
                          attention_probs_dropout_prob=0.0)
     results = []
-    for name, compile in (("eager", False), ("compiled", True)):
+    for name, modeling, compile in (("eager", "baseline", False), ("compiled", "recompute", True)):
         torch.manual_seed(0)
-        model = build_model("classification", config, num_labels=2)
+        model = build_model("classification", config, modeling, "selective", num_labels=2)
         estimator = make_estimator(tmp_path / name, steps=4, model=model, compile=compile)
         estimator.train(ShuffledBatches(features(), 8, seed=0))
         results.append(weights(model))

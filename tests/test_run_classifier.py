@@ -15,8 +15,9 @@ import torch
 from bertbench import cli
 from bertbench.checkpoint import list_checkpoints, load_checkpoint
 from bertbench.synthetic import vocabulary, write_glue_task
-from bertbench.run_classifier import build_parser, main
-from bertbench.runner import parse_flags, resolve_precision
+from bertbench.models import MODELINGS
+from bertbench.run_classifier import SPEC, main
+from bertbench.runner import parse_command
 from conftest import TINY_BERT, write_bert_dir
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tf1_tiny")
@@ -115,13 +116,29 @@ def test_stsb_regression_correlates(data, tmp_path):
     assert results["dev_pearson"] > 0.8 and results["dev_spearmanr"] > 0.8
 
 
-def test_recompute_module_ends_with_the_baselines_weights(data, tmp_path):
-    final = {}
-    for modeling in ("baseline", "recompute"):
-        out = tmp_path / modeling
-        assert main(flags(data, out, "MRPC", "--do_train", "--num_train_epochs=0.5", f"--modeling={modeling}",
-                          "--recompute-policy=full")) == 0
-        final[modeling] = load_checkpoint(list_checkpoints(out)[-1][1])["model"]
+@pytest.fixture(scope="module")
+def modeling_runs(data, tmp_path_factory):
+    """A short train, eval and predict run with each modeling module (recompute: the full policy)."""
+    runs = {}
+    for modeling in MODELINGS:
+        out = tmp_path_factory.mktemp(modeling) / "run"
+        assert main(flags(data, out, "MRPC", "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=0.5",
+                          f"--modeling={modeling}", "--recompute-policy=full")) == 0
+        runs[modeling] = out
+    return runs
+
+
+@pytest.mark.parametrize("modeling", MODELINGS)
+def test_each_modeling_module_trains_evaluates_and_predicts(modeling_runs, modeling):
+    out = modeling_runs[modeling]
+    train = json.loads((out / "train_results.json").read_text())
+    assert train["modeling"] == modeling and train["recompute_policy"] == ("full" if modeling == "recompute" else None)
+    assert read_results(out)["global_step"] == train["global_step"] == 16  # int(512 / 16 * 0.5)
+    assert len((out / "MRPC.tsv").read_text().splitlines()) == 41
+
+
+def test_recompute_module_ends_with_the_baselines_weights(modeling_runs):
+    final = {modeling: load_checkpoint(list_checkpoints(out)[-1][1])["model"] for modeling, out in modeling_runs.items()}
     for name, tensor in final["baseline"].items():
         torch.testing.assert_close(final["recompute"][name], tensor, rtol=1e-5, atol=1e-6)
 
@@ -140,16 +157,17 @@ def test_time_budget_stops_training_then_evaluates(data, tmp_path, capsys):
     assert "time budget of 0.5 s reached at step" in capsys.readouterr().out
 
 
-def test_absl_boolean_spellings(tmp_path):
-    parser = build_parser()
-    args, _ = parse_flags(parser, ["--output_dir", str(tmp_path), "--vocab_file=v", "--bert_config_file=c",
-                                   "--do_train", "--do_eval=false", "--nodo_lower_case", "--amp",
-                                   "--horovod"], "run_classifier", ())
-    assert args.do_train and not args.do_eval and not args.do_lower_case and args.horovod
-    assert resolve_precision(args) == "fp16" and args.save_checkpoints_secs == 1200
-    args, _ = parse_flags(parser, ["--output_dir", str(tmp_path), "--vocab_file=v", "--bert_config_file=c",
-                                   "--precision=bf16"], "run_classifier", ())
-    assert resolve_precision(args) == "bf16" and not args.do_train
+def test_absl_boolean_spellings_and_nvidias_names(tmp_path):
+    given = ["--output_dir", str(tmp_path), "--vocab_file=v", "--bert_config_file=c", "--task_name=MRPC",
+             "--data_dir=d"]
+    command, _ = parse_command(SPEC, given + ["--do_train", "--do_eval=false", "--nodo_lower_case", "--amp",
+                                              "--horovod"])
+    settings = command.settings
+    assert settings.do_train and not settings.do_eval and not settings.do_lower_case and settings.horovod
+    assert command.train["precision"] == "fp16" and command.run.save_checkpoints_secs == 1200
+    command, _ = parse_command(SPEC, given + ["--do_eval", "--precision=bf16", "--no_sync_gradients"])
+    assert command.train["precision"] == "bf16" and not command.train["sync_gradients"]
+    assert not command.settings.do_train
 
 
 def test_init_from_a_tf1_checkpoint(data, tmp_path, capsys):
@@ -181,7 +199,7 @@ def test_classify_subcommand(data, tmp_path):
     assert list_checkpoints(tmp_path / "cli")
 
 
-# ---- bad input: one line naming the file, exit 1, nothing overwritten ---------------------------------------------
+# ---- bad input: one line naming the file, exit 2, nothing overwritten ---------------------------------------------
 
 def test_missing_glue_file(data, tmp_path, error_line):
     (tmp_path / "empty").mkdir()
@@ -238,7 +256,7 @@ def test_corrupt_checkpoint(data, tmp_path, error_line):
     (["--max_seq_length=128"], "max_position_embeddings is 64"),
     (["--init_checkpoint=/nonexistent/bert_model.ckpt"], "/nonexistent/bert_model.ckpt"),
     (["--do_train=false"], "at least one of --do_train, --do_eval or --do_predict"),
-    (["--precision=bf16", "--amp"], "--amp/--use_fp16 asks for fp16"),
+    (["--precision=bf16", "--amp"], "--precision=bf16 and --amp=true contradict each other: precision bf16 or fp16"),
     (["--num_train_epochs=0.01"], "make no full step"),
 ])
 def test_bad_flags(data, tmp_path, extra, message, error_line):

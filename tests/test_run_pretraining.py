@@ -13,6 +13,7 @@ import torch
 
 from bertbench import cli
 from bertbench.checkpoint import list_checkpoints, load_checkpoint
+from bertbench.models import MODELINGS
 from bertbench.run_pretraining import main
 from conftest import write_bert_dir, write_nvidia_shard
 
@@ -90,7 +91,8 @@ def test_phase2_continues_the_step_count_and_restarts_the_schedule(phase1, data,
     # LAMB's moments came from phase 1: after 10 more steps they are not those of a fresh optimizer's 10 steps.
     assert state["optimizer"]["state"][0]["step"] == phase1_state["optimizer"]["state"][0]["step"] + 10
     assert state["schedule_start_step"] == 30
-    assert read_json(out / "bertbench_run.json")["args"]["phase1_end_step"] == 30
+    record = read_json(out / "bertbench_run.json")
+    assert record["derived"] == {"phase1_end_step": 30} and record["args"]["phase1_end_step"] == 30  # as given
 
 
 def test_phase2_resumes_without_phase1s_directory(phase1, data, tmp_path):
@@ -148,21 +150,50 @@ def test_length_bins_cut_the_padding(data, tmp_path):
     assert with_bins < without / 2
 
 
-@pytest.mark.parametrize("extra", [["--modeling=recompute", "--recompute-policy=full"], ["--precision=bf16"],
+@pytest.mark.parametrize("extra", [["--precision=bf16"],
                                    ["--num_accumulation_steps=2", "--optimizer_type=adam", "--decay=linear"]],
-                         ids=["recompute", "bf16", "adamw-accumulated"])
-def test_modeling_precision_and_optimizer_variants_train(data, tmp_path, extra):
+                         ids=["bf16", "adamw-accumulated"])
+def test_precision_and_optimizer_variants_train(data, tmp_path, extra):
     out = tmp_path / "run"
     assert main(flags(data, out, "--do_train", "--num_train_steps=6", *extra)) == 0
     assert read_json(out / "train_results.json")["global_step"] == 6
 
 
-def test_recompute_ends_with_the_baselines_weights(data, tmp_path):
-    runs = {name: tmp_path / name for name in ("baseline", "recompute")}
-    assert main(flags(data, runs["baseline"], "--do_train", "--num_train_steps=4")) == 0
-    assert main(flags(data, runs["recompute"], "--do_train", "--num_train_steps=4", "--modeling=recompute")) == 0
-    first, second = (final_weights(out) for out in runs.values())
+@pytest.fixture(scope="module")
+def modeling_runs(data, tmp_path_factory):
+    """A short train and eval run with each modeling module (recompute: the full policy)."""
+    runs = {}
+    for modeling in MODELINGS:
+        out = tmp_path_factory.mktemp(modeling) / "run"
+        assert main(flags(data, out, "--do_train", "--do_eval", "--num_train_steps=4", f"--modeling={modeling}",
+                          "--recompute-policy=full")) == 0
+        runs[modeling] = out
+    return runs
+
+
+@pytest.mark.parametrize("modeling", MODELINGS)
+def test_each_modeling_module_trains_and_evaluates(modeling_runs, modeling):
+    out = modeling_runs[modeling]
+    train = read_json(out / "train_results.json")
+    assert train["modeling"] == modeling and train["recompute_policy"] == ("full" if modeling == "recompute" else None)
+    results = read_json(out / "eval_results.json")
+    assert results["global_step"] == train["global_step"] == 4 and results["eval_sequences"] == 40
+
+
+def test_recompute_ends_with_the_baselines_weights(modeling_runs):
+    first, second = (final_weights(modeling_runs[modeling]) for modeling in MODELINGS)
     assert all(torch.allclose(first[name], second[name], atol=1e-6) for name in first)
+
+
+def test_warmup_in_steps_is_this_phases_share_and_the_flags_stay_as_given(data, tmp_path):
+    out = tmp_path / "run"
+    assert main(flags(data, out, "--do_train", "--num_train_steps=8", "--num_warmup_steps=2",
+                      "--optimizer_type=adam")) == 0
+    config = load_checkpoint(list_checkpoints(out)[-1][1])["train_config"]
+    assert config["warmup_proportion"] == 0.25 and config["optimizer"] == "adamw" and config["decay"] == "poly"
+    assert config["decay_power"] == 0.5 and config["num_train_steps"] == 8
+    args = read_json(out / "bertbench_run.json")["args"]
+    assert (args["num_warmup_steps"], args["warmup_proportion"], args["optimizer_type"]) == (2, 0.1, "adam")
 
 
 def test_eval_only_scores_the_runs_checkpoint(phase1, data, capsys):

@@ -13,8 +13,9 @@ from bertbench import cli, evaluate_squad
 from bertbench.checkpoint import list_checkpoints, load_checkpoint
 from bertbench.config import BertConfig
 from bertbench.synthetic import vocabulary, write_squad, write_vocab
-from bertbench.run_squad import build_parser, main
-from bertbench.runner import parse_flags
+from bertbench.models import MODELINGS
+from bertbench.run_squad import SPEC, main
+from bertbench.runner import parse_command
 
 MODEL = {"vocab_size": len(vocabulary()), "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "intermediate_size": 512, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
@@ -121,23 +122,45 @@ def test_v1_writes_no_null_odds_and_scores_v1_figures(data, tmp_path):
     assert all(answer for answer in read(out / "predictions.json").values())  # v1.1 always answers
 
 
-def test_recompute_module_ends_with_the_baselines_weights(data, tmp_path):
-    weights = {}
-    for modeling in ("baseline", "recompute"):
-        out = tmp_path / modeling
-        assert main(flags(data, out, "1.1", "tiny_config.json", "--do_train", "--num_train_epochs=1",
+@pytest.fixture(scope="module")
+def modeling_runs(data, tmp_path_factory):
+    """A short train and predict run on the v1.1 files with each modeling module (recompute: selective)."""
+    runs = {}
+    for modeling in MODELINGS:
+        out = tmp_path_factory.mktemp(modeling) / "run"
+        assert main(flags(data, out, "1.1", "tiny_config.json", "--do_train", "--do_predict", "--num_train_epochs=1",
                           f"--modeling={modeling}", "--recompute-policy=selective")) == 0
+        runs[modeling] = out
+    return runs
+
+
+@pytest.mark.parametrize("modeling", MODELINGS)
+def test_each_modeling_module_trains_and_predicts(modeling_runs, modeling):
+    out = modeling_runs[modeling]
+    train = read(out / "train_results.json")
+    assert train["modeling"] == modeling and train["recompute_policy"] == ("selective" if modeling == "recompute"
+                                                                           else None)
+    results = read(out / "eval_results.json")
+    assert results["global_step"] == train["global_step"] > 0 and results["questions"] == 60
+
+
+def test_recompute_module_ends_with_the_baselines_weights(modeling_runs):
+    weights = {}
+    for modeling, out in modeling_runs.items():
         (_, path), = list_checkpoints(out)
         weights[modeling] = load_checkpoint(path)["model"]
     assert all(torch.equal(weights["baseline"][name], weights["recompute"][name]) for name in weights["baseline"])
+    predictions = {modeling: (out / "predictions.json").read_text() for modeling, out in modeling_runs.items()}
+    assert predictions["baseline"] == predictions["recompute"]
 
 
 def test_google_defaults_and_squad_subcommand(data, tmp_path):
-    args, _ = parse_flags(build_parser(), [f"--output_dir={tmp_path}", "--vocab_file=v", "--bert_config_file=c"],
-                          "run_squad", ())
-    assert (args.max_seq_length, args.doc_stride, args.max_query_length, args.n_best_size, args.max_answer_length,
-            args.version_2_with_negative, args.null_score_diff_threshold, args.learning_rate,
-            args.predict_batch_size) == (384, 128, 64, 20, 30, False, 0.0, 5e-5, 8)
+    command, _ = parse_command(SPEC, [f"--output_dir={tmp_path}", "--vocab_file=v", "--bert_config_file=c",
+                                      "--do_predict", "--predict_file=p"])
+    settings = command.settings
+    assert (settings.max_seq_length, settings.doc_stride, settings.max_query_length, settings.n_best_size,
+            settings.max_answer_length, settings.version_2_with_negative, settings.null_score_diff_threshold,
+            command.train["learning_rate"], settings.predict_batch_size) == (384, 128, 64, 20, 30, False, 0.0, 5e-5, 8)
     out = tmp_path / "run"
     assert cli.main(["squad", *flags(data, out, "1.1", "tiny_config.json", "--do_train", "--do_predict",
                                      "--num_train_epochs=1", "--max_train_samples=32")]) == 0

@@ -75,7 +75,7 @@ def test_bad_arguments_and_missing_runs(env, tmp_path):
     assert done.returncode == 2 and "precision must be fp16, fp32 or bf16, got 'fp64'" in done.stderr
     missing = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh"), str(tmp_path / "nothing")], env=env,
                              capture_output=True, text=True)
-    assert missing.returncode == 1 and "no run directory" in missing.stderr
+    assert missing.returncode == 2 and "no run directory" in missing.stderr
 
 
 def run_squad(env, *arguments):

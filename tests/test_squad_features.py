@@ -1,6 +1,7 @@
 """SQuAD reading, windows and answer mapping, and post-processing back to context text."""
 
 import json
+import math
 import random
 
 import numpy as np
@@ -153,8 +154,17 @@ def test_answer_text_comes_from_the_context_not_from_word_pieces(tokenizer):
     assert predictions.answers["q"] == "Café  Müller est   ouvert"
     nbest = predictions.nbest["q"]
     assert nbest[0]["text"] == "Café  Müller est   ouvert" and nbest[0]["start_logit"] == 5.0
-    assert sum(entry["probability"] for entry in nbest) == pytest.approx(1.0)
-    assert len({entry["text"] for entry in nbest}) == len(nbest) <= 5
+    assert [entry["probability"] for entry in nbest] == [1.0] and len(nbest) == 1  # the one span in the context
+
+    # A second span, "Müller", of logit 2: four spans in all, of scores 5+5, 5+2, 2+5 and 2+2; their probabilities
+    # are the softmax of those (Google's n-best probabilities).
+    muller = tokens.index("muller")
+    starts, ends = logits_for(features, [(0, cafe, ouvert, 5.0), (0, muller, muller, 2.0)], 32)
+    nbest = postprocess(examples, features, starts, ends, n_best_size=5, max_answer_length=10).nbest["q"]
+    assert [entry["text"] for entry in nbest] == ["Café  Müller est   ouvert", "Café  Müller", "Müller est   ouvert",
+                                                  "Müller"]
+    weights = [math.exp(10), math.exp(7), math.exp(7), math.exp(4)]
+    assert [entry["probability"] for entry in nbest] == pytest.approx([weight / sum(weights) for weight in weights])
 
 
 def test_spans_must_be_ordered_short_inside_the_context_and_max_context(tokenizer):

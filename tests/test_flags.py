@@ -1,0 +1,212 @@
+"""The runners' configuration has one source: flags are generated from dataclass fields (help, type, default, absl
+booleans), Google's and NVIDIA's names for RunConfig / TrainConfig fields live in one table, parsed configurations
+are frozen, and a bad value is one line with exit status 2."""
+
+import dataclasses
+
+import pytest
+from torch import nn
+
+from bertbench import run_classifier, run_pretraining, run_squad, runner
+from bertbench.distributed import Distributed
+from bertbench.errors import UsageError
+from bertbench.flags import FlagParser, add_dataclass_flags, setting
+from bertbench.training_config import RunConfig, TrainConfig
+from conftest import tiny_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """Example settings."""
+
+    path: str = setting("Where the example reads from.")
+    count: int = setting("How many times.", 3)
+    rate: float | None = setting("A rate, when given.", None)
+    on: bool = setting("Whether it is on.", True)
+    kind: str = setting("Which kind.", "a", choices=("a", "b"), aliases=("sort",))
+    edges: tuple[int, ...] | None = setting("Edges, read as text.", None)
+
+
+def compact(text: str) -> str:
+    """Text without whitespace: argparse wraps help lines wherever it likes (after hyphens too)."""
+    return "".join(text.split())
+
+
+def test_flags_from_a_dataclass_carry_its_help_type_and_default():
+    parser = FlagParser(prog="example")
+    add_dataclass_flags(parser, Example)
+    assert parser.defaults == {"path": None, "count": 3, "rate": None, "on": True, "kind": "a", "edges": None}
+    text = compact(parser.format_help())
+    assert compact("Example settings") in text  # the group, titled by the class's docstring
+    for field in dataclasses.fields(Example):
+        assert compact(f"--{field.name}") in text and compact(field.metadata["help"]) in text
+    assert compact("How many times. (default: 3)") in text and "--sort" in text
+    given = vars(parser.parse_args(["--path=p", "--count=5", "--rate=0.5", "--noon", "--sort=b", "--edges=1,2"]))
+    assert given == {"path": "p", "count": 5, "rate": 0.5, "on": False, "kind": "b", "edges": "1,2"}
+    assert vars(parser.parse_args(["--path=p", "--on=false"])) == {"path": "p", "on": False}  # only what was given
+    assert vars(parser.parse_args(["--path=p", "--no_on"]))["on"] is False
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: --path"),
+    (["--path=p", "--count=many"], "argument --count: invalid int value: 'many'"),
+    (["--path=p", "--kind=c"], "argument --kind/--sort: invalid choice: 'c'"),
+    (["--path=p", "--on=maybe"], "argument --on: expected true or false, got 'maybe'"),
+])
+def test_a_bad_flag_is_one_line_and_status_2(argv, message, capsys):
+    parser = FlagParser(prog="example")
+    add_dataclass_flags(parser, Example)
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(argv)
+    assert stop.value.code == 2
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"example: error: {message}")
+
+
+# The least a runner command needs to parse.
+REQUIRED = {"run_classifier": ["--task_name=MRPC", "--data_dir=d", "--vocab_file=v", "--do_train"],
+            "run_squad": ["--train_file=t", "--vocab_file=v", "--do_train"],
+            "run_pretraining": ["--input_dir=i", "--num_train_steps=10", "--do_train"]}
+
+
+def parse(spec, tmp_path, *extra):
+    argv = [f"--output_dir={tmp_path}", "--bert_config_file=c", *REQUIRED[spec.name], *extra]
+    command, _ = runner.parse_command(spec, argv)
+    return command
+
+
+def run_config(command):
+    return command.run
+
+
+def train_values(command):
+    return command.train
+
+
+# Each Google / NVIDIA / tf.estimator name in runner.FLAG_NAMES, and the field value it gives.
+TRANSLATIONS = [
+    ("output_dir", ["--output_dir=elsewhere"], run_config, "model_dir", "elsewhere"),
+    ("save_checkpoints_secs", ["--save_checkpoints_secs=0"], run_config, "save_checkpoints_secs", None),
+    ("save_checkpoints_secs", ["--save_checkpoints_secs=30"], run_config, "save_checkpoints_secs", 30.0),
+    ("num_accumulation_steps", ["--num_accumulation_steps=4"], train_values, "gradient_accumulation_steps", 4),
+    ("optimizer_type", ["--optimizer_type=adam"], train_values, "optimizer", "adamw"),
+    ("optimizer_type", ["--optimizer_type=lamb"], train_values, "optimizer", "lamb"),
+    ("poly_power", ["--poly_power=2"], train_values, "decay_power", 2.0),
+    ("use_xla", ["--use_xla"], train_values, "compile", True),
+    ("precision", ["--precision=bf16"], train_values, "precision", "bf16"),
+    ("precision", [], train_values, "precision", None),  # TrainConfig's default: fp32
+    ("amp", ["--amp"], train_values, "precision", "fp16"),
+    ("amp", ["--amp=false", "--precision=bf16"], train_values, "precision", "bf16"),
+    ("use_fp16", ["--use_fp16", "--precision=fp16"], train_values, "precision", "fp16"),
+    ("sync_gradients", ["--no_sync_gradients"], train_values, "sync_gradients", False),
+]
+
+
+def test_every_name_of_the_table_is_tested():
+    assert {name.flag for name in runner.FLAG_NAMES} == {case[0] for case in TRANSLATIONS}
+
+
+@pytest.mark.parametrize("flag, argv, config, field, expected", TRANSLATIONS,
+                         ids=[f"{case[0]}-{'-'.join(case[1])}" for case in TRANSLATIONS])
+def test_the_table_translates_each_name(tmp_path, flag, argv, config, field, expected):
+    command = parse(run_classifier.SPEC, tmp_path, *argv)
+    value = getattr(config(command), field) if config is run_config else config(command).get(field)
+    assert value == expected
+    if expected is not None and config is train_values:  # and the TrainConfig takes it
+        estimator = runner.build_estimator(command, nn.Linear(2, 2), Distributed(), 10)
+        assert getattr(estimator.train_config, field) == expected
+
+
+def test_derived_values_and_defaults_of_the_train_config(tmp_path):
+    command = parse(run_classifier.SPEC, tmp_path, "--learning_rate=1e-4", "--lr_scaling=linear")
+    config = runner.build_estimator(command, nn.Linear(2, 2), Distributed(world_size=4), 10).train_config
+    assert (config.learning_rate, config.num_train_steps, config.precision, config.optimizer, config.decay_power) \
+        == (4e-4, 10, "fp32", "adamw", 1.0)
+    assert command.flags.learning_rate == 1e-4  # the flag as given, which the run record keeps
+    pretraining = parse(run_pretraining.SPEC, tmp_path, "--max_steps=7", "--input_file=shards")
+    assert (pretraining.settings.num_train_steps, pretraining.settings.input_dir) == (7, "shards")
+    assert (pretraining.train["optimizer"], pretraining.train["decay"], pretraining.train["decay_power"]) == \
+        ("lamb", "poly", 0.5)  # NVIDIA's recipe is pre-training's default
+
+
+def test_contradicting_names_for_one_field_are_refused(tmp_path):
+    with pytest.raises(UsageError, match="--precision=fp32 and --use_fp16=true contradict each other"):
+        parse(run_classifier.SPEC, tmp_path, "--precision=fp32", "--use_fp16")
+
+
+def test_a_parsed_command_is_frozen(tmp_path):
+    command = parse(run_classifier.SPEC, tmp_path)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        command.settings.train_batch_size = 64
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        command.run.seed = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        command.flags.learning_rate = 1.0
+    with pytest.raises(TypeError):
+        command.train["learning_rate"] = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        command.settings = None
+
+
+@pytest.mark.parametrize("module", [run_classifier, run_squad, run_pretraining])
+def test_help_comes_from_the_dataclasses_under_googles_names(module, capsys):
+    assert module.main(["--help"]) == 0
+    text = compact(capsys.readouterr().out)
+    spec = module.SPEC
+    for field in dataclasses.fields(spec.settings):
+        assert compact(f"--{field.name}") in text and compact(field.metadata["help"]) in text, field.name
+    for name in runner.FLAG_NAMES:
+        if name.flag not in spec.omit:
+            field = {field.name: field for field in dataclasses.fields(name.owner)}[name.field]
+            assert compact(f"--{name.flag}") in text and compact(field.metadata["help"]) in text, name.flag
+    assert "--gradient_accumulation_steps" not in text and "--model_dir" not in text  # the core's names
+    assert "--max_grad_norm" not in text and "--modeling" in text and "--recompute_policy" in text
+
+
+def test_flags_a_runner_does_without_are_not_offered(capsys):
+    assert run_pretraining.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--max_steps" in text and "--input_file" in text
+    assert "--vocab_file" not in text and "--sync_gradients" not in text and "--num_train_epochs" not in text
+    assert run_classifier.main(["--help"]) == 0
+    assert "--num_train_steps" not in capsys.readouterr().out  # fine-tuning counts epochs
+
+
+@pytest.mark.parametrize("module", [run_classifier, run_squad, run_pretraining])
+@pytest.mark.parametrize("extra, message", [
+    (["--train_batch_size=many"], "argument --train_batch_size: invalid int value: 'many'"),
+    (["--optimizer_type=sgd"], "argument --optimizer_type: invalid choice: 'sgd'"),
+    (["--keep_checkpoint_max=0"], "--keep_checkpoint_max must be at least 1, got 0"),  # RunConfig's own check
+    (["--max_seq_length=0"], "--max_seq_length must be positive, got 0"),
+])
+def test_a_bad_value_is_one_line_with_status_2(module, extra, message, tmp_path, error_line):
+    argv = [f"--output_dir={tmp_path / 'run'}", "--bert_config_file=c", *REQUIRED[module.PROGRAM], *extra]
+    assert module.main(argv) == 2
+    assert error_line().startswith(f"{module.PROGRAM}: error: {message}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_check_names_the_flag_not_the_field(tmp_path):
+    command = parse(run_classifier.SPEC, tmp_path, "--num_accumulation_steps=0")
+    with pytest.raises(UsageError) as error:
+        runner.build_estimator(command, nn.Linear(2, 2), Distributed(), 10)
+    assert str(error.value) == "--num_accumulation_steps must be at least 1, got 0"
+
+
+def test_the_record_keeps_flags_by_name_and_refuses_run_defining_changes(tmp_path):
+    command = parse(run_classifier.SPEC, tmp_path, "--num_accumulation_steps=2", "--max_train_seconds=60")
+    runner.write_record(None, run_classifier.PROGRAM, command, tiny_config(), Distributed())
+    record = runner.RunRecord.read(str(tmp_path))
+    assert record.args["num_accumulation_steps"] == 2 and record.args["task_name"] == "MRPC"
+    assert not {"output_dir", "do_train", "max_train_seconds"} & set(record.args)  # what one command does
+    defining = {name for name, field in runner.build_parser(run_classifier.SPEC).fields.items()
+                if field.metadata.get("defines_run")}
+    assert {"num_accumulation_steps", "learning_rate", "seed", "task_name", "max_seq_length"} <= defining
+    with pytest.raises(UsageError, match="this run was made with --num_accumulation_steps=2, the command gives 4"):
+        runner.parse_command(run_classifier.SPEC, [f"--output_dir={tmp_path}", "--do_eval",
+                                                   "--num_accumulation_steps=4"])
+    resumed, _ = runner.parse_command(run_classifier.SPEC, [f"--output_dir={tmp_path}", "--do_eval",
+                                                            "--precision=bf16"])
+    assert resumed.train["gradient_accumulation_steps"] == 2 and resumed.settings.task_name == "MRPC"
+    assert {field.name for field in dataclasses.fields(RunConfig)} == set(vars(resumed.run)) and \
+        set(resumed.train) <= {field.name for field in dataclasses.fields(TrainConfig)}
