@@ -132,3 +132,22 @@ def write_nvidia_shard(path, count=32, seq=32, predictions=5, vocab_size=48, see
                                       ("masked_lm_ids", masked_ids, "i4"), ("next_sentence_labels", labels, "i1")):
                 handle.create_dataset(key, data=array, dtype=dtype, compression="gzip")
     return path
+
+
+class Overflowing(torch.nn.Module):
+    """Wraps a model so that the loss of its `at_call`-th forward (every forward's when None) is infinite: what an
+    fp16 overflow looks like to the loss scaler. Its state dict is the wrapped model's."""
+
+    def __init__(self, model, at_call=None):
+        super().__init__()
+        self.model, self.at_call, self.calls = model, at_call, 0
+
+    def forward(self, **batch):
+        self.calls += 1
+        output = self.model(**batch)
+        if self.at_call is None or self.calls == self.at_call:
+            output.loss = output.loss * torch.tensor(float("inf"))
+        return output
+
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)

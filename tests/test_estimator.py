@@ -20,7 +20,7 @@ from bertbench.train_state import rng_state, set_rng_state
 from bertbench.training_config import RunConfig, TrainConfig
 from bertbench.models import build_model
 from bertbench.progress import MetricsLog, ProgressDisplay
-from conftest import tiny_config
+from conftest import Overflowing, tiny_config
 
 
 def features(count=48, seq=12, seed=0):
@@ -269,27 +269,9 @@ def test_gradient_accumulation_matches_the_big_batch(tmp_path):
         torch.testing.assert_close(models[0][name], models[1][name], rtol=1e-4, atol=1e-5)
 
 
-class OverflowOnce(torch.nn.Module):
-    """A model whose second forward has an infinite gradient: what fp16 overflow looks like to the loss scaler."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.calls = model, 0
-
-    def forward(self, **batch):
-        self.calls += 1
-        output = self.model(**batch)
-        if self.calls == 2:
-            output.loss = output.loss * torch.tensor(float("inf"))
-        return output
-
-    def state_dict(self, *args, **kwargs):
-        return self.model.state_dict(*args, **kwargs)
-
-
 def test_fp16_skips_overflowing_steps_and_counts_them(tmp_path):
     estimator = make_estimator(tmp_path, steps=6, precision="fp16")
-    estimator.model = OverflowOnce(estimator.model)
+    estimator.model = Overflowing(estimator.model, at_call=2)
     result = estimator.train(ShuffledBatches(features(), 8, seed=0))
     assert result.skipped_steps == 1 and result.global_step == 6
     assert result.sentences == 7 * 8  # the skipped step's batch was computed, then dropped
@@ -300,7 +282,7 @@ def test_fp16_skips_overflowing_steps_and_counts_them(tmp_path):
 
 def test_fp32_divergence_stops_without_saving_over_the_last_checkpoint(tmp_path):
     estimator = make_estimator(tmp_path, steps=6, run={"save_checkpoints_steps": 1, "log_step_count_steps": 100})
-    estimator.model = OverflowOnce(estimator.model)
+    estimator.model = Overflowing(estimator.model, at_call=2)
     with pytest.raises(TrainingDivergedError, match="ckpt-000000001.pt"):
         estimator.train(ShuffledBatches(features(), 8, seed=0))
     assert [step for step, _ in list_checkpoints(tmp_path)] == [1]

@@ -3,7 +3,6 @@ separately computed gradient, fp16's overflow limit, the loop's throughput arith
 under fp16 loss scaling (under compile: test_estimator), and where a run starts."""
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from bertbench.train_state import CONTINUE, FRESH, RESTORE, RESUME, WARM_START, 
 from bertbench.train_stats import LoopStats
 from bertbench.train_step import TrainStep
 from bertbench.training_config import RunConfig, TrainConfig
-from conftest import tiny_config
+from conftest import Overflowing, tiny_config
 
 
 def classifier(modeling="baseline", policy="full", dropout=0.0):
@@ -75,22 +74,11 @@ def test_a_norm_under_the_limit_and_no_clipping_leave_the_gradients_alone():
         assert (outcome.grad_norm is None) == (limit is None)
 
 
-class AlwaysOverflowing(torch.nn.Module):
-    """Every forward's loss is infinite: every fp16 step overflows."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, **inputs):
-        return SimpleNamespace(loss=self.model(**inputs).loss * torch.tensor(float("inf")))
-
-
 def test_64_fp16_overflows_in_a_row_stop_the_run_without_a_step_or_a_save(tmp_path, monkeypatch):
     calls = []
     original = TrainStep.__call__
     monkeypatch.setattr(TrainStep, "__call__", lambda self, batches: calls.append(1) or original(self, batches))
-    estimator = Estimator(AlwaysOverflowing(classifier()), RunConfig(str(tmp_path), save_checkpoints_secs=None),
+    estimator = Estimator(Overflowing(classifier()), RunConfig(str(tmp_path), save_checkpoints_secs=None),
                           TrainConfig(num_train_steps=1000, precision="fp16"), log=lambda line: None)
     with pytest.raises(TrainingDivergedError, match=f"{MAX_CONSECUTIVE_SKIPPED_STEPS} fp16 steps in a row"):
         estimator.train(ShuffledBatches(batch(count=16), 8, seed=0))

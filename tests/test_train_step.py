@@ -7,22 +7,7 @@ import torch
 from bertbench.models import build_model
 from bertbench.train_step import TrainStep
 from bertbench.training_config import TrainConfig
-from conftest import tiny_batch, tiny_config
-
-
-class OverflowFirst(torch.nn.Module):
-    """A model whose first forward's loss is infinite: what an fp16 overflow looks like to the loss scaler."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.calls = model, 0
-
-    def forward(self, **batch):
-        self.calls += 1
-        output = self.model(**batch)
-        if self.calls == 1:
-            output.loss = output.loss * torch.tensor(float("inf"))
-        return output
+from conftest import Overflowing, tiny_batch, tiny_config
 
 
 def test_an_overflowing_fp16_step_changes_nothing_but_the_loss_scale():
@@ -33,7 +18,7 @@ def test_an_overflowing_fp16_step_changes_nothing_but_the_loss_scale():
     data = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
             "labels": torch.tensor([0, 1, 1, 0])}
     # No warm-up, linear decay over 10 steps: the learning rate of step k is 1e-3 x (1 - k/10).
-    step = TrainStep(OverflowFirst(model), TrainConfig(num_train_steps=10, precision="fp16", learning_rate=1e-3,
+    step = TrainStep(Overflowing(model, at_call=1), TrainConfig(num_train_steps=10, precision="fp16", learning_rate=1e-3,
                                                        warmup_proportion=0.0))
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
 
