@@ -103,6 +103,39 @@ class FlagParser(ArgumentParser):
         return values
 
 
+    def given_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """What parse_args returns for a command that gives `values`, Python values by flag name (how code calls a
+        command: the demo, the benches, the tests): each checked as parsing checks a flag (a flag of this parser,
+        a value of its type, one of its choices), with the defaults argparse itself fills in; None gives nothing."""
+        actions: dict[str, argparse.Action] = {}
+        for action in self._actions:
+            if action.option_strings and action.dest != "help" and (action.dest not in actions or action.type):
+                actions[action.dest] = action  # a boolean's --flag (typed), not its --noflag
+        given = {dest: action.default for dest, action in actions.items() if action.default is not argparse.SUPPRESS}
+        for name, value in values.items():
+            action = actions.get(name)
+            if action is None:
+                raise UsageError(f"unknown flag {name!r}")
+            if value is None:
+                continue
+            kind = bool if action.type is parse_bool else action.type if action.type in (int, float) else str
+            fits = isinstance(value, kind) and (kind is bool or not isinstance(value, bool)) \
+                or kind is float and isinstance(value, int) and not isinstance(value, bool)
+            if not fits:
+                raise UsageError(f"--{name}: expected {kind.__name__}, got {value!r}")
+            if action.choices is not None and value not in action.choices:
+                raise UsageError(f"--{name}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+            given[name] = value
+        return given
+
+
+def as_flags(values: Mapping[str, Any]) -> list[str]:
+    """The command line of `values` (Python values by flag name, None for none): what a user types for the same
+    command (--do_train, --nodo_lower_case, --max_seq_length=64)."""
+    return [(f"--{name}" if value else f"--no{name}") if isinstance(value, bool) else f"--{name}={value}"
+            for name, value in values.items() if value is not None]
+
+
 def _spelt(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 

@@ -128,7 +128,7 @@ SPEC = runner.TaskSpec(name=PROGRAM, description=__doc__.splitlines()[0], settin
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
-    return runner.run_task(SPEC, argv, prog)
+    return runner.run_main(SPEC, argv, prog)
 
 
 if __name__ == "__main__":

@@ -102,11 +102,6 @@ class PretrainingSettings(runner.RunnerSettings):
                                     f"--max_seq_length {self.max_seq_length}")
 
 
-# NVIDIA's pre-training recipe: LAMB, polynomial decay with power 0.5. No independent workers: nothing chooses one.
-SPEC = runner.RunnerSpec(name=PROGRAM, description=__doc__.splitlines()[0], settings=PretrainingSettings,
-                         omit=("sync_gradients",), defaults={"optimizer_type": "lamb", "decay": "poly",
-                                                             "poly_power": 0.5},
-                         input_errors=(ShardError,))
 
 
 class MlmEvaluation:
@@ -190,7 +185,7 @@ def evaluation_schedule(settings: PretrainingSettings, evaluation: MlmEvaluation
     return PeriodicEvaluation(every_steps=every, run=evaluation, first_step=start_step + first)
 
 
-# Pre-training keeps its own run() beside runner.run_task, on the same parts (parse, record, build_model,
+# Pre-training keeps its own run() beside runner.fine_tune, on the same parts (parse, record, build_model,
 # build_estimator, report_training): its data are shards streamed per rank rather than features in memory, it has no
 # tokenizer, a phase 2 continues phase 1, and it evaluates during training and stops at a target. Hooks for each of
 # those in the fine-tuning skeleton would make that skeleton harder to read than this function.
@@ -269,8 +264,15 @@ def train(command: runner.Command, dist: Distributed, estimator: Estimator, file
     return runner.interrupted_status(result)
 
 
+# NVIDIA's pre-training recipe: LAMB, polynomial decay with power 0.5. No independent workers: nothing chooses one.
+SPEC = runner.RunnerSpec(name=PROGRAM, description=__doc__.splitlines()[0], settings=PretrainingSettings,
+                         omit=("sync_gradients",), defaults={"optimizer_type": "lamb", "decay": "poly",
+                                                             "poly_power": 0.5},
+                         input_errors=(ShardError,), run=run)
+
+
 def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
-    return runner.run_main(SPEC, argv, prog, run)
+    return runner.run_main(SPEC, argv, prog)
 
 
 if __name__ == "__main__":

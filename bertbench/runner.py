@@ -1,6 +1,6 @@
 """What the task runners share: their configuration (settings dataclasses whose fields are the flags, and the one
 table of Google's and NVIDIA's names for RunConfig and TrainConfig fields), the run directory's record, model and
-estimator set-up, the fine-tuning runners' one skeleton (`run_task` over a TaskSpec), and the path from an error to
+estimator set-up, the fine-tuning runners' one skeleton (`fine_tune` over a TaskSpec), and the path from an error to
 its exit status (bertbench.errors).
 
 A run directory (`--output_dir`) records its settings in bertbench_run.json when training starts. A later command
@@ -12,7 +12,6 @@ learning rate or model would give weights that belong to neither.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -130,6 +129,10 @@ class RunnerSpec:
     omit: tuple[str, ...] = ()
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     input_errors: tuple[type[Exception], ...] = ()
+    run: Callable[[Command, RunRecord | None], int] | None = None  # the runner's body (a TaskSpec has fine_tune)
+
+    def execute(self, command: Command, record: RunRecord | None) -> int:
+        return self.run(command, record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +163,18 @@ def parse_command(spec: RunnerSpec, argv: Sequence[str] | None, prog: str | None
     """The command's flags, the run directory's recorded flags for those it leaves out, then the defaults. A flag
     whose field `defines_run` must not contradict the record."""
     parser = build_parser(spec, prog)
-    given = vars(parser.parse_args(argv))
+    return resolve_command(spec, parser, vars(parser.parse_args(argv)))
+
+
+def command_from_values(spec: RunnerSpec, values: Mapping[str, Any]) -> tuple[Command, RunRecord | None]:
+    """parse_command for a command given as Python values by flag name ({"do_train": True, "max_seq_length": 64,
+    "modeling": "recompute", ...}), checked as the flags would be."""
+    parser = build_parser(spec)
+    return resolve_command(spec, parser, parser.given_values(values))
+
+
+def resolve_command(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]
+                    ) -> tuple[Command, RunRecord | None]:
     record = RunRecord.read(given["output_dir"])
     recorded = {}
     if record is not None:
@@ -374,14 +388,18 @@ def report_eval(output_dir: str, title: str, results: Mapping[str, Any], header:
         write_json(os.path.join(output_dir, "eval_results.json"), {**header, **results})
 
 
-def run_main(spec: RunnerSpec, argv: Sequence[str] | None, prog: str | None,
-             run: Callable[[Command, RunRecord | None], int]) -> int:
+def run_main(spec: RunnerSpec, argv: Sequence[str] | None, prog: str | None = None) -> int:
     """A runner's main: parse the command (see parse_command) and run it, under bertbench.errors' exit-code policy
     (input errors: INPUT_ERRORS and the runner's own)."""
-    def body() -> int:
-        return run(*parse_command(spec, argv, prog))
-    return run_command(prog or spec.name, body, input_errors=INPUT_ERRORS + spec.input_errors,
-                       runtime_errors=RUNTIME_FAILURES)
+    return run_command(prog or spec.name, lambda: spec.execute(*parse_command(spec, argv, prog)),
+                       input_errors=INPUT_ERRORS + spec.input_errors, runtime_errors=RUNTIME_FAILURES)
+
+
+def run_values(spec: RunnerSpec, values: Mapping[str, Any]) -> int:
+    """Run a runner's command given as Python values by flag name (see command_from_values), under the same
+    exit-code policy as its main: what the demo and the benches call."""
+    return run_command(spec.name, lambda: spec.execute(*command_from_values(spec, values)),
+                       input_errors=INPUT_ERRORS + spec.input_errors, runtime_errors=RUNTIME_FAILURES)
 
 
 # ---- the fine-tuning runners' one skeleton --------------------------------------------------------------------------
@@ -399,7 +417,7 @@ class TaskData:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskSpec(RunnerSpec):
-    """A fine-tuning task in the skeleton (run_task): the model's task (models.TASKS), the flag whose dev figure
+    """A fine-tuning task in the skeleton (fine_tune): the model's task (models.TASKS), the flag whose dev figure
     chooses among independent workers (`scored_by`), and its functions: `read(settings, tokenizer, log)` every file
     the command needs; `worker_score(settings, data)` that dev figure (asked for independent workers only, a
     UsageError if the data has none); `infer(settings, estimator, data, is_main, log)` evaluation and predictions
@@ -411,10 +429,8 @@ class TaskSpec(RunnerSpec):
     worker_score: Callable[[Any, TaskData], WorkerScore]
     infer: Callable[[Any, Estimator, TaskData, bool, Log], None]
 
-
-def run_task(task: TaskSpec, argv: Sequence[str] | None, prog: str | None = None) -> int:
-    """A fine-tuning runner's main."""
-    return run_main(task, argv, prog, functools.partial(fine_tune, task))
+    def execute(self, command: Command, record: RunRecord | None) -> int:
+        return fine_tune(self, command, record)
 
 
 def fine_tune(task: TaskSpec, command: Command, record: RunRecord | None) -> int:

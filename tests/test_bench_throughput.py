@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from bertbench import cli as bertbench_cli
+from bertbench import synthetic
 from bertbench.bench import throughput, workload
 from bertbench.train_step import TrainStep
 from bertbench.training_config import TrainConfig
@@ -98,6 +99,35 @@ def test_the_bench_times_the_training_step_with_its_recipe(tmp_path, monkeypatch
     assert type(steps[0].optimizer).__name__ == "Lamb"
     row = json.loads((tmp_path / "throughput.json").read_text())["rows"][0]
     assert row["sequences_per_step"] == 6 and row["seq_per_s"] == pytest.approx(6 / row["step_seconds"])
+
+
+def test_ratios_are_to_the_first_variant_of_the_same_setting(swept):
+    _, report = swept
+    rows = {(row["kind"], row["variant"], row["batch"]): row for row in report["rows"]}
+    for (kind, variant, batch), row in rows.items():
+        first = rows[kind, "baseline", batch]
+        assert row["speed_vs_first_variant"] == pytest.approx(first["step_seconds"] / row["step_seconds"])
+
+
+@pytest.mark.parametrize("kind", workload.STEP_KINDS)
+def test_the_hf_contender_holds_the_baselines_weights_and_trains_by_the_same_step(kind):
+    pytest.importorskip("transformers")
+    config = workload.bert_config("tiny", 32, dropout=0.0)
+    baseline, hf = (workload.build(config, kind, workload.Variant.parse(name)) for name in ("baseline", "hf"))
+    assert type(hf.hf).__name__ == {"pretraining": "BertForPreTraining",
+                                    "finetuning": "BertForSequenceClassification"}[kind]
+    batch = synthetic.synthetic_batch(config, kind, 3, 32)
+    torch.testing.assert_close(hf(**batch).loss, baseline(**batch).loss, rtol=1e-5, atol=1e-5)
+    steps = {name: workload.train_step(config, kind, workload.Variant.parse(name), "fp32", 3, 32, model=model)
+             for name, model in (("baseline", baseline), ("hf", hf))}
+    for step in steps.values():
+        assert isinstance(step.step, TrainStep)
+        step()
+    # one AdamW step from the same weights on the same batch: the same weights after it
+    after = steps["baseline"].model.state_dict()
+    for name, tensor in steps["hf"].model.hf.state_dict().items():
+        if name in after:
+            torch.testing.assert_close(tensor, after[name], rtol=1e-4, atol=1e-5)
 
 
 def test_the_bench_step_has_the_training_defaults():

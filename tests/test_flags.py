@@ -10,7 +10,7 @@ from torch import nn
 from bertbench import run_classifier, run_pretraining, run_squad, runner
 from bertbench.distributed import Distributed
 from bertbench.errors import UsageError
-from bertbench.flags import FlagParser, add_dataclass_flags, setting
+from bertbench.flags import FlagParser, add_dataclass_flags, as_flags, setting
 from bertbench.training_config import RunConfig, TrainConfig
 from conftest import tiny_config
 
@@ -210,3 +210,38 @@ def test_the_record_keeps_flags_by_name_and_refuses_run_defining_changes(tmp_pat
     assert resumed.train["gradient_accumulation_steps"] == 2 and resumed.settings.task_name == "MRPC"
     assert {field.name for field in dataclasses.fields(RunConfig)} == set(vars(resumed.run)) and \
         set(resumed.train) <= {field.name for field in dataclasses.fields(TrainConfig)}
+
+
+# ---- a command given as Python values (how the demo and the benches call runners) ----------------------------------
+
+@pytest.mark.parametrize("spec, values", [
+    (run_classifier.SPEC, {"task_name": "MRPC", "do_train": True, "do_lower_case": False, "max_seq_length": 64,
+                           "learning_rate": 1e-3, "num_train_epochs": 2, "amp": True, "save_checkpoints_secs": 0,
+                           "modeling": "recompute", "recompute_policy": "every-k", "init_checkpoint": None}),
+    (run_pretraining.SPEC, {"input_dir": "shards", "do_train": True, "num_train_steps": 10,
+                            "num_accumulation_steps": 2, "optimizer_type": "adam", "use_xla": True})])
+def test_values_give_the_command_their_flags_give(tmp_path, spec, values):
+    common = {"output_dir": str(tmp_path), "bert_config_file": "c.json"}
+    if spec is run_classifier.SPEC:
+        common.update(vocab_file="v.txt", data_dir="d")
+    values = {**common, **values}
+    from_values, _ = runner.command_from_values(spec, values)
+    parsed, _ = runner.parse_command(spec, as_flags(values))
+    assert from_values == parsed
+    assert from_values.flags.modeling == values.get("modeling", "baseline")
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"max_seq_lenght": 64}, "unknown flag 'max_seq_lenght'"),
+    ({"max_seq_length": "64"}, "--max_seq_length: expected int, got '64'"),
+    ({"max_seq_length": True}, "--max_seq_length: expected int, got True"),
+    ({"do_train": 1}, "--do_train: expected bool, got 1"),
+    ({"learning_rate": "fast"}, "--learning_rate: expected float, got 'fast'"),
+    ({"modeling": "fast"}, "--modeling: 'fast' is not one of baseline, recompute"),
+    ({"max_seq_length": 0}, "--max_seq_length must be positive, got 0")])
+def test_bad_values_are_one_line_and_write_nothing(tmp_path, error_line, values, message):
+    out = tmp_path / "run"
+    given = {"output_dir": str(out), "bert_config_file": "c.json", "vocab_file": "v.txt", "data_dir": "d",
+             "task_name": "MRPC", "do_train": True, **values}
+    assert runner.run_values(run_classifier.SPEC, given) == 2
+    assert message in error_line() and not out.exists()

@@ -7,8 +7,14 @@ bertbench.bench.flops) and MFU against the device's peak: the data sheet's on a 
 FLOP/s on a CPU. Memory is measured on one extra step per variant, alone: the CUDA allocator's peak on a GPU; on the
 CPU, the bytes the forward saves for backward (exact, by autograd's hooks) and the process's peak resident set.
 
+The variant `hf` is HF transformers' BERT with the baseline's weights, trained by the same step (optimizer,
+clipping, precision): the reference bertbench's speed is compared against, interleaved with it. Its MFU counts the
+same model FLOPs as the others (the work the step has to do), so what HF spends beyond them (its MLM logits at every
+position in pre-training) shows as a lower MFU.
+
     bertbench bench throughput --model base --seq_lengths 128,512 --batch_sizes 1,2,4,8
     bertbench bench throughput --model tiny --batch_sizes 8,32 --steps 3        # a quick look
+    bertbench bench throughput --kinds finetuning --batch_sizes 8 --variants baseline,hf   # bertbench vs HF
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from bertbench.training_config import RunConfig
 
 COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""), ("variant", "variant", ""),
            ("batch", "batch", "d"), ("step (s)", "step_seconds", ".4f"), ("seq/s", "seq_per_s", ".2f"),
-           ("tokens/s", "tokens_per_s", ",.0f"), ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"),
+           ("vs first variant", "speed_vs_first_variant", ".3f"), ("tokens/s", "tokens_per_s", ",.0f"),
+           ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"),
            ("saved for backward (MiB)", "saved_mib", ",.1f"), ("step memory (MiB)", "step_memory_mib", ",.0f")]
 
 
@@ -45,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Step kinds: pretraining (MLM on 15%% of positions + NSP) and finetuning "
                             "(classification).")
     sweep.add_argument("--variants", type=cli.comma_list(str), default=list(workload.ALL_VARIANTS),
-                       help="baseline, full, selective, every-K.")
+                       help="baseline, full, selective, every-K, and hf (HF transformers' BERT, same weights "
+                            "and step; needs transformers).")
     sweep.add_argument("--precisions", type=cli.comma_list(str), default=["fp32"],
                        help="fp32, bf16 (autocast), fp16 (autocast + loss scaling).")
     sweep.add_argument("--batch_sizes", type=cli.comma_list(cli.positive_int), default=[1, 2, 4, 8],
@@ -129,6 +137,8 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device
                         times = measure.time_steps(steps, args.warmup, args.steps, device)
                     except torch.cuda.OutOfMemoryError:
                         times = time_each_alone(steps, args, device, out_of_memory)
+                    # the ratios' reference: the first variant listed that fit (seq/s over its seq/s)
+                    first = next((variant.name for variant in live if variant.name not in out_of_memory), None)
                     for variant in live:
                         if variant.name in out_of_memory:
                             rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,
@@ -136,6 +146,7 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device
                             continue
                         row = figures(times[variant.name], steps[variant.name].sequences, seq, flops_per_sequence,
                                       peaks[precision][0])
+                        row["speed_vs_first_variant"] = statistics.median(times[first]) / row["step_seconds"]
                         if not args.no_memory:
                             row.update(measure_memory(steps[variant.name]))
                         rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,

@@ -38,7 +38,8 @@ class BenchRunFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Variant:
-    """A modeling module with its recompute policy: "baseline", "full", "selective" or "every-K"."""
+    """A modeling module with its recompute policy: "baseline", "full", "selective" or "every-K"; or "hf", HF
+    transformers' BERT with the baseline's weights (the reference users compare against), trained by the same step."""
 
     name: str
     modeling: str
@@ -47,13 +48,13 @@ class Variant:
 
     @classmethod
     def parse(cls, text: str) -> "Variant":
-        if text == "baseline":
-            return cls(text, "baseline")
+        if text in ("baseline", "hf"):
+            return cls(text, text)
         if text in ("full", "selective"):
             return cls(text, "recompute", text)
         if text.startswith("every-") and text[len("every-"):].isdigit() and int(text[len("every-"):]) >= 1:
             return cls(text, "recompute", "every-k", int(text[len("every-"):]))
-        raise BenchError(f"unknown variant {text!r}: use baseline, full, selective or every-K (K >= 1)")
+        raise BenchError(f"unknown variant {text!r}: use baseline, full, selective, every-K (K >= 1) or hf")
 
 
 ALL_VARIANTS = ("baseline", "full", "selective", "every-2")
@@ -84,8 +85,40 @@ def build(config: BertConfig, kind: str, variant: Variant, device: torch.device 
     torch.manual_seed(0)
     task = "pretraining" if kind == "pretraining" else "classification"
     head = {} if kind == "pretraining" else {"num_labels": 2}
-    model = build_model(task, config, variant.modeling, variant.policy, variant.every_k, **head)
+    if variant.modeling == "hf":
+        model = HFContender(build_model(task, config, **head), config, kind)
+    else:
+        model = build_model(task, config, variant.modeling, variant.policy, variant.every_k, **head)
     return model.to(device).train()
+
+
+class HFContender(nn.Module):
+    """HF transformers' BertForPreTraining or BertForSequenceClassification (its default attention, sdpa), holding
+    `baseline`'s weights, fed bertbench's batches: pre-training labels become HF's (-100 outside the masked
+    positions), so HF computes its MLM logits at every position, as its model does."""
+
+    def __init__(self, baseline: nn.Module, config: BertConfig, kind: str):
+        super().__init__()
+        try:
+            import transformers
+        except ImportError:
+            raise BenchError("variant hf needs HF transformers: pip install transformers") from None
+        classes = {"pretraining": (transformers.BertForPreTraining, {}),
+                   "finetuning": (transformers.BertForSequenceClassification, {"num_labels": 2})}
+        model_class, head = classes[kind]
+        self.hf = model_class(transformers.BertConfig(**config.to_hf_dict(), **head))
+        missing, _ = self.hf.load_state_dict(baseline.state_dict(), strict=False)
+        if [name for name in missing if not name.endswith("position_ids")]:
+            raise BenchError(f"HF {model_class.__name__} lacks bertbench's weights {missing}")
+
+    def forward(self, input_ids, token_type_ids, attention_mask, labels=None, masked_lm_positions=None,
+                masked_lm_labels=None, next_sentence_labels=None):
+        if masked_lm_positions is None:
+            return self.hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                           labels=labels)
+        mlm_labels = torch.full_like(input_ids, -100).scatter(1, masked_lm_positions, masked_lm_labels)
+        return self.hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                       labels=mlm_labels, next_sentence_label=next_sentence_labels)
 
 
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], precision: str,

@@ -21,17 +21,19 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from bertbench import run_pretraining, run_squad
+from bertbench import run_pretraining, run_squad, runner
 from bertbench.create_pretraining_data import DataSettings, create_pretraining_data
 from bertbench.config import BertConfig
 from bertbench import synthetic as data
 from bertbench.durable import write_text_atomically
 from bertbench.errors import ArgumentParser
+from bertbench.flags import as_flags
 from bertbench.batches import ShuffledBatches
 from bertbench.train_step import TrainStep
 from bertbench.training_config import TrainConfig
@@ -167,13 +169,15 @@ def format_table(results: list[dict], baseline: dict) -> str:
     return "\n".join(lines)
 
 
-def run_quietly(runner_module, argv: list[str]) -> None:
-    """A runner's main(argv) with its log kept back, shown only if it fails."""
+def run_quietly(spec: runner.RunnerSpec, values: dict) -> str:
+    """Run a runner's command (Python values by flag name) with its log kept back, shown only if it fails; return
+    the same command as a user would type it."""
     log = io.StringIO()
-    with contextlib.redirect_stdout(log):
-        status = runner_module.main(argv)
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        status = runner.run_values(spec, values)
     if status != 0:
-        raise RuntimeError(f"{runner_module.PROGRAM} exited with status {status}:\n{log.getvalue()}")
+        raise RuntimeError(f"{spec.name} exited with status {status}:\n{log.getvalue()}")
+    return shlex.join(as_flags(values))
 
 
 def read_json(path: str) -> dict:
@@ -181,25 +185,26 @@ def read_json(path: str) -> dict:
         return json.load(handle)
 
 
-def question_answering(settings: DemoConfig, directory: str, extra_flags: Sequence[str] = ()) -> dict:
+def question_answering(settings: DemoConfig, directory: str, model_flags: Mapping[str, Any] | None = None) -> dict:
     """Fine-tune a tiny BERT on the built-in SQuAD v2.0 files with run_squad, as a user would, in `directory`;
-    return the official scores and the training throughput. The run directory is rebuilt on every call, so a
-    demo run again with other settings does not resume or clash with the last one."""
+    return the official scores and the training throughput. `model_flags` picks the modeling module
+    ({"modeling": "recompute"}). The run directory is rebuilt on every call, so a demo run again with other settings
+    does not resume or clash with the last one."""
     shutil.rmtree(os.path.join(directory, "run"), ignore_errors=True)
     train_file, dev_file = data.write_squad(os.path.join(directory, "data"), "2.0", seed=settings.seed)
     config_file = os.path.join(directory, "bert_config.json")
     write_text_atomically(config_file, json.dumps(
         dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **QA_MODEL)), indent=2) + "\n")
-    argv = ["--do_train", "--do_predict", f"--train_file={train_file}", f"--predict_file={dev_file}",
-            f"--vocab_file={data.write_vocab(directory)}", f"--bert_config_file={config_file}",
-            "--version_2_with_negative", "--max_seq_length=48", "--doc_stride=16", "--max_query_length=16",
-            "--train_batch_size=32", "--learning_rate=1e-3", f"--num_train_epochs={settings.qa_epochs}",
-            f"--seed={settings.seed}", "--device=cpu", "--save_checkpoints_secs=0", "--log_step_count_steps=1000000",
-            f"--output_dir={os.path.join(directory, 'run')}", *extra_flags]
-    run_quietly(run_squad, argv)
+    values = {"do_train": True, "do_predict": True, "train_file": train_file, "predict_file": dev_file,
+              "vocab_file": data.write_vocab(directory), "bert_config_file": config_file,
+              "version_2_with_negative": True, "max_seq_length": 48, "doc_stride": 16, "max_query_length": 16,
+              "train_batch_size": 32, "learning_rate": 1e-3, "num_train_epochs": settings.qa_epochs,
+              "seed": settings.seed, "device": "cpu", "save_checkpoints_secs": 0, "log_step_count_steps": 1000000,
+              "output_dir": os.path.join(directory, "run"), **(model_flags or {})}
+    command = run_quietly(run_squad.SPEC, values)
     scores, training = (read_json(os.path.join(directory, "run", name))
                         for name in ("eval_results.json", "train_results.json"))
-    return {"command": "bertbench squad " + shlex.join(argv), "model_config": QA_MODEL,
+    return {"command": "bertbench squad " + command, "model_config": QA_MODEL,
             "train_questions": len(read_examples(train_file, training=True, version_2=True)),
             "dev_questions": scores["questions"], "windows": scores["windows"], "exact": scores["exact"],
             "f1": scores["f1"], "has_answer_exact": scores["HasAns_exact"], "no_answer_exact": scores["NoAns_exact"],
@@ -233,17 +238,17 @@ def pretraining(settings: DemoConfig, directory: str) -> dict:
     write_text_atomically(config_file, json.dumps(
         dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **PRETRAINING_MODEL)), indent=2) + "\n")
     steps, batch = settings.pretraining_steps, 32
-    argv = ["--do_train", "--do_eval", f"--input_dir={shard_dirs['train']}", f"--eval_dir={shard_dirs['eval']}",
-            f"--bert_config_file={config_file}", "--max_seq_length=32", "--max_predictions_per_seq=5",
-            f"--train_batch_size={batch}", "--learning_rate=1e-2", f"--num_train_steps={steps}",
-            f"--eval_iter_samples={max(1, steps // 10) * batch}", f"--eval_iter_start_samples={batch}",
-            f"--seed={settings.seed}", "--device=cpu", "--save_checkpoints_secs=0", "--log_step_count_steps=1000000",
-            f"--output_dir={os.path.join(directory, 'run')}"]
-    run_quietly(run_pretraining, argv)
+    values = {"do_train": True, "do_eval": True, "input_dir": shard_dirs["train"], "eval_dir": shard_dirs["eval"],
+              "bert_config_file": config_file, "max_seq_length": 32, "max_predictions_per_seq": 5,
+              "train_batch_size": batch, "learning_rate": 1e-2, "num_train_steps": steps,
+              "eval_iter_samples": max(1, steps // 10) * batch, "eval_iter_start_samples": batch,
+              "seed": settings.seed, "device": "cpu", "save_checkpoints_secs": 0, "log_step_count_steps": 1000000,
+              "output_dir": os.path.join(directory, "run")}
+    command = run_quietly(run_pretraining.SPEC, values)
     with open(os.path.join(directory, "run", "evals.jsonl"), encoding="utf-8") as handle:
         curve = [json.loads(line) for line in handle]
     training = read_json(os.path.join(directory, "run", "train_results.json"))
-    return {"command": "bertbench pretrain " + shlex.join(argv), "model_config": PRETRAINING_MODEL,
+    return {"command": "bertbench pretrain " + command, "model_config": PRETRAINING_MODEL,
             "training_sequences": training["training_sequences"], "steps": training["global_step"],
             "train_seq_per_s": training["steady_sentences_per_second"],
             "chance_masked_lm_accuracy": 1 / len(data.vocabulary()),
