@@ -181,6 +181,7 @@ class Estimator:
                                   f"it, but num_train_steps is {config.num_train_steps}")
         started = time.perf_counter()
         state = read_training_state(start)
+        reading_seconds = time.perf_counter() - started  # the restore's time: reading and restoring, not building
         schedule_start = state.get("schedule_start_step", 0) if start.kind == RESUME else \
             start.step if start.kind == CONTINUE else 0
         step = TrainStep(self.model, config, self.dist, schedule_start)
@@ -188,9 +189,10 @@ class Estimator:
                                           self.dist, self.independent_workers, self.log)
         skipped, resumed_from, restore_seconds = 0, None, 0.0
         if start.kind == RESUME:
+            started = time.perf_counter()
             restored = checkpoints.restore(start.checkpoint, state, run.seed)
             self.global_step, skipped, resumed_from = restored.step, restored.skipped_steps, start.checkpoint
-            restore_seconds = time.perf_counter() - started
+            restore_seconds = reading_seconds + time.perf_counter() - started
             self.log(f"resumed from {resumed_from} (step {self.global_step}, epoch {batches.epoch:.2f}) in "
                      f"{restore_seconds:.2f} s")
         else:

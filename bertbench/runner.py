@@ -11,13 +11,14 @@ learning rate or model would give weights that belong to neither.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -395,11 +396,16 @@ def run_main(spec: RunnerSpec, argv: Sequence[str] | None, prog: str | None = No
                        input_errors=INPUT_ERRORS + spec.input_errors, runtime_errors=RUNTIME_FAILURES)
 
 
-def run_values(spec: RunnerSpec, values: Mapping[str, Any]) -> int:
+def run_values(spec: RunnerSpec, values: Mapping[str, Any], output: TextIO | None = None) -> int:
     """Run a runner's command given as Python values by flag name (see command_from_values), under the same
-    exit-code policy as its main: what the demo and the benches call."""
-    return run_command(spec.name, lambda: spec.execute(*command_from_values(spec, values)),
-                       input_errors=INPUT_ERRORS + spec.input_errors, runtime_errors=RUNTIME_FAILURES)
+    exit-code policy as its main: what the demo and the benches call. `output` takes the run's log and its error
+    line instead of stdout and stderr."""
+    with contextlib.ExitStack() as stack:
+        if output is not None:
+            stack.enter_context(contextlib.redirect_stdout(output))
+            stack.enter_context(contextlib.redirect_stderr(output))
+        return run_command(spec.name, lambda: spec.execute(*command_from_values(spec, values)),
+                           input_errors=INPUT_ERRORS + spec.input_errors, runtime_errors=RUNTIME_FAILURES)
 
 
 # ---- the fine-tuning runners' one skeleton --------------------------------------------------------------------------

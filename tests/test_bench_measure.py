@@ -1,6 +1,4 @@
-import importlib.util
 import json
-import pathlib
 
 import pytest
 import torch
@@ -9,7 +7,6 @@ from bertbench import devices, synthetic
 from bertbench.bench import flops, measure, workload
 from conftest import TINY_BERT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_count_flops_counts_a_matmul_exactly():
@@ -27,22 +24,6 @@ def test_time_steps_interleaves_flipping_the_order():
     times = measure.time_steps({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, warmup=1, repeats=3)
     assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b"]
     assert {name: len(values) for name, values in times.items()} == {"a": 3, "b": 3}
-
-
-def test_foundation_benchmark_runs_on_a_tiny_model(tmp_path, capsys):
-    pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location("foundation", ROOT / "benchmarks" / "foundation.py")
-    foundation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(foundation)
-    output = tmp_path / "figures.json"
-    assert foundation.main(["--layers", "2", "--hidden", "64", "--batch", "2", "--seq", "16", "--long-seq", "32",
-                            "--warmup", "1", "--repeats", "1", "--output", str(output)]) == 0
-    report = json.loads(output.read_text())
-    assert len(report["vs_hf"]["rows"]) == 2 and report["vs_hf"]["flops_per_step"] > 0
-    rows = {row["model"]: row for row in report["recompute"]["rows"]}
-    assert rows["baseline"]["bytes_vs_baseline"] == 1.0
-    assert rows["recompute/full"]["bytes_vs_baseline"] < rows["recompute/every-k"]["bytes_vs_baseline"] < 1.0
-    assert "of matmul peak" in capsys.readouterr().out
 
 
 # ---- model FLOPs, peaks and the bench workload ---------------------------------------------------------------------
@@ -97,6 +78,12 @@ def test_variant_names(text, expected):
 def test_unknown_variants_are_refused(text):
     with pytest.raises(workload.BenchError, match="unknown variant"):
         workload.Variant.parse(text)
+
+
+def test_the_hf_contender_is_a_variant_only_where_a_bench_takes_it():
+    assert workload.Variant.parse("hf", hf=True).modeling == "hf"
+    with pytest.raises(workload.BenchError, match="variant hf is HF transformers' model"):
+        workload.Variant.parse("hf")
 
 
 def test_pretraining_batches_mask_as_nvidia_phase_1_and_2_data():

@@ -113,12 +113,13 @@ def test_ratios_are_to_the_first_variant_of_the_same_setting(swept):
 def test_the_hf_contender_holds_the_baselines_weights_and_trains_by_the_same_step(kind):
     pytest.importorskip("transformers")
     config = workload.bert_config("tiny", 32, dropout=0.0)
-    baseline, hf = (workload.build(config, kind, workload.Variant.parse(name)) for name in ("baseline", "hf"))
+    baseline, hf = (workload.build(config, kind, workload.Variant.parse(name, hf=True))
+                    for name in ("baseline", "hf"))
     assert type(hf.hf).__name__ == {"pretraining": "BertForPreTraining",
                                     "finetuning": "BertForSequenceClassification"}[kind]
     batch = synthetic.synthetic_batch(config, kind, 3, 32)
     torch.testing.assert_close(hf(**batch).loss, baseline(**batch).loss, rtol=1e-5, atol=1e-5)
-    steps = {name: workload.train_step(config, kind, workload.Variant.parse(name), "fp32", 3, 32, model=model)
+    steps = {name: workload.train_step(config, kind, workload.Variant.parse(name, hf=True), "fp32", 3, 32, model=model)
              for name, model in (("baseline", baseline), ("hf", hf))}
     for step in steps.values():
         assert isinstance(step.step, TrainStep)

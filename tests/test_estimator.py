@@ -429,3 +429,17 @@ def test_predict_collects_what_a_function_extracts(tmp_path):
     got = estimator.predict(data, 4, outputs=lambda output, batch: {"right": (output.logits.argmax(-1)
                                                                               == batch["labels"]).long()})
     assert got["right"].shape == (10,) and got["right"].dtype == torch.int64
+
+
+def test_restore_seconds_count_reading_and_restoring_the_checkpoint_not_building_the_step(tmp_path, monkeypatch):
+    make_estimator(tmp_path, steps=4).train(ShuffledBatches(features(), 8, seed=0))
+    from bertbench import train_step
+    built = train_step.TrainStep.__init__
+
+    def slow_build(self, *args, **kwargs):
+        time.sleep(0.5)  # building the optimizer and the scaler is set-up, not the restore
+        built(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_step.TrainStep, "__init__", slow_build)
+    result = make_estimator(tmp_path, steps=8).train(ShuffledBatches(features(), 8, seed=0))
+    assert result.resumed_from is not None and 0 < result.restore_seconds < 0.5

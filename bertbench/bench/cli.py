@@ -27,8 +27,13 @@ BENCHES = {
                                          "vs recompute on N"),
     "profile": ("bertbench.bench.profile", "torch.profiler trace of a few steps and the time in matmul / attention "
                                            "/ other"),
+    "finetuning": ("bertbench.bench.finetuning", "run_classifier or run_squad as users run them, on built-in data: "
+                                                 "steady seq/s and dev score per variant, checkpoint cost, resume "
+                                                 "after SIGKILL"),
     "plan": ("bertbench.bench.plan", "predict throughput, efficiency and time-to-train on a cluster from a "
                                      "measured step and the ring all-reduce cost"),
+    "squad-data": ("bertbench.bench.squad_data", "run_squad's feature creation (windows/s) and answer "
+                                                 "post-processing (questions/s) on SQuAD v1.1-sized files"),
     "pretraining-data": ("bertbench.bench.pretraining_data", "create_pretraining_data's throughput and peak memory "
                                                              "over worker counts, on your corpus or a generated one"),
 }

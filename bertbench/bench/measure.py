@@ -12,8 +12,6 @@ from bertbench.devices import synchronize
 from bertbench.saved_activations import saved_activation_bytes
 
 
-
-
 def matmul_flops_per_second(size: int = 4096, dtype: torch.dtype = torch.float32, device: str = "cpu",
                             repeats: int = 5) -> float:
     """Best-of-`repeats` FLOP/s of a square matmul: the peak that model FLOP/s are compared against."""
@@ -28,20 +26,6 @@ def matmul_flops_per_second(size: int = 4096, dtype: torch.dtype = torch.float32
         synchronize(device)
         best = min(best, time.perf_counter() - started)
     return 2 * size**3 / best
-
-
-def make_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    batch: dict) -> Callable[[], torch.Tensor]:
-    """One forward, backward and optimizer step on a fixed batch."""
-
-    def step() -> torch.Tensor:
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    return step
 
 
 def time_steps(steps: dict[str, Callable], warmup: int, repeats: int, device: str = "cpu") -> dict[str, list[float]]:
@@ -74,16 +58,6 @@ def time_call(call: Callable[[], object], device: torch.device | str = "cpu") ->
     started = time.perf_counter()
     call()
     return time.perf_counter() - started
-
-
-
-
-
-
-
-
-
-
 
 
 def count_flops(run: Callable[[], None]) -> int:

@@ -98,7 +98,7 @@ def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
             raise workload.BenchError(f"unknown precision {precision!r}: use {', '.join(workload.PRECISIONS)}")
     if args.warmup < 0:
         raise workload.BenchError(f"--warmup must be 0 or more, got {args.warmup}")
-    return [workload.Variant.parse(name) for name in args.variants]
+    return [workload.Variant.parse(name, hf=True) for name in args.variants]
 
 
 def measure_memory(step: workload.BenchStep) -> dict:

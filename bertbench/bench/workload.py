@@ -47,14 +47,19 @@ class Variant:
     every_k: int = 2
 
     @classmethod
-    def parse(cls, text: str) -> "Variant":
-        if text in ("baseline", "hf"):
+    def parse(cls, text: str, hf: bool = False) -> "Variant":
+        """A variant by name; `hf` only where the bench takes it (the HF model has no runner, no recompute)."""
+        if text == "baseline" or text == "hf" and hf:
             return cls(text, text)
+        if text == "hf":
+            raise BenchError("variant hf is HF transformers' model: compare with it in `bertbench bench throughput "
+                             "--variants baseline,hf`")
         if text in ("full", "selective"):
             return cls(text, "recompute", text)
         if text.startswith("every-") and text[len("every-"):].isdigit() and int(text[len("every-"):]) >= 1:
             return cls(text, "recompute", "every-k", int(text[len("every-"):]))
-        raise BenchError(f"unknown variant {text!r}: use baseline, full, selective, every-K (K >= 1) or hf")
+        raise BenchError(f"unknown variant {text!r}: use baseline, full, selective or every-K (K >= 1)"
+                         + (" or hf" if hf else ""))
 
 
 ALL_VARIANTS = ("baseline", "full", "selective", "every-2")

@@ -11,7 +11,6 @@ NVIDIA-format hdf5 shards and pre-trains on them with LAMB, scoring masked-LM ac
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import json
@@ -173,8 +172,7 @@ def run_quietly(spec: runner.RunnerSpec, values: dict) -> str:
     """Run a runner's command (Python values by flag name) with its log kept back, shown only if it fails; return
     the same command as a user would type it."""
     log = io.StringIO()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        status = runner.run_values(spec, values)
+    status = runner.run_values(spec, values, log)
     if status != 0:
         raise RuntimeError(f"{spec.name} exited with status {status}:\n{log.getvalue()}")
     return shlex.join(as_flags(values))

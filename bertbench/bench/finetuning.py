@@ -1,0 +1,241 @@
+"""`bertbench bench finetuning`: a fine-tuning runner as users run it, on built-in data in the real formats.
+
+run_classifier on the built-in pair task in GLUE's MRPC layout (3,668 train / 408 dev), or run_squad on the built-in
+SQuAD v2.0 files, each modeling variant trained and scored from the same seed. The variants run in rounds, in an
+order that flips every round (A B C, C B A, ...), so the machine's drift hits them alike; each figure is the median
+over the rounds with its min and max:
+
+1. steady sentences/s (the first steps and checkpoint saves left out, as the original reported it) and the dev score
+   (GLUE: accuracy; SQuAD: exact match and F1);
+2. the cost of a timed checkpoint: every run saves each --save_checkpoints_secs, so seconds per save and the file's
+   size come from every run, and the share of training time a save costs at the default 1200 s;
+3. resuming after SIGKILL: the first variant is trained in a separate process, killed after its first checkpoint and
+   run again with the same command, timed from launch until it trains again (interpreter, imports, data, model,
+   restore), and the restore alone.
+
+    bertbench bench finetuning                                 # GLUE, 4 variants x 3 rounds (a few minutes)
+    bertbench bench finetuning --task squad --variants baseline,full --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from bertbench import run_classifier, run_squad, runner, synthetic
+from bertbench.bench import cli, workload
+from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.plots import line_plot
+from bertbench.checkpoint import list_checkpoints
+from bertbench.durable import write_text_atomically
+from bertbench.flags import as_flags
+
+# Each task's runner, default sequence length, and the dev figures its eval_results.json holds, by key and title.
+TASKS = {"glue": (run_classifier.SPEC, 128, {"dev_acc": "dev accuracy"}),
+         "squad": (run_squad.SPEC, 48, {"f1": "dev F1", "exact": "dev exact match"})}
+DEFAULT_SAVE_SECONDS = 1200  # RunConfig's default save_checkpoints_secs, the original's
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.parser_for("finetuning", __doc__.splitlines()[0])
+    run = parser.add_argument_group("runs")
+    run.add_argument("--task", choices=tuple(TASKS), default="glue",
+                     help="glue: run_classifier on the built-in MRPC-sized task; squad: run_squad on the built-in "
+                          "SQuAD v2.0 files.")
+    run.add_argument("--model", default="tiny", help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json "
+                                                     "(its vocab_size becomes the built-in vocabulary's).")
+    run.add_argument("--variants", type=cli.comma_list(str), default=list(workload.ALL_VARIANTS),
+                     help="baseline, full, selective, every-K.")
+    run.add_argument("--rounds", type=cli.positive_int, default=3, help="Runs of each variant, interleaved.")
+    run.add_argument("--max_seq_length", type=cli.positive_int, default=None,
+                     help="Tokens per sequence (default: 128 for glue, 48 for squad).")
+    run.add_argument("--train_batch_size", type=cli.positive_int, default=32, help="Sequences per step.")
+    run.add_argument("--learning_rate", type=float, default=1e-3,
+                     help="Peak learning rate (the built-in tasks train a model from scratch).")
+    run.add_argument("--num_train_epochs", type=float, default=1.0, help="Epochs of each run.")
+    run.add_argument("--max_train_samples", type=cli.positive_int, default=None,
+                     help="Train the rounds on the first N examples only (the resume figure trains on all).")
+    run.add_argument("--save_checkpoints_secs", type=float, default=2.0,
+                     help="Timed saves of every run, short so that each run saves several times.")
+    run.add_argument("--no_resume", action="store_true", help="Skip the resume-after-SIGKILL figure.")
+    run.add_argument("--seed", type=int, default=12345, help="Seed of every run (the same weights at the start).")
+    return parser
+
+
+def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
+    variants = [workload.Variant.parse(name) for name in args.variants]
+    for name, value in (("--num_train_epochs", args.num_train_epochs),
+                        ("--save_checkpoints_secs", args.save_checkpoints_secs), ("--learning_rate", args.learning_rate)):
+        if not value > 0:
+            raise workload.BenchError(f"{name} must be positive, got {value}")
+    return variants
+
+
+def write_inputs(root: str, args: argparse.Namespace) -> dict:
+    """The built-in data, vocab.txt and bert_config.json under `root`; the flags a run of the task reads them by."""
+    seq = args.max_seq_length or TASKS[args.task][1]
+    config = dataclasses.replace(workload.bert_config(args.model, seq), vocab_size=len(synthetic.vocabulary()))
+    config_file = os.path.join(root, "bert_config.json")
+    write_text_atomically(config_file, json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+    values = {"vocab_file": synthetic.write_vocab(root), "bert_config_file": config_file, "max_seq_length": seq,
+              "train_batch_size": args.train_batch_size, "learning_rate": args.learning_rate,
+              "num_train_epochs": args.num_train_epochs, "seed": args.seed, "device": "cpu",
+              "log_step_count_steps": 1000000}
+    if args.task == "glue":
+        values.update(task_name="MRPC", data_dir=synthetic.write_glue_task(os.path.join(root, "glue"), "MRPC"),
+                      do_eval=True)
+    else:
+        train_file, dev_file = synthetic.write_squad(os.path.join(root, "squad"), "2.0", seed=args.seed)
+        values.update(train_file=train_file, predict_file=dev_file, do_predict=True, version_2_with_negative=True,
+                      doc_stride=16, max_query_length=16)
+    return values
+
+
+def variant_flags(variant: workload.Variant) -> dict:
+    return {"modeling": variant.modeling, "recompute_policy": variant.policy, "recompute_every": variant.every_k}
+
+
+def read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def train_once(spec: runner.RunnerSpec, values: dict, scores: Sequence[str]) -> dict:
+    """One run in this process through runner.run_values; its figures from train_results.json and
+    eval_results.json."""
+    log = io.StringIO()
+    if runner.run_values(spec, values, log) != 0:
+        raise workload.BenchRunFailed(f"{spec.name} failed:\n{log.getvalue()}")
+    out = values["output_dir"]
+    train, evaluated = read_json(f"{out}/train_results.json"), read_json(f"{out}/eval_results.json")
+    checkpoint = list_checkpoints(out)[-1][1]
+    return {"steady_seq_per_s": train["steady_sentences_per_second"], "steps": train["global_step"],
+            "seconds": train["seconds"], "saves": train["checkpoint_saves"],
+            "seconds_per_save": train["checkpoint_seconds"] / max(1, train["checkpoint_saves"]),
+            "checkpoint_bytes": os.path.getsize(checkpoint), **{name: evaluated[name] for name in scores}}
+
+
+def spread(values: Sequence[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root: str, inputs: dict) -> list[dict]:
+    spec, _, scores = TASKS[args.task]
+    runs: dict[str, list[dict]] = {variant.name: [] for variant in variants}
+    for round_index in range(args.rounds):
+        for variant in variants if round_index % 2 == 0 else list(reversed(variants)):
+            out = os.path.join(root, "runs", f"{variant.name}-{round_index}")
+            values = {**inputs, **variant_flags(variant), "do_train": True, "output_dir": out,
+                      "save_checkpoints_secs": args.save_checkpoints_secs, "max_train_samples": args.max_train_samples}
+            run = train_once(spec, values, scores)
+            runs[variant.name].append(run)
+            print(f"  round {round_index + 1} {variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
+                  + "  ".join(f"{name} {run[name]:.3f}" for name in scores), flush=True)
+    rows = []
+    for variant in variants:
+        done = runs[variant.name]
+        row = {"variant": variant.name, "runs": done}
+        for key in ("steady_seq_per_s", "seconds_per_save", "checkpoint_bytes", *scores):
+            row[key] = spread([run[key] for run in done])
+        rows.append(row)
+    first = rows[0]["steady_seq_per_s"]["median"]
+    for row in rows:
+        row["vs_first_variant"] = row["steady_seq_per_s"]["median"] / first
+        row["save_share_at_default"] = row["seconds_per_save"]["median"] / DEFAULT_SAVE_SECONDS
+    return rows
+
+
+def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, root: str, inputs: dict) -> dict:
+    """Kill a training process after its first checkpoint; time the same command from launch to training again."""
+    spec = TASKS[args.task][0]
+    out = os.path.join(root, "killed")
+    values = {**inputs, **variant_flags(variant), "do_train": True, "output_dir": out, "save_checkpoints_steps": 10,
+              "save_checkpoints_secs": 0}
+    command = [sys.executable, "-m", f"bertbench.{spec.name}", *as_flags(values)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not list_checkpoints(out):
+        if process.poll() is not None:
+            raise workload.BenchRunFailed(f"{spec.name} ended (status {process.returncode}) before its first "
+                                          f"checkpoint: {' '.join(command)}")
+        time.sleep(0.01)
+    process.kill()
+    if process.wait() == 0 or os.path.exists(os.path.join(out, "train_results.json")):
+        raise workload.BenchRunFailed("the run to kill finished first: give it more steps (--num_train_epochs)")
+    killed_at = list_checkpoints(out)[-1][0]
+    started = time.perf_counter()
+    resumed = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    to_training, lines = None, []
+    for line in resumed.stdout:
+        lines.append(line)
+        if to_training is None and line.startswith("resumed from "):
+            to_training = time.perf_counter() - started
+    if resumed.wait() != 0 or to_training is None:
+        raise workload.BenchRunFailed(f"the resumed {spec.name} failed:\n{''.join(lines[-20:])}")
+    train = read_json(f"{out}/train_results.json")
+    return {"variant": variant.name, "killed_after_checkpoint_step": killed_at, "resumed_from": train["resumed_from"],
+            "restore_seconds": train["restore_seconds"], "launch_to_training_seconds": to_training}
+
+
+def markdown(args: argparse.Namespace, rows: list[dict], resume: dict | None) -> str:
+    scores = TASKS[args.task][2]
+    table = [{"variant": row["variant"], "seq/s": row["steady_seq_per_s"]["median"],
+              "range": f"{row['steady_seq_per_s']['min']:.1f}-{row['steady_seq_per_s']['max']:.1f}",
+              "vs": row["vs_first_variant"], **{name: row[name]["median"] for name in scores},
+              **{f"{name} range": f"{row[name]['min']:.3f}-{row[name]['max']:.3f}" for name in scores},
+              "save ms": row["seconds_per_save"]["median"] * 1e3,
+              "save MiB": row["checkpoint_bytes"]["median"] / 2**20,
+              "share": row["save_share_at_default"]} for row in rows]
+    columns = [("variant", "variant", ""), ("steady seq/s", "seq/s", ".1f"), ("min-max", "range", ""),
+               (f"vs {rows[0]['variant']}", "vs", ".3f"),
+               *[column for name, title in scores.items()
+                 for column in ((title, name, ".3f"), ("min-max", f"{name} range", ""))],
+               ("ms per save", "save ms", ".1f"), ("checkpoint MiB", "save MiB", ".1f"),
+               ("save cost at 1200 s", "share", ".4%")]
+    spec = TASKS[args.task][0]
+    lines = [f"# Fine-tuning through {spec.name}: {args.model}, built-in {args.task} data", "",
+             f"{args.rounds} rounds per variant, interleaved; median and range over the rounds.", "",
+             markdown_table(table, columns)]
+    if resume is not None:
+        lines += ["", f"Resume after SIGKILL ({resume['variant']}, killed after the step-"
+                      f"{resume['killed_after_checkpoint_step']} checkpoint): training again "
+                      f"{resume['launch_to_training_seconds']:.2f} s after launch, of which the restore took "
+                      f"{resume['restore_seconds'] * 1e3:.0f} ms."]
+    return "\n".join(lines)
+
+
+def plot(args: argparse.Namespace, rows: list[dict]):
+    """Each run's steady seq/s by round, a line per variant: the spread and any drift at a glance."""
+    series = {row["variant"]: (list(range(1, len(row["runs"]) + 1)), [run["steady_seq_per_s"] for run in row["runs"]])
+              for row in rows}
+    return line_plot(series, "round", "steady sentences / s",
+                     f"{TASKS[args.task][0].name}, {args.model}, built-in {args.task} data")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+
+    def body() -> None:
+        variants = check_settings(args)
+        workload.bert_config(args.model, args.max_seq_length or TASKS[args.task][1])  # fails before anything runs
+        output = BenchOutput(cli.output_dir(args, "finetuning"), "finetuning", argv, args.overwrite)
+        with tempfile.TemporaryDirectory() as root:
+            inputs = write_inputs(root, args)
+            rows = rounds(args, variants, root, inputs)
+            resume = None if args.no_resume else resume_after_sigkill(args, variants[0], root, inputs)
+        text = markdown(args, rows, resume)
+        output.write(vars(args), {"task": args.task, "runner": TASKS[args.task][0].name, "rows": rows,
+                                  "resume_after_sigkill": resume}, text, {"seq-per-s": plot(args, rows)})
+        print(text)
+        print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
+
+    return cli.run("bertbench bench finetuning", body)

@@ -1,0 +1,82 @@
+"""`bertbench bench finetuning`: the runners trained as users run them (in-process, from Python values), each
+variant in interleaved rounds with the spread of its figures; timed-save cost and resume after SIGKILL."""
+
+import json
+
+import pytest
+
+from bertbench import runner
+from bertbench.bench import finetuning
+
+QUICK = ["--model=tiny", "--max_seq_length=32", "--train_batch_size=16", "--save_checkpoints_secs=0.05"]
+
+
+def read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+@pytest.fixture(scope="module")
+def glue(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finetuning")
+    calls = []
+    run_values = runner.run_values
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "run_values", lambda spec, values, output=None: calls.append(
+            (spec.name, values["modeling"], values["recompute_policy"])) or run_values(spec, values, output))
+        assert finetuning.main(QUICK + ["--variants=baseline,selective", "--rounds=3", "--max_train_samples=128",
+                                        "--num_train_epochs=2", "--no_resume", f"--output_dir={out}"]) == 0
+    return out, read_json(out / "finetuning.json"), calls
+
+
+def test_each_variant_runs_in_flipping_rounds_through_the_runner(glue):
+    order = [(modeling, policy) for _, modeling, policy in glue[2]]
+    base, selective = ("baseline", "full"), ("recompute", "selective")
+    assert order == [base, selective, selective, base, base, selective]
+    assert {name for name, _, _ in glue[2]} == {"run_classifier"}
+
+
+def test_figures_are_each_runs_own_with_median_and_range(glue):
+    out, report, _ = glue
+    assert report["runner"] == "run_classifier" and \
+        [row["variant"] for row in report["rows"]] == ["baseline", "selective"]
+    for row in report["rows"]:
+        runs = row["runs"]
+        assert len(runs) == 3
+        rates = sorted(run["steady_seq_per_s"] for run in runs)
+        assert row["steady_seq_per_s"] == {"median": rates[1], "min": rates[0], "max": rates[2]}
+        for run in runs:
+            assert run["steps"] == 2 * 128 // 16 and run["saves"] >= 1
+            assert 0 <= run["dev_acc"] <= 1 and run["checkpoint_bytes"] > 0
+        assert row["save_share_at_default"] == pytest.approx(row["seconds_per_save"]["median"] / 1200)
+    baseline, selective = report["rows"]
+    assert selective["vs_first_variant"] == pytest.approx(selective["steady_seq_per_s"]["median"]
+                                                          / baseline["steady_seq_per_s"]["median"])
+    # same seed, same weights at the start, bit-identical gradients: the same dev accuracy in every run
+    assert {run["dev_acc"] for row in report["rows"] for run in row["runs"]} == {baseline["runs"][0]["dev_acc"]}
+    assert (out / "finetuning-seq-per-s.png").read_bytes().startswith(b"\x89PNG")
+    assert "| selective |" in (out / "finetuning.md").read_text()
+
+
+@pytest.mark.slow
+def test_squad_runs_and_a_killed_run_resumes_from_its_checkpoint(tmp_path):
+    assert finetuning.main(["--task=squad", "--model=tiny", "--variants=baseline", "--rounds=1",
+                            "--num_train_epochs=1", f"--output_dir={tmp_path}"]) == 0
+    report = read_json(tmp_path / "finetuning.json")
+    (row,) = report["rows"]
+    assert report["runner"] == "run_squad" and 0 <= row["f1"]["median"] <= 100
+    resume = report["resume_after_sigkill"]
+    assert resume["resumed_from"].endswith(f"ckpt-{resume['killed_after_checkpoint_step']:09d}.pt")
+    assert 0 < resume["restore_seconds"] < resume["launch_to_training_seconds"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--variants=baseline,hf"], "variant hf is HF transformers' model: compare with it in `bertbench bench "
+                                 "throughput"),
+    (["--variants=every-0"], "unknown variant 'every-0'"),
+    (["--model=huge"], "unknown model 'huge'"),
+    (["--num_train_epochs=0"], "--num_train_epochs must be positive, got 0.0")])
+def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):
+    out = tmp_path / "out"
+    assert finetuning.main(flags + [f"--output_dir={out}"]) == 2
+    assert message in error_line() and not out.exists()
