@@ -225,6 +225,11 @@ def write_squad(directory: str | os.PathLike, version: str = "2.0", train: int =
 
 
 # Named model shapes; any bert_config.json / HF config.json path works as well.
+# The model the built-in SQuAD data trains (the demo's QA step, `bench finetuning --task squad`): matching a
+# question's words to the paragraph's needs attention heads of 32 dimensions, and a from-scratch model on synthetic
+# data learns faster without dropout (nothing here overfits).
+SQUAD_MODEL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512,
+               "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 MODEL_SIZES = {
     "tiny": dict(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
     "mini": dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bertbench import runner
+from bertbench import runner, synthetic
 from bertbench.bench import finetuning
 
 QUICK = ["--model=tiny", "--max_seq_length=32", "--train_batch_size=16", "--save_checkpoints_secs=0.05"]
@@ -47,7 +47,8 @@ def test_figures_are_each_runs_own_with_median_and_range(glue):
         assert row["steady_seq_per_s"] == {"median": rates[1], "min": rates[0], "max": rates[2]}
         for run in runs:
             assert run["steps"] == 2 * 128 // 16 and run["saves"] >= 1
-            assert 0 <= run["dev_acc"] <= 1 and run["checkpoint_bytes"] > 0
+            assert run["dev_acc"] * 408 == pytest.approx(round(run["dev_acc"] * 408))  # of the 408 dev pairs
+            assert run["checkpoint_bytes"] > 0
         assert row["save_share_at_default"] == pytest.approx(row["seconds_per_save"]["median"] / 1200)
     baseline, selective = report["rows"]
     assert selective["vs_first_variant"] == pytest.approx(selective["steady_seq_per_s"]["median"]
@@ -64,10 +65,21 @@ def test_squad_runs_and_a_killed_run_resumes_from_its_checkpoint(tmp_path):
                             "--num_train_epochs=1", f"--output_dir={tmp_path}"]) == 0
     report = read_json(tmp_path / "finetuning.json")
     (row,) = report["rows"]
-    assert report["runner"] == "run_squad" and 0 <= row["f1"]["median"] <= 100
+    assert report["runner"] == "run_squad" and report["model_config"]["hidden_size"] == 64
+    # exact match over the 300 built-in dev questions
+    assert row["exact"]["median"] * 3 == pytest.approx(round(row["exact"]["median"] * 3))
     resume = report["resume_after_sigkill"]
     assert resume["resumed_from"].endswith(f"ckpt-{resume['killed_after_checkpoint_step']:09d}.pt")
     assert 0 < resume["restore_seconds"] < resume["launch_to_training_seconds"]
+
+
+@pytest.mark.parametrize("task, shape", [("glue", (2, 64, 0.1)), ("squad", (2, 128, 0.0))])
+def test_each_task_trains_its_built_in_model_on_the_built_in_vocabulary(task, shape):
+    args = finetuning.build_parser().parse_args([f"--task={task}"])
+    config = finetuning.bert_config(args)
+    assert (config.num_hidden_layers, config.hidden_size, config.hidden_dropout_prob) == shape
+    assert config.vocab_size == len(synthetic.vocabulary())
+    assert config.max_position_embeddings >= finetuning.seq_length(args)
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -36,12 +36,24 @@ from bertbench.bench import cli, workload
 from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.bench.plots import line_plot
 from bertbench.checkpoint import list_checkpoints
+from bertbench.config import BertConfig
 from bertbench.durable import write_text_atomically
 from bertbench.flags import as_flags
 
-# Each task's runner, default sequence length, and the dev figures its eval_results.json holds, by key and title.
-TASKS = {"glue": (run_classifier.SPEC, 128, {"dev_acc": "dev accuracy"}),
-         "squad": (run_squad.SPEC, 48, {"f1": "dev F1", "exact": "dev exact match"})}
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A runner on its built-in data: the model it trains by default (BertConfig fields), the defaults of its
+    sequence length and epochs, and the dev figures its eval_results.json holds, by key and title."""
+
+    spec: runner.RunnerSpec
+    model: dict
+    max_seq_length: int
+    epochs: float
+    scores: dict
+
+
+TASKS = {"glue": Task(run_classifier.SPEC, synthetic.MODEL_SIZES["tiny"], 128, 1.0, {"dev_acc": "dev accuracy"}),
+         "squad": Task(run_squad.SPEC, synthetic.SQUAD_MODEL, 48, 6.0, {"f1": "dev F1", "exact": "dev exact match"})}
 DEFAULT_SAVE_SECONDS = 1200  # RunConfig's default save_checkpoints_secs, the original's
 
 
@@ -51,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--task", choices=tuple(TASKS), default="glue",
                      help="glue: run_classifier on the built-in MRPC-sized task; squad: run_squad on the built-in "
                           "SQuAD v2.0 files.")
-    run.add_argument("--model", default="tiny", help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json "
-                                                     "(its vocab_size becomes the built-in vocabulary's).")
+    run.add_argument("--model", default=None,
+                     help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json (its vocab_size becomes the "
+                          "built-in vocabulary's); default: tiny for glue, the demo's QA model (2 x 128, no dropout) "
+                          "for squad.")
     run.add_argument("--variants", type=cli.comma_list(str), default=list(workload.ALL_VARIANTS),
                      help="baseline, full, selective, every-K.")
     run.add_argument("--rounds", type=cli.positive_int, default=3, help="Runs of each variant, interleaved.")
@@ -61,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--train_batch_size", type=cli.positive_int, default=32, help="Sequences per step.")
     run.add_argument("--learning_rate", type=float, default=1e-3,
                      help="Peak learning rate (the built-in tasks train a model from scratch).")
-    run.add_argument("--num_train_epochs", type=float, default=1.0, help="Epochs of each run.")
+    run.add_argument("--num_train_epochs", type=float, default=None,
+                     help="Epochs of each run (default: 1 for glue, 6 for squad, as the demo's QA step).")
     run.add_argument("--max_train_samples", type=cli.positive_int, default=None,
                      help="Train the rounds on the first N examples only (the resume figure trains on all).")
     run.add_argument("--save_checkpoints_secs", type=float, default=2.0,
@@ -73,23 +88,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
     variants = [workload.Variant.parse(name) for name in args.variants]
-    for name, value in (("--num_train_epochs", args.num_train_epochs),
-                        ("--save_checkpoints_secs", args.save_checkpoints_secs), ("--learning_rate", args.learning_rate)):
-        if not value > 0:
+    for name, value in (("--num_train_epochs", args.num_train_epochs), ("--learning_rate", args.learning_rate),
+                        ("--save_checkpoints_secs", args.save_checkpoints_secs)):
+        if value is not None and not value > 0:
             raise workload.BenchError(f"{name} must be positive, got {value}")
     return variants
 
 
+def seq_length(args: argparse.Namespace) -> int:
+    return args.max_seq_length or TASKS[args.task].max_seq_length
+
+
+def epochs(args: argparse.Namespace) -> float:
+    return args.num_train_epochs or TASKS[args.task].epochs
+
+
+def bert_config(args: argparse.Namespace) -> BertConfig:
+    """The model of the runs: --model, or the task's built-in one; with the built-in vocabulary."""
+    task, seq = TASKS[args.task], seq_length(args)
+    if args.model is not None:
+        config = workload.bert_config(args.model, seq)
+    else:
+        config = BertConfig(**{**task.model, "max_position_embeddings": max(seq, 64),
+                               "vocab_size": len(synthetic.vocabulary())})
+    return dataclasses.replace(config, vocab_size=len(synthetic.vocabulary()))
+
+
 def write_inputs(root: str, args: argparse.Namespace) -> dict:
     """The built-in data, vocab.txt and bert_config.json under `root`; the flags a run of the task reads them by."""
-    seq = args.max_seq_length or TASKS[args.task][1]
-    config = dataclasses.replace(workload.bert_config(args.model, seq), vocab_size=len(synthetic.vocabulary()))
     config_file = os.path.join(root, "bert_config.json")
-    write_text_atomically(config_file, json.dumps(dataclasses.asdict(config), indent=2) + "\n")
-    values = {"vocab_file": synthetic.write_vocab(root), "bert_config_file": config_file, "max_seq_length": seq,
-              "train_batch_size": args.train_batch_size, "learning_rate": args.learning_rate,
-              "num_train_epochs": args.num_train_epochs, "seed": args.seed, "device": "cpu",
-              "log_step_count_steps": 1000000}
+    write_text_atomically(config_file, json.dumps(dataclasses.asdict(bert_config(args)), indent=2) + "\n")
+    values = {"vocab_file": synthetic.write_vocab(root), "bert_config_file": config_file,
+              "max_seq_length": seq_length(args), "train_batch_size": args.train_batch_size,
+              "learning_rate": args.learning_rate, "num_train_epochs": epochs(args),
+              "seed": args.seed, "device": "cpu", "log_step_count_steps": 1000000}
     if args.task == "glue":
         values.update(task_name="MRPC", data_dir=synthetic.write_glue_task(os.path.join(root, "glue"), "MRPC"),
                       do_eval=True)
@@ -129,7 +161,7 @@ def spread(values: Sequence[float]) -> dict:
 
 
 def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root: str, inputs: dict) -> list[dict]:
-    spec, _, scores = TASKS[args.task]
+    spec, scores = TASKS[args.task].spec, TASKS[args.task].scores
     runs: dict[str, list[dict]] = {variant.name: [] for variant in variants}
     for round_index in range(args.rounds):
         for variant in variants if round_index % 2 == 0 else list(reversed(variants)):
@@ -156,7 +188,7 @@ def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root:
 
 def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, root: str, inputs: dict) -> dict:
     """Kill a training process after its first checkpoint; time the same command from launch to training again."""
-    spec = TASKS[args.task][0]
+    spec = TASKS[args.task].spec
     out = os.path.join(root, "killed")
     values = {**inputs, **variant_flags(variant), "do_train": True, "output_dir": out, "save_checkpoints_steps": 10,
               "save_checkpoints_secs": 0}
@@ -186,7 +218,7 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
 
 
 def markdown(args: argparse.Namespace, rows: list[dict], resume: dict | None) -> str:
-    scores = TASKS[args.task][2]
+    scores = TASKS[args.task].scores
     table = [{"variant": row["variant"], "seq/s": row["steady_seq_per_s"]["median"],
               "range": f"{row['steady_seq_per_s']['min']:.1f}-{row['steady_seq_per_s']['max']:.1f}",
               "vs": row["vs_first_variant"], **{name: row[name]["median"] for name in scores},
@@ -200,8 +232,11 @@ def markdown(args: argparse.Namespace, rows: list[dict], resume: dict | None) ->
                  for column in ((title, name, ".3f"), ("min-max", f"{name} range", ""))],
                ("ms per save", "save ms", ".1f"), ("checkpoint MiB", "save MiB", ".1f"),
                ("save cost at 1200 s", "share", ".4%")]
-    spec = TASKS[args.task][0]
-    lines = [f"# Fine-tuning through {spec.name}: {args.model}, built-in {args.task} data", "",
+    spec = TASKS[args.task].spec
+    config = bert_config(args)
+    lines = [f"# Fine-tuning through {spec.name}: {args.model or 'built-in'} model ({config.num_hidden_layers} x "
+             f"{config.hidden_size}), built-in {args.task} data, seq {seq_length(args)}, batch "
+             f"{args.train_batch_size}, {epochs(args):g} epochs", "",
              f"{args.rounds} rounds per variant, interleaved; median and range over the rounds.", "",
              markdown_table(table, columns)]
     if resume is not None:
@@ -217,7 +252,7 @@ def plot(args: argparse.Namespace, rows: list[dict]):
     series = {row["variant"]: (list(range(1, len(row["runs"]) + 1)), [run["steady_seq_per_s"] for run in row["runs"]])
               for row in rows}
     return line_plot(series, "round", "steady sentences / s",
-                     f"{TASKS[args.task][0].name}, {args.model}, built-in {args.task} data")
+                     f"{TASKS[args.task].spec.name}, {args.model or 'built-in'} model, built-in {args.task} data")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -226,14 +261,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> None:
         variants = check_settings(args)
-        workload.bert_config(args.model, args.max_seq_length or TASKS[args.task][1])  # fails before anything runs
+        bert_config(args)  # a bad --model fails before anything runs
         output = BenchOutput(cli.output_dir(args, "finetuning"), "finetuning", argv, args.overwrite)
         with tempfile.TemporaryDirectory() as root:
             inputs = write_inputs(root, args)
             rows = rounds(args, variants, root, inputs)
             resume = None if args.no_resume else resume_after_sigkill(args, variants[0], root, inputs)
         text = markdown(args, rows, resume)
-        output.write(vars(args), {"task": args.task, "runner": TASKS[args.task][0].name, "rows": rows,
+        output.write(vars(args), {"task": args.task, "runner": TASKS[args.task].spec.name,
+                                  "model_config": dataclasses.asdict(bert_config(args)), "rows": rows,
                                   "resume_after_sigkill": resume}, text, {"seq-per-s": plot(args, rows)})
         print(text)
         print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")

@@ -43,10 +43,6 @@ from bertbench.tokenization import BertTokenizer
 
 # (modeling, recompute policy) pairs the demo trains, in table order.
 VARIANTS = (("baseline", None), ("recompute", "full"), ("recompute", "every-k"), ("recompute", "selective"))
-# The QA step's model: matching a question's words to the paragraph's needs attention heads of 32 dimensions, and
-# a from-scratch model on synthetic data learns faster without dropout (nothing here overfits).
-QA_MODEL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512,
-            "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 @dataclass
@@ -192,7 +188,7 @@ def question_answering(settings: DemoConfig, directory: str, model_flags: Mappin
     train_file, dev_file = data.write_squad(os.path.join(directory, "data"), "2.0", seed=settings.seed)
     config_file = os.path.join(directory, "bert_config.json")
     write_text_atomically(config_file, json.dumps(
-        dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **QA_MODEL)), indent=2) + "\n")
+        dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **data.SQUAD_MODEL)), indent=2) + "\n")
     values = {"do_train": True, "do_predict": True, "train_file": train_file, "predict_file": dev_file,
               "vocab_file": data.write_vocab(directory), "bert_config_file": config_file,
               "version_2_with_negative": True, "max_seq_length": 48, "doc_stride": 16, "max_query_length": 16,
@@ -202,7 +198,7 @@ def question_answering(settings: DemoConfig, directory: str, model_flags: Mappin
     command = run_quietly(run_squad.SPEC, values)
     scores, training = (read_json(os.path.join(directory, "run", name))
                         for name in ("eval_results.json", "train_results.json"))
-    return {"command": "bertbench squad " + command, "model_config": QA_MODEL,
+    return {"command": "bertbench squad " + command, "model_config": data.SQUAD_MODEL,
             "train_questions": len(read_examples(train_file, training=True, version_2=True)),
             "dev_questions": scores["questions"], "windows": scores["windows"], "exact": scores["exact"],
             "f1": scores["f1"], "has_answer_exact": scores["HasAns_exact"], "no_answer_exact": scores["NoAns_exact"],
