@@ -13,6 +13,9 @@ class ConfigError(ValueError):
     """A configuration file or value a user supplied is unusable; the message names the file and key."""
 
 
+# The label value a loss skips (padding of masked-LM labels): the models' convention, which the data readers
+# follow; here, so that a reader need not import the model code (and torch) for it.
+IGNORE_INDEX = -100
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 
 # Keys HF writes into config.json that do not change the encoder maths bertbench implements (or that it checks

@@ -1,26 +1,35 @@
 """The device's clock and memory: synchronisation, and peak/current memory readers for CUDA and the CPU process.
 
 Core code (the training loop's logs, create_pretraining_data's statistics) and the benches read memory through these,
-so a figure means the same wherever it is printed.
+so a figure means the same wherever it is printed. torch is imported only on a CUDA device's paths: the CPU's
+readers serve create_pretraining_data's workers, which have no other use for it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import resource
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+
+def is_cuda(device: torch.device | str) -> bool:
+    """Whether `device` (a torch.device or its name) is a CUDA device, without importing torch."""
+    return str(device).startswith("cuda")
 
 
 def synchronize(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
+    if is_cuda(device):
+        import torch
         torch.cuda.synchronize(device)
 
 def reset_peak_memory(device: torch.device | str) -> None:
     """Start a new peak: the CUDA allocator's on a GPU; the process's resident-set high-water mark on Linux (by
     writing 5 to /proc/self/clear_refs), so that each setting of a sweep gets its own peak."""
-    device = torch.device(device)
-    if device.type == "cuda":
+    if is_cuda(device):
+        import torch
         torch.cuda.reset_peak_memory_stats(device)
         return
     release_free_heap()
@@ -40,8 +49,8 @@ def release_free_heap() -> None:
 
 def current_memory_bytes(device: torch.device | str) -> int:
     """Bytes held now: CUDA memory allocated by tensors on a GPU, resident set size of the process on the CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
+    if is_cuda(device):
+        import torch
         return torch.cuda.memory_allocated(device)
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * resource.getpagesize()
@@ -49,8 +58,8 @@ def current_memory_bytes(device: torch.device | str) -> int:
 def peak_memory_bytes(device: torch.device | str) -> int | None:
     """Peak bytes since reset_peak_memory: CUDA memory allocated by tensors on a GPU, resident set size of the
     process on the CPU (VmHWM on Linux; ru_maxrss elsewhere)."""
-    device = torch.device(device)
-    if device.type == "cuda":
+    if is_cuda(device):
+        import torch
         return torch.cuda.max_memory_allocated(device)
     peak = proc_kilobytes("/proc/self/status", "VmHWM")
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

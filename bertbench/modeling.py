@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertbench.config import BertConfig
+from bertbench.config import IGNORE_INDEX, BertConfig
 
 _ACTIVATIONS = {
     "gelu": nn.GELU,
@@ -26,8 +26,6 @@ _ACTIVATIONS = {
     "swish": nn.SiLU,
     "tanh": nn.Tanh,
 }
-
-IGNORE_INDEX = -100  # label value that a loss skips (padding of masked-LM labels)
 
 
 class BertEmbeddings(nn.Module):

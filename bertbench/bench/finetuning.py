@@ -40,6 +40,7 @@ from bertbench.config import BertConfig
 from bertbench.durable import write_text_atomically
 from bertbench.flags import as_flags
 
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """A runner on its built-in data: the model it trains by default (BertConfig fields), the defaults of its
@@ -83,11 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Timed saves of every run, short so that each run saves several times.")
     run.add_argument("--no_resume", action="store_true", help="Skip the resume-after-SIGKILL figure.")
     run.add_argument("--seed", type=int, default=12345, help="Seed of every run (the same weights at the start).")
+    run.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
     return parser
 
 
 def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
     variants = [workload.Variant.parse(name) for name in args.variants]
+    cli.device(args.device)  # an unusable --device fails here, not in the first run
     for name, value in (("--num_train_epochs", args.num_train_epochs), ("--learning_rate", args.learning_rate),
                         ("--save_checkpoints_secs", args.save_checkpoints_secs)):
         if value is not None and not value > 0:
@@ -105,13 +108,10 @@ def epochs(args: argparse.Namespace) -> float:
 
 def bert_config(args: argparse.Namespace) -> BertConfig:
     """The model of the runs: --model, or the task's built-in one; with the built-in vocabulary."""
-    task, seq = TASKS[args.task], seq_length(args)
+    seq, vocab_size = seq_length(args), len(synthetic.vocabulary())
     if args.model is not None:
-        config = workload.bert_config(args.model, seq)
-    else:
-        config = BertConfig(**{**task.model, "max_position_embeddings": max(seq, 64),
-                               "vocab_size": len(synthetic.vocabulary())})
-    return dataclasses.replace(config, vocab_size=len(synthetic.vocabulary()))
+        return dataclasses.replace(workload.bert_config(args.model, seq), vocab_size=vocab_size)
+    return BertConfig(**{**TASKS[args.task].model, "max_position_embeddings": max(seq, 64), "vocab_size": vocab_size})
 
 
 def write_inputs(root: str, args: argparse.Namespace) -> dict:
@@ -121,7 +121,7 @@ def write_inputs(root: str, args: argparse.Namespace) -> dict:
     values = {"vocab_file": synthetic.write_vocab(root), "bert_config_file": config_file,
               "max_seq_length": seq_length(args), "train_batch_size": args.train_batch_size,
               "learning_rate": args.learning_rate, "num_train_epochs": epochs(args),
-              "seed": args.seed, "device": "cpu", "log_step_count_steps": 1000000}
+              "seed": args.seed, "device": args.device, "log_step_count_steps": 1000000}
     if args.task == "glue":
         values.update(task_name="MRPC", data_dir=synthetic.write_glue_task(os.path.join(root, "glue"), "MRPC"),
                       do_eval=True)

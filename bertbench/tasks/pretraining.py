@@ -18,11 +18,14 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from bertbench.modeling import IGNORE_INDEX
+from bertbench.config import IGNORE_INDEX
+
+if TYPE_CHECKING:  # torch is imported where batches are made: create_pretraining_data's workers need none of it
+    import torch
 
 # The datasets of a shard, and the dtypes NVIDIA's writer gives them (gzip-compressed).
 SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -226,6 +229,8 @@ def model_batch(arrays: Mapping[str, np.ndarray], index: np.ndarray | slice, wid
     positions = arrays["masked_lm_positions"][index]
     real = _real_predictions(positions)
     labels = np.where(real, arrays["masked_lm_ids"][index], IGNORE_INDEX)
+    import torch
+
     return {"input_ids": torch.from_numpy(np.ascontiguousarray(arrays["input_ids"][index, :width])),
             "token_type_ids": torch.from_numpy(np.ascontiguousarray(arrays["segment_ids"][index, :width])),
             "attention_mask": torch.from_numpy(np.ascontiguousarray(arrays["input_mask"][index, :width])),
@@ -397,6 +402,8 @@ def read_eval_set(files: Sequence[str], limits: ShardLimits, max_examples: int |
         count = len(arrays["input_ids"]) if remaining is None else min(remaining, len(arrays["input_ids"]))
         parts.append(model_batch(arrays, slice(0, count)))
         remaining = None if remaining is None else remaining - count
+    import torch
+
     width = max(part["input_ids"].shape[1] for part in parts)
     widened = [{name: (torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]))
                        if name in ("input_ids", "token_type_ids", "attention_mask") else tensor)
