@@ -20,7 +20,7 @@ COMMANDS = {
     "evaluate-squad": ("bertbench.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
     "launch": ("bertbench.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
     "bench": ("bertbench.bench.cli", "benchmarks: throughput, memory, scaling, budget, profile, plan, "
-                                     "pretraining-data (JSON, markdown, PNG)"),
+                                     "finetuning, squad-data, pretraining-data (JSON, markdown, PNG)"),
     "report": ("bertbench.bench.report", "merge bench results of several runs into one comparison"),
     "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
 }

@@ -3,11 +3,10 @@
 import json
 import os
 import shlex
-import subprocess
-import sys
 
 import pytest
 
+from bertbench import cli as bertbench_cli
 from bertbench import synthetic as data
 from bertbench.demo.run import DemoConfig, main, run
 
@@ -109,9 +108,7 @@ def test_qa_step_runs_run_squad_and_reports_official_scores(tmp_path, capsys):
     run_dir = tmp_path / "squad" / "run"
     assert {"predictions.json", "null_odds.json", "eval_results.json"} <= set(p.name for p in run_dir.iterdir())
     # the printed command is the real one: run it again (predict only) from the kept run directory
-    again = subprocess.run([sys.executable, "-m", "bertbench", *shlex.split(qa["command"])[1:], "--nodo_train"],
-                           capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr
+    assert bertbench_cli.main([*shlex.split(qa["command"])[1:], "--nodo_train"]) == 0
     assert json.loads((run_dir / "eval_results.json").read_text())["exact"] == qa["exact"]
 
 

@@ -267,14 +267,14 @@ def worker_with_rank(rank: int, marker: str) -> int:
     raise AssertionError(f"no worker with RANK={rank} running {marker}")
 
 
-LONG_RUN_STEPS = 320
+LONG_RUN_STEPS = 160
 
 
 def long_run(data, out):
-    # 320 steps with a checkpoint every 40: a few seconds, long enough to be hit three times in the middle.
+    # 160 steps with a checkpoint every 20: a few seconds, long enough to be hit three times in the middle.
     return launch_command(2, "-m", "bertbench.run_classifier",
-                          *flags(data, out, "--train_batch_size=8", "--num_train_epochs=20",
-                                 "--save_checkpoints_steps=40", "--log_step_count_steps=20"),
+                          *flags(data, out, "--train_batch_size=8", "--num_train_epochs=10",
+                                 "--save_checkpoints_steps=20", "--log_step_count_steps=20"),
                           restarts=2)
 
 

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--num_train_epochs", type=float, default=None,
                      help="Epochs of each run (default: 1 for glue, 6 for squad, as the demo's QA step).")
     run.add_argument("--max_train_samples", type=cli.positive_int, default=None,
-                     help="Train the rounds on the first N examples only (the resume figure trains on all).")
+                     help="Train on the first N examples only.")
     run.add_argument("--save_checkpoints_secs", type=float, default=2.0,
                      help="Timed saves of every run, short so that each run saves several times.")
     run.add_argument("--no_resume", action="store_true", help="Skip the resume-after-SIGKILL figure.")
@@ -121,7 +121,8 @@ def write_inputs(root: str, args: argparse.Namespace) -> dict:
     values = {"vocab_file": synthetic.write_vocab(root), "bert_config_file": config_file,
               "max_seq_length": seq_length(args), "train_batch_size": args.train_batch_size,
               "learning_rate": args.learning_rate, "num_train_epochs": epochs(args),
-              "seed": args.seed, "device": args.device, "log_step_count_steps": 1000000}
+              "seed": args.seed, "device": args.device, "log_step_count_steps": 1000000,
+              "max_train_samples": args.max_train_samples}
     if args.task == "glue":
         values.update(task_name="MRPC", data_dir=synthetic.write_glue_task(os.path.join(root, "glue"), "MRPC"),
                       do_eval=True)
@@ -167,7 +168,7 @@ def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root:
         for variant in variants if round_index % 2 == 0 else list(reversed(variants)):
             out = os.path.join(root, "runs", f"{variant.name}-{round_index}")
             values = {**inputs, **variant_flags(variant), "do_train": True, "output_dir": out,
-                      "save_checkpoints_secs": args.save_checkpoints_secs, "max_train_samples": args.max_train_samples}
+                      "save_checkpoints_secs": args.save_checkpoints_secs}
             run = train_once(spec, values, scores)
             runs[variant.name].append(run)
             print(f"  round {round_index + 1} {variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
@@ -201,7 +202,8 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
         time.sleep(0.01)
     process.kill()
     if process.wait() == 0 or os.path.exists(os.path.join(out, "train_results.json")):
-        raise workload.BenchRunFailed("the run to kill finished first: give it more steps (--num_train_epochs)")
+        raise workload.BenchRunFailed("the run to kill finished first: give it more steps (--num_train_epochs, "
+                                      "--max_train_samples)")
     killed_at = list_checkpoints(out)[-1][0]
     started = time.perf_counter()
     resumed = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
