@@ -25,11 +25,11 @@ BENCHES = {
                                            "and efficiency"),
     "budget": ("bertbench.bench.budget", "train for a fixed wall-clock budget, then evaluate: baseline on 1 worker "
                                          "vs recompute on N"),
-    "profile": ("bertbench.bench.profile", "torch.profiler trace of a few steps and the time in matmul / attention "
-                                           "/ other"),
     "finetuning": ("bertbench.bench.finetuning", "run_classifier or run_squad as users run them, on built-in data: "
                                                  "steady seq/s and dev score per variant, checkpoint cost, resume "
                                                  "after SIGKILL"),
+    "profile": ("bertbench.bench.profile", "torch.profiler trace of a few steps and the time in matmul / attention "
+                                           "/ other"),
     "plan": ("bertbench.bench.plan", "predict throughput, efficiency and time-to-train on a cluster from a "
                                      "measured step and the ring all-reduce cost"),
     "squad-data": ("bertbench.bench.squad_data", "run_squad's feature creation (windows/s) and answer "
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_usage())
         return 0
     if argv[0] not in BENCHES:
-        print(f"bertbench bench: error: unknown bench {argv[0]!r}\n{_usage()}", file=sys.stderr)
+        print(f"bertbench bench: error: unknown bench {argv[0]!r}: use {', '.join(BENCHES)}", file=sys.stderr)
         return 2
     return importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:])
 
