@@ -51,6 +51,7 @@ def test_json_markdown_and_plots_are_written(swept):
     assert report["versions"]["torch"] == torch.__version__ and report["command"].startswith("bertbench bench thr")
     markdown = (out / "throughput.md").read_text()
     assert "| pretraining | 32 | fp32 | every-2 | 4 |" in markdown
+    assert "Warning: MFU" not in markdown  # a tiny model is far below the peak
     for name in ("pretraining-seq32-fp32", "finetuning-seq32-fp32-memory"):
         assert (out / f"throughput-{name}.png").read_bytes().startswith(PNG_SIGNATURE)
 
@@ -129,6 +130,18 @@ def test_the_hf_contender_holds_the_baselines_weights_and_trains_by_the_same_ste
     for name, tensor in steps["hf"].model.hf.state_dict().items():
         if name in after:
             torch.testing.assert_close(tensor, after[name], rtol=1e-4, atol=1e-5)
+
+
+def test_an_mfu_above_100_percent_is_flagged_as_a_peak_measured_under_load(tmp_path, monkeypatch):
+    # the matmul peak "measured" at 1 GFLOP/s: every step then achieves more than the peak
+    monkeypatch.setattr(throughput, "device_peaks", lambda precisions, device: {
+        precision: (1e9, "measured fp32 matmul on cpu") for precision in precisions})
+    assert throughput.main(TINY + ["--kinds", "finetuning", "--variants", "baseline", "--batch_sizes", "2",
+                                   "--no_memory", "--output_dir", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "throughput.json").read_text())["rows"][0]
+    assert row["mfu"] > 1
+    assert f"**Warning: MFU above 100% in 1 row(s)** (up to {row['mfu']:.0%})" in \
+        (tmp_path / "throughput.md").read_text()
 
 
 def test_the_bench_step_has_the_training_defaults():

@@ -313,6 +313,9 @@ def test_classification_metrics_by_hand():
             {"acc": accuracy, "f1": f1, "acc_and_f1": (accuracy + f1) / 2})
     for task in ("sst-2", "mnli", "qnli", "rte", "wnli"):
         assert compute_metrics(task, PREDICTIONS, LABELS) == {"acc": pytest.approx(accuracy)}
+    # no positive label or prediction: F1 is 0, as sklearn's zero_division=0 gives
+    assert compute_metrics("mrpc", [0, 0], [0, 0]) == {"acc": 1.0, "f1": 0.0, "acc_and_f1": 0.5}
+    assert compute_metrics("mrpc", [1, 0], [0, 0])["f1"] == 0.0
 
 
 def test_metrics_take_logits_and_tensors():

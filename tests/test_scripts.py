@@ -163,7 +163,7 @@ def test_nodes_that_do_not_describe_a_job_are_refused(variables, message):
 
 def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
     env = dict(env, NNODES="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               RDZV_TIMEOUT="2")
+               RDZV_TIMEOUT="1")
     done = run_glue(env, *POSITIONAL)
     assert done.returncode == 1
     assert done.stdout.strip().splitlines()[-1].startswith(

@@ -257,6 +257,12 @@ def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, co
     lines += ["", markdown_table(done, COLUMNS), "",
               "step memory: what one step adds, at its peak, to the memory resident before it (CUDA allocator on a "
               "GPU, process RSS on the CPU): activations, gradients, temporaries."]
+    impossible = [row for row in done if row["mfu"] > 1]
+    if impossible:
+        lines += ["", f"**Warning: MFU above 100% in {len(impossible)} row(s)** (up to "
+                      f"{max(row['mfu'] for row in impossible):.0%}): the peak was measured at the start while the "
+                      "machine was busier than during the steps (another job, frequency scaling), so MFU here is "
+                      "not a share of what the device can do. Run again on an idle machine."]
     if compared:
         lines += ["", "## The bench's step and the trainer's loop", "",
                   "Seq/s of the bench's step and the Estimator's steady seq/s on the same setting, in alternating "
