@@ -122,6 +122,20 @@ def test_run_squad_bad_arguments(env, index, value, message):
     assert done.returncode == 2 and f"run_squad.sh: error: {message}, got '{value}'" in done.stderr
 
 
+@pytest.mark.slow
+def test_run_squad_with_two_processes_goes_through_torchrun(env, tmp_path):
+    write_squad(tmp_path / "squad", "1.1", train=20, dev=10)
+    arguments = SQUAD_POSITIONAL.copy()
+    arguments[4], arguments[8] = "2", "1.1"
+    done = run_squad(dict(env, SQUAD_DIR=str(tmp_path / "squad")), *arguments, "--max_query_length=16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / "results" / "squad1.1_base_fp32_bs8_lr1e-3_seq64_stride16_gpu2"
+    train = json.loads((run_dir / "train_results.json").read_text())
+    assert train["world_size"] == 2 and train["sentences"] == 16 * train["global_step"]
+    assert done.stdout.count("***** Eval results") == 1  # rank 0 alone reports
+    assert len(json.loads((run_dir / "predictions.json").read_text())) == 30
+
+
 def resolve_nodes(**variables):
     """NNODES NODE_RANK MASTER_ADDR MASTER_PORT as common.sh's resolve_nodes sets them, or its error (status 2)."""
     env = {name: value for name, value in os.environ.items()
