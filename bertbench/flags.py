@@ -119,9 +119,8 @@ class FlagParser(ArgumentParser):
             if value is None:
                 continue
             kind = bool if action.type is parse_bool else action.type if action.type in (int, float) else str
-            fits = isinstance(value, kind) and (kind is bool or not isinstance(value, bool)) \
-                or kind is float and isinstance(value, int) and not isinstance(value, bool)
-            if not fits:
+            accepted = (int, float) if kind is float else kind  # a float flag takes an int, as its text would
+            if not isinstance(value, accepted) or isinstance(value, bool) and kind is not bool:
                 raise UsageError(f"--{name}: expected {kind.__name__}, got {value!r}")
             if action.choices is not None and value not in action.choices:
                 raise UsageError(f"--{name}: {value!r} is not one of {', '.join(map(str, action.choices))}")

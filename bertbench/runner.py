@@ -340,6 +340,12 @@ class WorkerScore:
     score: Callable[[Estimator], float]
 
 
+def read_json(path: str) -> Any:
+    """A JSON file a run wrote (train_results.json, eval_results.json, ...)."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
 def write_json(path: str, data: Mapping[str, Any]) -> None:
     write_text_atomically(path, json.dumps(data, indent=2) + "\n")
 
@@ -390,10 +396,8 @@ def report_eval(output_dir: str, title: str, results: Mapping[str, Any], header:
 
 
 def run_main(spec: RunnerSpec, argv: Sequence[str] | None, prog: str | None = None) -> int:
-    """A runner's main: parse the command (see parse_command) and run it, under bertbench.errors' exit-code policy
-    (input errors: INPUT_ERRORS and the runner's own)."""
-    return run_command(prog or spec.name, lambda: spec.execute(*parse_command(spec, argv, prog)),
-                       input_errors=INPUT_ERRORS + spec.input_errors, runtime_errors=RUNTIME_FAILURES)
+    """A runner's main: parse the command (see parse_command) and run it."""
+    return _run(spec, prog or spec.name, lambda: parse_command(spec, argv, prog))
 
 
 def run_values(spec: RunnerSpec, values: Mapping[str, Any], output: TextIO | None = None) -> int:
@@ -404,8 +408,14 @@ def run_values(spec: RunnerSpec, values: Mapping[str, Any], output: TextIO | Non
         if output is not None:
             stack.enter_context(contextlib.redirect_stdout(output))
             stack.enter_context(contextlib.redirect_stderr(output))
-        return run_command(spec.name, lambda: spec.execute(*command_from_values(spec, values)),
-                           input_errors=INPUT_ERRORS + spec.input_errors, runtime_errors=RUNTIME_FAILURES)
+        return _run(spec, spec.name, lambda: command_from_values(spec, values))
+
+
+def _run(spec: RunnerSpec, program: str, command: Callable[[], tuple[Command, RunRecord | None]]) -> int:
+    """Make the command and run it under bertbench.errors' exit-code policy (input errors: INPUT_ERRORS and the
+    runner's own)."""
+    return run_command(program, lambda: spec.execute(*command()), input_errors=INPUT_ERRORS + spec.input_errors,
+                       runtime_errors=RUNTIME_FAILURES)
 
 
 # ---- the fine-tuning runners' one skeleton --------------------------------------------------------------------------

@@ -26,9 +26,18 @@ def test_given_files_are_timed_by_run_squads_own_code(tmp_path):
         ("train features", windows["train"]), ("dev features", windows["dev"]),
         ("dev answers from logits (n-best 20)", 60)]
     for row in rows:
-        assert row["seconds_min"] <= row["seconds"] <= row["seconds_max"]
         assert row["per_s"] == pytest.approx(row["count"] / row["seconds"])
     assert rows[1]["questions"] == 60 and windows["train"] > 120  # windows: every question's context, in strides
+
+
+def test_each_figure_is_the_median_of_its_repeats_with_their_range(monkeypatch):
+    clock = iter([0.0, 1.0, 10.0, 14.0, 20.0, 22.0])  # a fake clock: three calls of 1, 4 and 2 seconds
+    monkeypatch.setattr(squad_data.time, "perf_counter", lambda: next(clock))
+    result, seconds = squad_data.timed(lambda: "done", repeats=3)
+    assert (result, seconds) == ("done", [1.0, 4.0, 2.0])
+    row = squad_data.speed_row("train features", 100, "windows", seconds)
+    assert (row["seconds"], row["seconds_min"], row["seconds_max"]) == (2.0, 1.0, 4.0)
+    assert (row["per_s"], row["per_s_min"], row["per_s_max"]) == (50.0, 25.0, 100.0)
 
 
 def test_the_assembled_corpus_has_squads_shape_at_scale(tmp_path):

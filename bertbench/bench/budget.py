@@ -38,7 +38,7 @@ from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
-from bertbench.runner import LR_SCALINGS
+from bertbench import runner
 from bertbench.tasks.glue import get_processor
 
 USER_DATA = ("task_name", "data_dir", "vocab_file", "bert_config_file")
@@ -75,10 +75,7 @@ class Contender:
         return f"{self.variant.name}-{self.processes}proc" + ("-independent" if self.independent else "")
 
     def flags(self) -> list[str]:
-        variant = self.variant
-        flags = [f"--modeling={variant.modeling}"]
-        if variant.modeling == "recompute":
-            flags += [f"--recompute-policy={variant.policy}", f"--recompute-every={variant.every_k}"]
+        flags = [f"--{name.replace('_', '-')}={value}" for name, value in self.variant.runner_values().items()]
         return flags + (["--no_sync_gradients"] if self.independent else [])
 
     def command(self, classifier_flags: Sequence[str]) -> list[str]:
@@ -108,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"Peak learning rate; None: {BUILT_IN_LEARNING_RATE:g} on the built-in data, "
                                f"{FINE_TUNING_LEARNING_RATE:g} on your own.")
     training.add_argument("--warmup_proportion", type=float, default=0.0, help="Share of --max_epochs in warm-up.")
-    training.add_argument("--lr_scaling", choices=LR_SCALINGS, default="none",
+    training.add_argument("--lr_scaling", choices=runner.LR_SCALINGS, default="none",
                           help="Learning rate times the processes: none, linear or sqrt.")
     training.add_argument("--max_seq_length", type=cli.positive_int, default=128, help="Tokens per sequence.")
     training.add_argument("--log_step_count_steps", type=cli.positive_int, default=20,
@@ -198,11 +195,6 @@ def last_error_line(text: str) -> str:
     return (errors or lines or ["(no output)"])[-1]
 
 
-def read_json(path: str) -> dict:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
 def run_contender(contender: Contender, flags: Sequence[str], run_dir: str, threads: int) -> float:
     """Run one contender to the end (training, then evaluation), its output in run_dir/output.log; wall seconds."""
     os.makedirs(run_dir)
@@ -221,8 +213,8 @@ def run_contender(contender: Contender, flags: Sequence[str], run_dir: str, thre
 
 def contender_row(contender: Contender, run_dir: str, dev_set: str, metric: str, budget_seconds: float,
                   threads: int, wall_seconds: float) -> dict:
-    train = read_json(os.path.join(run_dir, "train_results.json"))
-    scores = read_json(os.path.join(run_dir, "eval_results.json"))
+    train = runner.read_json(os.path.join(run_dir, "train_results.json"))
+    scores = runner.read_json(os.path.join(run_dir, "eval_results.json"))
     steady = train["steady_sentences_per_second"]
     return {"contender": contender.label, "variant": contender.variant.name, "processes": contender.processes,
             "independent": contender.independent, "threads_per_process": threads, "world_size": train["world_size"],

@@ -39,6 +39,7 @@ from bertbench.checkpoint import list_checkpoints
 from bertbench.config import BertConfig
 from bertbench.durable import write_text_atomically
 from bertbench.flags import as_flags
+from bertbench.training_config import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Task:
 
 TASKS = {"glue": Task(run_classifier.SPEC, synthetic.MODEL_SIZES["tiny"], 128, 1.0, {"dev_acc": "dev accuracy"}),
          "squad": Task(run_squad.SPEC, synthetic.SQUAD_MODEL, 48, 6.0, {"f1": "dev F1", "exact": "dev exact match"})}
-DEFAULT_SAVE_SECONDS = 1200  # RunConfig's default save_checkpoints_secs, the original's
+DEFAULT_SAVE_SECONDS = RunConfig("").save_checkpoints_secs  # the original's 1200 s
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,10 +115,11 @@ def bert_config(args: argparse.Namespace) -> BertConfig:
     return BertConfig(**{**TASKS[args.task].model, "max_position_embeddings": max(seq, 64), "vocab_size": vocab_size})
 
 
-def write_inputs(root: str, args: argparse.Namespace) -> dict:
-    """The built-in data, vocab.txt and bert_config.json under `root`; the flags a run of the task reads them by."""
+def write_inputs(root: str, args: argparse.Namespace, config: BertConfig) -> dict:
+    """The built-in data, vocab.txt and `config` as bert_config.json under `root`; the flags a run of the task reads
+    them by."""
     config_file = os.path.join(root, "bert_config.json")
-    write_text_atomically(config_file, json.dumps(dataclasses.asdict(bert_config(args)), indent=2) + "\n")
+    write_text_atomically(config_file, json.dumps(dataclasses.asdict(config), indent=2) + "\n")
     values = {"vocab_file": synthetic.write_vocab(root), "bert_config_file": config_file,
               "max_seq_length": seq_length(args), "train_batch_size": args.train_batch_size,
               "learning_rate": args.learning_rate, "num_train_epochs": epochs(args),
@@ -133,15 +135,6 @@ def write_inputs(root: str, args: argparse.Namespace) -> dict:
     return values
 
 
-def variant_flags(variant: workload.Variant) -> dict:
-    return {"modeling": variant.modeling, "recompute_policy": variant.policy, "recompute_every": variant.every_k}
-
-
-def read_json(path: str) -> dict:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
 def train_once(spec: runner.RunnerSpec, values: dict, scores: Sequence[str]) -> dict:
     """One run in this process through runner.run_values; its figures from train_results.json and
     eval_results.json."""
@@ -149,7 +142,7 @@ def train_once(spec: runner.RunnerSpec, values: dict, scores: Sequence[str]) -> 
     if runner.run_values(spec, values, log) != 0:
         raise workload.BenchRunFailed(f"{spec.name} failed:\n{log.getvalue()}")
     out = values["output_dir"]
-    train, evaluated = read_json(f"{out}/train_results.json"), read_json(f"{out}/eval_results.json")
+    train, evaluated = runner.read_json(f"{out}/train_results.json"), runner.read_json(f"{out}/eval_results.json")
     checkpoint = list_checkpoints(out)[-1][1]
     return {"steady_seq_per_s": train["steady_sentences_per_second"], "steps": train["global_step"],
             "seconds": train["seconds"], "saves": train["checkpoint_saves"],
@@ -167,7 +160,7 @@ def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root:
     for round_index in range(args.rounds):
         for variant in variants if round_index % 2 == 0 else list(reversed(variants)):
             out = os.path.join(root, "runs", f"{variant.name}-{round_index}")
-            values = {**inputs, **variant_flags(variant), "do_train": True, "output_dir": out,
+            values = {**inputs, **variant.runner_values(), "do_train": True, "output_dir": out,
                       "save_checkpoints_secs": args.save_checkpoints_secs}
             run = train_once(spec, values, scores)
             runs[variant.name].append(run)
@@ -191,7 +184,7 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
     """Kill a training process after its first checkpoint; time the same command from launch to training again."""
     spec = TASKS[args.task].spec
     out = os.path.join(root, "killed")
-    values = {**inputs, **variant_flags(variant), "do_train": True, "output_dir": out, "save_checkpoints_steps": 10,
+    values = {**inputs, **variant.runner_values(), "do_train": True, "output_dir": out, "save_checkpoints_steps": 10,
               "save_checkpoints_secs": 0}
     command = [sys.executable, "-m", f"bertbench.{spec.name}", *as_flags(values)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -214,12 +207,12 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
             to_training = time.perf_counter() - started
     if resumed.wait() != 0 or to_training is None:
         raise workload.BenchRunFailed(f"the resumed {spec.name} failed:\n{''.join(lines[-20:])}")
-    train = read_json(f"{out}/train_results.json")
+    train = runner.read_json(f"{out}/train_results.json")
     return {"variant": variant.name, "killed_after_checkpoint_step": killed_at, "resumed_from": train["resumed_from"],
             "restore_seconds": train["restore_seconds"], "launch_to_training_seconds": to_training}
 
 
-def markdown(args: argparse.Namespace, rows: list[dict], resume: dict | None) -> str:
+def markdown(args: argparse.Namespace, config: BertConfig, rows: list[dict], resume: dict | None) -> str:
     scores = TASKS[args.task].scores
     table = [{"variant": row["variant"], "seq/s": row["steady_seq_per_s"]["median"],
               "range": f"{row['steady_seq_per_s']['min']:.1f}-{row['steady_seq_per_s']['max']:.1f}",
@@ -233,9 +226,8 @@ def markdown(args: argparse.Namespace, rows: list[dict], resume: dict | None) ->
                *[column for name, title in scores.items()
                  for column in ((title, name, ".3f"), ("min-max", f"{name} range", ""))],
                ("ms per save", "save ms", ".1f"), ("checkpoint MiB", "save MiB", ".1f"),
-               ("save cost at 1200 s", "share", ".4%")]
+               (f"save cost at {DEFAULT_SAVE_SECONDS:g} s", "share", ".4%")]
     spec = TASKS[args.task].spec
-    config = bert_config(args)
     lines = [f"# Fine-tuning through {spec.name}: {args.model or 'built-in'} model ({config.num_hidden_layers} x "
              f"{config.hidden_size}), built-in {args.task} data, seq {seq_length(args)}, batch "
              f"{args.train_batch_size}, {epochs(args):g} epochs", "",
@@ -263,15 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> None:
         variants = check_settings(args)
-        bert_config(args)  # a bad --model fails before anything runs
+        config = bert_config(args)  # a bad --model fails before anything runs
         output = BenchOutput(cli.output_dir(args, "finetuning"), "finetuning", argv, args.overwrite)
         with tempfile.TemporaryDirectory() as root:
-            inputs = write_inputs(root, args)
+            inputs = write_inputs(root, args, config)
             rows = rounds(args, variants, root, inputs)
             resume = None if args.no_resume else resume_after_sigkill(args, variants[0], root, inputs)
-        text = markdown(args, rows, resume)
+        text = markdown(args, config, rows, resume)
         output.write(vars(args), {"task": args.task, "runner": TASKS[args.task].spec.name,
-                                  "model_config": dataclasses.asdict(bert_config(args)), "rows": rows,
+                                  "model_config": dataclasses.asdict(config), "rows": rows,
                                   "resume_after_sigkill": resume}, text, {"seq-per-s": plot(args, rows)})
         print(text)
         print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")

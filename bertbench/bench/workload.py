@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bertbench.config import BertConfig, ConfigError
+from bertbench.config import IGNORE_INDEX, BertConfig, ConfigError
 from bertbench.synthetic import MODEL_SIZES, synthetic_batch
 from bertbench.distributed import Distributed
 from bertbench.models import build_model
@@ -60,6 +60,12 @@ class Variant:
             return cls(text, "recompute", "every-k", int(text[len("every-"):]))
         raise BenchError(f"unknown variant {text!r}: use baseline, full, selective or every-K (K >= 1)"
                          + (" or hf" if hf else ""))
+
+    def runner_values(self) -> dict:
+        """The runners' flags that pick this variant, as values by flag name (see runner.run_values)."""
+        if self.modeling != "recompute":
+            return {"modeling": self.modeling}
+        return {"modeling": "recompute", "recompute_policy": self.policy, "recompute_every": self.every_k}
 
 
 ALL_VARIANTS = ("baseline", "full", "selective", "every-2")
@@ -118,12 +124,13 @@ class HFContender(nn.Module):
 
     def forward(self, input_ids, token_type_ids, attention_mask, labels=None, masked_lm_positions=None,
                 masked_lm_labels=None, next_sentence_labels=None):
-        if masked_lm_positions is None:
-            return self.hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                           labels=labels)
-        mlm_labels = torch.full_like(input_ids, -100).scatter(1, masked_lm_positions, masked_lm_labels)
+        if masked_lm_positions is not None:
+            labels = torch.full_like(input_ids, IGNORE_INDEX).scatter(1, masked_lm_positions, masked_lm_labels)
+            extra = {"next_sentence_label": next_sentence_labels}
+        else:
+            extra = {}
         return self.hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                       labels=mlm_labels, next_sentence_label=next_sentence_labels)
+                       labels=labels, **extra)
 
 
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], precision: str,

@@ -20,9 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -174,16 +172,10 @@ def run_quietly(spec: runner.RunnerSpec, values: dict) -> str:
     return shlex.join(as_flags(values))
 
 
-def read_json(path: str) -> dict:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def question_answering(settings: DemoConfig, directory: str, model_flags: Mapping[str, Any] | None = None) -> dict:
+def question_answering(settings: DemoConfig, directory: str) -> dict:
     """Fine-tune a tiny BERT on the built-in SQuAD v2.0 files with run_squad, as a user would, in `directory`;
-    return the official scores and the training throughput. `model_flags` picks the modeling module
-    ({"modeling": "recompute"}). The run directory is rebuilt on every call, so a demo run again with other settings
-    does not resume or clash with the last one."""
+    return the official scores and the training throughput. The run directory is rebuilt on every call, so a
+    demo run again with other settings does not resume or clash with the last one."""
     shutil.rmtree(os.path.join(directory, "run"), ignore_errors=True)
     train_file, dev_file = data.write_squad(os.path.join(directory, "data"), "2.0", seed=settings.seed)
     config_file = os.path.join(directory, "bert_config.json")
@@ -194,9 +186,9 @@ def question_answering(settings: DemoConfig, directory: str, model_flags: Mappin
               "version_2_with_negative": True, "max_seq_length": 48, "doc_stride": 16, "max_query_length": 16,
               "train_batch_size": 32, "learning_rate": 1e-3, "num_train_epochs": settings.qa_epochs,
               "seed": settings.seed, "device": "cpu", "save_checkpoints_secs": 0, "log_step_count_steps": 1000000,
-              "output_dir": os.path.join(directory, "run"), **(model_flags or {})}
+              "output_dir": os.path.join(directory, "run")}
     command = run_quietly(run_squad.SPEC, values)
-    scores, training = (read_json(os.path.join(directory, "run", name))
+    scores, training = (runner.read_json(os.path.join(directory, "run", name))
                         for name in ("eval_results.json", "train_results.json"))
     return {"command": "bertbench squad " + command, "model_config": data.SQUAD_MODEL,
             "train_questions": len(read_examples(train_file, training=True, version_2=True)),
@@ -241,7 +233,7 @@ def pretraining(settings: DemoConfig, directory: str) -> dict:
     command = run_quietly(run_pretraining.SPEC, values)
     with open(os.path.join(directory, "run", "evals.jsonl"), encoding="utf-8") as handle:
         curve = [json.loads(line) for line in handle]
-    training = read_json(os.path.join(directory, "run", "train_results.json"))
+    training = runner.read_json(os.path.join(directory, "run", "train_results.json"))
     return {"command": "bertbench pretrain " + command, "model_config": PRETRAINING_MODEL,
             "training_sequences": training["training_sequences"], "steps": training["global_step"],
             "train_seq_per_s": training["steady_sentences_per_second"],
