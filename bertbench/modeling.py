@@ -159,8 +159,11 @@ def init_weights(module: nn.Module, initializer_range: float) -> None:
 def sdpa_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """[batch, seq] 1/0 padding mask -> [batch, 1, 1, seq] boolean mask that broadcasts over heads and queries, or
     None when nothing is padded: SDPA then skips a pass over every score matrix (and on a GPU may use flash
-    attention), as HF does. The check costs a host sync on a GPU, far less than the masked attention it saves."""
-    if attention_mask is None or bool(attention_mask.all()):
+    attention), as HF does. The check costs a host sync on a GPU, far less than the masked attention it saves; under
+    torch.compile the mask is always applied, since a value-dependent branch would break the graph at every call."""
+    if attention_mask is None:
+        return None
+    if not torch.compiler.is_compiling() and bool(attention_mask.all()):
         return None
     return attention_mask.bool()[:, None, None, :]
 

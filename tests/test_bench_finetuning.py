@@ -29,6 +29,7 @@ def glue(tmp_path_factory):
     return out, read_json(out / "finetuning.json"), calls
 
 
+@pytest.mark.slow
 def test_each_variant_runs_in_flipping_rounds_through_the_runner(glue):
     order = [(modeling, policy) for _, modeling, policy in glue[2]]
     base, selective = ("baseline", None), ("recompute", "selective")

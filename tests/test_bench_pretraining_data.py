@@ -23,6 +23,7 @@ def measured(tmp_path_factory):
     return out, json.loads((out / "pretraining-data.json").read_text())
 
 
+@pytest.mark.slow
 def test_every_worker_count_makes_the_same_instances_and_reports_its_figures(measured):
     out, report = measured
     one, two = report["rows"]

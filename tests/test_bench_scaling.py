@@ -6,6 +6,7 @@ from bertbench import cli as bertbench_cli
 from bertbench.bench import plan, report, scaling
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_under_torchrun(tmp_path):
     assert scaling.main(["--model", "tiny", "--seq_length", "32", "--batch_per_process", "16", "--steps", "6",
                          "--excluded_steps", "2", "--allreduce_rounds", "2", "--allreduce_repeats", "2",

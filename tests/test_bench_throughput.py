@@ -22,6 +22,7 @@ def swept(tmp_path_factory):
     return out, json.loads((out / "throughput.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_row_for_every_setting_with_consistent_figures(swept):
     _, report = swept
     rows = report["rows"]
@@ -65,6 +66,7 @@ def test_results_are_never_overwritten_by_accident(swept, error_line):
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_the_files(tmp_path):
     args = TINY + ["--kinds", "finetuning", "--variants", "baseline", "--batch_sizes", "2", "--no_memory",
                    "--output_dir", str(tmp_path)]

@@ -27,6 +27,7 @@ def test_vocab_covers_every_word(tmp_path):
     assert words <= set(vocab) and vocab[0] == "[PAD]"
 
 
+@pytest.mark.slow
 def test_short_demo_beats_chance_with_identical_weights(tmp_path, capsys):
     assert main(["--steps", "60", "--train_examples", "1024", "--dev_examples", "256", "--qa_epochs", "0",
                  "--pretraining_steps", "0", "--output_dir", str(tmp_path)]) == 0
@@ -59,6 +60,7 @@ def test_shortest_run_times_a_step():
     assert result["train_seq_per_s"] > 0 and result["step_ms"] > 0 and result["saved_for_backward_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_run_is_reproducible():
     settings = DemoConfig(steps=8, train_examples=256, dev_examples=64, qa_epochs=0, pretraining_steps=0)
     first, second = run(settings), run(settings)
@@ -98,6 +100,7 @@ def test_squad_data_is_deterministic_and_its_answers_sit_where_they_say():
     assert words <= set(data.vocabulary())
 
 
+@pytest.mark.slow
 def test_qa_step_runs_run_squad_and_reports_official_scores(tmp_path, capsys):
     assert main(["--steps", "2", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0.1",
                  "--pretraining_steps", "0", "--output_dir", str(tmp_path)]) == 0
@@ -122,6 +125,7 @@ def test_corpus_is_in_googles_format_and_each_document_tells_of_one_animal(tmp_p
     assert {word for document in documents for word in document.split()} <= set(data.vocabulary())
 
 
+@pytest.mark.slow
 def test_pretraining_step_makes_shards_and_its_masked_lm_accuracy_rises(tmp_path, capsys):
     assert main(["--steps", "2", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0",
                  "--pretraining_steps", "400", "--output_dir", str(tmp_path)]) == 0

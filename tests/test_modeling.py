@@ -208,3 +208,17 @@ def test_unpadded_batches_skip_the_mask():
     assert modeling.sdpa_padding_mask(torch.ones(2, 5, dtype=torch.long)) is None
     mask = modeling.sdpa_padding_mask(torch.tensor([[1, 1, 0], [1, 1, 1]]))
     assert mask.shape == (2, 1, 1, 3) and mask.dtype == torch.bool and mask.sum() == 5
+
+
+def test_the_forward_compiles_to_one_graph_with_the_eager_output(config):
+    """The padding check reads a value, which would split the compiled graph (and sync a GPU) at every call: under
+    torch.compile the mask is always applied, which gives the same output."""
+    model = modeling.BertForSequenceClassification(config, num_labels=2).eval()
+    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    explained = torch._dynamo.explain(model)(input_ids, token_type_ids, attention_mask)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    unpadded = torch.ones_like(attention_mask)
+    compiled = torch.compile(model, backend="eager")  # dynamo's graph run eagerly: tracing is what is tested here
+    for mask in (attention_mask, unpadded):
+        torch.testing.assert_close(compiled(input_ids, token_type_ids, mask).logits,
+                                   model(input_ids, token_type_ids, mask).logits, rtol=1e-5, atol=1e-6)

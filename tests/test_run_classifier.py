@@ -108,6 +108,7 @@ def test_mnli_scores_both_dev_sets_and_writes_both_submissions(data, tmp_path):
     assert (tmp_path / "ax" / "AX.tsv").read_text().splitlines()[1].split("\t")[0] == "0"
 
 
+@pytest.mark.slow
 def test_stsb_regression_correlates(data, tmp_path):
     out = tmp_path / "stsb"
     assert main(flags(data, out, "STS-B", "--do_train", "--do_eval", "--learning_rate=1e-3",

@@ -62,6 +62,7 @@ def v2_run(data, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_v2_learns_well_beyond_no_answer_everywhere(v2_run):
     results = read(v2_run / "eval_results.json")
     assert results["total"] == results["questions"] == 300 and results["windows"] > 300  # long contexts split

@@ -34,6 +34,7 @@ def run_glue(env, *arguments):
 POSITIONAL = ["MRPC", "16", "1e-3", "fp32", "false", "1", "32", "64", "1.0", "0.1", ""]
 
 
+@pytest.mark.slow
 def test_run_glue_trains_from_the_tf1_checkpoint_and_eval_sh_scores_it(env, tmp_path):
     done = run_glue(env, *POSITIONAL, "--save_checkpoints_steps=5")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -87,6 +88,7 @@ def run_squad(env, *arguments):
 SQUAD_POSITIONAL = ["8", "1e-3", "fp32", "false", "1", "64", "16", "base", "2.0", "", "1.0"]
 
 
+@pytest.mark.slow
 def test_run_squad_trains_predicts_scores_and_eval_sh_predicts_again(env, tmp_path):
     write_squad(tmp_path / "squad", "2.0", train=20, dev=10)  # SQUAD_DIR holds train-v2.0.json and dev-v2.0.json
     env = dict(env, SQUAD_DIR=str(tmp_path / "squad"))
@@ -175,6 +177,7 @@ def test_nodes_that_do_not_describe_a_job_are_refused(variables, message):
     assert status == 2 and error.startswith(f"test.sh: error: {message}")
 
 
+@pytest.mark.slow
 def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
     env = dict(env, NNODES="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                RDZV_TIMEOUT="1")
@@ -212,6 +215,7 @@ def pretraining_arguments(phase, steps):
     return [phase, "4", "1e-3", "fp32", "1", "0.5", steps, "2", "2", "1"]
 
 
+@pytest.mark.slow
 def test_run_pretraining_phase1_then_phase2_continues_it(pretraining_env, tmp_path):
     phase1 = run_pretraining(pretraining_env, *pretraining_arguments("1", "3"), "--log_step_count_steps=1")
     assert phase1.returncode == 0, phase1.stdout + phase1.stderr
