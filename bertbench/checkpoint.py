@@ -13,6 +13,8 @@ import os
 import re
 import tempfile
 import time
+import zipfile
+import zlib
 from typing import Any, Callable
 
 import torch
@@ -21,6 +23,8 @@ from bertbench.durable import fsync_path
 
 TRAINING_CHECKPOINT_FORMAT = "bertbench-checkpoint-1"
 _CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+# The temporary files of save_checkpoint and of durable.write_text_atomically (results, records, predictions).
+_TEMPORARY_NAME = re.compile(r"^(\.ckpt-.+|.+\.(json|jsonl|txt))\.tmp$")
 
 
 class CheckpointError(ValueError):
@@ -100,11 +104,62 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by save_checkpoint; a missing, truncated or foreign file is a CheckpointError."""
+def verify_checkpoint(path: str | os.PathLike) -> None:
+    """Check every record of a checkpoint against the CRC-32 that torch.save wrote beside it in the file's zip
+    directory (torch.load does not read them): a flipped or lost byte in the weights, the optimizer state or the
+    pickle is a CheckpointError naming the file. Costs one read of the file."""
+    path = os.fspath(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint file") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as error:
+        raise CheckpointError(f"{path}: damaged checkpoint ({type(error).__name__}: {error})") from None
+    if damaged is not None:
+        raise CheckpointError(f"{path}: damaged checkpoint (the checksum of {damaged} does not match its content)")
+
+
+def newest_intact_checkpoint(model_dir: str | os.PathLike, log: Callable[[str], None] = lambda line: None,
+                             candidates: list[tuple[int, str]] | None = None) -> str | None:
+    """The newest checkpoint of model_dir (or of `candidates`) that verifies; a damaged one is named in a warning
+    and passed over (and kept: it is evidence). None when there is none; every one damaged is a CheckpointError."""
+    checkpoints = list_checkpoints(model_dir) if candidates is None else candidates
+    damage = []
+    for _, path in reversed(checkpoints):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as error:
+            damage.append(str(error))
+            log(f"warning: {error}; passing over it to an older checkpoint")
+    if damage:
+        raise CheckpointError(f"{os.fspath(model_dir)}: every checkpoint is damaged ({'; '.join(damage)}); nothing "
+                              "was deleted")
+    return None
+
+
+def remove_temporary_files(model_dir: str | os.PathLike) -> list[str]:
+    """Delete the temporary files of saves that a killed process left in model_dir (`.ckpt-*.tmp`,
+    `train_results.json.tmp`, ...: never read as results); returns their names. Call it only while holding the run directory's lock."""
+    model_dir = os.fspath(model_dir)
+    if not os.path.isdir(model_dir):
+        return []
+    removed = sorted(name for name in os.listdir(model_dir) if _TEMPORARY_NAME.match(name))
+    for name in removed:
+        os.remove(os.path.join(model_dir, name))
+    return removed
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    verify: bool = True) -> dict[str, Any]:
+    """Read a checkpoint written by save_checkpoint; a missing, damaged (see verify_checkpoint; `verify=False` for a
+    file just verified), truncated or foreign file is a CheckpointError."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: no such checkpoint file")
+    if verify:
+        verify_checkpoint(path)
     try:
         # RNG states and optimizer state are plain tensors and containers, so the safe loader reads them.
         state = torch.load(path, map_location=map_location, weights_only=True)

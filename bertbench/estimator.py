@@ -187,8 +187,9 @@ class Estimator:
         step = TrainStep(self.model, config, self.dist, schedule_start)
         checkpoints = TrainingCheckpoints(run.model_dir, run.keep_checkpoint_max, self.model, step, batches,
                                           self.dist, self.independent_workers, self.log)
-        skipped, resumed_from, restore_seconds = 0, None, 0.0
+        skipped, resumed_from, restore_seconds, segments = 0, None, 0.0, []
         if start.kind == RESUME:
+            segments = list(state.get("segments", []))  # the earlier invocations' figures, up to this checkpoint
             started = time.perf_counter()
             restored = checkpoints.restore(start.checkpoint, state, run.seed)
             self.global_step, skipped, resumed_from = restored.step, restored.skipped_steps, start.checkpoint
@@ -201,11 +202,11 @@ class Estimator:
         del state  # the checkpoint's copy of every tensor: not kept through training
         if self.independent_workers:
             self._same_weights_on_every_rank = False
-        return self._loop(step, checkpoints, batches, evaluation, resumed_from, restore_seconds, skipped)
+        return self._loop(step, checkpoints, batches, evaluation, resumed_from, restore_seconds, skipped, segments)
 
     def _loop(self, step: TrainStep, checkpoints: TrainingCheckpoints, batches: TrainBatches,
               evaluation: PeriodicEvaluation | None, resumed_from: str | None, restore_seconds: float,
-              skipped: int) -> TrainResult:
+              skipped: int, earlier_segments: list[dict[str, Any]]) -> TrainResult:
         config, run = self.train_config, self.run_config
         self.model.train()
         if self.dist.is_main:
@@ -220,6 +221,7 @@ class Estimator:
                           world_size=self.dist.world_size, device=self.device, mean_over_ranks=self.dist.mean)
         counted = stats.counted(batches)
         last_checkpoint = resumed_from
+        segments = earlier_segments
         out_of_time = target_reached = False
         with StopSignals() as signals:
             while self.global_step < config.num_train_steps:
@@ -250,8 +252,13 @@ class Estimator:
                     if not math.isfinite(loss):  # never save weights trained on a non-finite loss over good ones
                         raise TrainingDivergedError(f"loss is {loss} before step {self.global_step}; not saving "
                                                     f"over the last checkpoint {last_checkpoint}")
+                    # The figures so far travel in the checkpoint, so a run killed later keeps them; the last save
+                    # says how this segment ended.
+                    ended = "finished" if finished else signals.received if stop else \
+                        "target reached" if target_reached else "time budget" if out_of_time else None
+                    segments = [*earlier_segments, stats.segment(self.global_step, ended)]
                     with stats.pause():
-                        last_checkpoint = checkpoints.save(self.global_step, skipped) or last_checkpoint
+                        last_checkpoint = checkpoints.save(self.global_step, skipped, segments) or last_checkpoint
                     trigger.saved(self.global_step)
                 if stop or out_of_time or target_reached:
                     break
@@ -272,7 +279,7 @@ class Estimator:
         return stats.result(global_step=self.global_step, epoch=batches.epoch, resumed_from=resumed_from,
                             restore_seconds=restore_seconds, interrupted=interrupted,
                             budget_exhausted=budget_exhausted, target_reached=target_reached, skipped=skipped,
-                            last_checkpoint=last_checkpoint)
+                            last_checkpoint=last_checkpoint, segments=segments)
 
     def _report(self, window: dict[str, Any], learning_rate: float, metrics: MetricsLog | None,
                 display: ProgressDisplay, step: TrainStep, batches: TrainBatches, skipped: int,

@@ -208,33 +208,42 @@ def run(command: runner.Command, record: runner.RunRecord | None) -> int:
     with job_from_environment(settings.device) as dist:
         runner.check_record(record, config, settings, dist)
         log = runner.main_process_log(dist)
-        # Phase 2's weights come with the rest of phase 1's state, through Estimator.train.
-        model, start = runner.build_model(command, "pretraining", config, dist, log,
-                                          continue_phase=settings.phase2 and settings.do_train)
-        start_step = phase_start_step(settings, start, record)
-        # A warm-up given in steps is this phase's share of them.
-        warmup = {} if settings.num_warmup_steps is None or not settings.do_train else \
-            {"warmup_proportion": settings.num_warmup_steps / settings.num_train_steps}
-        estimator = runner.build_estimator(command, model, dist,
-                                           start_step + settings.num_train_steps if settings.do_train else None,
-                                           **warmup)
-        evaluation = MlmEvaluation(command, estimator, eval_features, dist, log) \
-            if eval_features is not None else None
-        if settings.do_train:
-            # Recorded, so that a resumed phase 2 keeps its step count without phase 1's directory.
-            runner.write_record(record, PROGRAM, command, config, dist,
-                                {"phase1_end_step": start_step} if settings.phase2 else None)
-            status = train(command, dist, estimator, train_files, train_sequences, limits, bins, start, start_step,
-                           evaluation, log)
-            if status is not None:
-                return status
-        else:
-            runner.restore_for_inference(estimator, start)
-        if settings.do_eval:  # the evaluation at the last step, if one ran there
-            results = {"global_step": estimator.global_step, **evaluation.score()}
-            runner.report_eval(command.run.model_dir, f"pre-training, step {estimator.global_step}", results,
-                               {"eval_dir": settings.eval_dir}, dist.is_main, log)
-        return 0
+        with runner.hold_run_directory(command, record, dist, log):
+            return run_in_directory(command, record, config, dist, log, train_files, train_sequences, limits, bins,
+                                    eval_features)
+
+
+def run_in_directory(command: runner.Command, record: runner.RunRecord | None, config, dist: Distributed, log,
+                     train_files, train_sequences: int, limits: ShardLimits, bins, eval_features) -> int:
+    """run()'s part inside the run directory: where the run starts, training, the final evaluation."""
+    settings = command.settings
+    # Phase 2's weights come with the rest of phase 1's state, through Estimator.train.
+    model, start = runner.build_model(command, "pretraining", config, dist, log,
+                                      continue_phase=settings.phase2 and settings.do_train)
+    start_step = phase_start_step(settings, start, record)
+    # A warm-up given in steps is this phase's share of them.
+    warmup = {} if settings.num_warmup_steps is None or not settings.do_train else \
+        {"warmup_proportion": settings.num_warmup_steps / settings.num_train_steps}
+    estimator = runner.build_estimator(command, model, dist,
+                                       start_step + settings.num_train_steps if settings.do_train else None,
+                                       **warmup)
+    evaluation = MlmEvaluation(command, estimator, eval_features, dist, log) \
+        if eval_features is not None else None
+    if settings.do_train:
+        # Recorded, so that a resumed phase 2 keeps its step count without phase 1's directory.
+        runner.write_record(record, PROGRAM, command, config, dist,
+                            {"phase1_end_step": start_step} if settings.phase2 else None)
+        status = train(command, dist, estimator, train_files, train_sequences, limits, bins, start, start_step,
+                       evaluation, log)
+        if status is not None:
+            return status
+    else:
+        runner.restore_for_inference(estimator, start)
+    if settings.do_eval:  # the evaluation at the last step, if one ran there
+        results = {"global_step": estimator.global_step, **evaluation.score()}
+        runner.report_eval(command.run.model_dir, f"pre-training, step {estimator.global_step}", results,
+                           {"eval_dir": settings.eval_dir}, dist.is_main, log)
+    return 0
 
 
 def train(command: runner.Command, dist: Distributed, estimator: Estimator, files, sequences: int, limits, bins,

@@ -25,7 +25,7 @@ from torch import nn
 
 from bertbench import __version__
 from bertbench.batches import ShuffledBatches
-from bertbench.checkpoint import CheckpointError
+from bertbench.checkpoint import CheckpointError, holds_training_state, remove_temporary_files
 from bertbench.config import BertConfig, ConfigError
 from bertbench.distributed import Distributed, job_from_environment
 from bertbench.durable import write_text_atomically
@@ -33,10 +33,11 @@ from bertbench.errors import UsageError, run_command, signal_status
 from bertbench.estimator import Estimator, TrainingDivergedError
 from bertbench.flags import FlagName, FlagParser, FrozenNamespace, add_dataclass_flags, build, setting
 from bertbench.models import add_model_arguments, model_from_args
+from bertbench.run_lock import RunDirectoryBusy, RunLock
 from bertbench.tf_checkpoint import CheckpointError as TFCheckpointError
 from bertbench.tokenization import BertTokenizer, VocabError
 from bertbench.train_state import RESTORE, WARM_START, RunStart, decide_start, seed_everything
-from bertbench.train_stats import TrainResult
+from bertbench.train_stats import TrainResult, run_totals
 from bertbench.training_config import RunConfig, TrainConfig
 from bertbench.weights import WeightsError, load_pretrained
 
@@ -65,6 +66,11 @@ FLAG_NAMES = (
     FlagName("sync_gradients", TrainConfig, "sync_gradients",
              note="With --no_sync_gradients the runners keep the worker with the best dev metric."),
 )
+# What changes how the training steps run, and so what a run measures: a resumed training keeps them (evaluation
+# and prediction may differ). The modeling flags (models.add_model_arguments), and TrainConfig fields whatever flag
+# sets them (--precision, --amp and --use_fp16 all set precision).
+MODEL_FLAGS = ("modeling", "recompute_policy", "recompute_every")
+TRAINING_FIELDS = ("precision", "compile")
 # TrainConfig fields that are no runner's flag: the steps come from the epochs or the phase's steps; clipping and the
 # steady-state window stay Google's and the loop's.
 NOT_FLAGS = ("num_train_steps", "max_grad_norm", "excluded_steps")
@@ -182,13 +188,22 @@ def resolve_command(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, An
         if record.runner != spec.name:
             raise UsageError(f"{record.path}: holds a {record.runner} run, not a {spec.name} run; use another "
                              "--output_dir")
-        for name, field in parser.fields.items():
-            if field.metadata.get("defines_run") and name in given and name in record.args \
-                    and given[name] != record.args[name]:
+        defining = [name for name, field in parser.fields.items() if field.metadata.get("defines_run")]
+        for name in defining + list(MODEL_FLAGS if given.get("do_train") else ()):
+            if name in given and name in record.args and given[name] != record.args[name]:
                 raise UsageError(f"{record.path}: this run was made with --{name}={record.args[name]}, the command "
                                  f"gives {given[name]}; use a new --output_dir, or leave the flag out to continue "
                                  "the run")
         recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
+        if given.get("do_train"):  # how the training steps run: an evaluation may use another precision
+            defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
+            was = {**defaults, **parser.field_values(TrainConfig, {**parser.defaults, **recorded})}
+            now = {**defaults, **parser.field_values(TrainConfig, {**parser.defaults, **recorded, **given})}
+            for name in TRAINING_FIELDS:
+                if was[name] != now[name]:
+                    raise UsageError(f"{record.path}: this run was trained with {name} {was[name]}, the command "
+                                     f"gives {now[name]}; use a new --output_dir, or leave the flag out to continue "
+                                     "the run")
     values = {**parser.defaults, **recorded, **given}
     command = Command(
         settings=build(spec.settings, **parser.field_values(spec.settings, values)),
@@ -255,6 +270,34 @@ def check_record(record: RunRecord | None, config: BertConfig, settings: RunnerS
     if settings.do_train and record.world_size != dist.world_size:
         raise UsageError(f"{record.path}: this run was trained by {record.world_size} process(es), this command "
                          f"has {dist.world_size}; the global batch and data order would change")
+
+
+@contextlib.contextmanager
+def hold_run_directory(command: Command, record: RunRecord | None, dist: Distributed, log: Log):
+    """The run directory for this command alone (run_lock.RunLock, taken by rank 0 for every rank), cleared of the
+    temporary files a killed save left, and checked: a run that has trained (its results or metrics are there) but
+    holds no checkpoint is refused rather than silently started again from step 0."""
+    model_dir = command.run.model_dir
+    with contextlib.ExitStack() as stack:
+        refusal = None
+        if dist.is_main:
+            try:
+                stack.enter_context(RunLock(model_dir, log))
+            except RunDirectoryBusy as busy:
+                refusal = str(busy)
+        refusal = next((message for message in dist.all_gather_object(refusal) if message), None)
+        if refusal:
+            raise RunDirectoryBusy(refusal)
+        if dist.is_main:
+            for name in remove_temporary_files(model_dir):
+                log(f"removed {os.path.join(model_dir, name)}, left by a save that did not finish")
+        history = [name for name in ("train_results.json", "metrics.jsonl")
+                   if os.path.isfile(os.path.join(model_dir, name))]
+        if command.settings.do_train and record is not None and history and not holds_training_state(model_dir):
+            raise UsageError(f"{model_dir}: this run has trained ({' and '.join(history)} are there) but holds no "
+                             "checkpoint to resume from; to start it over, remove the directory or use another "
+                             "--output_dir")
+        yield
 
 
 def load_config(settings: RunnerSettings) -> BertConfig:
@@ -352,9 +395,16 @@ def write_json(path: str, data: Mapping[str, Any]) -> None:
 
 def report_training(result: TrainResult, command: Command, estimator: Estimator, dist: Distributed, log: Log,
                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """train_results.json and the summary NVIDIA's scripts print: sentences/s with and without the start-up."""
+    """train_results.json and the summary NVIDIA's scripts print: sentences/s with and without the start-up. The
+    figures are the whole run's, over every invocation that trained it (`segments`: each one's own), so a resumed
+    or re-run command adds to them and never replaces them."""
     config, flags = estimator.train_config, command.flags
-    summary = {**dataclasses.asdict(result), "sentences_per_20_minutes": result.sentences_per_20_minutes,
+    if result.steps == 0 and result.resumed_from is not None:
+        log(f"the run is already at its last step {result.global_step}: nothing to train, its figures are kept")
+    totals = run_totals(result.segments) if result.segments else {}
+    steady = totals.get("steady_sentences_per_second")
+    summary = {**dataclasses.asdict(result), **totals, "invocation": invocation_figures(result),
+               "sentences_per_20_minutes": None if steady is None else steady * 1200,
                "world_size": dist.world_size, "nodes": dist.nodes,
                "device": str(dist.device), "modeling": flags.modeling,
                "recompute_policy": flags.recompute_policy if flags.modeling == "recompute" else None,
@@ -368,12 +418,23 @@ def report_training(result: TrainResult, command: Command, estimator: Estimator,
     log("***** Training summary *****")
     log(f"  steps {result.steps} (global step {result.global_step}), {result.sentences} sentences in "
         f"{result.seconds:.1f} s, {result.checkpoint_saves} checkpoint saves ({result.checkpoint_seconds:.2f} s)")
-    log(f"  throughput with overhead: {result.sentences_per_second:.1f} sentences/s")
+    if result.steps:
+        log(f"  throughput with overhead: {result.sentences_per_second:.1f} sentences/s")
     if result.steady_sentences_per_second is not None:
         log(f"  throughput (steady, {result.steady_steps} steps, no checkpoint saves): "
             f"{result.steady_sentences_per_second:.1f} sentences/s = {result.sentences_per_20_minutes:,.0f} "
             f"sentences per 20 minutes")
+    if len(result.segments) > 1 or (result.segments and not result.steps):
+        rate = "n/a" if steady is None else f"{steady:.1f}"
+        log(f"  the whole run, {len(result.segments)} segments: {totals['steps']} steps, {totals['sentences']} "
+            f"sentences in {totals['seconds']:.1f} s, steady {rate} sentences/s")
     return summary
+
+
+def invocation_figures(result: TrainResult) -> dict[str, Any]:
+    """This command's own share of the run's figures (train_results.json's top level holds the whole run's)."""
+    return {name: getattr(result, name) for name in ("steps", "sentences", "seconds", "sentences_per_second",
+                                                     "steady_sentences_per_second", "steady_steps")}
 
 
 def interrupted_status(result: TrainResult) -> int | None:
@@ -462,17 +523,18 @@ def fine_tune(task: TaskSpec, command: Command, record: RunRecord | None) -> int
         data = task.read(settings, tokenizer, log)
         worker_score = task.worker_score(settings, data) if independent else None
         check_record(record, config, settings, dist)
-        model, start = build_model(command, task.model_task, config, dist, log, **data.head_kwargs)
         steps = num_train_steps(len(data.train["input_ids"]), command, dist) if settings.do_train else None
-        estimator = build_estimator(command, model, dist, steps)
-        if settings.do_train:
-            write_record(record, task.name, command, config, dist)
-            result = train(estimator, command, dist, data, log, start, worker_score)
-            if result.interrupted_by is not None:
-                return interrupted_status(result)
-        else:
-            restore_for_inference(estimator, start)
-        task.infer(settings, estimator, data, dist.is_main, log)
+        with hold_run_directory(command, record, dist, log):
+            model, start = build_model(command, task.model_task, config, dist, log, **data.head_kwargs)
+            estimator = build_estimator(command, model, dist, steps)
+            if settings.do_train:
+                write_record(record, task.name, command, config, dist)
+                result = train(estimator, command, dist, data, log, start, worker_score)
+                if result.interrupted_by is not None:
+                    return interrupted_status(result)
+            else:
+                restore_for_inference(estimator, start)
+            task.infer(settings, estimator, data, dist.is_main, log)
         return 0
 
 

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 from bertbench.batches import TrainBatches
-from bertbench.checkpoint import (CheckpointError, checkpoint_path, checkpoint_step, latest_checkpoint,
-                                  list_checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint, worker_dir)
+from bertbench.checkpoint import (CheckpointError, checkpoint_path, checkpoint_step, list_checkpoints,
+                                  load_checkpoint, newest_intact_checkpoint, prune_checkpoints, save_checkpoint,
+                                  verify_checkpoint, worker_dir)
 from bertbench.distributed import Distributed
 from bertbench.train_step import TrainStep
 
@@ -51,20 +52,22 @@ def decide_start(model_dir: str, *, training: bool, init_checkpoint: str | None 
     neither there is nothing to score, a CheckpointError."""
     if training:
         path = _resume_path(model_dir, dist or Distributed(), log) if independent_workers \
-            else latest_checkpoint(model_dir)
+            else newest_intact_checkpoint(model_dir, log)
         if path is not None:
             return RunStart(RESUME, path, checkpoint_step(path))
         if continue_phase:
             if not init_checkpoint:
                 raise CheckpointError("continuing an earlier phase needs its checkpoint or run directory")
-            path = latest_checkpoint(init_checkpoint) if os.path.isdir(init_checkpoint) else init_checkpoint
+            path = newest_intact_checkpoint(init_checkpoint, log) if os.path.isdir(init_checkpoint) \
+                else init_checkpoint
             step = checkpoint_step(path) if path and os.path.isfile(path) else None
             if step is None:
                 raise CheckpointError(f"{init_checkpoint}: no bertbench checkpoint (ckpt-<step>.pt) of the earlier "
                                       "phase to continue from")
+            verify_checkpoint(path)
             return RunStart(CONTINUE, path, step)
         return RunStart(WARM_START, init_checkpoint) if init_checkpoint else RunStart(FRESH)
-    path = latest_checkpoint(model_dir)
+    path = newest_intact_checkpoint(model_dir, log)
     if path is not None:
         return RunStart(RESTORE, path, checkpoint_step(path))
     if init_checkpoint:
@@ -73,8 +76,8 @@ def decide_start(model_dir: str, *, training: bool, init_checkpoint: str | None 
 
 
 def _resume_path(model_dir: str, dist: Distributed, log: Callable[[str], None]) -> str | None:
-    """Independent workers resume the newest step that every worker saved: a worker killed while the others were
-    saving may lack the newest, and they must go on from the same step."""
+    """Independent workers resume the newest step that every worker saved intact: a worker killed while the others
+    were saving may lack the newest, and they must go on from the same step."""
     own_dir = worker_dir(model_dir, dist.rank)
     saved = dist.all_gather_object([step for step, _ in list_checkpoints(own_dir)])
     common = set(saved[0]).intersection(*saved[1:])
@@ -83,7 +86,8 @@ def _resume_path(model_dir: str, dist: Distributed, log: Callable[[str], None]) 
             log(f"warning: the workers' checkpoints in {model_dir}/worker-*/ have no step in common (a worker "
                 "stopped before its first save): starting from the beginning")
         return None
-    return checkpoint_path(own_dir, max(common))
+    intact = newest_intact_checkpoint(own_dir, log, [(step, checkpoint_path(own_dir, step)) for step in sorted(common)])
+    return checkpoint_path(own_dir, min(dist.all_gather_object(checkpoint_step(intact))))
 
 
 def seed_everything(seed: int) -> None:
@@ -142,15 +146,16 @@ class TrainingCheckpoints:
         self.independent_workers, self.log = independent_workers, log
         self.directory = worker_dir(model_dir, dist.rank) if independent_workers else model_dir
 
-    def save(self, global_step: int, skipped_steps: int) -> str | None:
-        """Write the checkpoint of `global_step` (every rank calls this); the path written, None on other ranks."""
+    def save(self, global_step: int, skipped_steps: int, segments: list[dict[str, Any]] = ()) -> str | None:
+        """Write the checkpoint of `global_step` (every rank calls this) with the run's figures so far (`segments`,
+        see train_stats.LoopStats.segment); the path written, None on other ranks."""
         own = (rng_state(), self.batches.state_dict())
         gathered = [own] if self.independent_workers else self.dist.all_gather_object(own)
         if not (self.independent_workers or self.dist.is_main):
             return None
         state = {"model": self.model.state_dict(), **self.step.state_dict(),
                  "data": [data for _, data in gathered], "epoch": self.batches.epoch,
-                 "rng": [rng for rng, _ in gathered], "skipped_steps": skipped_steps,
+                 "rng": [rng for rng, _ in gathered], "skipped_steps": skipped_steps, "segments": list(segments),
                  "train_config": dataclasses.asdict(self.step.config)}
         if not self.independent_workers:
             return save_checkpoint(self.model_dir, global_step, state, self.keep_max)
@@ -205,4 +210,6 @@ class TrainingCheckpoints:
 
 def read_training_state(start: RunStart) -> dict[str, Any] | None:
     """The checkpoint a resumed or continued run reads (once), None for a run that starts without one."""
-    return load_checkpoint(start.checkpoint) if start.kind in (RESUME, CONTINUE) else None
+    if start.kind not in (RESUME, CONTINUE):
+        return None
+    return load_checkpoint(start.checkpoint, verify=False)  # decide_start has just verified it

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +44,8 @@ class TrainResult:
     final_loss: float | None  # mean loss of the last logged window
     last_checkpoint: str | None
     epoch: float
+    # Every segment of the run that trained: the earlier invocations' (from the checkpoint resumed) and this one's.
+    segments: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def sentences_per_20_minutes(self) -> float | None:
@@ -157,28 +159,58 @@ class LoopStats:
         if self.steady_started is not None:
             self.steady_pause_seconds += seconds
 
-    def result(self, *, global_step: int, epoch: float, resumed_from: str | None, restore_seconds: float,
-               interrupted: str | None, budget_exhausted: bool, target_reached: bool, skipped: int,
-               last_checkpoint: str | None) -> TrainResult:
+    def segment(self, global_step: int, ended: str | None) -> dict[str, Any]:
+        """This invocation's figures so far, as train_results.json's `segments` list them: steps start_step to
+        global_step, how the segment `ended` (None while it runs: a segment read back from a checkpoint with None
+        was lost after that save, and its later steps were trained again)."""
         synchronize(self.device)
         now = self.clock()
         seconds = now - self.started
-        steady_rate, steady_steps = None, 0
+        steady_rate, steady_steps, steady_seconds = None, 0, 0.0
         if self.steady_started is not None and self.steps > self.exclude:
-            steady_seconds = now - self.steady_started - self.steady_pause_seconds
-            steady_rate = (self.totals["sentences"] - self.steady_start_sentences) / max(1e-9, steady_seconds)
+            steady_seconds = max(1e-9, now - self.steady_started - self.steady_pause_seconds)
+            steady_rate = (self.totals["sentences"] - self.steady_start_sentences) / steady_seconds
             steady_steps = self.steps - self.exclude
+        return {"start_step": self.start_step, "end_step": global_step, "steps": global_step - self.start_step,
+                "sentences": self.totals["sentences"], "seconds": seconds,
+                "sentences_per_second": self.totals["sentences"] / max(1e-9, seconds),
+                "steady_sentences_per_second": steady_rate, "steady_steps": steady_steps,
+                "steady_seconds": steady_seconds, "checkpoint_saves": self.saves,
+                "checkpoint_seconds": self.save_seconds, "world_size": self.world_size, "ended": ended}
+
+    def result(self, *, global_step: int, epoch: float, resumed_from: str | None, restore_seconds: float,
+               interrupted: str | None, budget_exhausted: bool, target_reached: bool, skipped: int,
+               last_checkpoint: str | None, segments: list[dict[str, Any]] = ()) -> TrainResult:
+        """This invocation's figures; `segments`: the run's, as its last checkpoint holds them."""
+        this = self.segment(global_step, ended=None)
         if self.window_counted:
             self.last_loss = self.mean_loss()
         return TrainResult(
             global_step=global_step, resumed_from=resumed_from, restore_seconds=restore_seconds,
             interrupted_by=interrupted, budget_exhausted=budget_exhausted, target_reached=target_reached,
-            steps=global_step - self.start_step, sentences=self.totals["sentences"], seconds=seconds,
-            sentences_per_second=self.totals["sentences"] / max(1e-9, seconds),
-            steady_sentences_per_second=steady_rate, steady_steps=steady_steps, checkpoint_saves=self.saves,
-            checkpoint_seconds=self.save_seconds, evaluation_seconds=self.evaluation_seconds,
+            steps=this["steps"], sentences=this["sentences"], seconds=this["seconds"],
+            sentences_per_second=this["sentences_per_second"],
+            steady_sentences_per_second=this["steady_sentences_per_second"], steady_steps=this["steady_steps"],
+            checkpoint_saves=self.saves, checkpoint_seconds=self.save_seconds,
+            evaluation_seconds=self.evaluation_seconds,
             padding_fraction=1 - self.totals["real_tokens"] / self.totals["tokens"] if self.totals["tokens"] else None,
-            skipped_steps=skipped, final_loss=self.last_loss, last_checkpoint=last_checkpoint, epoch=epoch)
+            skipped_steps=skipped, final_loss=self.last_loss, last_checkpoint=last_checkpoint, epoch=epoch,
+            segments=list(segments))
+
+
+def run_totals(segments: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole run's figures over its segments (every invocation that trained): steps, sentences and seconds
+    added up, and the rates over those sums (the steady rate over the segments' steady parts)."""
+    total = {name: sum(segment[name] for segment in segments)
+             for name in ("steps", "sentences", "seconds", "steady_steps", "steady_seconds", "checkpoint_saves",
+                          "checkpoint_seconds")}
+    steady_sentences = sum(segment["steady_sentences_per_second"] * segment["steady_seconds"]
+                           for segment in segments if segment["steady_sentences_per_second"] is not None)
+    return {"steps": total["steps"], "sentences": total["sentences"], "seconds": total["seconds"],
+            "sentences_per_second": total["sentences"] / total["seconds"] if total["seconds"] else None,
+            "steady_sentences_per_second": steady_sentences / total["steady_seconds"] if total["steady_steps"]
+            else None, "steady_steps": total["steady_steps"], "checkpoint_saves": total["checkpoint_saves"],
+            "checkpoint_seconds": total["checkpoint_seconds"]}
 
 
 class CountedBatches:

@@ -7,6 +7,7 @@ and whether it holds for one command only (`per_command`: not recorded in the ru
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from bertbench import optim
@@ -98,6 +99,6 @@ class TrainConfig:
                              "each worker separately, and the workers must stay at the same step")
         if self.max_train_seconds is not None and self.max_train_seconds <= 0:
             raise ValueError(f"max_train_seconds must be positive, got {self.max_train_seconds}")
-        if self.learning_rate <= 0 or not 0 <= self.warmup_proportion <= 1 or self.excluded_steps < 0:
+        if not 0 < self.learning_rate < math.inf or not 0 <= self.warmup_proportion <= 1 or self.excluded_steps < 0:
             raise ValueError(f"invalid learning_rate {self.learning_rate}, warmup_proportion "
                              f"{self.warmup_proportion} or excluded_steps {self.excluded_steps}")

@@ -73,14 +73,67 @@ def test_damaged_or_foreign_files_name_the_file(tmp_path):
     data = open(path, "rb").read()
     with open(path, "wb") as handle:
         handle.write(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="ckpt-000000005.pt: unreadable checkpoint"):
+    with pytest.raises(CheckpointError, match="ckpt-000000005.pt: damaged checkpoint"):
         checkpoint.load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="ckpt-000000005.pt: unreadable checkpoint"):
+        checkpoint.load_checkpoint(path, verify=False)  # torch's own reader fails too, in one line
     foreign = tmp_path / "other.pt"
     torch.save({"weight": torch.ones(1)}, foreign)
     with pytest.raises(CheckpointError, match="not a bertbench training checkpoint"):
         checkpoint.load_checkpoint(foreign)
     with pytest.raises(CheckpointError, match="no such checkpoint file"):
         checkpoint.load_checkpoint(tmp_path / "missing.pt")
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)[0]
+        handle.seek(offset)
+        handle.write(bytes([byte ^ 0x10]))
+
+
+def test_a_flipped_byte_anywhere_in_the_content_is_caught(tmp_path):
+    """torch.load reads a checkpoint with a flipped weight byte without a word; verification does not."""
+    path = checkpoint.save_checkpoint(tmp_path, 5, state(1.0))
+    data = open(path, "rb").read()
+    weight = torch.full((3,), 1.0).numpy().tobytes()
+    offsets = [data.index(weight), data.index(b"bertbench-checkpoint-1"), 40]  # a weight, the pickle, a header
+    for offset in offsets:
+        flip_byte(path, offset)
+        with pytest.raises(CheckpointError, match=r"ckpt-000000005\.pt: damaged checkpoint"):
+            checkpoint.load_checkpoint(path)
+        flip_byte(path, offset)  # back as it was
+        checkpoint.load_checkpoint(path)
+    flip_byte(path, offsets[0])
+    assert torch.load(path, weights_only=True)["model"]["weight"][0] != 1.0  # what the check exists for
+
+
+def test_the_newest_intact_checkpoint_is_chosen_and_the_damaged_one_kept(tmp_path):
+    for step in (10, 20, 30):
+        checkpoint.save_checkpoint(tmp_path, step, state(step), keep_max=3)
+    newest = checkpoint.checkpoint_path(tmp_path, 30)
+    flip_byte(newest, os.path.getsize(newest) // 2)
+    warnings = []
+    assert checkpoint.newest_intact_checkpoint(tmp_path, warnings.append) == checkpoint.checkpoint_path(tmp_path, 20)
+    assert len(warnings) == 1 and "ckpt-000000030.pt: damaged checkpoint" in warnings[0]
+    assert os.path.exists(newest)
+    for step in (10, 20):
+        path = checkpoint.checkpoint_path(tmp_path, step)
+        flip_byte(path, os.path.getsize(path) // 2)
+    with pytest.raises(CheckpointError, match="every checkpoint is damaged.*nothing was deleted"):
+        checkpoint.newest_intact_checkpoint(tmp_path)
+    assert len(checkpoint.list_checkpoints(tmp_path)) == 3
+    assert checkpoint.newest_intact_checkpoint(tmp_path / "absent") is None
+
+
+def test_temporary_files_of_killed_saves_are_removed_and_nothing_else(tmp_path):
+    keep = ["ckpt-000000010.pt", "notes.tmp", "train_results.json", "metrics.jsonl"]
+    leftovers = [".ckpt-x1y2.tmp", "train_results.json.tmp", "eval_results.txt.tmp"]
+    for name in keep + leftovers:
+        (tmp_path / name).write_text("x")
+    assert checkpoint.remove_temporary_files(tmp_path) == sorted(leftovers)
+    assert sorted(os.listdir(tmp_path)) == sorted(keep)
 
 
 class FakeClock:

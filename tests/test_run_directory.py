@@ -1,0 +1,187 @@
+"""A run directory keeps everything a run measured: one command at a time (the lock), figures that add up over every
+invocation, checkpoints verified before a resume, and no silent restart or poisoned directory."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from bertbench.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
+from bertbench.run_classifier import main
+from bertbench.run_lock import LOCK_NAME, RunDirectoryBusy, RunLock
+from bertbench.synthetic import write_glue_task
+from conftest import write_bert_dir
+from test_checkpoint import flip_byte
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run-directory")
+    write_glue_task(root / "glue", "MRPC", train=128, dev=32, test=8)
+    write_bert_dir(root / "bert")
+    return root
+
+
+def flags(data, out, *extra):
+    return [f"--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
+            f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
+            "--train_batch_size=16", "--learning_rate=2e-3", "--log_step_count_steps=4", "--save_checkpoints_secs=0",
+            "--save_checkpoints_steps=8", "--keep_checkpoint_max=3", "--do_train", "--do_eval", f"--output_dir={out}",
+            *extra]
+
+
+def read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def snapshot(directory):
+    """Every file's bytes but the lock's note of its last holder."""
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory)) if name != LOCK_NAME}
+
+
+# ---- the lock ----------------------------------------------------------------------------------------------------
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from bertbench.run_lock import RunLock
+    with RunLock(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(60)
+""")
+
+
+def test_a_second_command_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(data, tmp_path,
+                                                                                          error_line):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(flags(data, out)) == 2
+        message = error_line()
+        assert f"{out}: another run is using this directory (pid {holder.pid} on " in message
+        assert "use another --output_dir" in message
+        assert sorted(os.listdir(out)) == [LOCK_NAME]  # the refused command wrote nothing
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of its own
+        holder.wait()
+    assert main(flags(data, out)) == 0  # the kernel dropped the dead holder's lock
+    assert read_json(out / "train_results.json")["global_step"] == 24
+
+
+def test_the_lock_is_exclusive_within_a_process_too_and_a_failed_start_leaves_no_directory(tmp_path, data,
+                                                                                          error_line):
+    with RunLock(tmp_path / "held"):
+        with pytest.raises(RunDirectoryBusy, match="another run is using this directory"):
+            RunLock(tmp_path / "held").__enter__()
+    out = tmp_path / "never"
+    assert main(flags(data, out, "--learning_rate=nan")) == 2
+    assert "--learning_rate nan" in error_line()
+    assert not out.exists()  # the lock's directory went with the failed start
+
+
+# ---- figures over every invocation ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def whole(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "run"
+    assert main(flags(data, out)) == 0
+    return out
+
+
+def test_a_rerun_of_a_finished_run_keeps_its_figures_and_only_evaluates(data, whole, capsys):
+    before = read_json(whole / "train_results.json")
+    assert before["steps"] == before["global_step"] == 24 and before["sentences"] == 24 * 16
+    assert len(before["segments"]) == 1 and before["segments"][0]["ended"] == "finished"
+    metrics = (whole / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main(flags(data, whole)) == 0
+    assert "the run is already at its last step 24: nothing to train, its figures are kept" in capsys.readouterr().out
+    after = read_json(whole / "train_results.json")
+    for name in ("steps", "sentences", "seconds", "steady_sentences_per_second", "segments"):
+        assert after[name] == before[name], name
+    assert after["invocation"]["steps"] == 0
+    assert (whole / "metrics.jsonl").read_text() == metrics
+    assert read_json(whole / "eval_results.json")["global_step"] == 24
+
+
+def test_a_run_killed_after_a_checkpoint_keeps_the_figures_it_saved(data, whole, tmp_path):
+    """A run is cut after its checkpoint of step 16 (the state a SIGKILL leaves: newer checkpoints gone, no
+    results written); the resumed run's results hold that segment's figures up to step 16 and its own after."""
+    out = tmp_path / "run"
+    assert main(flags(data, out)) == 0
+    os.remove(checkpoint_path(out, 24))
+    os.remove(out / "train_results.json")
+    saved = load_checkpoint(checkpoint_path(out, 16))["segments"]
+    assert [(segment["start_step"], segment["end_step"], segment["ended"]) for segment in saved] == [(0, 16, None)]
+    assert main(flags(data, out)) == 0
+    results = read_json(out / "train_results.json")
+    first, second = results["segments"]
+    assert (first["end_step"], first["sentences"], first["ended"]) == (16, 16 * 16, None)
+    assert (second["start_step"], second["end_step"], second["ended"]) == (16, 24, "finished")
+    assert results["sentences"] == 24 * 16 == first["sentences"] + second["sentences"]
+    assert results["seconds"] == pytest.approx(first["seconds"] + second["seconds"])
+    assert results["invocation"]["steps"] == 8
+    final = load_checkpoint(list_checkpoints(out)[-1][1])["model"]
+    reference = load_checkpoint(list_checkpoints(whole)[-1][1])["model"]
+    assert all(torch.equal(final[name], reference[name]) for name in reference)
+
+
+# ---- verified checkpoints and no silent restart -------------------------------------------------------------------
+
+def test_a_damaged_newest_checkpoint_is_passed_over_with_a_warning(data, whole, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(flags(data, out)) == 0
+    os.remove(out / "train_results.json")
+    os.remove(checkpoint_path(out, 24))
+    newest = checkpoint_path(out, 16)
+    flip_byte(newest, os.path.getsize(newest) // 2)
+    capsys.readouterr()
+    assert main(flags(data, out)) == 0
+    output = capsys.readouterr().out
+    assert f"warning: {newest}: damaged checkpoint" in output and f"resumed from {checkpoint_path(out, 8)}" in output
+    final = load_checkpoint(checkpoint_path(out, 24))["model"]
+    reference = load_checkpoint(list_checkpoints(whole)[-1][1])["model"]
+    assert all(torch.equal(final[name], reference[name]) for name in reference)
+
+
+def test_every_checkpoint_damaged_or_gone_is_refused_and_nothing_is_touched(data, tmp_path, error_line):
+    out = tmp_path / "run"
+    assert main(flags(data, out)) == 0
+    for _, path in list_checkpoints(out):
+        flip_byte(path, os.path.getsize(path) // 2)
+    before = snapshot(out)
+    assert main(flags(data, out)) == 2
+    assert "every checkpoint is damaged" in error_line()
+    assert snapshot(out) == before
+    for _, path in list_checkpoints(out):
+        os.remove(path)
+    before = snapshot(out)
+    assert main(flags(data, out)) == 2
+    assert "this run has trained (train_results.json and metrics.jsonl are there) but holds no checkpoint" in \
+        error_line()
+    assert snapshot(out) == before
+
+
+def test_leftover_temporary_files_are_removed_at_start(data, whole, capsys):
+    leftover = whole / ".ckpt-abcd1234.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    assert main(flags(data, whole)) == 0
+    assert not leftover.exists() and f"removed {leftover}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, message", [("--modeling=recompute", "made with --modeling=baseline"),
+                                           ("--recompute-policy=selective", "made with --recompute_policy=full"),
+                                           ("--precision=bf16", "trained with precision fp32, the command gives bf16"),
+                                           ("--amp", "trained with precision fp32, the command gives fp16"),
+                                           ("--use_xla", "trained with compile False, the command gives True")])
+def test_a_flag_that_changes_what_the_run_measures_cannot_change_on_resume(data, whole, flag, message, error_line):
+    before = snapshot(whole)
+    assert main(flags(data, whole, flag)) == 2
+    assert message in error_line()
+    assert snapshot(whole) == before
+    assert main(flags(data, whole, "--precision=fp32")) == 0  # the same setting, however spelled, continues it
