@@ -141,7 +141,8 @@ def newest_intact_checkpoint(model_dir: str | os.PathLike, log: Callable[[str], 
 
 def remove_temporary_files(model_dir: str | os.PathLike) -> list[str]:
     """Delete the temporary files of saves that a killed process left in model_dir (`.ckpt-*.tmp`,
-    `train_results.json.tmp`, ...: never read as results); returns their names. Call it only while holding the run directory's lock."""
+    `train_results.json.tmp`, ...: never read as results); returns their names. Call it only while holding the run
+    directory's lock (run_lock.RunLock): another run's save in progress would lose its file."""
     model_dir = os.fspath(model_dir)
     if not os.path.isdir(model_dir):
         return []

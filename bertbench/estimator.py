@@ -137,12 +137,13 @@ class Estimator:
                             continue_phase=continue_phase, dist=self.dist,
                             independent_workers=training and self.independent_workers, log=self.log)
 
-    def restore(self, path: str | None = None) -> str | None:
-        """Load the weights (only) of checkpoint `path`, or of the newest one in model_dir; None if there is none."""
+    def restore(self, path: str | None = None, verify: bool = True) -> str | None:
+        """Load the weights (only) of checkpoint `path`, or of the newest one in model_dir; None if there is none.
+        `verify=False` for a file decide_start has just verified."""
         path = path or latest_checkpoint(self.run_config.model_dir)
         if path is None:
             return None
-        state = load_checkpoint(path)
+        state = load_checkpoint(path, verify=verify)
         load_weights(self.model, path, state)
         self.global_step = state["step"]
         return path

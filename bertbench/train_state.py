@@ -58,13 +58,14 @@ def decide_start(model_dir: str, *, training: bool, init_checkpoint: str | None 
         if continue_phase:
             if not init_checkpoint:
                 raise CheckpointError("continuing an earlier phase needs its checkpoint or run directory")
-            path = newest_intact_checkpoint(init_checkpoint, log) if os.path.isdir(init_checkpoint) \
-                else init_checkpoint
+            given_file = not os.path.isdir(init_checkpoint)
+            path = init_checkpoint if given_file else newest_intact_checkpoint(init_checkpoint, log)
             step = checkpoint_step(path) if path and os.path.isfile(path) else None
             if step is None:
                 raise CheckpointError(f"{init_checkpoint}: no bertbench checkpoint (ckpt-<step>.pt) of the earlier "
                                       "phase to continue from")
-            verify_checkpoint(path)
+            if given_file:  # a directory's newest intact one is verified already
+                verify_checkpoint(path)
             return RunStart(CONTINUE, path, step)
         return RunStart(WARM_START, init_checkpoint) if init_checkpoint else RunStart(FRESH)
     path = newest_intact_checkpoint(model_dir, log)

@@ -26,6 +26,7 @@ from bertbench.models import build_model
 from bertbench.synthetic import write_glue_task, write_squad
 from bertbench.distributed import Distributed, restart_safe_store
 from bertbench.run_classifier import main as classify
+from bertbench.run_lock import LOCK_NAME
 from bertbench.run_squad import main as squad
 from bertbench.training_config import RunConfig, TrainConfig
 from conftest import free_port, tiny_config, write_bert_dir
@@ -115,7 +116,7 @@ def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_
     # rank 0 alone reports and writes: one summary, one checkpoint, no per-rank files
     assert done.stdout.count("***** Eval results") == 1 and done.stdout.count("***** Training summary") == 1
     assert [step for step, _ in list_checkpoints(out)] == [48]
-    assert sorted(os.listdir(out)) == [".bertbench.lock", "bertbench_run.json", "ckpt-000000048.pt", "eval_results.json",
+    assert sorted(os.listdir(out)) == [LOCK_NAME, "bertbench_run.json", "ckpt-000000048.pt", "eval_results.json",
                                        "eval_results.txt", "metrics.jsonl", "train_results.json"]
 
 
