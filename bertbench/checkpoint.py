@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from bertbench.durable import fsync_path
+from bertbench.durable import fsync_path, write_failure
 
 TRAINING_CHECKPOINT_FORMAT = "bertbench-checkpoint-1"
 _CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -94,7 +94,12 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError
+        os.remove(temporary)
+        newest = latest_checkpoint(model_dir)
+        raise write_failure(path, error, f"the newest complete checkpoint is {newest}" if newest else
+                            "no checkpoint was kept") from None
+    except BaseException:  # a signal: the old checkpoints stay, the partial file goes
         if os.path.exists(temporary):
             os.remove(temporary)
         raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from bertbench.errors import INPUT_ERROR
+from bertbench.errors import INPUT_ERROR, run_command
 
 # sub-command -> (module with main(argv), one-line help); modules are imported only when their command runs.
 COMMANDS = {
@@ -44,5 +44,5 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:  # a usage error: one line, status 2 (bertbench.errors)
         print(f"bertbench: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return INPUT_ERROR
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    return module.main(argv[1:])
+    # Under run_command from the start, so that a signal while torch is imported is one line too.
+    return run_command("bertbench", lambda: importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]))

@@ -37,6 +37,10 @@ _GOOGLE_IGNORED_KEYS = frozenset({
 _HF_REQUIRED_VALUES = {"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False}
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass
 class BertConfig:
     """Hyper-parameters of a BERT encoder; field names are Google's bert_config.json keys."""
@@ -68,12 +72,26 @@ class BertConfig:
             raise ConfigError(f"hidden_act: {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            if not _is_number(value) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name}: expected a probability in [0, 1), got {value!r}")
+        for name in ("initializer_range", "layer_norm_eps"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 < value < float("inf"):
+                raise ConfigError(f"{name}: expected a positive number, got {value!r}")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def encoder_parameter_count(self) -> int:
+        """Parameters of the encoder and pooler (embeddings, layers, pooler), counted from the config: what every
+        task model holds before its head."""
+        h, ffn = self.hidden_size, self.intermediate_size
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h
+        # Q, K, V and output projections; the feed-forward pair; two LayerNorms.
+        layer = 4 * (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 2 * 2 * h
+        pooler = h * h + h
+        return embeddings + self.num_hidden_layers * layer + pooler
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "BertConfig":

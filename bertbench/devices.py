@@ -74,3 +74,8 @@ def proc_kilobytes(path: str, field: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def physical_memory_bytes() -> int | None:
+    """The machine's memory (MemTotal), None where /proc/meminfo is not there."""
+    return proc_kilobytes("/proc/meminfo", "MemTotal")

@@ -4,15 +4,20 @@
 - 2: usage or input error: a bad flag or value, a missing or malformed input file, a run directory that does not fit
   the command. Nothing was trained or overwritten; the one line on stderr names the flag or the file.
 - 1: runtime failure: training diverged, the disk filled up, a device ran out of memory, a worker died.
-- 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143), after saving what resumes the run.
+- 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143). In training, after saving what resumes the run; in any
+  other phase (start-up, evaluation, prediction) at once. Either way every file written is whole: results and
+  checkpoints are written to a temporary name and renamed, so a stop leaves the old file or the new one.
 
-Commands report every error they expect in one line, `program: error: message`, never as a traceback.
+Commands report every error they expect in one line, `program: error: message`, never as a traceback; a signal is
+one line too, `program: stopped by SIGTERM ...`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
+import threading
 import sys
 from collections.abc import Callable
 
@@ -27,6 +32,32 @@ class UsageError(ValueError):
 # Input a user gave that cannot be read: the file is named in the message.
 INPUT_ERRORS = (UsageError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
                 PermissionError, UnicodeDecodeError)
+
+
+class Stopped(BaseException):
+    """SIGTERM outside the training loop (which saves first, estimator.StopSignals): it unwinds the command as
+    KeyboardInterrupt does for SIGINT, so locks are released and temporary files removed on the way out."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def _raise_stopped(signum: int, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """While active, SIGTERM raises Stopped (Python's default would end the process without a word)."""
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def signal_status(name: str) -> int:
@@ -44,7 +75,8 @@ def run_command(program: str, body: Callable[[], int | None], input_errors: tupl
     are INPUT_ERRORS plus the command's own (`input_errors`, e.g. a task's data error); runtime failures are
     `runtime_errors` and any other OSError (a full disk, a lost mount)."""
     try:
-        return body() or 0
+        with stop_on_sigterm():
+            return body() or 0
     except SystemExit as stop:  # argparse: --help (0), or a bad flag already reported in one line (2)
         return stop.code or 0
     except INPUT_ERRORS + input_errors as error:
@@ -53,9 +85,11 @@ def run_command(program: str, body: Callable[[], int | None], input_errors: tupl
     except runtime_errors + (OSError, MemoryError) as error:
         print(f"{program}: error: {one_line(error)}", file=sys.stderr)
         return RUNTIME_FAILURE
-    except KeyboardInterrupt:
-        print(f"{program}: interrupted", file=sys.stderr)
-        return signal_status("SIGINT")
+    except (KeyboardInterrupt, Stopped) as stop:
+        name = stop.signal_name if isinstance(stop, Stopped) else "SIGINT"
+        print(f"{program}: stopped by {name}; every file already written is whole, none half-written",
+              file=sys.stderr)
+        return signal_status(name)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -212,7 +212,7 @@ class Estimator:
         self.model.train()
         if self.dist.is_main:
             os.makedirs(run.model_dir, exist_ok=True)
-        metrics = MetricsLog(f"{run.model_dir}/metrics.jsonl", self.global_step if resumed_from else None) \
+        metrics = MetricsLog(f"{run.model_dir}/metrics.jsonl", self.global_step if resumed_from else None, self.log) \
             if self.dist.is_main else None
         display = ProgressDisplay(config.num_train_steps, enabled=None if self.dist.is_main else False)
         trigger = SaveTrigger(run.save_checkpoints_secs, run.save_checkpoints_steps)

@@ -8,40 +8,51 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
-from bertbench.durable import write_text_atomically
+from bertbench.durable import write_failure, write_text_atomically
 
 
 class MetricsLog:
     """Appends records to a JSONL file. On resume it first drops the records of steps after the checkpoint, which
     the killed run logged but the resumed run will do again, so the log tells the history of the saved weights."""
 
-    def __init__(self, path: str | os.PathLike, resume_step: int | None = None):
+    def __init__(self, path: str | os.PathLike, resume_step: int | None = None,
+                 log: Callable[[str], None] = lambda line: None):
         self.path = os.fspath(path)
         if resume_step is not None and os.path.isfile(self.path):
-            self._truncate_after(resume_step)
+            self._truncate_after(resume_step, log)
         elif resume_step is None and os.path.exists(self.path):
             os.remove(self.path)  # a fresh run in a directory without checkpoints starts a fresh log
 
-    def _truncate_after(self, step: int) -> None:
-        kept = []
-        with open(self.path, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by the kill
-                if isinstance(record, dict) and record.get("step", 0) <= step:
-                    kept.append(json.dumps(record) + "\n")
+    def _truncate_after(self, step: int, log: Callable[[str], None]) -> None:
+        kept, unreadable = [], []
+        with open(self.path, "rb") as handle:
+            lines = handle.readlines()
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                if number < len(lines) or line.endswith(b"\n"):  # not merely the line a kill cut short
+                    unreadable.append(number)
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(json.dumps(record) + "\n")
+        if unreadable:
+            log(f"warning: {self.path}: line(s) {', '.join(map(str, unreadable[:5]))}"
+                f"{' ...' if len(unreadable) > 5 else ''} are not JSON in UTF-8; dropped from the log")
         write_text_atomically(self.path, "".join(kept))
 
     def write(self, record: dict[str, Any]) -> None:
         # Non-finite floats become null: JSON has no nan, and a strict reader would reject the whole file.
         clean = {key: (None if isinstance(value, float) and not math.isfinite(value) else value)
                  for key, value in record.items()}
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(clean) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(clean) + "\n")
+        except OSError as error:
+            raise write_failure(self.path, error, "the lines before this step are kept") from None
 
 
 def format_duration(seconds: float) -> str:

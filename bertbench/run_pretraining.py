@@ -30,14 +30,14 @@ import time
 from collections.abc import Sequence
 
 from bertbench import runner
-from bertbench.checkpoint import checkpoint_step, latest_checkpoint
 from bertbench.distributed import Distributed, job_from_environment
 from bertbench.estimator import Estimator, PeriodicEvaluation
 from bertbench.flags import setting
 from bertbench.progress import MetricsLog
 from bertbench.tasks.pretraining import (PretrainingBatches, ShardError, ShardLimits, accuracies, check_layout,
-                                         find_shards, parse_length_bins, prediction_counts, read_eval_set)
-from bertbench.train_state import CONTINUE, RunStart
+                                         find_shards, parse_length_bins, prediction_counts, read_eval_set,
+                                         read_shard)
+from bertbench.train_state import CONTINUE, RESUME, RunStart
 
 PROGRAM = "run_pretraining"
 # MLPerf BERT's quality target: masked-LM accuracy on its 10,000 eval sequences.
@@ -107,15 +107,13 @@ class PretrainingSettings(runner.RunnerSettings):
 class MlmEvaluation:
     """Scores the eval set, logs and records each evaluation, and tells when the target is met."""
 
-    def __init__(self, command: runner.Command, estimator: Estimator, features, dist: Distributed, log):
+    def __init__(self, command: runner.Command, estimator: Estimator, features, dist: Distributed, log,
+                 resume_step: int | None):
         self.settings, self.estimator, self.features, self.log = command.settings, estimator, features, log
         self.global_batch = \
             command.settings.train_batch_size * command.train["gradient_accumulation_steps"] * dist.world_size
         # Evaluations during training are logged; a resumed run keeps those up to its checkpoint.
-        output_dir = command.run.model_dir
-        resumed = latest_checkpoint(output_dir)
-        self.history = MetricsLog(os.path.join(output_dir, "evals.jsonl"),
-                                  checkpoint_step(resumed) if resumed else None) \
+        self.history = MetricsLog(os.path.join(command.run.model_dir, "evals.jsonl"), resume_step, log) \
             if dist.is_main and self.settings.do_train and self.settings.eval_iter_samples else None
         # Time to train runs from here (the model built, every shard checked) to the evaluation that meets the target.
         self.started = time.perf_counter()
@@ -208,9 +206,30 @@ def run(command: runner.Command, record: runner.RunRecord | None) -> int:
     with job_from_environment(settings.device) as dist:
         runner.check_record(record, config, settings, dist)
         log = runner.main_process_log(dist)
+        check_shard_values(train_files, limits, dist, log)
         with runner.hold_run_directory(command, record, dist, log):
             return run_in_directory(command, record, config, dist, log, train_files, train_sequences, limits, bins,
                                     eval_features)
+
+
+def check_shard_values(files: Sequence[str], limits: ShardLimits, dist: Distributed, log) -> None:
+    """Every training shard's values (ids in the vocabulary, masked positions inside their sequences, ...), read
+    once before anything is written, each process a share of the shards; the first bad one, on any process, is a
+    ShardError on every process."""
+    if not files:
+        return
+    started = time.perf_counter()
+    problem = None
+    for path in files[dist.rank::dist.world_size]:
+        try:
+            read_shard(path, limits)
+        except ShardError as error:
+            problem = str(error)
+            break
+    problem = next((found for found in dist.all_gather_object(problem) if found), None)
+    if problem:
+        raise ShardError(problem)
+    log(f"checked the values of {len(files)} training shard(s) in {time.perf_counter() - started:.1f} s")
 
 
 def run_in_directory(command: runner.Command, record: runner.RunRecord | None, config, dist: Distributed, log,
@@ -227,8 +246,8 @@ def run_in_directory(command: runner.Command, record: runner.RunRecord | None, c
     estimator = runner.build_estimator(command, model, dist,
                                        start_step + settings.num_train_steps if settings.do_train else None,
                                        **warmup)
-    evaluation = MlmEvaluation(command, estimator, eval_features, dist, log) \
-        if eval_features is not None else None
+    evaluation = MlmEvaluation(command, estimator, eval_features, dist, log,
+                               start.step if start.kind == RESUME else None) if eval_features is not None else None
     if settings.do_train:
         # Recorded, so that a resumed phase 2 keeps its step count without phase 1's directory.
         runner.write_record(record, PROGRAM, command, config, dist,

@@ -27,9 +27,10 @@ from bertbench import __version__
 from bertbench.batches import ShuffledBatches
 from bertbench.checkpoint import CheckpointError, holds_training_state, remove_temporary_files
 from bertbench.config import BertConfig, ConfigError
+from bertbench.devices import physical_memory_bytes
 from bertbench.distributed import Distributed, job_from_environment
 from bertbench.durable import write_text_atomically
-from bertbench.errors import UsageError, run_command, signal_status
+from bertbench.errors import UsageError, one_line, run_command, signal_status
 from bertbench.estimator import Estimator, TrainingDivergedError
 from bertbench.flags import FlagName, FlagParser, FrozenNamespace, add_dataclass_flags, build, setting
 from bertbench.models import add_model_arguments, model_from_args
@@ -301,11 +302,18 @@ def hold_run_directory(command: Command, record: RunRecord | None, dist: Distrib
 
 
 def load_config(settings: RunnerSettings) -> BertConfig:
-    """The model config, checked against --max_seq_length."""
+    """The model config, checked against --max_seq_length and against what every runner feeds it (two segments)."""
     config = BertConfig.from_json_file(settings.bert_config_file)
+    if config.type_vocab_size < 2:
+        raise UsageError(f"{settings.bert_config_file}: type_vocab_size is {config.type_vocab_size}; BERT's inputs "
+                         "have two segments (sentence A and B), so it must be at least 2")
     if settings.max_seq_length > config.max_position_embeddings:
         raise UsageError(f"{settings.bert_config_file}: max_position_embeddings is {config.max_position_embeddings}, "
                          f"so --max_seq_length {settings.max_seq_length} cannot be used")
+    weight_bytes, memory_bytes = 4 * config.encoder_parameter_count(), physical_memory_bytes()
+    if memory_bytes and weight_bytes > memory_bytes:  # built in fp32 on the host, whatever the device
+        raise UsageError(f"{settings.bert_config_file}: the model's fp32 weights alone take {weight_bytes / 2**30:,.1f} "
+                         f"GiB, more than this machine's {memory_bytes / 2**30:,.1f} GiB of memory")
     return config
 
 
@@ -335,7 +343,13 @@ def build_model(command: Command, task: str, config: BertConfig, dist: Distribut
                          continue_phase=continue_phase, dist=dist,
                          independent_workers=dist.enabled and not command.train.get("sync_gradients", True), log=log)
     seed_everything(command.run.seed)
-    model = model_from_args(command.flags, task, config, **head_kwargs)
+    try:
+        model = model_from_args(command.flags, task, config, **head_kwargs)
+    except RuntimeError as error:
+        if "allocate" not in str(error):
+            raise
+        raise MemoryError(f"{command.settings.bert_config_file}: the model does not fit in this machine's memory "
+                          f"({one_line(error).split('. ', 1)[-1]})") from None
     if start.kind == WARM_START:
         log(str(load_pretrained(model, start.checkpoint, config)))
     return model, start

@@ -63,11 +63,7 @@ GB = 1e9  # nccl-tests' GB/s
 def parameter_count(config: BertConfig, kind: str, num_labels: int = 2) -> int:
     """Trainable parameters of BertForPreTraining ("pretraining") or BertForSequenceClassification ("finetuning"),
     counted from the config; the MLM decoder's weight is the word-embedding matrix and counts once."""
-    h, ffn, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
-    embeddings = (vocab + config.max_position_embeddings + config.type_vocab_size) * h + 2 * h
-    # Q, K, V and output projections; the feed-forward pair; two LayerNorms.
-    layer = 4 * (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 2 * 2 * h
-    pooler = h * h + h
+    h, vocab = config.hidden_size, config.vocab_size
     if kind == "pretraining":
         # MLM transform (dense + LayerNorm), the decoder's own bias, NSP classifier.
         heads = (h * h + h + 2 * h) + vocab + (2 * h + 2)
@@ -75,7 +71,7 @@ def parameter_count(config: BertConfig, kind: str, num_labels: int = 2) -> int:
         heads = h * num_labels + num_labels
     else:
         raise BenchError(f"unknown step kind {kind!r}: use {' or '.join(STEP_KINDS)}")
-    return embeddings + config.num_hidden_layers * layer + pooler + heads
+    return config.encoder_parameter_count() + heads
 
 
 @dataclass(frozen=True)
