@@ -88,16 +88,17 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
     os.makedirs(model_dir, exist_ok=True)
     path = checkpoint_path(model_dir, step)
     descriptor, temporary = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=model_dir)
+    handle = _WriteRecorder(os.fdopen(descriptor, "wb"))
     try:
-        with os.fdopen(descriptor, "wb") as handle:
+        with handle.file:
             torch.save({"format": TRAINING_CHECKPOINT_FORMAT, "step": step, **state}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+            handle.file.flush()
+            os.fsync(handle.file.fileno())
         os.replace(temporary, path)
-    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError
+    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError of its own
         os.remove(temporary)
         newest = latest_checkpoint(model_dir)
-        raise write_failure(path, error, f"the newest complete checkpoint is {newest}" if newest else
+        raise write_failure(path, handle.error or error, f"the newest complete checkpoint is {newest}" if newest else
                             "no checkpoint was kept") from None
     except BaseException:  # a signal: the old checkpoints stay, the partial file goes
         if os.path.exists(temporary):
@@ -107,6 +108,24 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
     if keep_max is not None:
         prune_checkpoints(model_dir, keep_max)
     return path
+
+
+class _WriteRecorder:
+    """The file torch.save writes through, keeping the OSError of a failed write (a full disk), whose errno torch's
+    zip writer replaces with "unexpected pos ..."."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def verify_checkpoint(path: str | os.PathLike) -> None:

@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from bertbench.batches import TrainBatches
-from bertbench.checkpoint import CheckpointError, SaveTrigger, latest_checkpoint, load_checkpoint, save_checkpoint
+from bertbench.checkpoint import (CheckpointError, SaveTrigger, checkpoint_step, latest_checkpoint, load_checkpoint,
+                                  save_checkpoint)
 from bertbench.devices import peak_memory_bytes
 from bertbench.distributed import Distributed
 from bertbench.progress import MetricsLog, ProgressDisplay
@@ -291,7 +292,9 @@ class Estimator:
         record = {"step": self.global_step, "epoch": round(batches.epoch, 4), **window,
                   "lr": learning_rate, "skipped_steps": skipped,
                   "loss_scale": step.scaler.get_scale() if step.scaler.is_enabled() else None,
-                  "memory_bytes": peak_memory_bytes(self.device)}
+                  "memory_bytes": peak_memory_bytes(self.device),
+                  # The run's newest checkpoint at this step: a log that names one is history a checkpoint holds.
+                  "checkpoint_step": None if last_checkpoint is None else checkpoint_step(last_checkpoint)}
         if metrics is not None:
             metrics.write(record)
         display.clear()

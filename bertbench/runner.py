@@ -292,13 +292,29 @@ def hold_run_directory(command: Command, record: RunRecord | None, dist: Distrib
         if dist.is_main:
             for name in remove_temporary_files(model_dir):
                 log(f"removed {os.path.join(model_dir, name)}, left by a save that did not finish")
-        history = [name for name in ("train_results.json", "metrics.jsonl")
-                   if os.path.isfile(os.path.join(model_dir, name))]
+        history = saved_history(model_dir)
         if command.settings.do_train and record is not None and history and not holds_training_state(model_dir):
-            raise UsageError(f"{model_dir}: this run has trained ({' and '.join(history)} are there) but holds no "
-                             "checkpoint to resume from; to start it over, remove the directory or use another "
-                             "--output_dir")
+            raise UsageError(f"{model_dir}: this run has saved checkpoints ({history}) but holds none now, so it "
+                             "cannot resume; to start it over, remove the directory or use another --output_dir")
         yield
+
+
+def saved_history(model_dir: str) -> str | None:
+    """What says that a run in model_dir has saved a checkpoint: train_results.json (written after a checkpoint),
+    or a metrics.jsonl line naming its newest checkpoint. A run stopped before its first save has none: starting it
+    again from step 0 is its exact resume."""
+    if os.path.isfile(os.path.join(model_dir, "train_results.json")):
+        return "train_results.json is there"
+    metrics = os.path.join(model_dir, "metrics.jsonl")
+    if os.path.isfile(metrics):
+        with open(metrics, "rb") as handle:
+            for number, line in enumerate(handle, 1):
+                with contextlib.suppress(ValueError):  # a line cut short, or not UTF-8: says nothing
+                    record = json.loads(line)
+                    step = record.get("checkpoint_step") if isinstance(record, dict) else None
+                    if step is not None:
+                        return f"{metrics} line {number} follows the checkpoint of step {step}"
+    return None
 
 
 def load_config(settings: RunnerSettings) -> BertConfig:

@@ -162,8 +162,13 @@ def test_every_checkpoint_damaged_or_gone_is_refused_and_nothing_is_touched(data
         os.remove(path)
     before = snapshot(out)
     assert main(flags(data, out)) == 2
-    assert "this run has trained (train_results.json and metrics.jsonl are there) but holds no checkpoint" in \
-        error_line()
+    assert "this run has saved checkpoints (train_results.json is there) but holds none now, so it cannot resume; " \
+           "to start it over, remove the directory" in error_line()
+    assert snapshot(out) == before
+    os.remove(out / "train_results.json")  # as a SIGKILL leaves it: only the metrics log tells of the checkpoints
+    before = snapshot(out)
+    assert main(flags(data, out)) == 2
+    assert f"({out}/metrics.jsonl line 3 follows the checkpoint of step 8) but holds none now" in error_line()
     assert snapshot(out) == before
 
 
