@@ -84,6 +84,37 @@ run_logged() {
   "${launch[@]}" "$@" 2>&1 | tee -a "$log"
 }
 
+# modeling_tag FLAGS...: the modeling module and recompute policy the runner flags FLAGS choose, for a run directory's
+# name (_baseline, _recompute-full, _recompute-every-k2, _recompute-selective), so that the baseline and recompute
+# runs of the same arguments never share a directory. The last of a repeated flag wins, as in the runners.
+modeling_tag() {
+  local modeling=baseline policy=full every=2 flag
+  while [ $# -gt 0 ]; do
+    flag=$1
+    shift
+    case "$flag" in
+      --modeling=*) modeling=${flag#*=} ;;
+      --recompute-policy=*|--recompute_policy=*) policy=${flag#*=} ;;
+      --recompute-every=*|--recompute_every=*) every=${flag#*=} ;;
+      --modeling|--recompute-policy|--recompute_policy|--recompute-every|--recompute_every)
+        [ $# -gt 0 ] || break
+        case "$flag" in
+          --modeling) modeling=$1 ;;
+          --recompute-policy|--recompute_policy) policy=$1 ;;
+          *) every=$1 ;;
+        esac
+        shift ;;
+    esac
+  done
+  if [ "$modeling" != recompute ]; then
+    echo "_$modeling"
+  elif [ "$policy" = every-k ]; then
+    echo "_recompute-every-k$every"
+  else
+    echo "_recompute-$policy"
+  fi
+}
+
 # run_directory_suffix NUM_GPU: the end of a run directory's name, from the processes per node and the nodes.
 run_directory_suffix() {
   if [ "$NNODES" -gt 1 ]; then

@@ -21,8 +21,10 @@
 # default data/download/glue), RESULTS_DIR (default results), PYTHON (default python3); on several nodes NNODES,
 # NODE_RANK, MASTER_ADDR, MASTER_PORT or the scheduler's variables, and RDZV_TIMEOUT, MAX_RESTARTS (see common.sh):
 # run the same command on every node, with the data, BERT_DIR and RESULTS_DIR on a filesystem they share.
-# The run directory is $RESULTS_DIR/<task>_<precision>_bs<batch>_lr<lr>_seq<len>_gpu<n>[_nodes<N>]: running the same
-# command again resumes it from its newest checkpoint. Flags after the 11th argument go to run_classifier as they are.
+# The run directory is $RESULTS_DIR/<task>_<precision>_bs<batch>_lr<lr>_seq<len>_<modeling>_gpu<n>[_nodes<N>]
+# (<modeling>: baseline, recompute-full, recompute-every-k2, recompute-selective, from the --modeling and
+# --recompute-policy flags given after the 11th argument): running the same command again resumes it from its newest
+# checkpoint. Flags after the 11th argument go to run_classifier as they are.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -49,7 +51,7 @@ resolve_nodes run_glue.sh
 : "$doc_stride"  # accepted for the original's argument order; GLUE has no documents to stride
 
 run_dir="$RESULTS_DIR/${task_name}_${precision}_bs${batch_size}_lr${learning_rate}_seq${seq_length}"
-run_dir+=$(run_directory_suffix "$num_gpu")
+run_dir+="$(modeling_tag "$@")$(run_directory_suffix "$num_gpu")"
 run_logged "$run_dir" "$num_gpu" bertbench.run_classifier \
   --task_name="$task_name" --do_train=true --do_eval=true \
   --data_dir="$GLUE_DIR/$task_name" --vocab_file="$BERT_DIR/vocab.txt" \

@@ -25,7 +25,8 @@
 # EVAL_DIR (evaluation shards: scored at the end, and with EVAL_ITER_SAMPLES every that many training sequences;
 # TARGET_MLM_ACCURACY stops a run when met, MLPerf's is 0.720), RESULTS_DIR (default results), PYTHON (default
 # python3); on several nodes NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT or the scheduler's variables (see
-# common.sh). Runs go to $RESULTS_DIR/pretraining_<precision>_gpu<n>[_nodes<N>]/phase<phase>; phase 2 starts from
+# common.sh). Runs go to $RESULTS_DIR/pretraining_<precision>_<modeling>_gpu<n>[_nodes<N>]/phase<phase> (<modeling> as
+# in run_glue.sh, from --modeling and --recompute-policy after the 10th argument); phase 2 starts from
 # phase1/ next to it (or PHASE1_DIR). Running the same command again resumes the phase from its newest checkpoint.
 # Flags after the 10th argument go to run_pretraining as they are.
 set -euo pipefail
@@ -61,7 +62,7 @@ data_dir=${defaults[7]}
 check_launch_arguments run_pretraining.sh "$precision" "$num_gpu"
 resolve_nodes run_pretraining.sh
 
-run_root="$RESULTS_DIR/pretraining_${precision}$(run_directory_suffix "$num_gpu")"
+run_root="$RESULTS_DIR/pretraining_${precision}$(modeling_tag "$@")$(run_directory_suffix "$num_gpu")"
 run_dir="$run_root/phase$phase"
 phase_flags=()
 if [ "$phase" = 2 ]; then

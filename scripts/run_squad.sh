@@ -22,8 +22,9 @@
 # RESULTS_DIR (default results), PYTHON (default python3); on several nodes NNODES, NODE_RANK, MASTER_ADDR,
 # MASTER_PORT or the scheduler's variables, and RDZV_TIMEOUT, MAX_RESTARTS (see common.sh): run the same command on
 # every node, with the data, BERT_DIR and RESULTS_DIR on a filesystem they share. The run directory,
-# $RESULTS_DIR/squad<version>_<model>_<precision>_bs<batch>_lr<lr>_seq<len>_stride<n>_gpu<n>[_nodes<N>], is
-# named by the arguments: running the same command again resumes it from its newest checkpoint. The dev set is scored
+# $RESULTS_DIR/squad<version>_<model>_<precision>_bs<batch>_lr<lr>_seq<len>_stride<n>_<modeling>_gpu<n>[_nodes<N>]
+# (<modeling> as in run_glue.sh, from --modeling and --recompute-policy after the 11th argument), is named by the
+# arguments: running the same command again resumes it from its newest checkpoint. The dev set is scored
 # with the official definitions (eval_results.json); flags after the 11th argument go to run_squad as they are.
 set -euo pipefail
 
@@ -61,7 +62,7 @@ esac
 SQUAD_DIR=${SQUAD_DIR:-data/download/squad/v$squad_version}
 
 run_dir="$RESULTS_DIR/squad${squad_version}_${bert_model}_${precision}_bs${batch_size}_lr${learning_rate}"
-run_dir+="_seq${seq_length}_stride${doc_stride}$(run_directory_suffix "$num_gpu")"
+run_dir+="_seq${seq_length}_stride${doc_stride}$(modeling_tag "$@")$(run_directory_suffix "$num_gpu")"
 run_logged "$run_dir" "$num_gpu" bertbench.run_squad \
   --do_train=true --do_predict=true \
   --train_file="$SQUAD_DIR/train-v$squad_version.json" --predict_file="$SQUAD_DIR/dev-v$squad_version.json" \

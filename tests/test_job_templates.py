@@ -54,7 +54,7 @@ def test_pbs_baseline_1gpu_job(job_env, tmp_path):
     env = pbs_env(job_env, tmp_path, ["gpu-node-7"])
     done = run_job(os.path.join(TEMPLATES, "pbs", "baseline_1gpu.pbs"), env, cwd=tmp_path)  # PBS starts in $HOME
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_gpu1"
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_baseline_gpu1"
     train = read_json(run_dir / "train_results.json")
     assert (train["world_size"], train["modeling"], train["lr_scaling"]) == (1, "baseline", "none")
     assert read_json(run_dir / "eval_results.json")["dev_examples"] == 24
@@ -83,7 +83,7 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
     assert len(calls) == 2
     assert all(call.startswith("exec --nv /images/bertbench.sif scripts/run_glue.sh MRPC 8 1e-3 fp32 false 1 32 64 ")
                and call.endswith(" --modeling=recompute --lr_scaling=linear") for call in calls)
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_gpu1_nodes2"
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_recompute-full_gpu1_nodes2"
     train = read_json(run_dir / "train_results.json")
     assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (2, 2, "recompute",
                                                                                              "linear")
@@ -195,7 +195,7 @@ def test_slurm_job_srun_torchrun_two_tasks(slurm_cluster, job_env, tmp_path):
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
     state = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, output[-3000:]
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_slurm2x1"
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_baseline_slurm2x1"
     train = read_json(run_dir / "train_results.json")
     assert (train["world_size"], train["nodes"], train["global_step"], train["sentences"]) == (2, 2, 8, 128)
     assert read_json(run_dir / "eval_results.json")["dev_examples"] == 24
@@ -256,7 +256,7 @@ def test_pytorchjob_pods_run_as_the_operator_starts_them(job_env, tmp_path):
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [process.communicate(timeout=300)[0] for process in processes]
     assert [process.returncode for process in processes] == [0, 0], "\n".join(outputs)[-4000:]
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_gpu1_nodes2"
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_recompute-full_gpu1_nodes2"
     train = read_json(run_dir / "train_results.json")
     assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (2, 2, "recompute",
                                                                                              "linear")

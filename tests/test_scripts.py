@@ -38,7 +38,7 @@ POSITIONAL = ["MRPC", "16", "1e-3", "fp32", "false", "1", "32", "64", "1.0", "0.
 def test_run_glue_trains_from_the_tf1_checkpoint_and_eval_sh_scores_it(env, tmp_path):
     done = run_glue(env, *POSITIONAL, "--save_checkpoints_steps=5")
     assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_gpu1"
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1"
     assert f"loaded {BERT_DIR}/bert_model.ckpt" in done.stdout  # the default init_checkpoint
     results = json.loads((run_dir / "eval_results.json").read_text())
     assert results["global_step"] == 16 and results["dev_examples"] == 64
@@ -62,7 +62,7 @@ def test_run_glue_with_two_processes_goes_through_torchrun(env, tmp_path):
     arguments[1], arguments[5] = "8", "2"  # 8 sequences on each of 2 processes
     done = run_glue(env, *arguments)
     assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_gpu2"
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_baseline_gpu2"
     train = json.loads((run_dir / "train_results.json").read_text())
     assert train["world_size"] == 2 and train["global_step"] == 16 and train["sentences"] == 256
     assert done.stdout.count("***** Eval results") == 1  # rank 0 alone reports
@@ -94,7 +94,7 @@ def test_run_squad_trains_predicts_scores_and_eval_sh_predicts_again(env, tmp_pa
     env = dict(env, SQUAD_DIR=str(tmp_path / "squad"))
     done = run_squad(env, *SQUAD_POSITIONAL, "--max_query_length=16")
     assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "squad2.0_base_fp32_bs8_lr1e-3_seq64_stride16_gpu1"
+    run_dir = tmp_path / "results" / "squad2.0_base_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu1"
     assert f"loaded {BERT_DIR}/bert_model.ckpt" in done.stdout
     results = json.loads((run_dir / "eval_results.json").read_text())
     assert results["questions"] == 30 and {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(results)
@@ -124,6 +124,18 @@ def test_run_squad_bad_arguments(env, index, value, message):
     assert done.returncode == 2 and f"run_squad.sh: error: {message}, got '{value}'" in done.stderr
 
 
+@pytest.mark.parametrize("flags, tag", [
+    ((), "_baseline"), (("--modeling=recompute",), "_recompute-full"),
+    (("--modeling", "recompute", "--recompute_policy", "every-k", "--recompute-every=3"), "_recompute-every-k3"),
+    (("--recompute-policy=selective", "--modeling=recompute"), "_recompute-selective"),
+    (("--modeling=recompute", "--modeling=baseline", "--learning_rate=1e-3"), "_baseline")])
+def test_run_directory_names_carry_the_modeling_module_and_policy(flags, tag):
+    """Baseline and recompute runs of the same positional arguments never share a directory."""
+    done = subprocess.run(["bash", "-c", f'source {SCRIPTS}/common.sh && modeling_tag "$@"', "modeling_tag", *flags],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout == f"{tag}\n"
+
+
 @pytest.mark.slow
 def test_run_squad_with_two_processes_goes_through_torchrun(env, tmp_path):
     write_squad(tmp_path / "squad", "1.1", train=20, dev=10)
@@ -131,7 +143,7 @@ def test_run_squad_with_two_processes_goes_through_torchrun(env, tmp_path):
     arguments[4], arguments[8] = "2", "1.1"
     done = run_squad(dict(env, SQUAD_DIR=str(tmp_path / "squad")), *arguments, "--max_query_length=16")
     assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "squad1.1_base_fp32_bs8_lr1e-3_seq64_stride16_gpu2"
+    run_dir = tmp_path / "results" / "squad1.1_base_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu2"
     train = json.loads((run_dir / "train_results.json").read_text())
     assert train["world_size"] == 2 and train["sentences"] == 16 * train["global_step"]
     assert done.stdout.count("***** Eval results") == 1  # rank 0 alone reports
@@ -184,8 +196,8 @@ def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
     done = run_glue(env, *POSITIONAL)
     assert done.returncode == 1
     assert done.stdout.strip().splitlines()[-1].startswith(
-        "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_gpu1_nodes2' at 127.0.0.1:")
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_gpu1_nodes2"
+        "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2' at 127.0.0.1:")
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2"
     assert sorted(os.listdir(run_dir)) == ["command.log", "train.node0.log"]  # nothing of a run
 
 
@@ -219,7 +231,7 @@ def pretraining_arguments(phase, steps):
 def test_run_pretraining_phase1_then_phase2_continues_it(pretraining_env, tmp_path):
     phase1 = run_pretraining(pretraining_env, *pretraining_arguments("1", "3"), "--log_step_count_steps=1")
     assert phase1.returncode == 0, phase1.stdout + phase1.stderr
-    run_root = tmp_path / "results" / "pretraining_fp32_gpu1"
+    run_root = tmp_path / "results" / "pretraining_fp32_baseline_gpu1"
     train = json.loads((run_root / "phase1" / "train_results.json").read_text())
     assert train["global_step"] == 3 and train["sentences"] == 3 * 4 * 2 and train["max_seq_length"] == 128
     assert json.loads((run_root / "phase1" / "eval_results.json").read_text())["global_step"] == 3
