@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bertbench.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Distributed:
@@ -84,11 +86,15 @@ class Distributed:
 
 
 def resolve_device(name: str | None) -> torch.device:
-    """`name` as a device, or CUDA when it is available, else the CPU."""
+    """`name` as a device, or CUDA when it is available, else the CPU. A name that is no device, or CUDA where there
+    is none, is a UsageError."""
     if name:
-        device = torch.device(name)
+        try:
+            device = torch.device(name)
+        except RuntimeError as error:
+            raise UsageError(f"device {name!r} is not a device ({error})") from None
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} requested but CUDA is not available")
+            raise UsageError(f"device {name!r} requested but CUDA is not available")
         return device
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

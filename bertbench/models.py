@@ -8,6 +8,7 @@ from torch import nn
 
 from bertbench import modeling, recompute
 from bertbench.config import BertConfig
+from bertbench.errors import UsageError
 
 MODELINGS = ("baseline", "recompute")
 TASKS = {
@@ -46,4 +47,6 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def model_from_args(args: argparse.Namespace, task: str, config: BertConfig, **head_kwargs) -> nn.Module:
+    if args.recompute_every < 1:
+        raise UsageError(f"--recompute-every must be at least 1, got {args.recompute_every}")
     return build_model(task, config, args.modeling, args.recompute_policy, args.recompute_every, **head_kwargs)

@@ -23,8 +23,8 @@ import torch
 
 from bertbench import runner
 from bertbench.flags import setting
-from bertbench.tasks.glue import GlueDataError, GlueProcessor, compute_metrics, encode_examples, get_processor, \
-    submission_file_name, write_submission
+from bertbench.tasks.glue import GlueDataError, GlueProcessor, InputExample, compute_metrics, encode_examples, \
+    get_processor, submission_file_name, write_submission
 from bertbench.tokenization import BertTokenizer
 
 PROGRAM = "run_classifier"
@@ -50,16 +50,21 @@ class GlueSettings(runner.FineTuningSettings):
             get_processor(self.task_name)
         except ValueError as error:
             raise runner.UsageError(str(error)) from None
+        if self.max_seq_length < 3:
+            raise runner.UsageError(f"--max_seq_length must be at least 3 ([CLS], text and [SEP]), got "
+                                    f"{self.max_seq_length}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GlueData(runner.TaskData):
     processor: GlueProcessor
-    tokenizer: BertTokenizer  # test sets are read and encoded after training
+    tokenizer: BertTokenizer  # test sets are encoded after training
     dev_sets: Mapping[str, Mapping[str, torch.Tensor]]  # dev set name -> features (MNLI: matched, mismatched)
+    test_sets: Mapping[str, list[InputExample]]  # test set name -> examples, read before training (--do_predict)
 
 
 def read(settings: GlueSettings, tokenizer: BertTokenizer, log) -> GlueData:
+    """Every file the command needs, test sets included: a bad file must not surface after hours of training."""
     processor = get_processor(settings.task_name)
     train = None
     if settings.do_train:
@@ -67,9 +72,10 @@ def read(settings: GlueSettings, tokenizer: BertTokenizer, log) -> GlueData:
         train = encode_examples(examples, tokenizer, processor, settings.max_seq_length)
     dev_sets = {name: encode_examples(examples, tokenizer, processor, settings.max_seq_length)
                 for name, examples in processor.dev_sets(settings.data_dir).items()} if settings.do_eval else {}
+    test_sets = processor.test_sets(settings.data_dir) if settings.do_predict else {}
     return GlueData(train=train, description=f"{processor.name}: {len(train['labels'])} examples" if train else "",
                     head_kwargs={"num_labels": processor.num_labels}, processor=processor, tokenizer=tokenizer,
-                    dev_sets=dev_sets)
+                    dev_sets=dev_sets, test_sets=test_sets)
 
 
 def worker_score(settings: GlueSettings, data: GlueData) -> runner.WorkerScore:
@@ -109,7 +115,7 @@ def predict(settings: GlueSettings, estimator, data: GlueData, is_main: bool, lo
     """The GLUE leaderboard file of every test set (MNLI-m.tsv and MNLI-mm.tsv for MNLI)."""
     processor, output_dir = data.processor, estimator.run_config.model_dir
     written = []
-    for set_name, examples in processor.test_sets(settings.data_dir).items():
+    for set_name, examples in data.test_sets.items():
         features = encode_examples(examples, data.tokenizer, processor, settings.max_seq_length)
         del features["labels"]  # test sets are unlabelled
         logits = estimator.predict(features, settings.predict_batch_size)["logits"]

@@ -108,7 +108,7 @@ class RunnerSettings:
             value = getattr(self, field.name)
             if value is None and field.metadata.get("required"):
                 raise UsageError(f"--{field.name} is required")
-            if value is not None and field.metadata.get("positive") and value <= 0:
+            if value is not None and field.metadata.get("positive") and not value > 0:  # NaN too
                 raise UsageError(f"--{field.name} must be positive, got {value}")
 
 
@@ -206,10 +206,13 @@ def resolve_command(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, An
                                      f"gives {now[name]}; use a new --output_dir, or leave the flag out to continue "
                                      "the run")
     values = {**parser.defaults, **recorded, **given}
+    train_fields = parser.field_values(TrainConfig, values)
+    if values.get("do_train"):  # every training flag checked now, before any file is read; the steps come later
+        build(TrainConfig, FLAG_NAMES, **{**train_fields, "num_train_steps": 1})
     command = Command(
         settings=build(spec.settings, **parser.field_values(spec.settings, values)),
         run=build(RunConfig, FLAG_NAMES, **parser.field_values(RunConfig, values)),
-        train=MappingProxyType(parser.field_values(TrainConfig, values)), flags=FrozenNamespace(**values),
+        train=MappingProxyType(train_fields), flags=FrozenNamespace(**values),
         per_command=frozenset(name for name, field in parser.fields.items() if field.metadata.get("per_command")))
     return command, record
 

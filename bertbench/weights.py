@@ -202,13 +202,15 @@ def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -
     file, or a run directory: its newest), or a TF checkpoint (prefix, .index, dir).
 
     A TF checkpoint needs `config` (or a bert_config.json beside it) for its shapes; for HF weights a given `config`
-    is checked against every weight it knows.
+    is checked against every weight it knows, and an HF directory's config.json must be a BERT's.
     """
     path = os.fspath(path)
     weights_file = None
     if os.path.isdir(path):
         weights_file = next((os.path.join(path, name) for name in _HF_WEIGHT_FILES
                              if os.path.isfile(os.path.join(path, name))), None)
+        if weights_file is not None and os.path.isfile(os.path.join(path, "config.json")):
+            BertConfig.from_json_file(path)  # an HF directory of another model (model_type roberta, ...) is refused
         if weights_file is None and not glob.glob(os.path.join(glob.escape(path), "*.index")):
             weights_file = latest_checkpoint(path)  # a bertbench run directory: its newest checkpoint
             if weights_file is None:

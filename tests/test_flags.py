@@ -186,11 +186,12 @@ def test_a_bad_value_is_one_line_with_status_2(module, extra, message, tmp_path,
     assert not (tmp_path / "run").exists()
 
 
-def test_a_config_check_names_the_flag_not_the_field(tmp_path):
-    command = parse(run_classifier.SPEC, tmp_path, "--num_accumulation_steps=0")
+def test_a_config_check_names_the_flag_not_the_field_and_comes_when_the_command_is_parsed(tmp_path):
+    """A training flag TrainConfig refuses is refused with the command, before any file is read."""
     with pytest.raises(UsageError) as error:
-        runner.build_estimator(command, nn.Linear(2, 2), Distributed(), 10)
+        parse(run_classifier.SPEC, tmp_path, "--num_accumulation_steps=0")
     assert str(error.value) == "--num_accumulation_steps must be at least 1, got 0"
+    parse(run_classifier.SPEC, tmp_path, "--num_accumulation_steps=0", "--do_train=false", "--do_eval")  # unused
 
 
 def test_the_record_keeps_flags_by_name_and_refuses_run_defining_changes(tmp_path):

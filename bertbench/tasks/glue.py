@@ -127,7 +127,14 @@ class GlueProcessor:
         examples = []
         for row in reader:
             line = reader.line_num  # one row per line: QUOTE_NONE never continues a field onto the next line
-            if (columns.header and line == 1) or not row:
+            if columns.header and line == 1:
+                # An example there means the header is missing: it would be skipped, silently, as the header.
+                if columns.label is not None and len(row) >= columns.min_fields and \
+                        self._label_value(row[columns.label]) is not None:
+                    raise GlueDataError(f"{path}:1: an example ({self.name} label {row[columns.label]!r}) where the "
+                                        f"header line belongs: {self.name} {split_name} files start with a header")
+                continue
+            if not row:
                 continue
             if len(row) < columns.min_fields:
                 raise GlueDataError(f"{path}:{line}: {len(row)} tab-separated field{'s' if len(row) != 1 else ''}, "
@@ -136,21 +143,28 @@ class GlueProcessor:
             guid = f"{split_name}-{len(examples)}" if columns.guid is None else row[columns.guid]
             text_b = None if columns.text_b is None else row[columns.text_b]
             examples.append(InputExample(guid, row[columns.text_a], text_b, label))
+        if not examples:
+            raise GlueDataError(f"{path}: no examples")
         return examples
 
-    def _parse_label(self, path: str, line: int, raw: str) -> str | float:
+    def _label_value(self, raw: str) -> str | float | None:
+        """The label `raw` spells (a label string, or a finite score for regression), None when it is none."""
         if not self.is_regression:
-            if raw not in self.labels:
-                raise GlueDataError(f"{path}:{line}: unknown label {raw!r} for {self.name}, "
-                                    f"expected one of {', '.join(self.labels)}")
-            return raw
+            return raw if raw in self.labels else None
         try:
             value = float(raw)
         except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise GlueDataError(f"{path}:{line}: label {raw!r} is not a number ({self.name} scores are floats)")
-        return value
+            return None
+        return value if math.isfinite(value) else None
+
+    def _parse_label(self, path: str, line: int, raw: str) -> str | float:
+        value = self._label_value(raw)
+        if value is not None:
+            return value
+        if not self.is_regression:
+            raise GlueDataError(f"{path}:{line}: unknown label {raw!r} for {self.name}, "
+                                f"expected one of {', '.join(self.labels)}")
+        raise GlueDataError(f"{path}:{line}: label {raw!r} is not a number ({self.name} scores are floats)")
 
 
 def _standard_task(name: str, labels: tuple[str, ...], metric: str, labelled: Columns,

@@ -93,9 +93,13 @@ def read_questions(path: str | os.PathLike) -> tuple[list[ScoredQuestion], bool]
             for qa in _field(paragraph, "qas", path, "a paragraph"):
                 question_id = str(_field(qa, "id", path, "a question"))
                 answers = _field(qa, "answers", path, f"question {question_id}")
+                _is_impossible(qa, f"{path}: question {question_id}")
                 version_2 = version_2 or "is_impossible" in qa
                 texts = tuple(_field(answer, "text", path, f"an answer of question {question_id}")
                               for answer in answers)
+                bad = [text for text in texts if not isinstance(text, str)]
+                if bad:
+                    raise SquadDataError(f"{path}: question {question_id}: an answer's text is {bad[0]!r}, not text")
                 questions.append(ScoredQuestion(question_id, texts))
     return questions, version_2
 
@@ -108,6 +112,14 @@ def _load_json(path: str):
         raise SquadDataError(f"{path}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SquadDataError(f"{path}: not valid JSON ({error})") from None
+
+
+def _is_impossible(qa: dict, where: str) -> bool:
+    """A question's is_impossible flag (v2.0; absent: False), which must be a JSON boolean."""
+    is_impossible = qa.get("is_impossible", False)
+    if not isinstance(is_impossible, bool):
+        raise SquadDataError(f"{where}: is_impossible is {is_impossible!r}, expected true or false")
+    return is_impossible
 
 
 def _field(container, name: str, path: str, owner: str):
@@ -254,10 +266,7 @@ def _read_example(qa, context: str, path: str, training: bool, version_2: bool) 
         raise SquadDataError(f"{where}: the question is {question!r}, not text")
     if not training:
         return SquadExample(question_id, question, context, -1, "")
-    is_impossible = qa.get("is_impossible", False)
-    if not isinstance(is_impossible, bool):
-        raise SquadDataError(f"{where}: is_impossible is {is_impossible!r}, expected true or false")
-    if is_impossible:
+    if _is_impossible(qa, where):
         if not version_2:
             raise SquadDataError(f"{where}: is unanswerable (is_impossible), a SQuAD v2.0 question; train on this "
                                  "file with --version_2_with_negative")
