@@ -35,8 +35,8 @@ from bertbench.estimator import Estimator, PeriodicEvaluation
 from bertbench.flags import setting
 from bertbench.progress import MetricsLog
 from bertbench.tasks.pretraining import (PretrainingBatches, ShardError, ShardLimits, accuracies, check_layout,
-                                         find_shards, parse_length_bins, prediction_counts, read_eval_set,
-                                         read_shard)
+                                         check_shard, find_shards, parse_length_bins, prediction_counts,
+                                         read_eval_set)
 from bertbench.train_state import CONTINUE, RESUME, RunStart
 
 PROGRAM = "run_pretraining"
@@ -222,7 +222,7 @@ def check_shard_values(files: Sequence[str], limits: ShardLimits, dist: Distribu
     problem = None
     for path in files[dist.rank::dist.world_size]:
         try:
-            read_shard(path, limits)
+            check_shard(path, limits)
         except ShardError as error:
             problem = str(error)
             break
