@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
-import threading
 import sys
+import threading
 from collections.abc import Callable
 
 INPUT_ERROR = 2

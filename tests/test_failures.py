@@ -107,6 +107,15 @@ def test_a_metrics_line_that_cannot_be_written_names_the_log(tmp_path):
                                   "before this step are kept")
 
 
+def test_a_metrics_log_line_that_is_not_utf8_json_is_dropped_with_a_warning_on_resume(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 4}\n\xff\xfe not text\n{"step": 8}\n{"step": 12}\n{"step": 16, "lo')
+    warnings = []
+    MetricsLog(path, resume_step=12, log=warnings.append)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [4, 8, 12]
+    assert warnings == [f"warning: {path}: line(s) 2 are not JSON in UTF-8; dropped from the log"]  # not line 5: cut
+
+
 @pytest.mark.slow
 def test_a_run_whose_disk_fills_up_stops_in_one_line_and_resumes_once_there_is_room(data, tmp_path):
     """A real process under a file-size limit as small as a full disk leaves it: the first checkpoint cannot be
