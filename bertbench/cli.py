@@ -46,3 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return INPUT_ERROR
     # Under run_command from the start, so that a signal while torch is imported is one line too.
     return run_command("bertbench", lambda: importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -198,6 +198,8 @@ class Estimator:
             restore_seconds = reading_seconds + time.perf_counter() - started
             self.log(f"resumed from {resumed_from} (step {self.global_step}, epoch {batches.epoch:.2f}) in "
                      f"{restore_seconds:.2f} s")
+            if self.global_step >= config.num_train_steps:
+                checkpoints.prune()
         else:
             seed_everything(run.seed + self.dist.rank)
             self.global_step = checkpoints.continue_phase(start.checkpoint, state) if start.kind == CONTINUE else 0

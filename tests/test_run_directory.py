@@ -3,6 +3,7 @@ invocation, checkpoints verified before a resume, and no silent restart or poiso
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -107,6 +108,16 @@ def test_a_rerun_of_a_finished_run_keeps_its_figures_and_only_evaluates(data, wh
     assert after["invocation"]["steps"] == 0
     assert (whole / "metrics.jsonl").read_text() == metrics
     assert read_json(whole / "eval_results.json")["global_step"] == 24
+
+
+def test_a_run_killed_between_its_last_save_and_the_prune_is_pruned_when_run_again(data, whole, tmp_path):
+    """The kill -9 campaign's find: killed after the last checkpoint is in place but before older ones are deleted,
+    a run kept keep_checkpoint_max + 1 checkpoints for ever (at its last step it never saves again)."""
+    out = tmp_path / "run"
+    shutil.copytree(whole, out)
+    shutil.copyfile(out / "ckpt-000000008.pt", checkpoint_path(out, 4))  # the one the prune would have deleted
+    assert main(flags(data, out)) == 0
+    assert [step for step, _ in list_checkpoints(out)] == [8, 16, 24]
 
 
 def test_a_run_killed_after_a_checkpoint_keeps_the_figures_it_saved(data, whole, tmp_path):

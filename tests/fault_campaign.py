@@ -1,0 +1,505 @@
+"""A kill -9 fault campaign: each runner's command is SIGKILLed at random moments, run again each time, and must end
+exactly as a run never stopped.
+
+    python tests/fault_campaign.py --trials 8 --seed 1 [--runners classifier,squad,pretraining,launch2]
+
+For each runner a tiny model is trained once uninterrupted (the reference). Each trial then starts the same command
+in a fresh directory, kills it 1-3 times (SIGKILL; for `launch2` the torchrun agent and both workers, stopped
+together first, as a lost node loses them), starts the same command again after each kill, and finally runs it to
+completion. The moments come from a seeded RNG: during start-up (before any checkpoint), a random delay after a new
+checkpoint, while a checkpoint is being written (its temporary file seen), the moment a new checkpoint appears
+(before the older ones are pruned, if the poll is quick enough), or any time in the run. A trial loses
+nothing when: every command that was not killed exited 0; every restart resumed the newest checkpoint; the final
+weights are bit-identical to the reference's; train_results.json has the reference's global step and sentences and
+its `segments` chain from step 0 to it without gap or overlap, each earlier segment ending at a checkpoint;
+metrics.jsonl logs the reference's steps, once each, in order; no temporary file is left; and the checkpoints kept
+are the reference's (keep_checkpoint_max of them). Prints a markdown table; exit status 1 when a trial lost anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# Run as a script from anywhere: conftest's writers sit beside this file, and this checkout's bertbench is the one
+# tested (here and in the commands started) whatever an installed copy points to.
+for path in (HERE, ROOT):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from bertbench.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
+from bertbench.synthetic import vocabulary, write_glue_task, write_squad  # noqa: E402
+from conftest import write_bert_dir, write_nvidia_shard  # noqa: E402
+
+RUNNERS = ("classifier", "squad", "pretraining", "launch2")
+MOMENTS = ("start-up", "after a checkpoint", "in a save", "as a checkpoint appears", "any time")
+KEEP = 2  # --keep_checkpoint_max of every runner: pruning is exercised
+SAVE_EVERY = 8  # --save_checkpoints_steps of every runner
+RUN_TIMEOUT = 300  # seconds one command may take before the campaign gives up on it
+POLL = 0.002
+RESUMED = re.compile(r"resumed from (\S+) \(step (\d+)")
+
+
+def prepare_data(root: Path) -> Path:
+    """Every runner's inputs under root: GLUE MRPC, SQuAD v1.1, NVIDIA-layout shards and the tiny model's files."""
+    write_glue_task(root / "glue", "MRPC", train=256, dev=16, test=8)
+    write_squad(root / "squad", "1.1", train=40, dev=4)
+    write_bert_dir(root / "bert")
+    write_bert_dir(root / "squad_bert", vocab_size=len(vocabulary()))
+    (root / "shards").mkdir(exist_ok=True)
+    for index in range(2):
+        write_nvidia_shard(root / "shards" / f"part_{index:05d}.hdf5", count=48, seed=index)
+    return root
+
+
+def saves_and_logs(out: Path) -> list[str]:
+    """Every runner's: a checkpoint every SAVE_EVERY steps (no timed ones), KEEP kept, a log record every 4 steps
+    (so a run killed before its first checkpoint may have logged)."""
+    return ["--save_checkpoints_secs=0", f"--save_checkpoints_steps={SAVE_EVERY}", f"--keep_checkpoint_max={KEEP}",
+            "--log_step_count_steps=4", f"--output_dir={out}"]
+
+
+def classifier_flags(data: Path, out: Path, batch: int, epochs: int) -> list[str]:
+    return ["--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
+            f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32", "--do_train",
+            f"--train_batch_size={batch}", f"--num_train_epochs={epochs}", "--learning_rate=1e-3",
+            *saves_and_logs(out)]
+
+
+def command(runner: str, data: Path, out: Path) -> list[str]:
+    """The runner's command line: the same for the reference, every restart and the final run (only `out`
+    differs between trials)."""
+    python = [sys.executable, "-m"]
+    if runner == "classifier":  # 96 steps
+        return python + ["bertbench.run_classifier", *classifier_flags(data, out, batch=16, epochs=6)]
+    if runner == "squad":  # 91 steps (147 windows of 48 tokens, 5 epochs)
+        return python + ["bertbench.run_squad", f"--train_file={data / 'squad' / 'train-v1.1.json'}",
+                         f"--vocab_file={data / 'squad_bert' / 'vocab.txt'}",
+                         f"--bert_config_file={data / 'squad_bert' / 'bert_config.json'}", "--max_seq_length=48",
+                         "--doc_stride=16", "--max_query_length=16", "--do_train", "--train_batch_size=8",
+                         "--num_train_epochs=5", "--learning_rate=1e-3", *saves_and_logs(out)]
+    if runner == "pretraining":  # 96 steps: 8 passes over 2 shards of 48, the loader's position crossing both
+        return python + ["bertbench.run_pretraining", f"--input_dir={data / 'shards'}",
+                         f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
+                         "--max_predictions_per_seq=5", "--do_train", "--train_batch_size=8", "--num_train_steps=96",
+                         "--learning_rate=2e-3", *saves_and_logs(out)]
+    if runner == "launch2":  # run_classifier on 2 processes under torchrun (gloo on CPU): 80 steps
+        return python + ["bertbench", "launch", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
+                         "-m", "bertbench.run_classifier", *classifier_flags(data, out, batch=8, epochs=5)]
+    raise ValueError(f"unknown runner {runner!r}; choose from {', '.join(RUNNERS)}")
+
+
+# ---- processes -----------------------------------------------------------------------------------------------------
+
+def environment() -> dict[str, str]:
+    # One intra-op thread, as the tests' processes have (conftest.py says why); the same in every run.
+    python_path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": python_path}
+
+
+def start(argv: Sequence[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as handle:
+        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=environment(),
+                                start_new_session=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of pid's children, grandchildren, ... (torchrun starts its workers in sessions of their own, so the
+    agent's process group does not hold them)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, pending = [], [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the process and every descendant at once: all are stopped first, so no worker sees its peer die
+    and reacts, then killed. Returns once every one is gone."""
+    stopped: list[int] = []
+    while True:
+        new = [pid for pid in [process.pid, *descendants(process.pid)] if pid not in stopped]
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        stopped += new
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in stopped):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {stopped} outlived SIGKILL")
+        time.sleep(POLL)
+
+
+def run_to_end(argv: Sequence[str], log: Path) -> int:
+    process = start(argv, log)
+    try:
+        return process.wait(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        kill_tree(process)
+        return -signal.SIGKILL
+
+
+def newest_step(out: Path) -> int | None:
+    checkpoints = list_checkpoints(out)
+    return checkpoints[-1][0] if checkpoints else None
+
+
+def saving(out: Path) -> bool:
+    try:
+        return any(name.startswith(".ckpt-") and name.endswith(".tmp") for name in os.listdir(out))
+    except FileNotFoundError:
+        return False
+
+
+# ---- the reference -------------------------------------------------------------------------------------------------
+
+@dataclass
+class Reference:
+    weights: dict[str, torch.Tensor]
+    train: dict
+    checkpoint_steps: list[int]
+    metric_steps: list[int]
+    seconds: float  # the whole command, start-up included
+    first_checkpoint_seconds: float
+    save_interval_seconds: float
+
+    def expected_seconds(self, resumed_step: int | None) -> float:
+        """About how long the command runs when it starts over the checkpoint of `resumed_step` (None: none): its
+        start-up, then the steps left at the reference's pace."""
+        step_seconds = self.save_interval_seconds / SAVE_EVERY
+        start_up = max(0.0, self.first_checkpoint_seconds - SAVE_EVERY * step_seconds)
+        return start_up + (self.train["global_step"] - (resumed_step or 0)) * step_seconds
+
+
+def metric_steps(out: Path) -> list[int]:
+    """The steps of metrics.jsonl's records (a line that is not a JSON record raises)."""
+    with open(out / "metrics.jsonl") as handle:
+        return [json.loads(line)["step"] for line in handle]
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(list_checkpoints(out)[-1][1])["model"]
+
+
+def measure_reference(argv: Sequence[str], out: Path, log: Path) -> Reference:
+    """Run the command uninterrupted, noting when each checkpoint appears (the kill moments are scaled to it)."""
+    started = time.monotonic()
+    process = start(argv, log)
+    seen: list[float] = []
+    last = None
+    while process.poll() is None:
+        step = newest_step(out)
+        if step != last:
+            seen.append(time.monotonic() - started)
+            last = step
+        time.sleep(POLL)
+    seconds = time.monotonic() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"the reference run failed ({process.returncode}): {log.read_text()[-3000:]}")
+    if len(list_checkpoints(out)) != KEEP:  # every runner saves more often than it keeps
+        raise RuntimeError(f"the reference run kept {list_checkpoints(out)}, not {KEEP} checkpoints")
+    first = seen[0] if seen else seconds
+    interval = (seen[-1] - seen[0]) / (len(seen) - 1) if len(seen) > 1 else seconds - first
+    return Reference(final_weights(out), json.loads((out / "train_results.json").read_text()),
+                     [step for step, _ in list_checkpoints(out)], metric_steps(out), seconds, first, interval)
+
+
+# ---- one trial -----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Kill:
+    moment: str
+    seconds: float  # after the command started
+    newest_checkpoint: int | None  # at the kill
+    during_save: bool  # a checkpoint's temporary file was there
+    before_prune: bool  # more checkpoints than keep_checkpoint_max were there: a new one, the old not yet deleted
+
+
+@dataclass
+class Trial:
+    kills: list[Kill] = field(default_factory=list)
+    resumed_ok: bool = True
+    identical: bool = False
+    lost: list[str] = field(default_factory=list)
+
+
+def sleep_while_running(process: subprocess.Popen, seconds: float) -> bool:
+    """Sleep `seconds` unless the process ends first; whether it still runs."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        time.sleep(min(POLL * 5, max(0.0, deadline - time.monotonic())))
+    return process.poll() is None
+
+
+def wait_while_running(process: subprocess.Popen, condition: Callable[[], bool]) -> bool:
+    """Poll until `condition()` holds; False when the process ended first."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not condition():
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(POLL)
+    return True
+
+
+def strike(process: subprocess.Popen, out: Path, moment: str, rng: random.Random, reference: Reference,
+           started: float) -> Kill | None:
+    """Wait for the moment, then SIGKILL the command; None when it ended first."""
+    expected = reference.expected_seconds(newest_step(out))
+    if moment == "start-up":  # imports, reading the data, building the model, up to the first save
+        running = sleep_while_running(process, rng.uniform(0, reference.first_checkpoint_seconds))
+    elif moment == "after a checkpoint":
+        before = newest_step(out)
+        running = wait_while_running(process, lambda: newest_step(out) != before) and \
+            sleep_while_running(process, rng.uniform(0, reference.save_interval_seconds))
+    elif moment in ("in a save", "as a checkpoint appears"):
+        running = sleep_while_running(process, rng.uniform(0, 0.9 * expected))
+        before = newest_step(out)
+        # In a save: its temporary file is there (or, a save too quick for the poll, the checkpoint it became).
+        # As a checkpoint appears: renamed, perhaps not yet fsynced nor the older ones pruned.
+        appeared = (lambda: saving(out) or newest_step(out) != before) if moment == "in a save" else \
+            (lambda: newest_step(out) != before)
+        running = running and wait_while_running(process, appeared)
+    else:
+        running = sleep_while_running(process, rng.uniform(0, expected))
+    if not running:
+        return None
+    during_save, checkpoints = saving(out), len(list_checkpoints(out))
+    newest = newest_step(out)
+    kill_tree(process)
+    return Kill(moment, time.monotonic() - started, newest, during_save, checkpoints > KEEP)
+
+
+def check_resume(log: Path, found: int | None, trial: Trial, run: str, required: bool) -> None:
+    """A command started over checkpoint `found` (None: none) must say it resumed that one, or nothing."""
+    resumed = [int(step) for _, step in RESUMED.findall(log.read_text(errors="replace"))]
+    if resumed != ([] if found is None else [found]) and (resumed or required):
+        trial.resumed_ok = False
+        trial.lost.append(f"{run}: started over checkpoint {found}, resumed {resumed or 'nothing'}")
+
+
+def run_trial(argv: Sequence[str], out: Path, logs: Path, reference: Reference, rng: random.Random) -> Trial:
+    trial = Trial()
+    for number in range(rng.randint(1, 3)):
+        moment = rng.choice(MOMENTS)
+        found, log = newest_step(out), logs / f"run-{number}.log"
+        started = time.monotonic()
+        process = start(argv, log)
+        kill = strike(process, out, moment, rng, reference, started)
+        if kill is not None:
+            trial.kills.append(kill)
+        check_resume(log, found, trial, f"run {number}", required=kill is None and process.returncode == 0)
+        if kill is None and process.wait() != 0:  # it ended before the moment came: it must have ended well
+            refused(trial, out, f"run {number} (before a kill '{moment}')", process.returncode, log)
+            if list_checkpoints(out):
+                return trial
+    found, log = newest_step(out), logs / "final.log"
+    status = run_to_end(argv, log)
+    check_resume(log, found, trial, "final run", required=status == 0)
+    if status != 0:
+        refused(trial, out, "final run", status, log)
+        if list_checkpoints(out) or run_to_end(argv, logs / "final-again.log") != 0:
+            return trial
+    trial.lost += check_run(out, reference)
+    trial.identical = not any(problem.startswith("weights") for problem in trial.lost)
+    return trial
+
+
+def refused(trial: Trial, out: Path, run: str, status: int, log: Path) -> None:
+    """Note a command that failed on its own. When the directory holds no checkpoint, nothing trained is lost by
+    removing it (what the runners' refusal advises): the trial goes on from scratch, so its other checks still
+    count."""
+    trial.resumed_ok = False
+    trial.lost.append(f"{run} exited {status}: {tail(log)}")
+    if not list_checkpoints(out):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def tail(log: Path, lines: int = 3) -> str:
+    return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+
+
+def check_run(out: Path, reference: Reference) -> list[str]:
+    """What a finished run lost against the reference, one line each (none: nothing lost)."""
+    problems = []
+    steps = [step for step, _ in list_checkpoints(out)]
+    if steps != reference.checkpoint_steps:
+        problems.append(f"checkpoints at steps {steps}, the reference keeps {reference.checkpoint_steps}")
+    if steps:
+        weights = final_weights(out)
+        if weights.keys() != reference.weights.keys() or \
+                not all(torch.equal(weights[name], reference.weights[name]) for name in weights):
+            differing = [name for name in weights if name in reference.weights
+                         and not torch.equal(weights[name], reference.weights[name])]
+            problems.append(f"weights differ from the reference's ({len(differing)} tensors, e.g. {differing[:2]})")
+    leftovers = sorted(str(path.relative_to(out)) for path in out.rglob("*.tmp"))
+    if leftovers:
+        problems.append(f"temporary files left: {leftovers}")
+    try:
+        logged = metric_steps(out)
+    except (OSError, ValueError, KeyError) as error:
+        problems.append(f"metrics.jsonl unreadable: {type(error).__name__}: {error}")
+    else:
+        if logged != reference.metric_steps:
+            problems.append(f"metrics.jsonl steps {logged}, the reference logged {reference.metric_steps}")
+    try:
+        train = json.loads((out / "train_results.json").read_text())
+    except (OSError, ValueError) as error:
+        return problems + [f"train_results.json unreadable: {type(error).__name__}: {error}"]
+    for key in ("global_step", "sentences"):
+        if train.get(key) != reference.train[key]:
+            problems.append(f"train_results.json {key} {train.get(key)}, the reference's {reference.train[key]}")
+    global_step = reference.train["global_step"]
+    return problems + check_segments(train.get("segments") or [], global_step,
+                                     {*range(SAVE_EVERY, global_step, SAVE_EVERY), global_step})
+
+
+def check_segments(segments: list[dict], global_step: int, save_steps: set[int]) -> list[str]:
+    """The segments must chain 0 -> global_step, each one's steps its end minus its start, every segment but the
+    last ending where a checkpoint was saved (a killed invocation counts up to its last checkpoint)."""
+    spans = [(segment.get("start_step"), segment.get("end_step"), segment.get("steps")) for segment in segments]
+    problems = []
+    if not spans:
+        return [f"train_results.json has no segments (global step {global_step})"]
+    expected_start = 0
+    for start_step, end_step, steps in spans:
+        if start_step != expected_start or steps != end_step - start_step:
+            problems.append(f"segments {spans} do not chain from 0 to {global_step}")
+            break
+        expected_start = end_step
+    else:
+        if expected_start != global_step:
+            problems.append(f"segments {spans} end at {expected_start}, not at {global_step}")
+    if not all(end_step in save_steps for _, end_step, _ in spans):
+        problems.append(f"segments {spans} end between checkpoints ({sorted(save_steps)})")
+    if segments[-1].get("ended") != "finished" or any(segment.get("ended") is not None for segment in segments[:-1]):
+        problems.append(f"segments end as {[segment.get('ended') for segment in segments]}")
+    return problems
+
+
+# ---- the campaign --------------------------------------------------------------------------------------------------
+
+@dataclass
+class RunnerResult:
+    runner: str
+    trials: list[Trial]
+
+
+def campaign(runners: Sequence[str], trials: int | dict[str, int], seed: int, workdir: Path,
+             report: Callable[[str], None] = lambda line: None) -> list[RunnerResult]:
+    """Run `trials` trials (per runner, or a count for each) of every runner in workdir; each runner's RNG is
+    seeded from `seed` and its name, so one runner's trials do not depend on which others run."""
+    data = prepare_data(workdir / "data")
+    results = []
+    for runner in runners:
+        count = trials[runner] if isinstance(trials, dict) else trials
+        root = workdir / runner
+        root.mkdir()
+        reference = measure_reference(command(runner, data, root / "reference"), root / "reference",
+                                      root / "reference.log")
+        report(f"{runner}: reference {reference.seconds:.1f} s, {reference.train['global_step']} steps, first "
+               f"checkpoint at {reference.first_checkpoint_seconds:.1f} s, then every "
+               f"{reference.save_interval_seconds:.2f} s")
+        rng = random.Random(f"{seed}-{runner}")
+        done = []
+        for number in range(count):
+            out, logs = root / f"trial-{number}", root / f"trial-{number}-logs"
+            logs.mkdir()
+            trial = run_trial(command(runner, data, out), out, logs, reference, rng)
+            done.append(trial)
+            kills = ", ".join(f"{kill.moment} at {kill.seconds:.2f} s (newest checkpoint {kill.newest_checkpoint}"
+                              f"{', saving' if kill.during_save else ''}{', not pruned' if kill.before_prune else ''})"
+                              for kill in trial.kills)
+            report(f"{runner} trial {number}: {len(trial.kills)} kills [{kills}]; "
+                   f"{'; '.join(trial.lost) if trial.lost else 'nothing lost'}")
+        results.append(RunnerResult(runner, done))
+    return results
+
+
+def table(results: Sequence[RunnerResult]) -> str:
+    lines = ["| runner | trials | kills | kills before a checkpoint / in a save / before a prune | resumed ok | "
+             "bit-identical final weights | anything lost |", "|---|---|---|---|---|---|---|"]
+    for result in results:
+        trials = result.trials
+        kills = [kill for trial in trials for kill in trial.kills]
+        lost = [trial for trial in trials if trial.lost]
+        lines.append(f"| {result.runner} | {len(trials)} | {len(kills)} | "
+                     f"{sum(kill.newest_checkpoint is None for kill in kills)} / "
+                     f"{sum(kill.during_save for kill in kills)} / {sum(kill.before_prune for kill in kills)} | "
+                     f"{sum(trial.resumed_ok for trial in trials)}/{len(trials)} | "
+                     f"{sum(trial.identical for trial in trials)}/{len(trials)} | "
+                     f"{f'{len(lost)} trials' if lost else 'nothing'} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=8, help="trials per runner")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the kill moments")
+    parser.add_argument("--runners", default=",".join(RUNNERS), help=f"comma-separated, of {', '.join(RUNNERS)}")
+    parser.add_argument("--workdir", type=Path, help="kept afterwards (default: a temporary directory, removed)")
+    args = parser.parse_args(argv)
+    runners = args.runners.split(",")
+    unknown = [runner for runner in runners if runner not in RUNNERS]
+    if unknown:
+        parser.error(f"unknown runner(s) {', '.join(unknown)}; choose from {', '.join(RUNNERS)}")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fault-campaign-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        results = campaign(runners, args.trials, args.seed, workdir, report=lambda line: print(line, flush=True))
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print()
+    print(table(results))
+    print(f"\n{sum(len(result.trials) for result in results)} trials in {time.monotonic() - started:.0f} s")
+    return 1 if any(trial.lost for result in results for trial in result.trials) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
