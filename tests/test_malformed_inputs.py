@@ -495,6 +495,7 @@ CASES = [
     config_case("config-dropout-1.5", {"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
     config_case("config-type-vocab-size-1", {"type_vocab_size": 1}, "type_vocab_size"),
     config_case("config-layer-norm-eps-0", {"layer_norm_eps": 0}, "layer_norm_eps"),
+    config_case("config-weights-larger-than-memory", {"vocab_size": 10 ** 12}, "the model's fp32 weights alone take"),
     config_case("config-on-a-finished-run", {"hidden_act": None}, "missing key 'hidden_act'", state="classify"),
     Case("config-hf-of-another-model-type", "classify", lambda inputs, tmp, out: (
         classify_flags(inputs, out, "--do_train", config=hf_of_another_model_type(inputs, tmp)),
