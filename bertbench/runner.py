@@ -331,8 +331,9 @@ def load_config(settings: RunnerSettings) -> BertConfig:
                          f"so --max_seq_length {settings.max_seq_length} cannot be used")
     weight_bytes, memory_bytes = 4 * config.encoder_parameter_count(), physical_memory_bytes()
     if memory_bytes and weight_bytes > memory_bytes:  # built in fp32 on the host, whatever the device
-        raise UsageError(f"{settings.bert_config_file}: the model's fp32 weights alone take {weight_bytes / 2**30:,.1f} "
-                         f"GiB, more than this machine's {memory_bytes / 2**30:,.1f} GiB of memory")
+        raise UsageError(f"{settings.bert_config_file}: the model's fp32 weights alone take "
+                         f"{weight_bytes / 2**30:,.1f} GiB, more than this machine's {memory_bytes / 2**30:,.1f} GiB "
+                         "of memory")
     return config
 
 
