@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -238,16 +239,26 @@ def test_a_signal_while_a_checkpoint_is_written_leaves_no_partial_file(tmp_path,
     assert list_checkpoints(tmp_path) == [(4, kept)] and not temporary_files(tmp_path)
 
 
+def catches_sigterm(pid):
+    """Whether the process has its SIGTERM handler (its SigCgt mask in /proc): it is inside bertbench's run_command."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            mask = next(int(line.split()[1], 16) for line in handle if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_at_start_up_is_one_line_and_leaves_no_directory(data, tmp_path, signum):
-    """Half a second in, the command is most likely still importing torch (or reading its inputs)."""
+    """As soon as the command handles signals, while it is still importing torch (or reading its inputs)."""
     out = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-m", "bertbench", "classify", *flags(data, out, "--do_train")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        process.wait(timeout=0.5)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signum)
+    deadline = time.monotonic() + 60
+    while not catches_sigterm(process.pid) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=60)
     name = signal.Signals(signum).name
     assert process.returncode == 128 + signum, stderr
