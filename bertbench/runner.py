@@ -196,18 +196,17 @@ def resolve_command(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, An
                                  f"gives {given[name]}; use a new --output_dir, or leave the flag out to continue "
                                  "the run")
         recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
-        if given.get("do_train"):  # how the training steps run: an evaluation may use another precision
-            defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
-            was = {**defaults, **parser.field_values(TrainConfig, {**parser.defaults, **recorded})}
-            now = {**defaults, **parser.field_values(TrainConfig, {**parser.defaults, **recorded, **given})}
-            for name in TRAINING_FIELDS:
-                if was[name] != now[name]:
-                    raise UsageError(f"{record.path}: this run was trained with {name} {was[name]}, the command "
-                                     f"gives {now[name]}; use a new --output_dir, or leave the flag out to continue "
-                                     "the run")
     values = {**parser.defaults, **recorded, **given}
     train_fields = parser.field_values(TrainConfig, values)
-    if values.get("do_train"):  # every training flag checked now, before any file is read; the steps come later
+    if record is not None and values["do_train"]:  # how the steps run: an evaluation may use another precision
+        defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
+        was = {**defaults, **parser.field_values(TrainConfig, {**parser.defaults, **recorded})}
+        now = {**defaults, **train_fields}
+        for name in TRAINING_FIELDS:
+            if was[name] != now[name]:
+                raise UsageError(f"{record.path}: this run was trained with {name} {was[name]}, the command gives "
+                                 f"{now[name]}; use a new --output_dir, or leave the flag out to continue the run")
+    if values["do_train"]:  # every training flag checked now, before any file is read; the steps come later
         build(TrainConfig, FLAG_NAMES, **{**train_fields, "num_train_steps": 1})
     command = Command(
         settings=build(spec.settings, **parser.field_values(spec.settings, values)),
@@ -279,8 +278,8 @@ def check_record(record: RunRecord | None, config: BertConfig, settings: RunnerS
 @contextlib.contextmanager
 def hold_run_directory(command: Command, record: RunRecord | None, dist: Distributed, log: Log):
     """The run directory for this command alone (run_lock.RunLock, taken by rank 0 for every rank), cleared of the
-    temporary files a killed save left, and checked: a run that has trained (its results or metrics are there) but
-    holds no checkpoint is refused rather than silently started again from step 0."""
+    temporary files a killed save left, and checked: a run that has saved checkpoints (saved_history) but holds none
+    now is refused rather than silently started again from step 0."""
     model_dir = command.run.model_dir
     with contextlib.ExitStack() as stack:
         refusal = None

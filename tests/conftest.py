@@ -1,11 +1,13 @@
 import json
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
 
 from bertbench.config import BertConfig
+from bertbench.run_lock import LOCK_NAME
 from bertbench.synthetic import write_vocab
 
 # The tests' models are tiny and the machine they run on may have 2 cores, shared with the processes a test starts:
@@ -74,6 +76,21 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def snapshot(directory) -> dict[str, bytes] | None:
+    """Every file's bytes under `directory` by relative path (the lock file's note of its last holder left out);
+    None when there is no such directory: what a refused command must leave as it was."""
+    directory = Path(directory)
+    if not directory.exists():
+        return None
+    files = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if name != LOCK_NAME:
+                path = Path(root) / name
+                files[str(path.relative_to(directory))] = path.read_bytes()
+    return files
 
 
 def write_bert_dir(directory, **config_overrides):

@@ -21,9 +21,8 @@ from bertbench.checkpoint import list_checkpoints, load_checkpoint, save_checkpo
 from bertbench.durable import WriteError, write_text_atomically
 from bertbench.progress import MetricsLog
 from bertbench.run_classifier import main
-from bertbench.run_lock import LOCK_NAME
 from bertbench.synthetic import write_glue_task
-from conftest import write_bert_dir
+from conftest import snapshot, write_bert_dir
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +38,6 @@ def flags(data, out, *extra):
             f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
             "--train_batch_size=16", "--learning_rate=2e-3", "--save_checkpoints_secs=0",
             "--save_checkpoints_steps=4", "--log_step_count_steps=4", f"--output_dir={out}", *extra]
-
-
-def snapshot(directory):
-    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory)) if name != LOCK_NAME}
 
 
 def temporary_files(directory):

@@ -21,11 +21,10 @@ from bertbench import cli, convert, create_pretraining_data, evaluate_squad, run
     run_squad
 from bertbench.config import BertConfig
 from bertbench.models import build_model
-from bertbench.run_lock import LOCK_NAME
 from bertbench.synthetic import write_corpus, write_glue_task, write_squad
 from bertbench.tf_checkpoint import _block_entries, _read_block, _varint, masked_crc32c
 from bertbench.weights import save_hf_directory
-from conftest import TINY_BERT, write_bert_dir, write_nvidia_shard
+from conftest import TINY_BERT, snapshot, write_bert_dir, write_nvidia_shard
 
 TF1 = Path(__file__).parent / "fixtures" / "tf1_tiny"
 COMMANDS = {  # name -> (program name on stderr, main)
@@ -619,20 +618,6 @@ CASES = [
     Case("cli-classify-bad-flag", "cli-classify", lambda inputs, tmp, out: (
         ["classify"] + classify_flags(inputs, out, "--do_train", "--train_batch_size=1.5"), "--train_batch_size")),
 ]
-
-
-def snapshot(directory: Path) -> dict[str, bytes] | None:
-    """Every file's bytes under `directory` by relative path (the lock file's holder note left out); None when
-    there is no such directory."""
-    if not directory.exists():
-        return None
-    files = {}
-    for root, _, names in os.walk(directory):
-        for name in names:
-            if name != LOCK_NAME:
-                path = Path(root) / name
-                files[str(path.relative_to(directory))] = path.read_bytes()
-    return files
 
 
 def test_the_corpus_is_large_and_its_ids_unique():

@@ -15,7 +15,7 @@ from bertbench.checkpoint import checkpoint_path, list_checkpoints, load_checkpo
 from bertbench.run_classifier import main
 from bertbench.run_lock import LOCK_NAME, RunDirectoryBusy, RunLock
 from bertbench.synthetic import write_glue_task
-from conftest import write_bert_dir
+from conftest import snapshot, write_bert_dir
 from test_checkpoint import flip_byte
 
 
@@ -38,11 +38,6 @@ def flags(data, out, *extra):
 def read_json(path):
     with open(path) as handle:
         return json.load(handle)
-
-
-def snapshot(directory):
-    """Every file's bytes but the lock's note of its last holder."""
-    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory)) if name != LOCK_NAME}
 
 
 # ---- the lock ----------------------------------------------------------------------------------------------------

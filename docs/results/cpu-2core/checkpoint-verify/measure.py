@@ -17,7 +17,7 @@ from bertbench.config import BertConfig
 from bertbench.modeling import BertForPreTraining
 
 
-def drop_page_cache(path: str) -> bool:
+def drop_page_cache(path: str) -> None:
     """Evict the file from the page cache (posix_fadvise), so a load reads the disk as a resume on a fresh node does."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
@@ -25,7 +25,6 @@ def drop_page_cache(path: str) -> bool:
         os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(descriptor)
-    return True
 
 
 def main() -> None:
