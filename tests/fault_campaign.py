@@ -371,10 +371,10 @@ def check_run(out: Path, reference: Reference) -> list[str]:
         problems.append(f"checkpoints at steps {steps}, the reference keeps {reference.checkpoint_steps}")
     if steps:
         weights = final_weights(out)
-        if weights.keys() != reference.weights.keys() or \
-                not all(torch.equal(weights[name], reference.weights[name]) for name in weights):
-            differing = [name for name in weights if name in reference.weights
-                         and not torch.equal(weights[name], reference.weights[name])]
+        differing = [name for name in weights.keys() | reference.weights.keys()
+                     if name not in weights or name not in reference.weights
+                     or not torch.equal(weights[name], reference.weights[name])]
+        if differing:
             problems.append(f"weights differ from the reference's ({len(differing)} tensors, e.g. {differing[:2]})")
     leftovers = sorted(str(path.relative_to(out)) for path in out.rglob("*.tmp"))
     if leftovers:
