@@ -68,11 +68,11 @@ def read(settings: GlueSettings, tokenizer: BertTokenizer, log) -> GlueData:
     processor = get_processor(settings.task_name)
     train = None
     if settings.do_train:
-        examples = processor.train_examples(settings.data_dir)[:settings.max_train_samples]
+        examples = processor.train_examples(settings.data_dir, log)[:settings.max_train_samples]
         train = encode_examples(examples, tokenizer, processor, settings.max_seq_length)
     dev_sets = {name: encode_examples(examples, tokenizer, processor, settings.max_seq_length)
-                for name, examples in processor.dev_sets(settings.data_dir).items()} if settings.do_eval else {}
-    test_sets = processor.test_sets(settings.data_dir) if settings.do_predict else {}
+                for name, examples in processor.dev_sets(settings.data_dir, log).items()} if settings.do_eval else {}
+    test_sets = processor.test_sets(settings.data_dir, log) if settings.do_predict else {}
     return GlueData(train=train, description=f"{processor.name}: {len(train['labels'])} examples" if train else "",
                     head_kwargs={"num_labels": processor.num_labels}, processor=processor, tokenizer=tokenizer,
                     dev_sets=dev_sets, test_sets=test_sets)

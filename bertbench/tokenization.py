@@ -2,7 +2,7 @@
 
 The pipeline reproduces Google's FullTokenizer (BasicTokenizer + WordpieceTokenizer): clean text, pad CJK
 characters with spaces, lower-case and strip accents (both or neither, as Google's do_lower_case), split on
-whitespace and punctuation, then greedy longest-match-first WordPiece with [UNK] for words over 100 characters.
+whitespace and punctuation, then greedy longest-match-first WordPiece with [UNK] for words over 200 characters.
 Pair truncation follows Google's run_classifier `_truncate_seq_pair`, not the `tokenizers` longest-first rule,
 which keeps the extra token in B instead of A when both sequences must shrink to an odd total.
 
@@ -25,7 +25,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 UNK, CLS, SEP, PAD, MASK = "[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"
 SPECIAL_TOKENS = (UNK, CLS, SEP, PAD, MASK)
-MAX_INPUT_CHARS_PER_WORD = 100  # Google's WordpieceTokenizer default: longer words become [UNK].
+MAX_INPUT_CHARS_PER_WORD = 200  # Google's WordpieceTokenizer (HF's default is 100): longer words become [UNK].
 
 
 class VocabError(ValueError):
@@ -139,7 +139,8 @@ class BertTokenizer:
         return [self._id_to_token[int(index)] for index in ids]
 
     def encode(self, text_a: str, text_b: str | None = None, max_seq_length: int = 128) -> ModelInputs:
-        """[CLS] A [SEP] (B [SEP]) truncated as Google's run_classifier does, padded with [PAD] to max_seq_length."""
+        """[CLS] A [SEP] (B [SEP]) truncated as Google's run_classifier does, padded with [PAD] to max_seq_length.
+        A text_b with no tokens makes no second segment."""
         self._check_backend_settings()
         ids_b = None if text_b is None else self._backend.encode(text_b, add_special_tokens=False).ids
         input_ids, token_type_ids = self._truncate_and_add_specials(
@@ -185,7 +186,9 @@ class BertTokenizer:
         """Input ids and segment ids, unpadded, in the backend template's layout. Built here rather than by
         `Tokenizer.post_process` because truncating an `Encoding` costs ~50x more than slicing ids, and this
         loop is serial Python while tokenization runs on every core."""
-        if ids_b is None:
+        if not ids_b:
+            # A second text that tokenizes to nothing ("", spaces, a zero-width space) is no pair, as in Google's
+            # run_classifier (`if tokens_b:`): [CLS] A [SEP], not [CLS] A [SEP] [SEP].
             if max_seq_length < 2:
                 raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] and [SEP]")
             ids_a = ids_a[:max_seq_length - 2]

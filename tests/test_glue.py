@@ -208,6 +208,30 @@ def test_crlf_line_endings_and_blank_lines(tmp_path):
     assert [example.label for example in train] == ["not_entailment", "entailment"]
 
 
+def test_lone_carriage_return_inside_a_field_is_dropped_as_in_googles_reader(tmp_path):
+    # TensorFlow's line reader (tf.gfile under Google's _read_tsv) drops every CR and splits lines at LF only.
+    write_tsv(tmp_path / "train.tsv", ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t1\t2\tfirst\rhalf\tsecond",
+                                       "0\t3\t4\tplain\tpair"])
+    train = PROCESSORS["mrpc"].train_examples(tmp_path)
+    assert [(example.text_a, example.text_b, example.label) for example in train] == [
+        ("firsthalf", "second", "1"), ("plain", "pair", "0")]
+
+
+def test_qqp_rows_with_missing_fields_are_skipped_with_a_warning_naming_file_and_lines(tmp_path):
+    header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"
+    write_tsv(tmp_path / "train.tsv", [header, "1\t1\t2\tWhy?\tHow?\t0", "2\t3\t4\tWhat is a",
+                                       "question cut by a newline?\tWhere?\t1", "3\t5\t6\tWho?\tWhom?\t1"])
+    warnings = []
+    train = PROCESSORS["qqp"].train_examples(tmp_path, warnings.append)
+    assert [example.text_a for example in train] == ["Why?", "Who?"]
+    assert warnings == [f"warning: {tmp_path / 'train.tsv'}: skipped 2 rows with fewer than 6 tab-separated fields "
+                        "(lines 3, 4), as HF's QQP processor skips them"]
+    # Every other task still refuses such a row.
+    write_tsv(tmp_path / "train.tsv", ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t1\t2\ta"])
+    with pytest.raises(GlueDataError, match=r"train\.tsv:2: 4 tab-separated fields"):
+        PROCESSORS["mrpc"].train_examples(tmp_path)
+
+
 def test_short_row_names_file_and_line(tmp_path):
     write_tsv(tmp_path / "train.tsv", ["index\tsentence1\tsentence2\tlabel", "0\ta\tb\tentailment", "1\ta b"])
     path = str(tmp_path / "train.tsv")

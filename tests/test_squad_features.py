@@ -167,6 +167,24 @@ def test_answer_text_comes_from_the_context_not_from_word_pieces(tokenizer):
     assert [entry["probability"] for entry in nbest] == pytest.approx([weight / sum(weights) for weight in weights])
 
 
+@pytest.mark.parametrize("context, answer", [
+    ("the Cafe\u0301 is big", "Cafe\u0301"),  # a decomposed accent: the mark is stripped, and kept in the answer
+    ("the Cafe\u0301. is big", "Cafe\u0301"),  # before punctuation
+    ("the cafe\u200b\u0301 is big", "cafe\u200b\u0301"),  # a zero-width space, then a mark
+    ("the cafe\x07 is big", "cafe\x07"),  # an ASCII control character
+])
+def test_an_answer_keeps_the_characters_the_normalizer_deletes_after_its_last_token(tokenizer, context, answer):
+    # Google answers with whole original words here ("GNU Cafe\u0301" scores EM 100 against the same gold text).
+    examples = [example(context, question="who ?")]
+    features = convert_examples(examples, tokenizer, 32, 8, 8, training=False)
+    tokens = tokenizer.convert_ids_to_tokens(features.inputs["input_ids"][0].tolist())
+    starts, ends = logits_for(features, [(0, tokens.index("cafe"), tokens.index("cafe"), 5.0)], 32)
+    assert postprocess(examples, features, starts, ends).answers["q"] == answer
+    # The training side maps the same answer to the same token.
+    training = convert_examples([example(context, answer)], tokenizer, 32, 8, 8, training=True)
+    assert answer_tokens(training, tokenizer) == ["cafe"]
+
+
 def test_spans_must_be_ordered_short_inside_the_context_and_max_context(tokenizer):
     context = "a big dog barks at night in new york"
     examples = [example(context, question="who ?")]

@@ -1,12 +1,13 @@
 """SQuAD scoring against hand-computed figures (the official evaluate-v1.1.py / evaluate-v2.0.py definitions)."""
 
 import json
+import random
 
 import pytest
 
 from bertbench import cli
-from bertbench.tasks.squad import (ScoredQuestion, SquadDataError, evaluate, exact_match, f1_score, normalize_answer,
-                                   read_predictions, read_questions)
+from bertbench.tasks.squad import (ScoredQuestion, SquadDataError, _best_threshold, evaluate, exact_match, f1_score,
+                                   normalize_answer, read_predictions, read_questions)
 
 
 def test_normalisation():
@@ -82,6 +83,48 @@ def test_v2_no_answer_threshold_and_best_threshold_by_hand(tmp_path):
     # q3 -1 (it has a non-empty answer), q2 +0.
     assert figures["best_exact"] == pytest.approx(75.0) and figures["best_exact_thresh"] == 0.1
     assert figures["best_f1"] == pytest.approx(100 * (3 + 1 / 3) / 4) and figures["best_f1_thresh"] == 0.3
+
+
+def official_find_best_thresh(preds, scores, na_probs, qid_to_has_ans):
+    """evaluate-v2.0.py's find_best_thresh, verbatim apart from style."""
+    num_no_ans = sum(1 for k in qid_to_has_ans if not qid_to_has_ans[k])
+    cur_score = best_score = num_no_ans
+    best_thresh = 0.0
+    qid_list = sorted(na_probs, key=lambda k: na_probs[k])
+    for qid in qid_list:
+        if qid not in scores:
+            continue
+        if qid_to_has_ans[qid]:
+            diff = scores[qid]
+        else:
+            diff = -1 if preds[qid] else 0
+        cur_score += diff
+        if cur_score > best_score:
+            best_score = cur_score
+            best_thresh = na_probs[qid]
+    return 100.0 * best_score / len(scores), best_thresh
+
+
+def test_best_threshold_admits_tied_questions_in_the_probability_files_order(tmp_path):
+    questions, _ = read_questions(squad_file(tmp_path, V2, version="v2.0"))
+    # All tied, q3 first in the file: q3 (no answer, but answered) -1, then q1 +1: never above the start (2 of 4).
+    probabilities = {"q3": 0.5, "q1": 0.5, "q4": 0.5, "q2": 0.5}
+    figures = evaluate(questions, V2_PREDICTIONS, True, probabilities)
+    assert (figures["best_exact"], figures["best_exact_thresh"]) == (50.0, 0.0)
+    # In the data file's order q1 would come first and the sweep would report 75.0 at 0.5.
+    probabilities = {"q1": 0.5, "q2": 0.5, "q3": 0.5, "q4": 0.5}
+    figures = evaluate(questions, V2_PREDICTIONS, True, probabilities)
+    assert (figures["best_exact"], figures["best_exact_thresh"]) == (75.0, 0.5)
+    has_answer = {question.question_id: question.has_answer for question in questions}
+    generator = random.Random(0)
+    for _ in range(200):
+        ids = list(has_answer)
+        generator.shuffle(ids)
+        probabilities = {q: generator.choice([0.0, 0.25, 0.5]) for q in ids}
+        exact = {q: float(generator.random() < 0.5) for q in has_answer}
+        predictions = {q: generator.choice(["", "x"]) for q in has_answer}
+        ours = _best_threshold(predictions, exact, probabilities, has_answer)
+        assert ours == official_find_best_thresh(predictions, exact, probabilities, has_answer)
 
 
 def test_answers_that_normalise_to_nothing_in_v2():

@@ -39,6 +39,7 @@ TEXTS = [
     "hel\x00lo wor\ufffdld ca\u200bfe na\u200dive \ufeffdog fo\x07x ju\x1bmp",
     "unknownword hellozzz zzz jumps jumping",
     "a" * 100 + " " + "a" * 101 + " fox",
+    "a" * 200 + " " + "a" * 201 + " fox",
     "hello [MASK] world [CLS]",
     "   ",
     "",
@@ -57,8 +58,11 @@ def vocab_file(tmp_path_factory):
 
 
 def reference_tokenizer(vocab_file, do_lower_case):
-    return BertTokenizerLegacy(str(vocab_file), do_lower_case=do_lower_case, tokenize_chinese_chars=True,
-                               strip_accents=None)
+    reference = BertTokenizerLegacy(str(vocab_file), do_lower_case=do_lower_case, tokenize_chinese_chars=True,
+                                    strip_accents=None)
+    # Google's WordpieceTokenizer makes words over 200 characters [UNK]; the port's default is 100.
+    reference.wordpiece_tokenizer.max_input_chars_per_word = 200
+    return reference
 
 
 def google_tokenize(reference, text):
@@ -77,10 +81,11 @@ def google_truncate_seq_pair(tokens_a, tokens_b, max_length):
 
 
 def google_features(reference, text_a, text_b, max_seq_length):
-    """input_ids, segment_ids, input_mask as Google's run_classifier.convert_single_example builds them."""
+    """input_ids, segment_ids, input_mask as Google's run_classifier.convert_single_example builds them: a text_b
+    that is empty (`if example.text_b`) or tokenizes to nothing (`if tokens_b`) makes no second segment."""
     tokens_a = google_tokenize(reference, text_a)
-    tokens_b = None if text_b is None else google_tokenize(reference, text_b)
-    if tokens_b is None:
+    tokens_b = google_tokenize(reference, text_b) if text_b else None
+    if not tokens_b:
         tokens_a = tokens_a[:max_seq_length - 2]
         tokens, segment_ids = ["[CLS]", *tokens_a, "[SEP]"], [0] * (len(tokens_a) + 2)
     else:
@@ -129,10 +134,26 @@ def test_whitespace_characters_separate_and_invisible_characters_vanish(vocab_fi
     assert tokenizer.tokenize("hel\x00lo wor\ufffdld ca\u200bfe do\x07g") == ["hello", "world", "cafe", "dog"]
 
 
-def test_word_longer_than_100_characters_is_unknown(vocab_file):
+def test_word_longer_than_200_characters_is_unknown(vocab_file):
+    # Google's max_input_chars_per_word is 200 (HF's WordPiece default, 100, would make "a" * 101 unknown).
     tokenizer = BertTokenizer.from_vocab_file(vocab_file)
-    assert tokenizer.tokenize("a" * 100) == ["a"] + ["##a"] * 99
-    assert tokenizer.tokenize("a" * 101 + " fox") == ["[UNK]", "fox"]
+    assert tokenizer.tokenize("a" * 101) == ["a"] + ["##a"] * 100
+    assert tokenizer.tokenize("a" * 200) == ["a"] + ["##a"] * 199
+    assert tokenizer.tokenize("a" * 201 + " fox") == ["[UNK]", "fox"]
+
+
+@pytest.mark.parametrize("text_b", ["", "   ", "\u200b", "\t\n", "\x00"])
+def test_second_text_without_tokens_is_no_pair(vocab_file, text_b):
+    # Google's run_classifier: `if example.text_b` and then `if tokens_b` -- [CLS] a [SEP], not [CLS] a [SEP] [SEP].
+    tokenizer = BertTokenizer.from_vocab_file(vocab_file)
+    encoded = tokenizer.encode("the fox", text_b, max_seq_length=6)
+    assert tokenizer.convert_ids_to_tokens(encoded.input_ids) == ["[CLS]", "the", "fox", "[SEP]", "[PAD]", "[PAD]"]
+    assert encoded.token_type_ids == [0] * 6
+    # A is truncated to max - 2, as a single sentence, not max - 3.
+    encoded = tokenizer.encode("the quick brown fox", text_b, max_seq_length=5)
+    assert tokenizer.convert_ids_to_tokens(encoded.input_ids) == ["[CLS]", "the", "quick", "brown", "[SEP]"]
+    batch = tokenizer.encode_batch([("the quick brown fox", text_b)], max_seq_length=5)
+    assert batch.input_ids[0].tolist() == encoded.input_ids
 
 
 def test_word_without_a_full_wordpiece_cover_is_one_unknown(vocab_file):
@@ -177,7 +198,7 @@ def test_pair_is_truncated_from_the_longer_side_and_padded(vocab_file):
 def test_encode_matches_google_run_classifier(vocab_file, max_seq_length):
     tokenizer = BertTokenizer.from_vocab_file(vocab_file)
     reference = reference_tokenizer(vocab_file, do_lower_case=True)
-    for text_a, text_b in itertools.product(TEXTS[:6], [None, *TEXTS[:6]]):
+    for text_a, text_b in itertools.product(TEXTS[:6], [None, *TEXTS[:6], *TEXTS[-2:], "\u200b"]):
         expected = google_features(reference, text_a, text_b, max_seq_length)
         assert tuple(tokenizer.encode(text_a, text_b, max_seq_length)) == expected, (text_a, text_b)
 

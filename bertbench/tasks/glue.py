@@ -5,6 +5,11 @@ root (`glue_data`) works too. Columns and label lists are those of Google's run_
 processors for the tasks Google left out). Files are read as raw TSV, `csv.QUOTE_NONE`: MNLI and QQP rows hold
 unbalanced quote characters, which a quoting reader would run on across lines.
 
+Lines end at "\n" and every carriage return is dropped, as TensorFlow's line reader under Google's run_classifier
+does: a CRLF file reads as LF, and a lone CR inside a field joins its two sides ("first\rhalf" reads "firsthalf").
+A row with too few fields is an error naming the file and line, except in QQP, whose real files hold such rows: they
+are skipped, as HF's processor skips them, and a warning names the file and the lines.
+
 Train and dev examples get guids `train-0`, `dev_matched-3`, ...; test examples keep the file's `index` (QQP: `id`)
 column, which the leaderboard expects in the submission file.
 """
@@ -15,7 +20,8 @@ import csv
 import io
 import math
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,14 +31,18 @@ from bertbench.durable import write_text_atomically
 from bertbench.tokenization import BertTokenizer
 
 
+def print_warning(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 class GlueDataError(ValueError):
     """A GLUE file is missing or unreadable; the message names the file and, where there is one, the 1-based line."""
 
 
 @dataclass(frozen=True)
 class InputExample:
-    """One example. text_b is None for single-sentence tasks: an empty string would be an empty second segment
-    ([CLS] a [SEP] [SEP]), where Google means no pair. label is a label string, a float (STS-B) or None (test)."""
+    """One example. text_b is None for single-sentence tasks; a text_b that tokenizes to nothing (empty, spaces) also
+    makes no second segment, as in Google's code. label is a label string, a float (STS-B) or None (test)."""
 
     guid: str
     text_a: str
@@ -75,6 +85,7 @@ class GlueProcessor:
     dev: Mapping[str, Split]
     test: Mapping[str, Split]
     directories: tuple[str, ...]  # names the task directory may have under the GLUE root
+    skip_short_rows: bool = False  # QQP: rows with missing fields are skipped with a warning, not an error
 
     @property
     def is_regression(self) -> bool:
@@ -89,19 +100,23 @@ class GlueProcessor:
         """The key of compute_metrics' result that ranks models on this task, as the GLUE leaderboard does."""
         return "corr" if self.metric == "pearson_and_spearman" else self.metric
 
-    def train_examples(self, data_dir: str | os.PathLike) -> list[InputExample]:
+    def train_examples(self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
+                       ) -> list[InputExample]:
+        """The training set; `warn` receives the warning about skipped rows (QQP)."""
         if self.train is None:
             raise GlueDataError(f"GLUE task {self.name} has no training set: it is predicted by a model trained on MNLI")
-        return self._read(data_dir, "train", self.train)
+        return self._read(data_dir, "train", self.train, warn)
 
-    def dev_sets(self, data_dir: str | os.PathLike) -> dict[str, list[InputExample]]:
+    def dev_sets(self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
+                 ) -> dict[str, list[InputExample]]:
         """Every labelled evaluation set by name: {"dev": ...}; MNLI {"dev_matched": ..., "dev_mismatched": ...}."""
-        return {name: self._read(data_dir, name, split) for name, split in self.dev.items()}
+        return {name: self._read(data_dir, name, split, warn) for name, split in self.dev.items()}
 
-    def test_sets(self, data_dir: str | os.PathLike) -> dict[str, list[InputExample]]:
+    def test_sets(self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
+                  ) -> dict[str, list[InputExample]]:
         """Every unlabelled test set by name (label None, guid the file's index): {"test": ...}; MNLI
         {"test_matched": ..., "test_mismatched": ...}."""
-        return {name: self._read(data_dir, name, split) for name, split in self.test.items()}
+        return {name: self._read(data_dir, name, split, warn) for name, split in self.test.items()}
 
     def _locate(self, data_dir: str | os.PathLike, file_name: str) -> str:
         data_dir = os.fspath(data_dir)
@@ -113,7 +128,8 @@ class GlueProcessor:
         raise GlueDataError(f"{candidates[0]}: no such file for GLUE task {self.name} (data_dir should be the task's "
                             f"directory of the GLUE download, e.g. glue_data/{self.directories[0]})")
 
-    def _read(self, data_dir: str | os.PathLike, split_name: str, split: Split) -> list[InputExample]:
+    def _read(self, data_dir: str | os.PathLike, split_name: str, split: Split,
+              warn: Callable[[str], None]) -> list[InputExample]:
         path = self._locate(data_dir, split.file_name)
         with open(path, "rb") as handle:
             data = handle.read()
@@ -123,8 +139,10 @@ class GlueProcessor:
             line = data.count(b"\n", 0, error.start) + 1
             raise GlueDataError(f"{path}:{line}: not valid UTF-8") from None
         columns = split.columns
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+        # Dropping every CR leaves the line numbers as they are: lines end at "\n" only.
+        reader = csv.reader(io.StringIO(text.replace("\r", ""), newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
         examples = []
+        short_rows = []
         for row in reader:
             line = reader.line_num  # one row per line: QUOTE_NONE never continues a field onto the next line
             if columns.header and line == 1:
@@ -137,12 +155,20 @@ class GlueProcessor:
             if not row:
                 continue
             if len(row) < columns.min_fields:
+                if self.skip_short_rows:
+                    short_rows.append(line)
+                    continue
                 raise GlueDataError(f"{path}:{line}: {len(row)} tab-separated field{'s' if len(row) != 1 else ''}, "
                                     f"{self.name} {split_name} rows need at least {columns.min_fields}")
             label = None if columns.label is None else self._parse_label(path, line, row[columns.label])
             guid = f"{split_name}-{len(examples)}" if columns.guid is None else row[columns.guid]
             text_b = None if columns.text_b is None else row[columns.text_b]
             examples.append(InputExample(guid, row[columns.text_a], text_b, label))
+        if short_rows:
+            shown = ", ".join(map(str, short_rows[:10])) + (", ..." if len(short_rows) > 10 else "")
+            warn(f"warning: {path}: skipped {len(short_rows)} row{'s' if len(short_rows) != 1 else ''} with fewer "
+                 f"than {columns.min_fields} tab-separated fields (line{'s' if len(short_rows) != 1 else ''} {shown}), "
+                 f"as HF's {self.name} processor skips them")
         if not examples:
             raise GlueDataError(f"{path}: no examples")
         return examples
@@ -168,12 +194,12 @@ class GlueProcessor:
 
 
 def _standard_task(name: str, labels: tuple[str, ...], metric: str, labelled: Columns,
-                   test: Columns) -> GlueProcessor:
+                   test: Columns, skip_short_rows: bool = False) -> GlueProcessor:
     """A task with train.tsv and dev.tsv laid out alike, and test.tsv."""
     return GlueProcessor(
         name=name, labels=labels, metric=metric, train=Split("train.tsv", labelled),
         dev={"dev": Split("dev.tsv", labelled)}, test={"test": Split("test.tsv", test, f"{name}.tsv")},
-        directories=(name,))
+        directories=(name,), skip_short_rows=skip_short_rows)
 
 
 BINARY = ("0", "1")
@@ -201,8 +227,9 @@ _TASKS = (
     _standard_task("STS-B", (), "pearson_and_spearman", Columns(text_a=7, text_b=8, label=9),
                    Columns(text_a=7, text_b=8, label=None, guid=0)),
     # id qid1 qid2 question1 question2 is_duplicate; test: id question1 question2.
+    # Real QQP files hold rows with missing fields (questions cut by a newline): skipped, as HF's processor does.
     _standard_task("QQP", BINARY, "acc_and_f1", Columns(text_a=3, text_b=4, label=5),
-                   Columns(text_a=1, text_b=2, label=None, guid=0)),
+                   Columns(text_a=1, text_b=2, label=None, guid=0), skip_short_rows=True),
     GlueProcessor(
         name="MNLI", labels=MNLI_LABELS, metric="acc", train=Split("train.tsv", MNLI_COLUMNS),
         dev={"dev_matched": Split("dev_matched.tsv", MNLI_COLUMNS),

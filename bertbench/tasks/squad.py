@@ -16,6 +16,7 @@ ground truth; with no-answer probabilities the scorer also finds the threshold t
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import re
@@ -199,10 +200,13 @@ def _apply_threshold(scores: Mapping[str, float], probabilities: Mapping[str, fl
 def _best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], probabilities: Mapping[str, float],
                     has_answer: Mapping[str, bool]) -> tuple[float, float]:
     """The official sweep: start from answering "no answer" everywhere, then admit questions in order of rising
-    no-answer probability; the best score met and the probability at which it was met."""
+    no-answer probability; the best score met and the probability at which it was met. Questions of equal
+    probability are admitted in the probability file's order, as the official script's stable sort of that file
+    does (the data file's order can give another best score)."""
     current = best = float(sum(not answered for answered in has_answer.values()))
     best_threshold = 0.0
-    for question_id in sorted(scores, key=lambda q: probabilities.get(q, 0.0)):
+    in_file_order = [q for q in probabilities if q in scores] + [q for q in scores if q not in probabilities]
+    for question_id in sorted(in_file_order, key=lambda q: probabilities.get(q, 0.0)):
         if question_id not in predictions:
             continue
         if has_answer[question_id]:
@@ -323,8 +327,11 @@ def convert_examples(examples: Sequence[SquadExample], tokenizer: BertTokenizer,
     contexts = list(dict.fromkeys(example.context for example in examples))
     context_index = {context: index for index, context in enumerate(contexts)}
     encoded_contexts = backend.encode_batch(contexts, add_special_tokens=False)
-    context_tokens = [(np.array(encoding.ids, dtype=np.int64), np.array(encoding.offsets, dtype=np.int64)
-                       .reshape(-1, 2)) for encoding in encoded_contexts]
+    vanishes = functools.lru_cache(maxsize=None)(lambda character: backend.normalizer.normalize_str(character) == "")
+    context_tokens = [(np.array(encoding.ids, dtype=np.int64),
+                       _with_vanished_characters(context, np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2),
+                                                 vanishes))
+                      for context, encoding in zip(contexts, encoded_contexts)]
 
     windows: list[_Window] = []
     for index, (example, question) in enumerate(zip(examples, questions)):
@@ -377,6 +384,24 @@ class _Window(NamedTuple):
     doc_offsets: np.ndarray  # and their character spans
     positions: tuple[int, int]  # answer start and end in the row; (0, 0) = [CLS]
     is_max_context: np.ndarray | None
+
+
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # the ASCII characters the normalizer deletes
+
+
+def _with_vanished_characters(context: str, offsets: np.ndarray, vanishes) -> np.ndarray:
+    """Token offsets extended over the characters the normalizer deletes right after a token (a decomposed accent
+    "Cafe\u0301" when stripping accents, a zero-width space), so that an answer ending in that word keeps them, as
+    Google's answers (whole original words) do."""
+    if len(offsets) == 0 or context.isascii() and not _ASCII_CONTROL.search(context):
+        return offsets  # the common case: nothing in the context vanishes
+    next_starts = np.append(offsets[1:, 0], len(context))
+    for token in np.flatnonzero(offsets[:, 1] < next_starts):
+        end = int(offsets[token, 1])
+        while end < next_starts[token] and vanishes(context[end]):
+            end += 1
+        offsets[token, 1] = end
+    return offsets
 
 
 def _window_spans(num_tokens: int, budget: int, doc_stride: int) -> list[tuple[int, int]]:
