@@ -25,8 +25,9 @@ from collections.abc import Callable, Sequence
 from bertbench import runner
 from bertbench.estimator import Estimator
 from bertbench.flags import setting
-from bertbench.tasks.squad import (ScoredQuestion, SquadDataError, SquadExample, SquadFeatures, SquadPredictions,
-                                   convert_examples, evaluate, postprocess, read_examples, read_questions)
+from bertbench.tasks.squad import (ANSWER_TEXTS, GoogleAnswerText, ScoredQuestion, SquadDataError, SquadExample,
+                                   SquadFeatures, SquadPredictions, convert_examples, evaluate, postprocess,
+                                   read_examples, read_questions)
 from bertbench.tokenization import BertTokenizer
 
 PROGRAM = "run_squad"
@@ -48,6 +49,11 @@ class SquadSettings(runner.FineTuningSettings):
     version_2_with_negative: bool = setting("SQuAD v2.0: questions may have no answer.", False, defines_run=True)
     null_score_diff_threshold: float = setting("v2.0: answer \"\" when the no-answer score beats the best span's by "
                                                "more than this.", 0.0)
+    answer_text: str = setting("How an answer's text is made. google: as Google's write_predictions (the span's "
+                               "original words joined by single spaces, trimmed to the predicted tokens where the "
+                               "characters align, else the whole words), so predictions files match the original's; "
+                               "context: the exact characters of the context the span's tokens cover.", "google",
+                               choices=ANSWER_TEXTS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -67,6 +73,7 @@ class SquadData(runner.TaskData):
     features: SquadFeatures | None
     questions: list[ScoredQuestion] | None
     file_is_version_2: bool = False
+    answer_text: GoogleAnswerText | None = None  # None: the context's exact characters
 
 
 def make_features(path: str, examples: list[SquadExample], tokenizer: BertTokenizer, settings: SquadSettings,
@@ -100,7 +107,8 @@ def read(settings: SquadSettings, tokenizer: BertTokenizer, log: Callable[[str],
         features = make_features(settings.predict_file, examples, tokenizer, settings, False, log)
         questions, file_is_version_2 = read_questions(settings.predict_file)
     return SquadData(train=train, description=description, examples=examples, features=features,
-                     questions=questions, file_is_version_2=file_is_version_2)
+                     questions=questions, file_is_version_2=file_is_version_2,
+                     answer_text=GoogleAnswerText(tokenizer) if settings.answer_text == "google" else None)
 
 
 def worker_score(settings: SquadSettings, data: SquadData) -> runner.WorkerScore:
@@ -110,21 +118,22 @@ def worker_score(settings: SquadSettings, data: SquadData) -> runner.WorkerScore
                                 "choose a worker; predict a dev file")
 
     def f1(estimator: Estimator) -> float:
-        predictions = answer(settings, data.examples, data.features, estimator)
+        predictions = answer(settings, data, estimator)
         return official_scores(settings, data.questions, data.file_is_version_2, predictions,
                                log=lambda line: None)["f1"]
     return runner.WorkerScore("f1", f1)
 
 
-def answer(settings: SquadSettings, examples: list[SquadExample], features: SquadFeatures, estimator: Estimator,
+def answer(settings: SquadSettings, data: SquadData, estimator: Estimator,
            log: Callable[[str], None] = lambda line: None) -> SquadPredictions:
-    """The model's answer (and n-best list, and v2.0 null odds) to every question."""
+    """The model's answer (and n-best list, and v2.0 null odds) to every question of the predict file."""
+    examples, features = data.examples, data.features
     started = time.perf_counter()
     logits = estimator.predict(features.inputs, settings.predict_batch_size, outputs=("start_logits", "end_logits"))
     predicted = time.perf_counter()
     predictions = postprocess(examples, features, logits["start_logits"].numpy(), logits["end_logits"].numpy(),
                               settings.n_best_size, settings.max_answer_length, settings.version_2_with_negative,
-                              settings.null_score_diff_threshold)
+                              settings.null_score_diff_threshold, data.answer_text)
     log(f"predicted {len(examples)} questions ({len(features)} windows) in {predicted - started:.2f} s "
         f"({len(features) / max(predicted - started, 1e-9):,.1f} windows/s), answers chosen in "
         f"{time.perf_counter() - predicted:.2f} s")
@@ -144,7 +153,7 @@ def predict(settings: SquadSettings, estimator: Estimator, data: SquadData, is_m
     if not settings.do_predict:
         return None
     output_dir = estimator.run_config.model_dir
-    predictions = answer(settings, data.examples, data.features, estimator, log)
+    predictions = answer(settings, data, estimator, log)
     outputs = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
     if predictions.null_odds is not None:
         outputs["null_odds.json"] = predictions.null_odds

@@ -131,6 +131,12 @@ class BertTokenizer:
         """Word pieces of `text`, without [CLS]/[SEP]."""
         return self._backend.encode(text, add_special_tokens=False).tokens
 
+    def basic_tokenize(self, text: str) -> list[str]:
+        """Words of `text` before WordPiece: Google's BasicTokenizer (cleaned, lower-cased and accent-stripped as
+        do_lower_case says, split on whitespace, punctuation and CJK characters)."""
+        normalized = self._backend.normalizer.normalize_str(text)
+        return [word for word, _ in self._backend.pre_tokenizer.pre_tokenize_str(normalized)]
+
     def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
         """Ids of vocabulary tokens; a token not in vocab.txt raises KeyError, as in Google's convert_by_vocab."""
         return [self.vocab[token] for token in tokens]

@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from bertbench.tasks.squad import (SquadDataError, SquadExample, convert_examples, postprocess, read_examples)
+from bertbench.tasks.squad import (GoogleAnswerText, SquadDataError, SquadExample, convert_examples, postprocess,
+                                    read_examples)
 from bertbench.tokenization import BertTokenizer
 
 WORDS = ["the", "cafe", "muller", "est", "ouvert", "a", "big", "dog", "barks", "at", "night", "$", "100", "##0",
@@ -183,6 +184,28 @@ def test_an_answer_keeps_the_characters_the_normalizer_deletes_after_its_last_to
     # The training side maps the same answer to the same token.
     training = convert_examples([example(context, answer)], tokenizer, 32, 8, 8, training=True)
     assert answer_tokens(training, tokenizer) == ["cafe"]
+
+
+@pytest.mark.parametrize("context, first, last, google, exact", [
+    # Google joins the span's words with single spaces.
+    ("Le Café  Müller est   ouvert, un-believable!", "cafe", "ouvert", "Café Müller est ouvert",
+     "Café  Müller est   ouvert"),
+    # Where stripping an accent changes a word's length, Google gives back the whole words, punctuation included.
+    ("the (Cafe\u0301) is big", "cafe", "cafe", "(Cafe\u0301)", "Cafe\u0301"),
+    # Otherwise it trims the words to the predicted tokens.
+    ("the big dog's cafe.", "dog", "dog", "dog", "dog"),
+    # A no-break space is inside a word for Google's run_squad, and its length test fails on it too.
+    ("the dog barks\u00a0a night", "a", "a", "barks\u00a0a", "a"),
+    # It takes the first place the tokens' text occurs in the words: the "a" of "Cafe", not the "A" predicted.
+    ("the Cafe-A is big", "a", "a", "a", "A"),
+])
+def test_googles_answer_text(tokenizer, context, first, last, google, exact):
+    examples = [example(context, question="who ?")]
+    features = convert_examples(examples, tokenizer, 32, 8, 8, training=False)
+    tokens = tokenizer.convert_ids_to_tokens(features.inputs["input_ids"][0].tolist())
+    starts, ends = logits_for(features, [(0, tokens.index(first), tokens.index(last), 5.0)], 32)
+    assert postprocess(examples, features, starts, ends, answer_text=GoogleAnswerText(tokenizer)).answers["q"] == google
+    assert postprocess(examples, features, starts, ends).answers["q"] == exact
 
 
 def test_spans_must_be_ordered_short_inside_the_context_and_max_context(tokenizer):

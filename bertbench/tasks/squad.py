@@ -457,17 +457,70 @@ class _Candidate(NamedTuple):
     start_logit: float
     end_logit: float
     text_span: tuple[int, int] | None  # characters of the context; None = no answer
+    tokens: tuple[int, int, int] | None = None  # (window row, first, last position in the row); None = no answer
+
+
+ANSWER_TEXTS = ("google", "context")
+# Google's run_squad splits a paragraph into words at these characters only (its is_whitespace).
+_GOOGLE_WORD = re.compile(r"[^ \t\r\n\u202f]+")
+
+
+class GoogleAnswerText:
+    """An answer's text as Google's run_squad write_predictions makes it: the original words the span's tokens fall
+    in, joined by single spaces, then trimmed to the predicted tokens by get_final_text -- which gives back the
+    whole words, punctuation included, when it cannot align them character by character (an accent stripped from a
+    decomposed letter changes a word's length) and takes the first place the tokens' text occurs in the words."""
+
+    def __init__(self, tokenizer: BertTokenizer):
+        self.tokenizer = tokenizer
+        self._word_starts: dict[str, tuple[list[str], np.ndarray]] = {}
+
+    def _words(self, context: str) -> tuple[list[str], np.ndarray]:
+        if context not in self._word_starts:
+            matches = list(_GOOGLE_WORD.finditer(context))
+            self._word_starts[context] = ([match.group() for match in matches],
+                                          np.array([match.start() for match in matches], dtype=np.int64))
+        return self._word_starts[context]
+
+    def __call__(self, context: str, input_ids: np.ndarray, offsets: np.ndarray, first: int, last: int) -> str:
+        words, starts = self._words(context)
+        first_word, last_word = np.searchsorted(starts, offsets[[first, last], 0], side="right") - 1
+        original = " ".join(words[first_word:last_word + 1])
+        pieces = " ".join(self.tokenizer.convert_ids_to_tokens(input_ids[first:last + 1]))
+        predicted = " ".join(pieces.replace(" ##", "").replace("##", "").split())
+        return _google_final_text(predicted, original, " ".join(self.tokenizer.basic_tokenize(original)))
+
+
+def _google_final_text(predicted: str, original: str, tokenized: str) -> str:
+    """Google's get_final_text: find the predicted text in the original words' tokenized text and map it back
+    character by character, spaces aside; the whole original words where that fails."""
+    start = tokenized.find(predicted)
+    if start == -1:
+        return original
+    original_chars = [index for index, character in enumerate(original) if character != " "]
+    tokenized_chars = [index for index, character in enumerate(tokenized) if character != " "]
+    if len(original_chars) != len(tokenized_chars):
+        return original
+    position = {index: rank for rank, index in enumerate(tokenized_chars)}
+    end = start + len(predicted) - 1
+    if start not in position or end not in position:
+        return original
+    return original[original_chars[position[start]]:original_chars[position[end]] + 1]
 
 
 def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start_logits, end_logits,
                 n_best_size: int = 20, max_answer_length: int = 30, version_2: bool = False,
-                null_score_diff_threshold: float = 0.0) -> SquadPredictions:
+                null_score_diff_threshold: float = 0.0, answer_text: GoogleAnswerText | None = None
+                ) -> SquadPredictions:
     """Google's run_squad write_predictions: in every window of an example, pair the n_best_size highest start
     logits with the n_best_size highest end logits; keep spans inside the context, starting at a token this window
     has the most context for, not ending before they start, at most max_answer_length tokens; rank them by start +
     end logit across windows. The answer is the ranked span's original context text. v2.0 also scores "no answer"
     as the lowest [CLS] start + end logit over the windows, and answers "" when that beats the best span by more
-    than null_score_diff_threshold."""
+    than null_score_diff_threshold.
+
+    An answer's text is Google's (`GoogleAnswerText`: whole words, single spaces, get_final_text) when
+    `answer_text` is given, else the exact characters of the context its tokens cover."""
     start_logits = np.asarray(start_logits, dtype=np.float64)
     end_logits = np.asarray(end_logits, dtype=np.float64)
     assert features.token_offsets is not None, "post-processing needs features built with training=False"
@@ -480,7 +533,7 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
             starts, ends = start_logits[row], end_logits[row]
             if null is None or starts[0] + ends[0] < null.score:
                 null = _Candidate(starts[0] + ends[0], starts[0], ends[0], None)
-            candidates += _span_candidates(starts, ends, features.token_offsets[row], features.max_context[row],
+            candidates += _span_candidates(row, starts, ends, features.token_offsets[row], features.max_context[row],
                                            n_best_size, max_answer_length)
         if version_2:
             candidates.append(null)
@@ -489,7 +542,14 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
         for candidate in candidates:
             if len(nbest) == n_best_size:
                 break
-            text = "" if candidate.text_span is None else example.context[slice(*candidate.text_span)]
+            if candidate.text_span is None:
+                text = ""
+            elif answer_text is None:
+                text = example.context[slice(*candidate.text_span)]
+            else:
+                row, first, last = candidate.tokens
+                text = answer_text(example.context, features.inputs["input_ids"][row].numpy(),
+                                   features.token_offsets[row], first, last)
             if text not in seen:
                 seen.add(text)
                 nbest.append((text, candidate))
@@ -520,7 +580,7 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
     return SquadPredictions(answers, nbest_json, null_odds if version_2 else None)
 
 
-def _span_candidates(starts: np.ndarray, ends: np.ndarray, offsets: np.ndarray, max_context: np.ndarray,
+def _span_candidates(row: int, starts: np.ndarray, ends: np.ndarray, offsets: np.ndarray, max_context: np.ndarray,
                      n_best_size: int, max_answer_length: int) -> list[_Candidate]:
     """The valid (start, end) pairs among one window's n_best_size best starts and ends."""
     top_starts = np.argsort(-starts, kind="stable")[:n_best_size, None]
@@ -529,5 +589,6 @@ def _span_candidates(starts: np.ndarray, ends: np.ndarray, offsets: np.ndarray, 
     valid = (in_context[top_starts] & max_context[top_starts] & in_context[top_ends] & (top_ends >= top_starts)
              & (top_ends - top_starts < max_answer_length))
     first, last = np.broadcast_arrays(top_starts, top_ends)
-    return [_Candidate(starts[i] + ends[j], starts[i], ends[j], (int(offsets[i, 0]), int(offsets[j, 1])))
+    return [_Candidate(starts[i] + ends[j], starts[i], ends[j], (int(offsets[i, 0]), int(offsets[j, 1])),
+                       (row, int(i), int(j)))
             for i, j in zip(first[valid], last[valid])]
