@@ -1,19 +1,38 @@
-"""Optimizers and learning-rate schedules of BERT training: AdamW and LAMB, warm-up then linear/polynomial decay.
+"""Optimizers and learning-rate schedules of BERT training: Google's AdamW, PyTorch's AdamW, apex's LAMB and
+NVIDIA's TF LAMB; global-norm clipping; warm-up then linear/polynomial decay.
 
-Weight decay skips biases and LayerNorm parameters, as Google's optimization.py does. The schedule follows Google's
-and NVIDIA's BERT: the decay runs over the whole training (from step 0 to num_train_steps) and the linear warm-up
-overrides its first steps, so the learning rate is 0 at the first step and peaks at the last warm-up step.
+The update rules, each named by where it comes from:
+
+- `adamw` without bias correction (`AdamWeightDecay`, the runners' default): Google's AdamWeightDecayOptimizer
+  (google-research/bert optimization.py), which NVIDIA's TF BERT and the Adam of NVIDIA's PyTorch run_squad
+  (apex FusedAdam, bias_correction=False) also apply: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+  p -= lr (m / (sqrt(v) + eps) + wd p). The original recipes' learning rates are for this rule.
+- `adamw` with bias correction (`adam_bias_correction`): torch.optim.AdamW, HF Trainer's default: m / (1 - b1^t)
+  and v / (1 - b2^t) in place of m and v. Over the first hundreds of steps its updates are several times smaller.
+- `lamb` (`Lamb`): apex FusedLAMB with NVIDIA's PyTorch BERT settings (apex/optimizers/fused_lamb.py,
+  csrc/multi_tensor_lamb.cu): the bias-corrected Adam direction plus decoupled weight decay, scaled per tensor by the
+  trust ratio ||p|| / ||update|| only in groups whose weight decay is not 0; biases and LayerNorm take a plain Adam
+  step at the learning rate.
+- `nvlamb` (`Lamb(use_nvlamb=True)`): the trust ratio on every tensor, apex's use_nvlamb=True and NVIDIA's TF
+  LAMBOptimizer.
+
+All take Google's epsilon 1e-6 and betas (0.9, 0.999). Weight decay skips biases and LayerNorm parameters, as
+Google's optimization.py does. Gradients are clipped before the optimizer to a global norm of 1.0 as Google and apex
+clip (`clip_by_global_norm`). The schedule follows Google's and NVIDIA's BERT: the decay runs over the whole training
+(from step 0 to num_train_steps) and the linear warm-up overrides its first steps, so the learning rate is 0 at the
+first step and peaks at the last warm-up step.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-OPTIMIZERS = ("adamw", "lamb")
+OPTIMIZERS = ("adamw", "lamb", "nvlamb")
 DECAYS = ("linear", "poly")
 
 
@@ -30,15 +49,74 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decayed, "weight_decay": weight_decay}, {"params": undecayed, "weight_decay": 0.0}]
 
 
-class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al. 2020, as NVIDIA's BERT pre-training uses it): the bias-corrected Adam direction plus decoupled
-    weight decay, scaled per parameter tensor by the trust ratio ||weight|| / ||update||."""
+@torch.no_grad()
+def clip_by_global_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Multiply every gradient by max_norm / max(norm, max_norm), where norm is the L2 norm of all of them together:
+    Google's tf.clip_by_global_norm and apex FusedLAMB's clipping. Returns the norm before clipping.
+    (torch's clip_grad_norm_ multiplies by max_norm / (norm + 1e-6) instead, a little below Google's factor.)"""
+    grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, max_norm / torch.clamp(norm, min=max_norm))
+    return norm
+
+
+class _AdamMoments(torch.optim.Optimizer):
+    """What the Adam-family rules share: settings checked once, and each group's tensors gathered into lists for the
+    multi-tensor (torch._foreach_*) kernels, with the moments and step count under torch's state names."""
+
+    name = "Adam"
+
+    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
+        if lr < 0 or eps <= 0 or not all(0 <= beta < 1 for beta in betas) or weight_decay < 0:
+            raise ValueError(f"invalid {self.name} settings: lr={lr}, betas={betas}, eps={eps}, "
+                             f"weight_decay={weight_decay}")
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    def _gather(self, group: dict) -> tuple[list, list, list, list, list[int]]:
+        """The group's parameters that have gradients, their gradients and moments, and their step counts, counting
+        this step (state created on first use)."""
+        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        for parameter in group["params"]:
+            if parameter.grad is None:
+                continue
+            state = self.state[parameter]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
+            state["step"] += 1
+            params.append(parameter)
+            grads.append(parameter.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        return params, grads, exp_avgs, exp_avg_sqs, steps
+
+    def _moments(self, group: dict, grads: list, exp_avgs: list, exp_avg_sqs: list) -> None:
+        """m = b1 m + (1 - b1) g (as a lerp, which torch's AdamW also uses: one pass instead of two, the same value up
+        to rounding); v = b2 v + (1 - b2) g^2."""
+        beta1, beta2 = group["betas"]
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+
+
+class AdamWeightDecay(_AdamMoments):
+    """Google's AdamWeightDecayOptimizer (google-research/bert optimization.py; also NVIDIA's TF BERT and apex
+    FusedAdam with bias_correction=False): Adam without bias correction, decoupled weight decay.
+
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p -= lr (m / (sqrt(v) + eps) + wd p)
+
+    The step count is kept (state "step") though the rule does not read it, so that checkpoints of every rule here
+    hold the same state: torch's names, the step an int as LAMB has always kept it."""
+
+    name = "AdamWeightDecay"
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.01):
-        if lr < 0 or eps <= 0 or not all(0 <= beta < 1 for beta in betas) or weight_decay < 0:
-            raise ValueError(f"invalid LAMB settings: lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}")
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        super().__init__(params, lr, betas, eps, weight_decay)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -47,41 +125,126 @@ class Lamb(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            params, grads, exp_avgs, exp_avg_sqs, _ = self._gather(group)
+            if not params:
+                continue
+            self._moments(group, grads, exp_avgs, exp_avg_sqs)
+            denoms = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_add_(denoms, group["eps"])
+            # Google's p - lr (m / denom + wd p), decay first as p (1 - lr wd): the same value up to rounding, without
+            # a buffer for the update.
+            if group["weight_decay"]:
+                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+            torch._foreach_addcdiv_(params, exp_avgs, denoms, value=-group["lr"])
+        return loss
+
+
+class Lamb(_AdamMoments):
+    """LAMB (You et al. 2020) as apex's FusedLAMB computes it with NVIDIA's PyTorch BERT settings (apex
+    apex/optimizers/fused_lamb.py and csrc/multi_tensor_lamb.cu; bias_correction, adam_w_mode and grad_averaging on):
+
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        u = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd p
+        p -= lr ||p|| / ||u|| u   in a group whose weight decay is not 0 (or with use_nvlamb), when both norms are
+                                  non-zero; otherwise p -= lr u, a plain Adam step (biases and LayerNorm)
+
+    The norms are per tensor. use_nvlamb=True applies the trust ratio to every tensor: apex's use_nvlamb and NVIDIA's
+    TF LAMBOptimizer (`nvlamb` in OPTIMIZERS). apex also clips the gradients to a global norm of 1.0 (its
+    max_grad_norm); here TrainStep has clipped them the same way (clip_by_global_norm) before the step, so the step
+    does not clip again. The step count t is each parameter's own (apex counts one per group; they agree while every
+    parameter has a gradient at every step)."""
+
+    name = "LAMB"
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01, use_nvlamb: bool = False):
+        super().__init__(params, lr, betas, eps, weight_decay)
+        self.use_nvlamb = use_nvlamb  # not a group setting, as in apex: a checkpoint's groups stay as they were
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, exp_avgs, exp_avg_sqs, steps = self._gather(group)
+            if not params:
+                continue
             beta1, beta2 = group["betas"]
-            for parameter in group["params"]:
-                if parameter.grad is None:
-                    continue
-                state = self.state[parameter]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
-                state["step"] += 1
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.lerp_(parameter.grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(parameter.grad, parameter.grad, value=1 - beta2)
-                corrected_avg = exp_avg / (1 - beta1 ** state["step"])
-                corrected_sq = exp_avg_sq / (1 - beta2 ** state["step"])
-                update = corrected_avg / (corrected_sq.sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(parameter, alpha=group["weight_decay"])
-                weight_norm, update_norm = parameter.norm(), update.norm()
-                # Zero norms (fresh zero-initialised biases, or no update) fall back to a plain Adam step.
-                trust_ratio = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm,
-                                          torch.ones_like(weight_norm))
-                parameter.sub_(update * (group["lr"] * trust_ratio))
+            lr, weight_decay = group["lr"], group["weight_decay"]
+            self._moments(group, grads, exp_avgs, exp_avg_sqs)
+            # (m / bc1) / (sqrt(v / bc2) + eps) as m (sqrt(bc2) / bc1) / (sqrt(v) + eps sqrt(bc2)): the same value up to
+            # rounding, one pass over the model fewer (torch's AdamW arranges it so too).
+            bias_correction2_sqrt = [math.sqrt(1 - beta2 ** step) for step in steps]
+            denoms = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_add_(denoms, [group["eps"] * scale for scale in bias_correction2_sqrt])
+            # The update goes into the gradients, as apex writes it: they are not read again (TrainStep sets them to
+            # None right after the step), and the update needs no second buffer the size of the model.
+            updates = grads
+            torch._foreach_zero_(updates)
+            torch._foreach_addcdiv_(updates, exp_avgs, denoms,
+                                    [scale / (1 - beta1 ** step) for scale, step in zip(bias_correction2_sqrt, steps)])
+            del denoms
+            if weight_decay:
+                torch._foreach_add_(updates, params, alpha=weight_decay)
+            if self.use_nvlamb or weight_decay:
+                param_norms = torch.stack(torch._foreach_norm(params))
+                update_norms = torch.stack(torch._foreach_norm(updates))
+                ratios = torch.where((param_norms != 0) & (update_norms != 0), lr * (param_norms / update_norms),
+                                     torch.full_like(param_norms, lr))
+                torch._foreach_mul_(updates, ratios.unbind())
+                torch._foreach_sub_(params, updates)
+            else:
+                torch._foreach_add_(params, updates, alpha=-lr)
         return loss
 
 
 def build_optimizer(model: nn.Module, name: str, learning_rate: float, weight_decay: float = 0.01,
-                    eps: float = 1e-6, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
-    """AdamW (PyTorch's, fused into one kernel where the device supports it) or LAMB; Google's epsilon 1e-6."""
+                    eps: float = 1e-6, betas: tuple[float, float] = (0.9, 0.999),
+                    adam_bias_correction: bool = False) -> torch.optim.Optimizer:
+    """`name` from OPTIMIZERS over Google's parameter groups: adamw is Google's AdamWeightDecay, or with
+    adam_bias_correction PyTorch's AdamW (fused into one kernel where the device supports it); lamb is apex's LAMB,
+    nvlamb LAMB with the trust ratio on every tensor. Google's epsilon 1e-6."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
     groups = parameter_groups(model, weight_decay)
-    if name == "adamw":
+    kind = optimizer_class(name, adam_bias_correction)
+    if kind is torch.optim.AdamW:
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=_fused_supported(model))
-    if name == "lamb":
-        return Lamb(groups, lr=learning_rate, betas=betas, eps=eps)
-    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if kind is AdamWeightDecay:
+        return AdamWeightDecay(groups, lr=learning_rate, betas=betas, eps=eps)
+    return Lamb(groups, lr=learning_rate, betas=betas, eps=eps, use_nvlamb=name == "nvlamb")
+
+
+def rule(optimizer: str, adam_bias_correction: bool) -> str:
+    """The update rule of an optimizer name and adam_bias_correction (which only adamw reads), in words."""
+    if optimizer == "adamw":
+        return ("adamw with bias correction (torch.optim.AdamW)" if adam_bias_correction
+                else "adamw without bias correction (Google's AdamWeightDecayOptimizer)")
+    return {"lamb": "lamb (apex FusedLAMB)", "nvlamb": "nvlamb (LAMB's trust ratio on every tensor)"}[optimizer]
+
+
+def legacy_rule(optimizer: str) -> tuple[str, bool]:
+    """(optimizer, adam_bias_correction) in today's names for a run recorded before bertbench had
+    adam_bias_correction: its adamw was torch.optim.AdamW (bias-corrected) and its lamb put the trust ratio on every
+    tensor (today's nvlamb). Other names (NVIDIA's adam) stay as they are."""
+    return ("nvlamb" if optimizer == "lamb" else optimizer), True
+
+
+def recorded_rule(fields: Mapping[str, Any]) -> tuple[str, bool]:
+    """(optimizer, adam_bias_correction) of TrainConfig fields as a checkpoint records them (legacy_rule's for one
+    written before adam_bias_correction existed)."""
+    if "adam_bias_correction" not in fields:
+        return legacy_rule(fields["optimizer"])
+    return fields["optimizer"], fields["adam_bias_correction"]
+
+
+def optimizer_class(optimizer: str, adam_bias_correction: bool) -> type[torch.optim.Optimizer]:
+    """The class that build_optimizer makes, and so the form of its state."""
+    if optimizer == "adamw":
+        return torch.optim.AdamW if adam_bias_correction else AdamWeightDecay
+    return Lamb
 
 
 def _fused_supported(model: nn.Module) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from bertbench import __version__
+from bertbench import __version__, optim
 from bertbench.batches import ShuffledBatches
 from bertbench.checkpoint import CheckpointError, holds_training_state, remove_temporary_files
 from bertbench.config import BertConfig, ConfigError
@@ -46,7 +46,7 @@ RUN_RECORD = "bertbench_run.json"
 # --lr_scaling: the factor on --learning_rate for a number of processes.
 LR_SCALINGS = {"none": lambda processes: 1.0, "linear": float, "sqrt": math.sqrt}
 # NVIDIA's --optimizer_type names for TrainConfig.optimizer.
-OPTIMIZER_TYPES = {"adam": "adamw", "adamw": "adamw", "lamb": "lamb"}
+OPTIMIZER_TYPES = {"adam": "adamw", "adamw": "adamw", "lamb": "lamb", "nvlamb": "nvlamb"}
 
 # Google's, NVIDIA's and tf.estimator's flag names for RunConfig and TrainConfig fields, and how a flag's value becomes
 # the field's; a field not named here is the flag of its own name. What depends on the processes or the phase (the
@@ -237,8 +237,8 @@ class RunRecord:
             with open(path, encoding="utf-8") as handle:
                 data = json.load(handle)
             # Records written before `derived` existed have none.
-            return cls(path=path, runner=data["runner"], args=data["args"], bert_config=data["bert_config"],
-                       world_size=data["world_size"], derived=data.get("derived", {}))
+            return cls(path=path, runner=data["runner"], args=_with_legacy_rule(data["args"]),
+                       bert_config=data["bert_config"], world_size=data["world_size"], derived=data.get("derived", {}))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise UsageError(f"{path}: not valid JSON ({error})") from None
         except (KeyError, TypeError) as error:
@@ -248,6 +248,15 @@ class RunRecord:
         write_json(self.path, {"runner": self.runner, "bertbench_version": __version__, "args": self.args,
                                "bert_config": self.bert_config, "world_size": self.world_size,
                                "derived": self.derived})
+
+
+def _with_legacy_rule(args: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record's flags, with the optimizer rule a run recorded before bertbench had --adam_bias_correction was
+    trained with (optim.legacy_rule: bias-corrected AdamW, and nvlamb for its lamb), so that resuming it keeps it."""
+    if "adam_bias_correction" in args or "optimizer_type" not in args:
+        return args
+    optimizer, bias_correction = optim.legacy_rule(args["optimizer_type"])
+    return {**args, "optimizer_type": optimizer, "adam_bias_correction": bias_correction}
 
 
 def write_record(record: RunRecord | None, runner: str, command: Command, config: BertConfig, dist: Distributed,
@@ -445,7 +454,10 @@ def report_training(result: TrainResult, command: Command, estimator: Estimator,
                "train_batch_size": command.settings.train_batch_size,
                "num_accumulation_steps": config.gradient_accumulation_steps,
                "max_seq_length": command.settings.max_seq_length, "lr_scaling": command.settings.lr_scaling,
-               "learning_rate": config.learning_rate, "sync_gradients": config.sync_gradients, **(extra or {})}
+               "learning_rate": config.learning_rate, "optimizer": config.optimizer,
+               "adam_bias_correction": config.adam_bias_correction,
+               "optimizer_rule": optim.rule(config.optimizer, config.adam_bias_correction),
+               "sync_gradients": config.sync_gradients, **(extra or {})}
     if dist.is_main:
         write_json(os.path.join(command.run.model_dir, "train_results.json"), summary)
     log("***** Training summary *****")

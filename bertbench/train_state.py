@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertbench import optim
 from bertbench.batches import TrainBatches
 from bertbench.checkpoint import (CheckpointError, checkpoint_path, checkpoint_step, list_checkpoints,
                                   load_checkpoint, newest_intact_checkpoint, prune_checkpoints, save_checkpoint,
@@ -173,6 +174,7 @@ class TrainingCheckpoints:
 
     def restore(self, path: str, state: Mapping[str, Any], seed: int) -> Restored:
         """Every part from `state` (read from `path`): the run continues exactly where it was saved."""
+        self._check_rule(path, state.get("train_config"))
         load_weights(self.model, path, state)
         try:
             self.step.load_state_dict(state)
@@ -196,6 +198,17 @@ class TrainingCheckpoints:
             seed_everything(seed + self.dist.rank + step)
         return Restored(step, skipped)
 
+    def _check_rule(self, path: str, recorded: Mapping[str, Any] | None) -> None:
+        """A resumed run goes on with the optimizer rule it was trained with; a checkpoint written before bertbench
+        had adam_bias_correction was trained with optim.legacy_rule's."""
+        if recorded is None:
+            return
+        config = self.step.config
+        was, now = optim.rule(*optim.recorded_rule(recorded)), optim.rule(config.optimizer, config.adam_bias_correction)
+        if was != now:
+            raise CheckpointError(f"{path}: was trained with {was}; resuming it with {now} would change the update "
+                                  "rule mid-run: give the optimizer and adam_bias_correction it was trained with")
+
     def continue_phase(self, path: str, state: Mapping[str, Any]) -> int:
         """Start from an earlier phase's checkpoint: its weights, its step count and, when it was trained with the
         same optimizer, the optimizer's moments; this run's learning rate and weight decay replace that phase's
@@ -203,15 +216,19 @@ class TrainingCheckpoints:
         load_weights(self.model, path, state)
         step = int(state.get("step", 0))
         config = self.step.config
-        earlier = state.get("train_config", {}).get("optimizer")
-        if "optimizer" in state and earlier == config.optimizer:
+        now = (config.optimizer, config.adam_bias_correction)
+        earlier = optim.recorded_rule(state["train_config"]) if "train_config" in state else None
+        # The moments go on where the earlier phase's optimizer keeps them in the same form (lamb and nvlamb do).
+        if "optimizer" in state and earlier is not None and optim.optimizer_class(*earlier) is \
+                optim.optimizer_class(*now):
             try:
                 self.step.load_optimizer_moments(state["optimizer"])
             except (ValueError, KeyError) as error:
                 raise CheckpointError(f"{path}: its optimizer state does not fit this model ({error})") from None
         else:
-            self.log(f"warning: {path} holds no {config.optimizer} state (it was trained with "
-                     f"{earlier or 'no saved optimizer'}): the optimizer's moments start from zero")
+            self.log(f"warning: {path} holds no state of {optim.rule(*now)} (it was trained with "
+                     f"{optim.rule(*earlier) if earlier else 'no saved optimizer'}): the optimizer's moments start "
+                     "from zero")
         return step
 
 

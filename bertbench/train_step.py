@@ -2,9 +2,10 @@
 
 `TrainStep` owns the optimizer, the learning-rate schedule and the fp16 loss scaler of one model, and runs a step:
 gradient_accumulation_steps micro-batches of forward and backward under the run's precision (gradients all-reduced
-once, on the last micro-batch, under DDP), global-norm clipping, the optimizer and the schedule. An fp16 step whose
-gradients overflow is skipped and does not advance the schedule (NVIDIA's BERT). The Estimator's loop calls it with
-the run's batch stream; the benches call it with a fixed synthetic batch, so a bench figure is the speed of this step.
+once, on the last micro-batch, under DDP), global-norm clipping (Google's and apex's: optim.clip_by_global_norm),
+the optimizer and the schedule. An fp16 step whose gradients overflow is skipped and does not advance the schedule
+(NVIDIA's BERT). The Estimator's loop calls it with the run's batch stream; the benches call it with a fixed
+synthetic batch, so a bench figure is the speed of this step.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ class TrainStep:
         self.model = model.to(self.device)
         self.config = config
         self.schedule_start_step = schedule_start_step
-        self.optimizer = optim.build_optimizer(model, config.optimizer, config.learning_rate, config.weight_decay)
+        self.optimizer = optim.build_optimizer(model, config.optimizer, config.learning_rate, config.weight_decay,
+                                               adam_bias_correction=config.adam_bias_correction)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.schedule = optim.warmup_decay_schedule(self.optimizer, config.num_train_steps - schedule_start_step,
                                                     config.warmup_proportion, config.decay, config.decay_power)
@@ -87,7 +89,7 @@ class TrainStep:
         grad_norm = None
         if self.config.max_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            grad_norm = optim.clip_by_global_norm(self.model.parameters(), self.config.max_grad_norm)
         scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
         learning_rate = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)

@@ -57,8 +57,15 @@ class TrainConfig:
                                                    "choices": optim.DECAYS, "defines_run": True})
     decay_power: float = field(default=1.0, metadata={"help": "Power of the polynomial decay (1 is Google's linear "
                                                               "decay).", "defines_run": True})
-    optimizer: str = field(default="adamw", metadata={"help": "adamw or lamb.", "choices": optim.OPTIMIZERS,
-                                                      "defines_run": True})
+    optimizer: str = field(default="adamw", metadata={
+        "help": "adamw (see adam_bias_correction), lamb (apex FusedLAMB: the trust ratio on the decayed weights only) "
+                "or nvlamb (the trust ratio on every tensor, NVIDIA's TF LAMB).", "choices": optim.OPTIMIZERS,
+        "defines_run": True})
+    adam_bias_correction: bool = field(default=False, metadata={
+        "help": "adamw's rule. False: Google's/NVIDIA's AdamWeightDecayOptimizer, no bias correction, the rule the "
+                "original recipes' learning rates are for; True: torch.optim.AdamW, HF Trainer's default, with "
+                "bias correction (updates several times smaller over the first hundreds of steps at the same "
+                "learning rate). LAMB is always bias-corrected, as apex's.", "defines_run": True})
     weight_decay: float = field(default=0.01, metadata={"help": "Decoupled weight decay (not on biases and "
                                                                 "LayerNorm).", "defines_run": True})
     gradient_accumulation_steps: int = field(default=1, metadata={

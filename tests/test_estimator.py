@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertbench.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from bertbench.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
 from bertbench.batches import ShuffledBatches
 from bertbench.estimator import Estimator, PeriodicEvaluation, TrainingDivergedError
 from bertbench.train_state import rng_state, set_rng_state
@@ -252,6 +252,22 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
     other = build_model("classification", tiny_config(hidden_size=32, intermediate_size=64), num_labels=3)
     with pytest.raises(CheckpointError, match="do not fit this model"):
         make_estimator(tmp_path, steps=8, model=other).train(ShuffledBatches(features(), 8, seed=0))
+
+
+def test_resume_keeps_the_update_rule_and_older_checkpoints_were_bias_corrected(tmp_path):
+    make_estimator(tmp_path, steps=4).train(ShuffledBatches(features(), 8, seed=0))
+    with pytest.raises(CheckpointError, match="trained with adamw without bias correction .*; resuming it with adamw "
+                                              "with bias correction"):
+        make_estimator(tmp_path, steps=8, adam_bias_correction=True).train(ShuffledBatches(features(), 8, seed=0))
+    # A checkpoint written before adam_bias_correction existed was trained with torch's AdamW.
+    step, path = list_checkpoints(tmp_path)[-1]
+    state = load_checkpoint(path)
+    del state["train_config"]["adam_bias_correction"]
+    save_checkpoint(str(tmp_path), step, state, keep_max=1)
+    with pytest.raises(CheckpointError, match="trained with adamw with bias correction"):
+        make_estimator(tmp_path, steps=8).train(ShuffledBatches(features(), 8, seed=0))
+    resumed = make_estimator(tmp_path, steps=8, adam_bias_correction=True).train(ShuffledBatches(features(), 8, seed=0))
+    assert (resumed.resumed_from, resumed.global_step) == (path, 8)
 
 
 def test_gradient_accumulation_matches_the_big_batch(tmp_path):

@@ -3,6 +3,7 @@ booleans), Google's and NVIDIA's names for RunConfig / TrainConfig fields live i
 are frozen, and a bad value is one line with exit status 2."""
 
 import dataclasses
+import json
 
 import pytest
 from torch import nn
@@ -211,6 +212,24 @@ def test_the_record_keeps_flags_by_name_and_refuses_run_defining_changes(tmp_pat
     assert resumed.train["gradient_accumulation_steps"] == 2 and resumed.settings.task_name == "MRPC"
     assert {field.name for field in dataclasses.fields(RunConfig)} == set(vars(resumed.run)) and \
         set(resumed.train) <= {field.name for field in dataclasses.fields(TrainConfig)}
+
+
+@pytest.mark.parametrize("optimizer_type, trained_with", [("adam", "adamw"), ("lamb", "nvlamb")])
+def test_a_record_older_than_adam_bias_correction_resumes_with_the_rule_it_was_trained_with(tmp_path, optimizer_type,
+                                                                                             trained_with):
+    """Before --adam_bias_correction, adamw was torch's bias-corrected AdamW and lamb put the trust ratio on every
+    tensor: a run recorded then goes on with that rule, and a command that would change it is refused."""
+    command = parse(run_pretraining.SPEC, tmp_path, f"--optimizer_type={optimizer_type}")
+    runner.write_record(None, run_pretraining.PROGRAM, command, tiny_config(), Distributed())
+    path = tmp_path / runner.RUN_RECORD
+    old = json.loads(path.read_text())
+    del old["args"]["adam_bias_correction"]
+    path.write_text(json.dumps(old))
+    resumed, _ = runner.parse_command(run_pretraining.SPEC, [f"--output_dir={tmp_path}", "--do_train"])
+    assert (resumed.train["optimizer"], resumed.train["adam_bias_correction"]) == (trained_with, True)
+    with pytest.raises(UsageError, match="this run was made with --adam_bias_correction=True, the command gives False"):
+        runner.parse_command(run_pretraining.SPEC, [f"--output_dir={tmp_path}", "--do_train",
+                                                    "--noadam_bias_correction"])
 
 
 # ---- a command given as Python values (how the demo and the benches call runners) ----------------------------------

@@ -1,13 +1,225 @@
-"""Optimizers and schedules against hand-computed values."""
+"""Optimizers, clipping and schedules: each update rule step by step against a NumPy transcription of its source
+(optimizer_references: Google's AdamWeightDecayOptimizer, torch's AdamW, apex's FusedLAMB), through the real
+TrainStep with clipping engaged, and against the trajectory Google's own code wrote (fixtures/google_bert)."""
 
+import io
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from bertbench import modeling, optim
+from bertbench.train_step import TrainStep
+from bertbench.training_config import TrainConfig
 from conftest import tiny_config
+from optimizer_references import (AdamWeightDecay, FedGradients, FusedLamb, clip_by_global_norm, global_norm,
+                                  google_trajectory)
+
+# (optimizer, adam_bias_correction): every rule build_optimizer makes.
+RULES = [("adamw", False), ("adamw", True), ("lamb", False), ("nvlamb", False)]
+
+
+def initial_values(seed: int = 0) -> dict[str, np.ndarray]:
+    """A decayed embedding and kernel, zero-initialised biases, LayerNorm at ones and zeros (BERT's initialisation)."""
+    rng = np.random.default_rng(seed)
+    return {"embeddings.word_embeddings.weight": rng.normal(0, 0.02, (10, 4)).astype(np.float32),
+            "dense.weight": rng.normal(0, 0.5, (6, 4)).astype(np.float32),
+            "dense.bias": np.zeros(6, np.float32),
+            "LayerNorm.weight": np.ones(6, np.float32), "LayerNorm.bias": np.zeros(6, np.float32)}
+
+
+def decays(names, weight_decay: float = 0.01) -> list[float]:
+    """Google's exclusions, written out: no decay on biases and LayerNorm."""
+    return [0.0 if name.endswith("bias") or "LayerNorm" in name else weight_decay for name in names]
+
+
+def gradient_stream(initial: dict[str, np.ndarray], steps: int, seed: int = 1):
+    """Gradients of every magnitude: a per-step scale from 1e-4 (where epsilon matters) to about 10."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        scale = 10.0 ** rng.uniform(-4, 1)
+        yield {name: (scale * rng.normal(size=value.shape)).astype(np.float32) for name, value in initial.items()}
+
+
+def reference_for(name: str, bias_correction: bool, initial: dict[str, np.ndarray], max_grad_norm: float | None):
+    """The source's rule; `max_grad_norm`: the clipping before the step (apex clips inside FusedLAMB)."""
+    names, values = list(initial), list(initial.values())
+    if name == "adamw":
+        reference = AdamWeightDecay(values, [bool(decay) for decay in decays(names)], bias_correction=bias_correction)
+        if max_grad_norm is None:
+            return reference, reference.step
+        return reference, lambda grads, lr: reference.step(clip_by_global_norm(grads, max_grad_norm), lr)
+    reference = FusedLamb(values, decays(names), max_grad_norm=max_grad_norm, use_nvlamb=name == "nvlamb")
+    return reference, reference.step
+
+
+def assert_matches(model: nn.Module, reference, names, step: int, rtol: float = 1e-5) -> None:
+    parameters = dict(model.named_parameters())
+    for name, expected in zip(names, reference.params):
+        np.testing.assert_allclose(parameters[name].detach().numpy(), expected, rtol=rtol, atol=1e-7,
+                                   err_msg=f"{name} after step {step + 1}")
+
+
+@pytest.mark.parametrize("bias_correction, expected", [(False, 0.6838), (True, 0.9)])
+def test_one_step_of_each_adam_rule(bias_correction, expected):
+    # p = 1, g = 0.5, lr 0.1, no decay. Google: m = 0.05, v = 0.00025, p - 0.1 x 0.05 / (0.0158 + 1e-6) = 0.6838;
+    # with bias correction the first step is lr x sign(g): 0.9.
+    model = nn.Linear(1, 1, bias=False)
+    nn.init.ones_(model.weight)
+    model.weight.grad = torch.tensor([[0.5]])
+    optim.build_optimizer(model, "adamw", 0.1, weight_decay=0.0, adam_bias_correction=bias_correction).step()
+    assert model.weight.item() == pytest.approx(expected, abs=5e-5)
+
+
+@pytest.mark.parametrize("name, bias_correction", RULES)
+def test_each_rule_follows_its_source_step_by_step(name, bias_correction):
+    initial = initial_values()
+    model = FedGradients(initial)
+    optimizer = optim.build_optimizer(model, name, 1.0, adam_bias_correction=bias_correction)
+    reference, reference_step = reference_for(name, bias_correction, initial, max_grad_norm=None)
+    parameters = dict(model.named_parameters())
+    peak = 1e-2 if name == "adamw" else 5e-2
+    for step, grads in enumerate(gradient_stream(initial, 60)):
+        lr = peak * optim.warmup_decay_factor(step, 60, 6)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        for parameter_name, grad in grads.items():
+            parameters[parameter_name].grad = torch.from_numpy(grad.copy())
+        optimizer.step()
+        reference_step(list(grads.values()), lr)
+        assert_matches(model, reference, list(initial), step)
+    # the rules do differ on these tensors: a rule swapped for another would fail
+    assert not np.allclose(parameters["LayerNorm.weight"].detach().numpy(), 1.0, atol=1e-3)
+
+
+@pytest.mark.parametrize("name, bias_correction", RULES)
+def test_train_step_clips_then_steps_as_the_source(name, bias_correction):
+    """The real step: TrainStep's clipping at 1.0 (Google's and apex's formula), the optimizer, the schedule."""
+    initial = initial_values(seed=2)
+    model = FedGradients(initial)
+    step = TrainStep(model, TrainConfig(num_train_steps=60, learning_rate=1e-2 if name == "adamw" else 5e-2,
+                                        optimizer=name, adam_bias_correction=bias_correction))
+    reference, reference_step = reference_for(name, bias_correction, initial, max_grad_norm=1.0)
+    clipped = 0
+    for index, grads in enumerate(gradient_stream(initial, 60, seed=3)):
+        result = step(iter([{key: torch.from_numpy(grad) for key, grad in grads.items()}]))
+        norm = global_norm(list(grads.values()))
+        assert result.grad_norm.item() == pytest.approx(norm, rel=1e-6)
+        clipped += norm > 1.0
+        reference_step(list(grads.values()), result.learning_rate)
+        assert_matches(model, reference, list(initial), index)
+    assert 10 <= clipped <= 50  # clipping engaged on some steps, not on others
+
+
+@pytest.mark.parametrize("name, bias_correction", RULES)
+def test_state_dict_round_trip_continues_bit_identically(name, bias_correction):
+    initial = initial_values()
+    model = FedGradients(initial)
+    optimizer = optim.build_optimizer(model, name, 1e-2, adam_bias_correction=bias_correction)
+    grads = list(gradient_stream(initial, 20))
+
+    def run(model, optimizer, stream):
+        parameters = dict(model.named_parameters())
+        for fed in stream:
+            for key, grad in fed.items():
+                parameters[key].grad = torch.from_numpy(grad.copy())
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    run(model, optimizer, grads[:10])
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    twin = FedGradients(initial)
+    twin.load_state_dict(saved["model"])
+    twin_optimizer = optim.build_optimizer(twin, name, 1e-2, adam_bias_correction=bias_correction)
+    twin_optimizer.load_state_dict(saved["optimizer"])
+    run(model, optimizer, grads[10:])
+    run(twin, twin_optimizer, grads[10:])
+    for (key, parameter), twin_parameter in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(parameter, twin_parameter), key
+    assert {int(state["step"]) for state in twin_optimizer.state.values()} == {20}
+
+
+def test_train_step_follows_googles_own_trajectory():
+    """300 steps of Google's create_optimizer (AdamWeightDecayOptimizer, warm-up + linear decay, clipping at 1.0),
+    written by TensorFlow: the same gradients through bertbench's TrainStep give Google's weights, as closely as the
+    float64 transcription of Google's rule does (the float32 rounding of Google's own run), and Google's learning
+    rates; with bias correction they do not."""
+    google = google_trajectory()
+    assert list(google.initial) == ["dense.weight", "dense.bias", "LayerNorm.weight", "LayerNorm.bias"]
+    assert (google.num_train_steps, google.init_lr, google.num_warmup_steps) == (300, 0.01, 30)
+    steps = google.num_train_steps
+
+    def largest_difference(weights_after_each_step) -> float:
+        return max(float(np.max(np.abs(np.asarray(weights[name]) - google.params[t][name])))
+                   for t, weights in enumerate(weights_after_each_step) for name in google.initial)
+
+    def bertbench(bias_correction: bool):
+        model = FedGradients(google.initial)
+        train = TrainStep(model, TrainConfig(num_train_steps=steps, learning_rate=0.01, warmup_proportion=0.1,
+                                             adam_bias_correction=bias_correction))
+        for t in range(steps):
+            result = train(iter([{name: torch.from_numpy(grad) for name, grad in google.grads[t].items()}]))
+            # TF computes the schedule in float32
+            assert result.learning_rate == pytest.approx(float(google.learning_rates[t]), rel=1e-5, abs=1e-12)
+            yield {name: parameter.detach().numpy().copy() for name, parameter in model.named_parameters()}
+
+    def transcription():
+        reference = AdamWeightDecay(list(google.initial.values()), [True, False, False, False])
+        for t in range(steps):
+            reference.step(clip_by_global_norm(list(google.grads[t].values()), 1.0), float(google.learning_rates[t]))
+            yield dict(zip(google.initial, reference.params))
+
+    googles_rounding = largest_difference(transcription())
+    assert 0 < googles_rounding < 1e-5  # weights of about 1, 300 float32 steps
+    assert largest_difference(bertbench(bias_correction=False)) <= 2 * googles_rounding
+    assert largest_difference(bertbench(bias_correction=True)) > 100 * googles_rounding
+
+
+def test_clipping_is_googles_and_returns_the_norm_before_it():
+    first, second = nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))
+    first.grad, second.grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])
+    assert optim.clip_by_global_norm([first, second], 1.0).item() == 5.0
+    # g x 1 / max(5, 1) exactly; torch's clip_grad_norm_ divides by 5 + 1e-6
+    assert torch.equal(first.grad, torch.tensor([3.0, 0.0, 0.0]) * torch.tensor(0.2))
+    assert torch.equal(second.grad, torch.tensor([0.0, 4.0]) * torch.tensor(0.2))
+    small = torch.tensor([0.3, -0.4])
+    first.grad, second.grad = None, small.clone()
+    assert optim.clip_by_global_norm([first, second], 1.0).item() == pytest.approx(0.5)
+    assert torch.equal(second.grad, small)  # below the threshold: untouched
+
+
+def test_lamb_step_matches_hand_computation():
+    weight = nn.Parameter(torch.tensor([3.0, 4.0]))  # norm 5
+    weight.grad = torch.tensor([0.5, -1.0])
+    lamb = optim.Lamb([weight], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    lamb.step()
+    # first step: bias-corrected m = g, v = g^2, so the Adam direction is sign(g) (up to eps)
+    direction = torch.tensor([0.5, -1.0]) / (torch.tensor([0.5, 1.0]) + 1e-6)
+    update = direction + 0.01 * torch.tensor([3.0, 4.0])
+    trust = 5.0 / update.norm()
+    torch.testing.assert_close(weight.detach(), torch.tensor([3.0, 4.0]) - 0.1 * trust * update)
+
+
+@pytest.mark.parametrize("use_nvlamb", [False, True])
+def test_undecayed_tensors_take_a_plain_adam_step_unless_nvlamb(use_nvlamb):
+    gamma = nn.Parameter(torch.tensor([3.0, 4.0]))  # a LayerNorm weight: norm 5, no decay
+    gamma.grad = torch.tensor([0.5, -1.0])
+    optim.Lamb([gamma], lr=0.01, weight_decay=0.0, use_nvlamb=use_nvlamb).step()
+    update = torch.tensor([1.0, -1.0])  # sign(g), up to eps
+    ratio = 5.0 / math.sqrt(2) if use_nvlamb else 1.0
+    torch.testing.assert_close(gamma.detach(), torch.tensor([3.0, 4.0]) - 0.01 * ratio * update, atol=1e-6, rtol=0)
+
+
+def test_lamb_zero_weights_take_a_plain_adam_step():
+    bias = nn.Parameter(torch.zeros(3))
+    bias.grad = torch.tensor([1.0, -2.0, 0.5])
+    optim.Lamb([bias], lr=0.01, use_nvlamb=True).step()  # a zero norm falls back to lr, even with the trust ratio
+    torch.testing.assert_close(bias.detach(), -0.01 * torch.sign(torch.tensor([1.0, -2.0, 0.5])), atol=1e-6, rtol=0)
 
 
 def test_weight_decay_skips_bias_and_layer_norm():
@@ -45,31 +257,13 @@ def test_schedule_drives_the_optimizer_learning_rate():
         optim.warmup_decay_schedule(optimizer, 10, warmup_proportion=1.5)
 
 
-def test_lamb_step_matches_hand_computation():
-    weight = nn.Parameter(torch.tensor([3.0, 4.0]))  # norm 5
-    weight.grad = torch.tensor([0.5, -1.0])
-    lamb = optim.Lamb([weight], lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
-    lamb.step()
-    # first step: bias-corrected m = g, v = g^2, so the Adam direction is sign(g) (up to eps)
-    direction = torch.tensor([0.5, -1.0]) / (torch.tensor([0.5, 1.0]) + 1e-6)
-    update = direction + 0.01 * torch.tensor([3.0, 4.0])
-    trust = 5.0 / update.norm()
-    torch.testing.assert_close(weight.detach(), torch.tensor([3.0, 4.0]) - 0.1 * trust * update)
-
-
-def test_lamb_zero_weights_take_a_plain_adam_step():
-    bias = nn.Parameter(torch.zeros(3))
-    bias.grad = torch.tensor([1.0, -2.0, 0.5])
-    optim.Lamb([bias], lr=0.01, weight_decay=0.0).step()
-    torch.testing.assert_close(bias.detach(), -0.01 * torch.sign(torch.tensor([1.0, -2.0, 0.5])), atol=1e-6, rtol=0)
-
-
-@pytest.mark.parametrize("name", optim.OPTIMIZERS)
-def test_optimizers_train_a_tiny_bert(name):
+@pytest.mark.parametrize("name, bias_correction", RULES)
+def test_each_rule_trains_a_tiny_bert(name, bias_correction):
     torch.manual_seed(0)
     model = modeling.BertForSequenceClassification(tiny_config(hidden_dropout_prob=0.0,
                                                                attention_probs_dropout_prob=0.0), num_labels=2)
-    optimizer = optim.build_optimizer(model, name, learning_rate=1e-3 if name == "adamw" else 5e-2)
+    optimizer = optim.build_optimizer(model, name, learning_rate=1e-3 if name == "adamw" else 5e-2,
+                                      adam_bias_correction=bias_correction)
     input_ids = torch.randint(5, 100, (8, 12))
     labels = torch.tensor([0, 1] * 4)
     first = model(input_ids, labels=labels).loss.item()
@@ -80,9 +274,10 @@ def test_optimizers_train_a_tiny_bert(name):
     assert model(input_ids, labels=labels).loss.item() < 0.5 * first
 
 
-def test_adamw_is_fused_on_cpu_and_unknown_names_fail():
+def test_bias_corrected_adamw_is_torchs_fused_and_unknown_names_fail():
     model = nn.Linear(3, 3)
-    assert optim.build_optimizer(model, "adamw", 1e-3).defaults["fused"] is True
+    assert optim.build_optimizer(model, "adamw", 1e-3, adam_bias_correction=True).defaults["fused"] is True
+    assert type(optim.build_optimizer(model, "adamw", 1e-3)) is optim.AdamWeightDecay
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
         optim.build_optimizer(model, "sgd", 1e-3)
     with pytest.raises(ValueError, match="invalid LAMB"):

@@ -69,6 +69,9 @@ def test_mrpc_learns_and_writes_every_result(mrpc_run):
     record = json.loads((mrpc_run / "bertbench_run.json").read_text())
     assert record["runner"] == "run_classifier" and record["args"]["task_name"] == "MRPC"
     assert record["bert_config"]["hidden_size"] == 32 and "output_dir" not in record["args"]
+    # the update rule, in the record (by flag) and the results: Google's AdamW by default
+    assert (record["args"]["optimizer_type"], record["args"]["adam_bias_correction"]) == ("adam", False)
+    assert (train["optimizer"], train["adam_bias_correction"]) == ("adamw", False)
     assert [step for step, _ in list_checkpoints(mrpc_run)] == [96]
 
 

@@ -10,7 +10,8 @@ from bertbench.training_config import TrainConfig
 from conftest import Overflowing, tiny_batch, tiny_config
 
 
-def test_an_overflowing_fp16_step_changes_nothing_but_the_loss_scale():
+@pytest.mark.parametrize("adam_bias_correction", [False, True])
+def test_an_overflowing_fp16_step_changes_nothing_but_the_loss_scale(adam_bias_correction):
     torch.manual_seed(0)
     config = tiny_config(num_hidden_layers=1, hidden_size=32, intermediate_size=64)
     model = build_model("classification", config, num_labels=2)
@@ -19,15 +20,17 @@ def test_an_overflowing_fp16_step_changes_nothing_but_the_loss_scale():
             "labels": torch.tensor([0, 1, 1, 0])}
     # No warm-up, linear decay over 10 steps: the learning rate of step k is 1e-3 x (1 - k/10).
     step = TrainStep(Overflowing(model, at_call=1), TrainConfig(num_train_steps=10, precision="fp16", learning_rate=1e-3,
-                                                       warmup_proportion=0.0))
+                                                       warmup_proportion=0.0,
+                                                       adam_bias_correction=adam_bias_correction))
     initial = {name: tensor.clone() for name, tensor in model.state_dict().items()}
 
     skipped = step(iter([data]))
     assert skipped.skipped and skipped.learning_rate == 1e-3
     assert all(torch.equal(tensor, initial[name]) for name, tensor in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
-    # fused AdamW sets its state up, but neither counts the step nor moves the moments
-    assert all(state["step"].item() == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+    # torch's fused AdamW (bias-corrected) sets its state up, but neither counts the step nor moves the moments;
+    # Google's rule is not called
+    assert all(int(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
                for state in step.optimizer.state.values())
     assert step.schedule.last_epoch == 0 and step.optimizer.param_groups[0]["lr"] == 1e-3
     assert step.scaler.get_scale() == 2.0**16 * 0.5  # GradScaler's initial scale, backed off once
@@ -35,6 +38,6 @@ def test_an_overflowing_fp16_step_changes_nothing_but_the_loss_scale():
     taken = step(iter([data]))
     assert not taken.skipped and taken.learning_rate == 1e-3 and torch.isfinite(taken.loss)
     assert any(not torch.equal(tensor, initial[name]) for name, tensor in model.state_dict().items())
-    assert {state["step"].item() for state in step.optimizer.state.values()} == {1.0}
+    assert {int(state["step"]) for state in step.optimizer.state.values()} == {1}
     assert step.schedule.last_epoch == 1 and step.optimizer.param_groups[0]["lr"] == pytest.approx(9e-4)
     assert step.scaler.get_scale() == 2.0**15  # grows only after 2000 good steps

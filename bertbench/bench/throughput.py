@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bertbench import devices, synthetic
+from bertbench import devices, optim, synthetic
 from bertbench.bench import cli, flops, measure, workload
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                                 "all cores).")
     timing.add_argument("--no_memory", action="store_true", help="Skip the memory step of each setting.")
     recipe = parser.add_argument_group("the training step (the training defaults unless changed)")
-    recipe.add_argument("--optimizer", default="adamw", choices=("adamw", "lamb"), help="Optimizer of the step.")
+    recipe.add_argument("--optimizer", default="adamw", choices=optim.OPTIMIZERS, help="Optimizer of the step.")
     recipe.add_argument("--gradient_accumulation_steps", type=cli.positive_int, default=1,
                         help="Micro-batches (each of the batch size) per optimizer step.")
     recipe.add_argument("--max_grad_norm", type=float, default=1.0, help="Global-norm clipping; 0 turns it off.")
