@@ -94,6 +94,24 @@ class _AdamMoments(torch.optim.Optimizer):
             steps.append(state["step"])
         return params, grads, exp_avgs, exp_avg_sqs, steps
 
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, exp_avgs, exp_avg_sqs, steps = self._gather(group)
+            if params:
+                self._moments(group, grads, exp_avgs, exp_avg_sqs)
+                self._update(group, params, grads, exp_avgs, exp_avg_sqs, steps)
+        return loss
+
+    def _update(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
+                steps: list[int]) -> None:
+        """The rule's step for one group's tensors, their moments already updated."""
+        raise NotImplementedError
+
     def _moments(self, group: dict, grads: list, exp_avgs: list, exp_avg_sqs: list) -> None:
         """m = b1 m + (1 - b1) g (as a lerp, which torch's AdamW also uses: one pass instead of two, the same value up
         to rounding); v = b2 v + (1 - b2) g^2."""
@@ -118,25 +136,15 @@ class AdamWeightDecay(_AdamMoments):
                  eps: float = 1e-6, weight_decay: float = 0.01):
         super().__init__(params, lr, betas, eps, weight_decay)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params, grads, exp_avgs, exp_avg_sqs, _ = self._gather(group)
-            if not params:
-                continue
-            self._moments(group, grads, exp_avgs, exp_avg_sqs)
-            denoms = torch._foreach_sqrt(exp_avg_sqs)
-            torch._foreach_add_(denoms, group["eps"])
-            # Google's p - lr (m / denom + wd p), decay first as p (1 - lr wd): the same value up to rounding, without
-            # a buffer for the update.
-            if group["weight_decay"]:
-                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
-            torch._foreach_addcdiv_(params, exp_avgs, denoms, value=-group["lr"])
-        return loss
+    def _update(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
+                steps: list[int]) -> None:
+        denoms = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_add_(denoms, group["eps"])
+        # Google's p - lr (m / denom + wd p), decay first as p (1 - lr wd): the same value up to rounding, without
+        # a buffer for the update.
+        if group["weight_decay"]:
+            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+        torch._foreach_addcdiv_(params, exp_avgs, denoms, value=-group["lr"])
 
 
 class Lamb(_AdamMoments):
@@ -161,43 +169,33 @@ class Lamb(_AdamMoments):
         super().__init__(params, lr, betas, eps, weight_decay)
         self.use_nvlamb = use_nvlamb  # not a group setting, as in apex: a checkpoint's groups stay as they were
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params, grads, exp_avgs, exp_avg_sqs, steps = self._gather(group)
-            if not params:
-                continue
-            beta1, beta2 = group["betas"]
-            lr, weight_decay = group["lr"], group["weight_decay"]
-            self._moments(group, grads, exp_avgs, exp_avg_sqs)
-            # (m / bc1) / (sqrt(v / bc2) + eps) as m (sqrt(bc2) / bc1) / (sqrt(v) + eps sqrt(bc2)): the same value up to
-            # rounding, one pass over the model fewer (torch's AdamW arranges it so too).
-            bias_correction2_sqrt = [math.sqrt(1 - beta2 ** step) for step in steps]
-            denoms = torch._foreach_sqrt(exp_avg_sqs)
-            torch._foreach_add_(denoms, [group["eps"] * scale for scale in bias_correction2_sqrt])
-            # The update goes into the gradients, as apex writes it: they are not read again (TrainStep sets them to
-            # None right after the step), and the update needs no second buffer the size of the model.
-            updates = grads
-            torch._foreach_zero_(updates)
-            torch._foreach_addcdiv_(updates, exp_avgs, denoms,
-                                    [scale / (1 - beta1 ** step) for scale, step in zip(bias_correction2_sqrt, steps)])
-            del denoms
-            if weight_decay:
-                torch._foreach_add_(updates, params, alpha=weight_decay)
-            if self.use_nvlamb or weight_decay:
-                param_norms = torch.stack(torch._foreach_norm(params))
-                update_norms = torch.stack(torch._foreach_norm(updates))
-                ratios = torch.where((param_norms != 0) & (update_norms != 0), lr * (param_norms / update_norms),
-                                     torch.full_like(param_norms, lr))
-                torch._foreach_mul_(updates, ratios.unbind())
-                torch._foreach_sub_(params, updates)
-            else:
-                torch._foreach_add_(params, updates, alpha=-lr)
-        return loss
+    def _update(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
+                steps: list[int]) -> None:
+        beta1, beta2 = group["betas"]
+        lr, weight_decay = group["lr"], group["weight_decay"]
+        # (m / bc1) / (sqrt(v / bc2) + eps) as m (sqrt(bc2) / bc1) / (sqrt(v) + eps sqrt(bc2)): the same value up to
+        # rounding, one pass over the model fewer (torch's AdamW arranges it so too).
+        bias_correction2_sqrt = [math.sqrt(1 - beta2 ** step) for step in steps]
+        denoms = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_add_(denoms, [group["eps"] * scale for scale in bias_correction2_sqrt])
+        # The update goes into the gradients, as apex writes it: they are not read again (TrainStep sets them to
+        # None right after the step), and the update needs no second buffer the size of the model.
+        updates = grads
+        torch._foreach_zero_(updates)
+        torch._foreach_addcdiv_(updates, exp_avgs, denoms,
+                                [scale / (1 - beta1 ** step) for scale, step in zip(bias_correction2_sqrt, steps)])
+        del denoms
+        if weight_decay:
+            torch._foreach_add_(updates, params, alpha=weight_decay)
+        if self.use_nvlamb or weight_decay:
+            param_norms = torch.stack(torch._foreach_norm(params))
+            update_norms = torch.stack(torch._foreach_norm(updates))
+            ratios = torch.where((param_norms != 0) & (update_norms != 0), lr * (param_norms / update_norms),
+                                 torch.full_like(param_norms, lr))
+            torch._foreach_mul_(updates, ratios.unbind())
+            torch._foreach_sub_(params, updates)
+        else:
+            torch._foreach_add_(params, updates, alpha=-lr)
 
 
 def build_optimizer(model: nn.Module, name: str, learning_rate: float, weight_decay: float = 0.01,
