@@ -456,8 +456,7 @@ class _Candidate(NamedTuple):
     score: float
     start_logit: float
     end_logit: float
-    text_span: tuple[int, int] | None  # characters of the context; None = no answer
-    tokens: tuple[int, int, int] | None = None  # (window row, first, last position in the row); None = no answer
+    tokens: tuple[int, int, int] | None  # (window row, first, last position in the row); None = no answer
 
 
 ANSWER_TEXTS = ("google", "context")
@@ -473,14 +472,14 @@ class GoogleAnswerText:
 
     def __init__(self, tokenizer: BertTokenizer):
         self.tokenizer = tokenizer
-        self._word_starts: dict[str, tuple[list[str], np.ndarray]] = {}
+        self._words_of: dict[str, tuple[list[str], np.ndarray]] = {}  # context -> its words and where they start
 
     def _words(self, context: str) -> tuple[list[str], np.ndarray]:
-        if context not in self._word_starts:
+        if context not in self._words_of:
             matches = list(_GOOGLE_WORD.finditer(context))
-            self._word_starts[context] = ([match.group() for match in matches],
+            self._words_of[context] = ([match.group() for match in matches],
                                           np.array([match.start() for match in matches], dtype=np.int64))
-        return self._word_starts[context]
+        return self._words_of[context]
 
     def __call__(self, context: str, input_ids: np.ndarray, offsets: np.ndarray, first: int, last: int) -> str:
         words, starts = self._words(context)
@@ -542,14 +541,13 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
         for candidate in candidates:
             if len(nbest) == n_best_size:
                 break
-            if candidate.text_span is None:
+            if candidate.tokens is None:
                 text = ""
-            elif answer_text is None:
-                text = example.context[slice(*candidate.text_span)]
             else:
                 row, first, last = candidate.tokens
-                text = answer_text(example.context, features.inputs["input_ids"][row].numpy(),
-                                   features.token_offsets[row], first, last)
+                offsets = features.token_offsets[row]
+                text = (example.context[offsets[first, 0]:offsets[last, 1]] if answer_text is None else
+                        answer_text(example.context, features.inputs["input_ids"][row].numpy(), offsets, first, last))
             if text not in seen:
                 seen.add(text)
                 nbest.append((text, candidate))
@@ -589,6 +587,5 @@ def _span_candidates(row: int, starts: np.ndarray, ends: np.ndarray, offsets: np
     valid = (in_context[top_starts] & max_context[top_starts] & in_context[top_ends] & (top_ends >= top_starts)
              & (top_ends - top_starts < max_answer_length))
     first, last = np.broadcast_arrays(top_starts, top_ends)
-    return [_Candidate(starts[i] + ends[j], starts[i], ends[j], (int(offsets[i, 0]), int(offsets[j, 1])),
-                       (row, int(i), int(j)))
+    return [_Candidate(starts[i] + ends[j], starts[i], ends[j], (row, int(i), int(j)))
             for i, j in zip(first[valid], last[valid])]
