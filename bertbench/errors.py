@@ -93,7 +93,13 @@ def run_command(program: str, body: Callable[[], int | None], input_errors: tupl
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the flag (no usage block above it), with exit status 2."""
+    """argparse whose errors are one line naming the flag (no usage block above it), with exit status 2. A flag
+    must be spelled out: argparse would take `--learning_rat` for `--learning_rate`, absl refuses it, and a typo
+    that silently picks some flag is worse than an error."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(INPUT_ERROR, f"{self.prog}: error: {message}\n")

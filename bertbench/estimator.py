@@ -245,13 +245,15 @@ class Estimator:
                 stop, save_due, out_of_time = self.dist.any(signals.received is not None,
                                                             trigger.should_save(self.global_step),
                                                             stats.budget_spent())
-                if not outcome.skipped and self.global_step % run.log_step_count_steps == 0:
+                # The last step is logged too, so a run shorter than log_step_count_steps has its line.
+                ending = finished or stop or out_of_time or target_reached
+                if not outcome.skipped and (self.global_step % run.log_step_count_steps == 0 or ending):
                     self._report(stats.take_window(), outcome.learning_rate, metrics, display, step, batches,
                                  skipped, last_checkpoint)
                 elif display.due():
                     display.draw(self.global_step, stats.peek_loss(), stats.window_rate(),
                                  stats.eta(self.global_step))
-                if finished or stop or save_due or out_of_time or target_reached:
+                if ending or save_due:
                     loss = stats.finite_loss()
                     if not math.isfinite(loss):  # never save weights trained on a non-finite loss over good ones
                         raise TrainingDivergedError(f"loss is {loss} before step {self.global_step}; not saving "

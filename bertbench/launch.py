@@ -49,7 +49,9 @@ def describe_rendezvous_failure(args, error: RendezvousError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = torchrun.parse_args(list(sys.argv[1:] if argv is None else argv))
+    parser = torchrun.get_args_parser()
+    parser.prog = PROGRAM  # torchrun's parser names itself after sys.argv[0]: `bertbench`, or `__main__.py`
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         torchrun.run(args)
     except RendezvousError as error:

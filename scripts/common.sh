@@ -1,5 +1,5 @@
-# Shared by run_glue.sh, run_squad.sh and run_pretraining.sh (sourced, not run): argument checks, the nodes of
-# the job, the launcher, the logged run.
+# Shared by run_glue.sh, run_squad.sh and run_pretraining.sh (sourced, not run): argument checks, the job
+# templates' knobs, the nodes of the job, the launcher, the logged run.
 #
 # One node: num_gpu processes (torchrun when more than 1). Several nodes: run the same script on every node with
 #   NNODES       nodes in the job (default 1)
@@ -29,6 +29,36 @@ check_launch_arguments() {
   if ! [[ "$3" =~ ^[1-9][0-9]*$ ]]; then
     echo "$1: error: num_gpu must be a positive integer, got '$3'" >&2
     exit 2
+  fi
+}
+
+# knob_flags: set KNOB_FLAGS to the runner flags that the job templates' knobs ask for, read from the environment so
+# that every template (PBS, Slurm, Kubernetes, a shell) sets them the same way; an unset or empty knob says nothing,
+# and flags given to the script itself come after these and win:
+#   MODELING           baseline | recompute                 --modeling
+#   RECOMPUTE_POLICY   full | every-k | selective            --recompute_policy
+#   MAX_TRAIN_SECONDS  a fixed wall-clock budget of training   --max_train_seconds (then evaluate, as usual)
+#   LR_SCALING         none | linear | sqrt                  --lr_scaling (multiply the rate by 1, N, sqrt(N) processes)
+#   EXTRA_FLAGS        more runner flags, separated by spaces
+# and CORES_PER_GPU, the CPU threads each process takes (OMP_NUM_THREADS, unless that is set; torchrun would give
+# every process 1 thread).
+knob_flags() {
+  KNOB_FLAGS=()
+  [ -n "${MODELING:-}" ] && KNOB_FLAGS+=(--modeling="$MODELING")
+  [ -n "${RECOMPUTE_POLICY:-}" ] && KNOB_FLAGS+=(--recompute_policy="$RECOMPUTE_POLICY")
+  [ -n "${MAX_TRAIN_SECONDS:-}" ] && KNOB_FLAGS+=(--max_train_seconds="$MAX_TRAIN_SECONDS")
+  [ -n "${LR_SCALING:-}" ] && KNOB_FLAGS+=(--lr_scaling="$LR_SCALING")
+  if [ -n "${EXTRA_FLAGS:-}" ]; then
+    local extra
+    read -ra extra <<< "$EXTRA_FLAGS"
+    KNOB_FLAGS+=("${extra[@]}")
+  fi
+  if [ -n "${CORES_PER_GPU:-}" ]; then
+    if ! [[ "$CORES_PER_GPU" =~ ^[1-9][0-9]*$ ]]; then
+      echo "$1: error: CORES_PER_GPU must be a positive integer, got '$CORES_PER_GPU'" >&2
+      exit 2
+    fi
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$CORES_PER_GPU}
   fi
 }
 

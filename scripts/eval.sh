@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Score the newest checkpoint of a run on its dev set(s) and print the metrics:
 #
-#   scripts/eval.sh RESULTS_DIR [runner flags...]
+#   scripts/eval.sh [RESULTS_DIR] [runner flags...]
 #
-# RESULTS_DIR is a run directory (it holds bertbench_run.json) or a directory of them (run_glue.sh's and
+# RESULTS_DIR (default: the environment's RESULTS_DIR, else results) is a run directory (it holds bertbench_run.json) or a directory of them (run_glue.sh's and
 # run_squad.sh's RESULTS_DIR): each run is scored by the runner that made it, with the task, data, vocab and model
 # it recorded. GLUE runs are evaluated (run_classifier --do_eval); SQuAD runs predict their predict_file and score it
 # (run_squad --do_predict: predictions.json, nbest_predictions.json, null_odds.json). Flags given here override
@@ -12,12 +12,14 @@
 # README's policy (2: no run directory or an unreadable record; otherwise the last failing runner's status).
 set -euo pipefail
 
-if [ $# -lt 1 ]; then
-  echo "usage: scripts/eval.sh RESULTS_DIR [runner flags...]" >&2
-  exit 2
+# No argument, or flags only (the original's habit): the runs of $RESULTS_DIR (default results), where run_glue.sh
+# and run_squad.sh put them.
+if [ $# -ge 1 ] && [[ "$1" != -* ]]; then
+  results_dir=$1
+  shift
+else
+  results_dir=${RESULTS_DIR:-results}
 fi
-results_dir=$1
-shift
 PYTHON=${PYTHON:-python3}
 
 runs=()

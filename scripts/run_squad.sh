@@ -11,7 +11,7 @@
 #   num_gpu          GPUs seen, or 1  processes on each node; more than 1 (or several nodes) launches through torchrun
 #   seq_length       384
 #   doc_stride       128
-#   bert_model       large            large | base: picks the default BERT_DIR
+#   bert_model       large            large | base: picks BERT_DIR when it is not set
 #   squad_version    1.1              1.1 | 2.0 (2.0 trains and predicts with --version_2_with_negative)
 #   init_checkpoint  $BERT_DIR/bert_model.ckpt   TF1 checkpoint, HF directory or bertbench checkpoint
 #   epochs           2.0
@@ -19,12 +19,14 @@
 # Environment: BERT_DIR (vocab.txt, bert_config.json, bert_model.ckpt; default the original's
 # data/download/google_pretrained_weights/uncased_L-24_H-1024_A-16, or uncased_L-12_H-768_A-12 for base),
 # SQUAD_DIR (holding train-v<version>.json and dev-v<version>.json; default data/download/squad/v<version>),
-# RESULTS_DIR (default results), PYTHON (default python3); on several nodes NNODES, NODE_RANK, MASTER_ADDR,
-# MASTER_PORT or the scheduler's variables, and RDZV_TIMEOUT, MAX_RESTARTS (see common.sh): run the same command on
-# every node, with the data, BERT_DIR and RESULTS_DIR on a filesystem they share. The run directory,
+# RESULTS_DIR (default results), PYTHON (default python3); the job templates' knobs MODELING, RECOMPUTE_POLICY,
+# MAX_TRAIN_SECONDS, LR_SCALING, EXTRA_FLAGS and CORES_PER_GPU (see knob_flags in common.sh); on several nodes
+# NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT or the scheduler's variables, and RDZV_TIMEOUT, MAX_RESTARTS (see
+# common.sh): run the same command on every node, with the data, BERT_DIR and RESULTS_DIR on a filesystem they
+# share. The run directory,
 # $RESULTS_DIR/squad<version>_<model>_<precision>_bs<batch>_lr<lr>_seq<len>_stride<n>_<modeling>_gpu<n>[_nodes<N>]
-# (<modeling> as in run_glue.sh, from --modeling and --recompute-policy after the 11th argument), is named by the
-# arguments: running the same command again resumes it from its newest checkpoint. The dev set is scored
+# (<model>: bert_model, or the name of BERT_DIR when that is set; <modeling> as in run_glue.sh, from MODELING and
+# RECOMPUTE_POLICY or --modeling and --recompute-policy after the 11th argument), is named by the arguments: running the same command again resumes it from its newest checkpoint. The dev set is scored
 # with the official definitions (eval_results.json); flags after the 11th argument go to run_squad as they are.
 set -euo pipefail
 
@@ -47,12 +49,20 @@ case "$bert_model" in
   base) default_bert_dir=data/download/google_pretrained_weights/uncased_L-12_H-768_A-12 ;;
   *) echo "run_squad.sh: error: bert_model must be large or base, got '$bert_model'" >&2; exit 2 ;;
 esac
+# The run directory names the model that runs: bert_model when it picks BERT_DIR, else BERT_DIR's own name.
+if [ -n "${BERT_DIR:-}" ]; then
+  model_name=$(basename "$BERT_DIR")
+else
+  model_name=$bert_model
+fi
 BERT_DIR=${BERT_DIR:-$default_bert_dir}
 init_checkpoint=${10:-"$BERT_DIR/bert_model.ckpt"}
 epochs=${11:-"2.0"}
 shift $(( $# < 11 ? $# : 11 ))
 
 check_launch_arguments run_squad.sh "$precision" "$num_gpu"
+knob_flags run_squad.sh
+set -- ${KNOB_FLAGS[@]+"${KNOB_FLAGS[@]}"} "$@"
 resolve_nodes run_squad.sh
 case "$squad_version" in
   1.1) version_2_with_negative=false ;;
@@ -61,7 +71,7 @@ case "$squad_version" in
 esac
 SQUAD_DIR=${SQUAD_DIR:-data/download/squad/v$squad_version}
 
-run_dir="$RESULTS_DIR/squad${squad_version}_${bert_model}_${precision}_bs${batch_size}_lr${learning_rate}"
+run_dir="$RESULTS_DIR/squad${squad_version}_${model_name}_${precision}_bs${batch_size}_lr${learning_rate}"
 run_dir+="_seq${seq_length}_stride${doc_stride}$(modeling_tag "$@")$(run_directory_suffix "$num_gpu")"
 run_logged "$run_dir" "$num_gpu" bertbench.run_squad \
   --do_train=true --do_predict=true \

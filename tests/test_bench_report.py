@@ -52,7 +52,7 @@ def test_bad_inputs_fail_in_one_line(tmp_path, error_line):
     (tmp_path / "empty").mkdir()
     assert report_command.main([str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")]) == 2
     assert error_line() == (f"bertbench report: error: {tmp_path / 'empty'}: no bench results (a KIND.json written "
-                            "by `bertbench bench KIND`)")
+                            "by `bertbench bench KIND`) and no training run (bertbench_run.json)")
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "throughput.json").write_text('{"bench": "throughput",\n "rows": [}')
@@ -77,3 +77,68 @@ def test_a_report_is_not_overwritten(tmp_path, error_line):
 def test_markdown_table_marks_missing_values():
     table = markdown_table([{"a": 1.234, "b": None}, {"a": 2.0}], [("A", "a", ".1f"), ("B", "b", "d")])
     assert table.splitlines() == ["| A | B |", "|---|---|", "| 1.2 | – |", "| 2.0 | – |"]
+
+
+def write_training_run(directory, world_size, seconds, rates, accuracy, modeling="baseline"):
+    """A run directory as run_classifier leaves it: the record, train_results.json, eval_results.json and
+    metrics.jsonl (two invocations: elapsed_s restarts at the resume)."""
+    directory.mkdir(parents=True)
+    (directory / "bertbench_run.json").write_text(json.dumps({"runner": "run_classifier",
+                                                              "args": {"task_name": "MNLI"}}))
+    sentences = 16 * len(rates) * 10
+    (directory / "train_results.json").write_text(json.dumps({
+        "global_step": 10 * len(rates), "sentences": sentences, "seconds": seconds,
+        "sentences_per_second": sentences / seconds, "steady_sentences_per_second": max(rates),
+        "world_size": world_size, "nodes": 1, "device": "cpu", "modeling": modeling,
+        "recompute_policy": "full" if modeling == "recompute" else None, "precision": "fp32",
+        "train_batch_size": 16 // world_size, "segments": [{"ended": "finished"}, {"ended": "time budget"}]}))
+    (directory / "eval_results.json").write_text(json.dumps({
+        "task": "MNLI", "global_step": 10 * len(rates), "dev_matched_loss": 0.5, "dev_matched_acc": accuracy,
+        "dev_matched_examples": 32, "dev_mismatched_acc": accuracy - 0.01}))
+    half = len(rates) // 2
+    elapsed = [index + 1.0 for index in range(half)] + [index + 1.0 for index in range(len(rates) - half)]
+    (directory / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": 10 * (index + 1), "seq_per_s": rate, "elapsed_s": seconds_so_far}) + "\n"
+        for index, (rate, seconds_so_far) in enumerate(zip(rates, elapsed))))
+
+
+def test_training_runs_are_put_side_by_side_with_their_spread_and_dev_metrics(tmp_path, capsys):
+    baseline, recompute = tmp_path / "MNLI_baseline_gpu1", tmp_path / "MNLI_recompute-full_gpu4_nodes2"
+    write_training_run(baseline, 1, 100.0, [50.0, 40.0, 44.0, 46.0, 42.0, 48.0], 0.70)
+    write_training_run(recompute, 8, 130.0, [300.0, 310.0], 0.75, modeling="recompute")
+    assert report_command.main([str(baseline), str(recompute), "--output_dir", str(tmp_path / "report")]) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    section = report["comparisons"]["training"]
+    rows = {row["run"]: row for row in section["rows"]}
+    first = rows[baseline.name]
+    # the first logged window (start-up) is left out of the spread
+    assert (first["windows"], first["window_seq_per_s"], first["window_seq_per_s_min"],
+            first["window_seq_per_s_max"]) == (5, 44.0, 40.0, 48.0)
+    assert first["window_seq_per_s_cv"] == pytest.approx(0.0718, abs=1e-4)
+    assert (first["sentences"], first["processes"], first["ended"], first["dev:dev_matched_acc"]) == \
+        (960, 1, "time budget", 0.70)
+    assert rows[recompute.name]["modeling"] == "recompute (full)" and rows[recompute.name]["windows"] == 1
+    assert section["warnings"] == ["the runs trained for different times (100–130 s): compare sentences/s, not "
+                                   "sentences seen or accuracy"]
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "| 44.0 (40.0–48.0, CV 7%, 5 windows) |" in markdown and "| – (1 window) |" in markdown
+    assert "**Warning:** the runs trained for different times" in markdown
+    assert "(8 x cpu)" in markdown
+    for plot in ("training-progress", "training-accuracy"):
+        assert (tmp_path / "report" / f"report-{plot}.png").exists()
+    assert "## training runs" in capsys.readouterr().out
+
+
+def test_training_progress_adds_up_over_invocations(tmp_path):
+    write_training_run(tmp_path / "run", 1, 10.0, [5.0, 6.0, 7.0, 8.0], 0.5)
+    # elapsed_s of the resumed invocation restarts at 0: the earlier one's end is added
+    assert [window["seconds"] for window in report_command.logged_windows(str(tmp_path / "run"))] == [1, 2, 3, 4]
+
+
+def test_a_run_directory_that_has_not_trained_is_one_line(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "bertbench_run.json").write_text(json.dumps({"runner": "run_classifier", "args": {}}))
+    assert report_command.main([str(tmp_path / "run"), "--output_dir", str(tmp_path / "report")]) == 2
+    assert capsys.readouterr().err == f"bertbench report: error: {tmp_path / 'run'}: has not trained (no " \
+                                      "train_results.json)\n"
+    assert not (tmp_path / "report").exists()

@@ -133,6 +133,15 @@ def test_train_learns_and_saves_the_whole_state(tmp_path):
     assert accuracy["acc"] > 0.8 and accuracy["global_step"] == 60
 
 
+@pytest.mark.parametrize("steps, logged", [(7, [7]), (50, [20, 40, 50])])
+def test_the_last_step_is_logged_even_off_the_logging_interval(tmp_path, steps, logged):
+    estimator = make_estimator(tmp_path, steps=steps, run={"log_step_count_steps": 20})
+    estimator.train(ShuffledBatches(features(), 8, seed=0))
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [record["step"] for record in records] == logged
+    assert all(record["seq_per_s"] > 0 for record in records)
+
+
 class SignalAfter(torch.nn.Module):
     """Wraps a model and sends this process `signum` during forward call number `call`: a preemption mid-run."""
 

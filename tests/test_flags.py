@@ -179,6 +179,7 @@ def test_flags_a_runner_does_without_are_not_offered(capsys):
     (["--optimizer_type=sgd"], "argument --optimizer_type: invalid choice: 'sgd'"),
     (["--keep_checkpoint_max=0"], "--keep_checkpoint_max must be at least 1, got 0"),  # RunConfig's own check
     (["--max_seq_length=0"], "--max_seq_length must be positive, got 0"),
+    (["--learning_rat=1e-4"], "unrecognized arguments: --learning_rat=1e-4"),  # absl refuses abbreviations too
 ])
 def test_a_bad_value_is_one_line_with_status_2(module, extra, message, tmp_path, error_line):
     argv = [f"--output_dir={tmp_path / 'run'}", "--bert_config_file=c", *REQUIRED[module.PROGRAM], *extra]

@@ -6,6 +6,7 @@ the container recipes against the repository."""
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,8 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEMPLATES = os.path.join(ROOT, "job_templates")
 BERT_DIR = os.path.join(HERE, "fixtures", "tf1_tiny")
-# The templates' GPU-sized defaults, replaced by what the CPU runs in seconds.
-CPU_SETTINGS = {"PRECISION": "fp32", "USE_XLA": "false", "BATCH_SIZE": "8", "LEARNING_RATE": "1e-3",
+# The templates' GPU-sized defaults, replaced by what the CPU runs in seconds (MRPC: the task job_env writes).
+CPU_SETTINGS = {"TASK": "MRPC", "PRECISION": "fp32", "USE_XLA": "false", "BATCH_SIZE": "8", "LEARNING_RATE": "1e-3",
                 "SEQ_LENGTH": "32", "EPOCHS": "1.0", "GPUS_PER_NODE": "1", "RDZV_TIMEOUT": "120"}
 
 
@@ -40,9 +41,10 @@ def read_json(path):
 
 def pbs_env(job_env, tmp_path, hosts):
     """What PBS gives a job: PBS_NODEFILE (a line per MPI process: mpiprocs lines per host), PBS_O_WORKDIR (where
-    qsub ran: the repository), PBS_JOBID."""
+    qsub ran: the repository), PBS_JOBID, PBS_ENVIRONMENT."""
     (tmp_path / "nodefile").write_text("".join(f"{host}\n" for host in hosts))
-    return dict(job_env, PBS_NODEFILE=str(tmp_path / "nodefile"), PBS_O_WORKDIR=ROOT, PBS_JOBID="4242.pbs-server")
+    return dict(job_env, PBS_NODEFILE=str(tmp_path / "nodefile"), PBS_O_WORKDIR=ROOT, PBS_JOBID="4242.pbs-server",
+                PBS_ENVIRONMENT="PBS_BATCH")
 
 
 def run_job(script, env, cwd):
@@ -61,28 +63,188 @@ def test_pbs_baseline_1gpu_job(job_env, tmp_path):
     assert f"loaded {BERT_DIR}/bert_model.ckpt" in (run_dir / "train.log").read_text()
 
 
+# How each starter of every_node.sh is stood in for (tests/fixtures): PBS_REMOTE_SHELL, whether the node gets only
+# the job's own environment (tm_spawn, ssh) or the caller's (srun), and the start of the line the stand-in logs for
+# host "node-1", whose first line in the node file is line 4 (from 0).
+STARTERS = {
+    "pbs_tmrsh": ("pbs_tmrsh", True, "pbs_tmrsh node-1 /bin/bash -c "),
+    "pbsdsh": ("pbsdsh", True, "pbsdsh -n 4 (node-1) /bin/bash -c "),
+    "ssh": ("local_rsh", True, "local_rsh node-1 /bin/bash -c "),
+    "srun": ("srun", False, "srun --nodelist=node-1 /bin/bash -c "),
+}
+# Words and values a shell would take apart if anything re-parsed them once too often or too few times.
+TRICKY_ARGS = ["two words", "--b='x y'", 'say "hi"', "", "*", "$HOME", "back\\slash", "semi; echo injected",
+               "tab\there", "new\nline", "héllo"]
+FORWARDED = {"EXTRA_FLAGS": "--a=1 --b='x y'", "MODELING": "recompute", "RECOMPUTE_POLICY": "selective",
+             "MAX_TRAIN_SECONDS": "30", "LR_SCALING": "sqrt", "CORES_PER_GPU": "2", "OMP_NUM_THREADS": "1"}
+# A node's command that records what it got: its arguments (NUL-separated), environment and working directory, in
+# $RESULTS_DIR (forwarded by every_node.sh).
+RECORDER = """#!/bin/bash
+out="${RESULTS_DIR:?not forwarded}/node$NODE_RANK"
+printf '%s\\0' "$@" > "$out.argv"
+env -0 > "$out.env"
+pwd -P > "$out.pwd"
+"""
+
+
+def every_node_env(tmp_path, starter, hosts=("localhost",) * 4 + ("node-1",) * 4):
+    """A two-host PBS job's environment for run_on_every_node, with a working directory, a results directory and
+    forwarded values that hold spaces and quotes, and a variable that every_node.sh does not forward."""
+    workdir = tmp_path / "job dir 'with' \"quotes\""
+    workdir.mkdir(exist_ok=True)
+    (tmp_path / "nodefile").write_text("".join(f"{host}\n" for host in hosts))
+    env = dict(os.environ, PBS_NODEFILE=str(tmp_path / "nodefile"), PBS_O_WORKDIR=str(workdir),
+               PBS_JOBID="4242.pbs-server", PBS_ENVIRONMENT="PBS_BATCH", RESULTS_DIR=str(tmp_path / "results dir"),
+               SQUAD_DIR=str(tmp_path / "squad 'data'"), MASTER_PORT="29555", NOT_FORWARDED="job script only",
+               STARTER_LOG=str(tmp_path / "starter.log"), **FORWARDED)
+    os.makedirs(env["RESULTS_DIR"], exist_ok=True)
+    if starter is None:
+        env.pop("PBS_REMOTE_SHELL", None)
+    else:
+        env["PBS_REMOTE_SHELL"] = os.path.join(HERE, "fixtures", STARTERS[starter][0])
+    recorder = tmp_path / "bin dir" / "record node"
+    recorder.parent.mkdir(exist_ok=True)
+    recorder.write_text(RECORDER)
+    recorder.chmod(0o755)
+    return env, str(recorder)
+
+
+def run_on_every_node(env, *command):
+    every_node = shlex.quote(os.path.join(TEMPLATES, "pbs", "every_node.sh"))
+    script = f'set -euo pipefail; source {every_node}; run_on_every_node "$@"'
+    return subprocess.run(["bash", "-c", script, "bash", *command], env=env, cwd=env["HOME"], capture_output=True,
+                          timeout=60)
+
+
+def read_node(results_dir, rank):
+    base = os.path.join(results_dir, f"node{rank}")
+    with open(base + ".argv", "rb") as handle:
+        argv = handle.read().decode().split("\0")[:-1]
+    with open(base + ".env", "rb") as handle:
+        env = dict(item.split("=", 1) for item in handle.read().decode().split("\0")[:-1])
+    with open(base + ".pwd") as handle:
+        return argv, env, handle.read().rstrip("\n")
+
+
+@pytest.mark.parametrize("starter", sorted(STARTERS))
+def test_run_on_every_node_gives_each_node_its_arguments_and_environment_intact(tmp_path, starter):
+    env, recorder = every_node_env(tmp_path, starter)
+    done = run_on_every_node(env, recorder, *TRICKY_ARGS)
+    assert done.returncode == 0, done.stderr.decode()
+
+    _, clears_environment, logged = STARTERS[starter]
+    log = (tmp_path / "starter.log").read_text().splitlines()
+    assert len(log) == 1 and log[0].startswith(logged)  # the first host ran its part itself
+    for rank in (0, 1):
+        argv, node_env, pwd = read_node(env["RESULTS_DIR"], rank)
+        assert argv == TRICKY_ARGS
+        assert pwd == os.path.realpath(env["PBS_O_WORKDIR"])
+        assert {name: node_env.get(name) for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                                      "RDZV_ID")} == \
+            {"NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "localhost", "MASTER_PORT": "29555",
+             "RDZV_ID": "4242.pbs-server"}
+        for name in (*FORWARDED, "SQUAD_DIR", "RESULTS_DIR", "PATH"):
+            assert node_env.get(name) == env[name], name
+    # The local node keeps the job's whole environment; a remote one gets what was forwarded (and, from srun, all).
+    assert read_node(env["RESULTS_DIR"], 0)[1]["NOT_FORWARDED"] == "job script only"
+    assert ("NOT_FORWARDED" in read_node(env["RESULTS_DIR"], 1)[1]) is not clears_environment
+
+
+@pytest.mark.parametrize("starter", sorted(STARTERS))
+def test_run_on_every_node_fails_when_a_remote_node_fails(tmp_path, starter):
+    env, recorder = every_node_env(tmp_path, starter)
+    script = tmp_path / "fail on node 1"
+    script.write_text(f'#!/bin/bash\n{shlex.quote(recorder)} "$@"\n[ "$NODE_RANK" != 1 ] || exit 3\n')
+    script.chmod(0o755)
+    done = run_on_every_node(env, str(script), "x")
+    # The node's status comes back through each starter but pbsdsh, which exits 0 whatever its task did: there its
+    # report line ("pbsdsh: task 0x00000000 exit status 3") must count.
+    assert done.returncode == (1 if starter == "pbsdsh" else 3), done.stderr.decode()
+    assert sorted(os.listdir(env["RESULTS_DIR"])) == [f"node{rank}.{kind}" for rank in (0, 1)
+                                                      for kind in ("argv", "env", "pwd")]  # both ran
+
+
+def test_old_quoting_fails_under_the_tm_spawn_stand_in(tmp_path):
+    """What every_node.sh did before: one %q-quoted word for `bash -c`. A remote shell's re-parse (ssh, rsh: the
+    local_rsh stand-in) undoes the quoting; tm_spawn (pbs_tmrsh) passes the word as it is, and bash looks for a
+    program named by the whole command line, as on a real OpenPBS job."""
+    env, recorder = every_node_env(tmp_path, None)
+    old_way = """
+        words=(env NODE_RANK=1 RESULTS_DIR="$RESULTS_DIR" "$@")
+        command=$(printf '%q ' cd "$PBS_O_WORKDIR")"&& exec "$(printf '%q ' "${words[@]}")
+        "$STARTER" node-1 bash -c "$(printf '%q' "$command")"
+        """
+    outcomes = {}
+    for stand_in in ("local_rsh", "pbs_tmrsh"):
+        env["STARTER"] = os.path.join(HERE, "fixtures", stand_in)
+        done = subprocess.run(["bash", "-c", old_way, "bash", recorder, "two words"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        recorded = os.path.join(env["RESULTS_DIR"], "node1.argv")
+        outcomes[stand_in] = (done.returncode, os.path.exists(recorded))
+        if os.path.exists(recorded):
+            os.remove(recorded)
+        if stand_in == "pbs_tmrsh":
+            assert re.search(r"^bash: line 1: cd .* && exec env NODE_RANK=1 .*: No such file or directory$",
+                             done.stderr, re.M), done.stderr
+    assert outcomes == {"local_rsh": (0, True), "pbs_tmrsh": (127, False)}
+
+
+@pytest.mark.parametrize("starter", ["default", "missing"])
+def test_run_on_every_node_without_a_starter_fails_before_any_node_starts(tmp_path, starter):
+    env, recorder = every_node_env(tmp_path, None)
+    if starter == "default":
+        if shutil.which("pbs_tmrsh", path=env["PATH"]):
+            pytest.skip("pbs_tmrsh is installed here")
+        spec = "pbs_tmrsh"
+    else:
+        spec = env["PBS_REMOTE_SHELL"] = str(tmp_path / "no such starter")
+    done = run_on_every_node(env, recorder)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [
+        f"every_node.sh: error: PBS_REMOTE_SHELL='{spec}' is not a command here; the 2 hosts need one to start the "
+        "others (pbs_tmrsh, pbsdsh, ssh, rsh or srun)"]
+    assert os.listdir(env["RESULTS_DIR"]) == []
+
+
+# What the singularity stand-in records of the knobs the templates pass through the environment (scripts/common.sh).
+KNOBS_SEEN = " ".join(f"{name}=${{{name}:-}}" for name in ("MODELING", "RECOMPUTE_POLICY", "MAX_TRAIN_SECONDS",
+                                                            "LR_SCALING", "EXTRA_FLAGS", "CORES_PER_GPU",
+                                                            "OMP_NUM_THREADS"))
+
+
 @pytest.mark.slow
 def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, tmp_path):
-    """Two hosts of four MPI processes each (select=2:ngpus=4:mpiprocs=4); the second is reached through the remote
-    shell; every node's command runs in `singularity exec --nv IMAGE` (a stand-in that records its arguments and
-    runs the command)."""
+    """Two hosts of four MPI processes each (select=2:ngpus=4:mpiprocs=4), submitted from a directory whose path
+    has a space; the second host is reached through the default starter, pbs_tmrsh (its stand-in runs the argument
+    vector as tm_spawn does, with the job's PBS environment only); every node's command runs in
+    `singularity exec --nv IMAGE` (a stand-in that records its node, the knobs it sees and its arguments, and runs
+    the command)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    shutil.copy(os.path.join(HERE, "fixtures", "pbs_tmrsh"), bin_dir / "pbs_tmrsh")
+    sif_log = tmp_path / "sif"
     (bin_dir / "singularity").write_text(
-        '#!/usr/bin/env bash\necho "$*" >> "$SINGULARITY_LOG"\n[ "$1" = exec ] || exit 64\nshift\n'
-        'while [[ "$1" == --* ]]; do shift; done\nshift\nexec "$@"\n')
+        f'#!/usr/bin/env bash\necho "node $NODE_RANK: {KNOBS_SEEN} $*" >> {shlex.quote(str(sif_log))}\n'
+        '[ "$1" = exec ] || exit 64\nshift\nwhile [[ "$1" == --* ]]; do shift; done\nshift\nexec "$@"\n')
     (bin_dir / "singularity").chmod(0o755)
     env = pbs_env(job_env, tmp_path, ["localhost"] * 4 + ["127.0.0.1"] * 4)
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", IMAGE="/images/bertbench.sif", SINGULARITY_LOG=str(tmp_path / "sif"),
-               PBS_REMOTE_SHELL=os.path.join(HERE, "fixtures", "local_rsh"), LOCAL_RSH_LOG=str(tmp_path / "rsh"))
+    workdir = tmp_path / "qsub dir"
+    workdir.symlink_to(ROOT)
+    env.pop("PBS_REMOTE_SHELL", None)
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", IMAGE="/images/bertbench.sif", PBS_O_WORKDIR=str(workdir),
+               STARTER_LOG=str(tmp_path / "starter.log"), EXTRA_FLAGS="--log_step_count_steps=4",
+               LOGLEVEL="INFO")  # torchrun's agents say what they did
     done = run_job(os.path.join(TEMPLATES, "pbs", "optimized_2x4gpu.pbs"), env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    assert (tmp_path / "rsh").read_text().split() == ["127.0.0.1"]  # the first host runs its part itself
-    calls = (tmp_path / "sif").read_text().splitlines()
-    assert len(calls) == 2
-    assert all(call.startswith("exec --nv /images/bertbench.sif scripts/run_glue.sh MRPC 8 1e-3 fp32 false 1 32 64 ")
-               and call.endswith(" --modeling=recompute --lr_scaling=linear") for call in calls)
+    starts = (tmp_path / "starter.log").read_text().splitlines()
+    assert len(starts) == 1 and starts[0].startswith("pbs_tmrsh 127.0.0.1 /bin/bash -c ")  # the first host: here
+    calls = dict(call.split(": ", 1) for call in sif_log.read_text().splitlines())
+    assert sorted(calls) == ["node 0", "node 1"] and calls["node 0"] == calls["node 1"]  # the same knobs everywhere
+    assert calls["node 1"].startswith("MODELING=recompute RECOMPUTE_POLICY= MAX_TRAIN_SECONDS= LR_SCALING=linear "
+                                      "EXTRA_FLAGS=--log_step_count_steps=4 CORES_PER_GPU=5 OMP_NUM_THREADS=1 "
+                                      "exec --nv /images/bertbench.sif scripts/run_glue.sh MRPC 8 1e-3 fp32 false 1 "
+                                      "32 64 "), calls
     run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_recompute-full_gpu1_nodes2"
     train = read_json(run_dir / "train_results.json")
     assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (2, 2, "recompute",
@@ -90,8 +252,13 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
     assert train["learning_rate"] == pytest.approx(2e-3) and train["global_step"] == 8  # 128 / (8 x 2)
     assert sorted(name for name in os.listdir(run_dir) if name.endswith(".log")) == \
         ["command.log", "train.node0.log", "train.node1.log"]
-    logs = "".join((run_dir / name).read_text() for name in ("train.node0.log", "train.node1.log"))
-    assert logs.count("***** Eval results") == 1  # one set of results, from rank 0
+    node_logs = [(run_dir / name).read_text() for name in ("train.node0.log", "train.node1.log")]
+    for rank, log in enumerate(node_logs):  # each node's agent joined the 2-node group and its worker finished
+        assert re.search(rf"group_rank={rank}\n.*group_world_size=2\n", log) and \
+            "worker group successfully finished" in log, log[-3000:]
+    assert "***** Training MRPC: 128 examples, 8 steps, batch 8 x 1 x 2 processes" in node_logs[0]
+    assert re.search(r"^step 4/8  loss ", node_logs[0], re.M)  # EXTRA_FLAGS reached the runner
+    assert "".join(node_logs).count("***** Eval results") == 1  # one set of results, from rank 0
     assert "--rdzv-backend=c10d --rdzv-endpoint=localhost:" in (run_dir / "command.log").read_text()
 
 
@@ -178,6 +345,21 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         pid_file = root / "munge" / "munged.pid"
         if pid_file.exists():
             subprocess.run(["kill", pid_file.read_text().strip()], capture_output=True)
+
+
+def test_run_on_every_node_through_a_real_srun(slurm_cluster, tmp_path):
+    """PBS_REMOTE_SHELL=srun against the one-node Slurm cluster: the srun form every_node.sh uses (and the srun
+    stand-in imitates) delivers the same arguments, directory and environment."""
+    env, recorder = every_node_env(tmp_path, None, hosts=("head-node",) * 4 + ("localhost",) * 4)
+    env.update(SLURM_CONF=slurm_cluster["SLURM_CONF"], PBS_REMOTE_SHELL=find_program("srun"))
+    done = run_on_every_node(env, recorder, *TRICKY_ARGS)
+    assert done.returncode == 0, done.stderr.decode()
+    for rank in (0, 1):
+        argv, node_env, pwd = read_node(env["RESULTS_DIR"], rank)
+        assert (argv, pwd, node_env["NODE_RANK"], node_env["NNODES"], node_env["MASTER_ADDR"]) == \
+            (TRICKY_ARGS, os.path.realpath(env["PBS_O_WORKDIR"]), str(rank), "2", "head-node")
+        assert all(node_env.get(name) == env[name] for name in FORWARDED)
+    assert read_node(env["RESULTS_DIR"], 1)[1]["SLURM_STEP_NUM_TASKS"] == "1"  # a step of its own
 
 
 @pytest.mark.slow

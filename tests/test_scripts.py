@@ -69,6 +69,52 @@ def test_run_glue_with_two_processes_goes_through_torchrun(env, tmp_path):
     assert [step for step, _ in list_checkpoints(run_dir)] == [16]
 
 
+def recorded_command(env, tmp_path, script, *arguments):
+    """The runner command line `script` builds, and the OMP_NUM_THREADS it gives, with PYTHON a stand-in that
+    records them instead of training."""
+    record = tmp_path / "python.argv"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "OMP_NUM_THREADS=$OMP_NUM_THREADS" > "{record}"\n'
+                    f'for word in "$@"; do echo "$word" >> "{record}"; done\n')
+    fake.chmod(0o755)
+    env = {name: value for name, value in env.items() if name != "OMP_NUM_THREADS"}
+    done = subprocess.run(["bash", os.path.join(SCRIPTS, script), *arguments], env=dict(env, PYTHON=str(fake)),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    threads, *argv = record.read_text().splitlines()
+    return argv, threads
+
+
+def test_run_glue_defaults_are_the_originals(env, tmp_path):
+    """No arguments: MNLI 24 5e-5 fp16 true 1 128 64 3.0 0.1 $BERT_DIR/bert_model.ckpt, on one process."""
+    argv, threads = recorded_command(env, tmp_path, "run_glue.sh")
+    run_dir = f"{tmp_path}/results/MNLI_fp16_bs24_lr5e-5_seq128_baseline_gpu1"
+    assert argv == ["-m", "bertbench.run_classifier", "--task_name=MNLI", "--do_train=true", "--do_eval=true",
+                    f"--data_dir={env['GLUE_DIR']}/MNLI", f"--vocab_file={BERT_DIR}/vocab.txt",
+                    f"--bert_config_file={BERT_DIR}/bert_config.json", f"--init_checkpoint={BERT_DIR}/bert_model.ckpt",
+                    "--max_seq_length=128", "--train_batch_size=24", "--learning_rate=5e-5", "--num_train_epochs=3.0",
+                    "--warmup_proportion=0.1", "--precision=fp16", "--use_xla=true", f"--output_dir={run_dir}"]
+    assert threads == "OMP_NUM_THREADS="
+
+
+def test_the_template_knobs_become_runner_flags_that_the_command_line_overrides(env, tmp_path):
+    env = dict(env, MODELING="recompute", RECOMPUTE_POLICY="selective", MAX_TRAIN_SECONDS="1200",
+               LR_SCALING="linear", EXTRA_FLAGS="--seed=3  --do_predict", CORES_PER_GPU="5")
+    argv, threads = recorded_command(env, tmp_path, "run_glue.sh", *POSITIONAL, "--seed=4")
+    knobs = ["--modeling=recompute", "--recompute_policy=selective", "--max_train_seconds=1200",
+             "--lr_scaling=linear", "--seed=3", "--do_predict", "--seed=4"]
+    assert argv[-len(knobs):] == knobs  # the script's own flags come last: the runner takes the last one
+    assert argv[-len(knobs) - 1].endswith("/MRPC_fp32_bs16_lr1e-3_seq32_recompute-selective_gpu1")
+    assert threads == "OMP_NUM_THREADS=5"
+    squad_argv, _ = recorded_command(dict(env, SQUAD_DIR=str(tmp_path)), tmp_path, "run_squad.sh",
+                                     *SQUAD_POSITIONAL)
+    assert squad_argv[1 - len(knobs):] == knobs[:-1]
+    bad = subprocess.run(["bash", os.path.join(SCRIPTS, "run_glue.sh"), *POSITIONAL],
+                         env=dict(env, CORES_PER_GPU="five"), capture_output=True, text=True)
+    assert bad.returncode == 2 and "run_glue.sh: error: CORES_PER_GPU must be a positive integer, got 'five'" in \
+        bad.stderr
+
+
 def test_bad_arguments_and_missing_runs(env, tmp_path):
     arguments = POSITIONAL.copy()
     arguments[3] = "fp64"
@@ -94,7 +140,7 @@ def test_run_squad_trains_predicts_scores_and_eval_sh_predicts_again(env, tmp_pa
     env = dict(env, SQUAD_DIR=str(tmp_path / "squad"))
     done = run_squad(env, *SQUAD_POSITIONAL, "--max_query_length=16")
     assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "squad2.0_base_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu1"
+    run_dir = tmp_path / "results" / "squad2.0_tf1_tiny_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu1"  # BERT_DIR's
     assert f"loaded {BERT_DIR}/bert_model.ckpt" in done.stdout
     results = json.loads((run_dir / "eval_results.json").read_text())
     assert results["questions"] == 30 and {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(results)
@@ -105,9 +151,8 @@ def test_run_squad_trains_predicts_scores_and_eval_sh_predicts_again(env, tmp_pa
 
     predictions = (run_dir / "predictions.json").read_text()
     os.remove(run_dir / "predictions.json")
-    # a directory of runs (the GLUE test gives eval.sh a run directory)
-    scored = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh"), str(tmp_path / "results")], env=env,
-                            capture_output=True, text=True)
+    # no argument, as the original was run: the runs of $RESULTS_DIR (the GLUE test gives eval.sh a run directory)
+    scored = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh")], env=env, capture_output=True, text=True)
     assert scored.returncode == 0, scored.stderr
     assert f"exact = {results['exact']}" in scored.stdout
     assert (run_dir / "predictions.json").read_text() == predictions
@@ -143,7 +188,7 @@ def test_run_squad_with_two_processes_goes_through_torchrun(env, tmp_path):
     arguments[4], arguments[8] = "2", "1.1"
     done = run_squad(dict(env, SQUAD_DIR=str(tmp_path / "squad")), *arguments, "--max_query_length=16")
     assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "squad1.1_base_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu2"
+    run_dir = tmp_path / "results" / "squad1.1_tf1_tiny_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu2"
     train = json.loads((run_dir / "train_results.json").read_text())
     assert train["world_size"] == 2 and train["sentences"] == 16 * train["global_step"]
     assert done.stdout.count("***** Eval results") == 1  # rank 0 alone reports

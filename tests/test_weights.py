@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file
 
 from bertbench import convert
 from bertbench.config import BertConfig
@@ -90,9 +91,33 @@ def assert_same_weights(model, reference):
 @pytest.fixture(scope="module")
 def pretraining_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("converted") / "bert-tiny"
-    assert convert.main(["--tf-checkpoint", str(PRETRAINING), "--bert-config", str(FIXTURE / "bert_config.json"),
-                         "--output", str(out), "--vocab-file", str(FIXTURE / "vocab.txt")]) == 0
+    assert convert.main(["--tf_checkpoint", str(PRETRAINING), "--bert_config_file", str(FIXTURE / "bert_config.json"),
+                         "--output_dir", str(out), "--vocab_file", str(FIXTURE / "vocab.txt")]) == 0
     return out
+
+
+@pytest.mark.parametrize("spelling", [
+    ["--tf-checkpoint", "{ckpt}", "--bert-config", "{config}", "--output", "{out}", "--pytorch-bin"],
+    ["--tf_checkpoint_path", "{ckpt}", "--bert_config_file", "{config}", "--pytorch_dump_path", "{out}",
+     "--pytorch_bin"]])
+def test_convert_keeps_the_old_and_hf_spellings(spelling, tmp_path, pretraining_dir):
+    out = tmp_path / "converted"
+    values = {"ckpt": str(PRETRAINING), "config": str(FIXTURE / "bert_config.json"), "out": str(out)}
+    assert convert.main([word.format(**values) for word in spelling]) == 0
+    assert (out / "pytorch_model.bin").is_file()
+    expected = load_file(str(pretraining_dir / "model.safetensors"))
+    converted = torch.load(out / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    assert converted.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_convert_refuses_an_abbreviated_flag(tmp_path, capsys):
+    status = convert.main(["--tf_checkpoint", str(PRETRAINING), "--bert_config_file", str(FIXTURE / "bert_config.json"),
+                           "--output_dir", str(tmp_path / "x"), "--overwr"])
+    assert status == 2
+    assert "unrecognized arguments: --overwr" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_mapping_skips_slots_and_training_state_and_reports_them():

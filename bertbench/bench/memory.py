@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 
@@ -28,7 +27,8 @@ import torch
 from bertbench import devices, synthetic
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, rate_spread, spread,
+                                    spread_column, spread_fields)
 
 AFFINE_PROBES = (1, 2, 4)
 
@@ -174,12 +174,11 @@ def gpu_search(config, kind: str, variant: workload.Variant, precision: str, seq
 
 
 def time_variants(config, kind: str, variants: Sequence[workload.Variant], precision: str, seq: int,
-                  batches: dict[str, int], device: torch.device, args: argparse.Namespace) -> dict[str, float]:
-    """Median step seconds of each variant at its batch in `batches`, interleaved."""
+                  batches: dict[str, int], device: torch.device, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Step seconds of each variant at its batch in `batches`, interleaved."""
     steps = {variant.name: workload.train_step(config, kind, variant, precision, batches[variant.name], seq, device)
              for variant in variants if batches[variant.name] > 0}
-    times = measure.time_steps(steps, args.warmup, args.steps, device)
-    return {name: statistics.median(seconds) for name, seconds in times.items()}
+    return measure.time_steps(steps, args.warmup, args.steps, device)
 
 
 def measure_sequence_length(args: argparse.Namespace, variants: Sequence[workload.Variant], seq: int,
@@ -203,15 +202,17 @@ def measure_sequence_length(args: argparse.Namespace, variants: Sequence[workloa
         seconds = time_variants(config, args.kind, variants, args.precision, seq,
                                 {variant.name: time_batch for variant in variants}, device, args)
         for row in rows:
-            row.update(time_batch=time_batch, step_seconds=seconds[row["variant"]],
-                       seq_per_s=time_batch / seconds[row["variant"]],
-                       slowdown=seconds[row["variant"]] / seconds[baseline["variant"]])
+            row.update(time_batch=time_batch, **spread_fields("step_seconds", spread(seconds[row["variant"]])),
+                       **spread_fields("seq_per_s", rate_spread(time_batch, seconds[row["variant"]])))
+        for row in rows:  # of the medians
+            row["slowdown"] = row["step_seconds"] / baseline["step_seconds"]
     if args.time_at_max_batch:
         seconds = time_variants(config, args.kind, variants, args.precision, seq,
                                 {row["variant"]: row["max_batch"] for row in rows}, device, args)
         for row in rows:
             if row["variant"] in seconds:
-                row["seq_per_s_at_max_batch"] = row["max_batch"] / seconds[row["variant"]]
+                row.update(spread_fields("seq_per_s_at_max_batch", rate_spread(row["max_batch"],
+                                                                               seconds[row["variant"]])))
     return rows
 
 
@@ -227,35 +228,41 @@ def markdown(rows: list[dict], args: argparse.Namespace, device: torch.device, c
                ("vs first", "max_batch_vs_first", ".2f"), ("measured", "verified_text", "")]
     if device.type != "cuda":
         columns.append(("saved MiB / sequence", "per_sequence_mib", ",.2f"))
-    columns += [("time batch", "time_batch", "d"), ("step (s)", "step_seconds", ".3f"), ("seq/s", "seq_per_s", ".2f"),
-                ("slowdown", "slowdown", ".2f")]
+    columns += [("time batch", "time_batch", "d"), spread_column("step (s): median (min–max, CV)", "step_seconds", ".3f"),
+                ("seq/s", "seq_per_s", ".2f"), ("slowdown", "slowdown", ".2f")]
     if args.time_at_max_batch:
-        columns.append(("seq/s at largest batch", "seq_per_s_at_max_batch", ".2f"))
+        columns.append(spread_column("seq/s at largest batch", "seq_per_s_at_max_batch", ".2f"))
     lines.append(markdown_table(table, columns))
     return "\n".join(lines)
 
 
 def plots(rows: list[dict], device: torch.device, cap: int) -> dict:
-    """Memory vs batch per policy, with the cap: the line through the counted bytes on the CPU, the fitting probes'
-    peaks on a GPU."""
+    """Memory vs batch per policy, with the cap and each policy's largest batch marked: the line through the
+    counted bytes on the CPU, the fitting probes' peaks on a GPU."""
     result = {}
     for seq in sorted({row["seq"] for row in rows}):
         group = [row for row in rows if row["seq"] == seq]
-        series = {}
+        series, marks = {}, {}
         for row in group:
             if device.type == "cuda":
                 fitting = sorted((probe["batch"], probe["peak_bytes"]) for probe in row["probes"] if probe["fits"])
                 series[row["variant"]] = ([b for b, _ in fitting], [p / 2**30 for _, p in fitting])
+                at_largest = row["peak_bytes_at_max_batch"]
             else:
                 top = max(2, max(row["max_batch"] for row in group))
                 batches = sorted({1 << k for k in range(top.bit_length())} | {top})
                 series[row["variant"]] = (batches, [(row["saved_bytes_fixed"] + b * row["saved_bytes_per_sequence"])
                                                     / 2**30 for b in batches])
+                at_largest = row["saved_bytes_at_max_batch"]
+            if row["max_batch"] and at_largest is not None:
+                marks[row["variant"]] = (row["max_batch"], at_largest / 2**30,
+                                         f"{row['variant']}: {row['max_batch']:,}")
         xs = sorted({x for xs, _ in series.values() for x in xs}) or [1]
         label = "peak CUDA memory (GiB)" if device.type == "cuda" else "saved for backward (GiB)"
         result[f"seq{seq}"] = line_plot(series, "batch size", label, f"{group[0]['model']}, {group[0]['kind']}, "
-                                        f"seq {seq}: memory vs batch", log_x=True,
-                                        reference=([xs[0], xs[-1]], [cap / 2**30] * 2, "cap"))
+                                        f"seq {seq}: memory vs batch (star: largest batch under the cap)",
+                                        log_x=True, reference=([xs[0], xs[-1]], [cap / 2**30] * 2, "cap"),
+                                        marks=marks)
     return result
 
 
@@ -278,11 +285,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.set_per_process_memory_fraction(cap / total, device)
         else:
             cap = int((args.cap_gib or 8) * 2**30)
+        load = LoadWatch()
         rows = [row for seq in args.seq_lengths for row in measure_sequence_length(args, variants, seq, device, cap)]
+        output.warn(load.busy())
+        output.warn(noisy_warning([row for row in rows if "step_seconds" in row], "step_seconds",
+                                  lambda row: f"seq {row['seq']} {row['variant']} batch {row['time_batch']}",
+                                  "step times"))
         text = markdown(rows, args, device, cap)
-        output.write(vars(args), {"device": str(device), "cap_bytes": cap, "rows": rows}, text,
-                     plots(rows, device, cap))
-        print(text)
+        print(output.write(vars(args), {"device": str(device), "cap_bytes": cap, "rows": rows}, text,
+                           plots(rows, device, cap)))
         print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 
     return cli.run("bertbench bench memory", body)

@@ -50,7 +50,8 @@ import numpy
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, noisy_warning, spread_column,
+                                    spread_text, superlinear_warning)
 from bertbench.bench.workload import STEP_KINDS, BenchError, bert_config
 from bertbench.config import BertConfig
 
@@ -207,10 +208,12 @@ def points(predicted: float, measured: float) -> float:
     return round(100 * (predicted - measured), 6) + 0.0
 
 
-def validate(path: str, overlap: float, bucket_mb: float) -> list[dict[str, Any]]:
+def validate(path: str, overlap: float, bucket_mb: float) -> tuple[list[dict[str, Any]], list[str]]:
     """Predicted vs measured efficiency of each model and process count of a `bertbench bench scaling` report, from
-    its 1-process step and its fitted all-reduce (a flat ring: all processes of a run share one node)."""
-    models = json_field(read_report(path, "scaling"), "models", path, "", list)
+    its 1-process step and its fitted all-reduce (a flat ring: all processes of a run share one node); and the
+    warnings that report carries (a busy machine, runs not alike), which qualify the measured side."""
+    report = read_report(path, "scaling")
+    models = json_field(report, "models", path, "", list)
     results = []
     for m, entry in enumerate(models):
         where = f"models[{m}]."
@@ -228,6 +231,9 @@ def validate(path: str, overlap: float, bucket_mb: float) -> list[dict[str, Any]
                       for key in ("processes", "batch_per_process", "step_seconds")}
             values["efficiency"] = json_field(row, "efficiency", path, f"{where}rows[{r}].")
             values["nodes"] = row.get("nodes", 1)
+            # the step's spread, where the scaling run measured one
+            values["spread"] = {f"measured_step_seconds{suffix}": row.get(f"step_seconds{suffix}")
+                                for suffix in ("_min", "_max", "_cv")}
             measured.append(values)
         single = [row for row in measured if row["processes"] == 1]
         if not single:
@@ -243,7 +249,7 @@ def validate(path: str, overlap: float, bucket_mb: float) -> list[dict[str, Any]
                 step = row_compute + (1 - hidden) * allreduce_time
                 predicted[label] = (row["batch_per_process"] / step) / (batch / compute)
             results.append({"model": name, "nodes": row["nodes"], "processes": int(row["processes"]),
-                            "measured_step_seconds": row["step_seconds"],
+                            "measured_step_seconds": row["step_seconds"], **row["spread"],
                             "predicted_allreduce_seconds": allreduce_time,
                             "measured_efficiency": row["efficiency"],
                             "predicted_efficiency_no_overlap": predicted["no_overlap"],
@@ -252,7 +258,7 @@ def validate(path: str, overlap: float, bucket_mb: float) -> list[dict[str, Any]
                             "error_pp": points(predicted["overlap"], row["efficiency"]),
                             "latency_seconds": alpha, "bus_bandwidth_bytes_per_s": bandwidth,
                             "gradient_bytes": gradient_bytes, "buckets": buckets})
-    return results
+    return results, [message for message in report.get("warnings", []) if isinstance(message, str)]
 
 
 # ---- the command ----------------------------------------------------------------------------------------------------
@@ -359,23 +365,28 @@ PLAN_COLUMNS = [("nodes", "nodes", "d"), ("GPUs", "gpus", "d"), ("global batch",
                 ("speedup", "speedup", ".1f"), ("efficiency", "efficiency", ".1%"),
                 ("time to train (h)", "time_to_train_hours", ",.1f")]
 VALIDATION_COLUMNS = [("model", "model", "s"), ("processes", "processes", "d"),
-                      ("step (s)", "measured_step_seconds", ".4f"),
+                      spread_column("step (s): median (min–max, CV)", "measured_step_seconds", ".4f"),
                       ("all-reduce, model (s)", "predicted_allreduce_seconds", ".4f"),
-                      ("measured", "measured_efficiency", ".1%"),
+                      efficiency_column("measured", "measured_efficiency"),
                       ("predicted, overlap 0", "predicted_efficiency_no_overlap", ".1%"),
                       ("error, overlap 0 (pp)", "error_pp_no_overlap", "+.1f"),
                       ("predicted, --overlap", "predicted_efficiency", ".1%"), ("error (pp)", "error_pp", "+.1f")]
 
 
-def plan(args: argparse.Namespace, network: Network) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any]]:
-    """(settings, figures, markdown, plots) of the prediction over the layouts."""
+def plan(args: argparse.Namespace, network: Network
+         ) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any], str | None]:
+    """(settings, figures, markdown, plots, warning) of the prediction over the layouts; the warning says when the
+    measured step it starts from was noisy."""
     if args.from_throughput is not None:
         row = throughput_row(args.from_throughput, args)
         model, kind, seq, batch = row["model"], row["kind"], row["seq"], row["batch"]
         compute, source = row["step_seconds"], f"{args.from_throughput}: {row['variant']} {row['precision']}"
+        measured = {key: row.get(key) for key in ("step_seconds", "step_seconds_min", "step_seconds_max",
+                                                   "step_seconds_cv")}
     else:
         model, kind, seq, batch = args.model or "base", args.kind or "pretraining", args.seq, args.batch_per_device
         compute, source = args.step_seconds, "--step_seconds"
+        measured = {"step_seconds": compute}
     # Parameters depend on the sequence length only through a named size's position table (512 up to seq 512).
     parameters = parameter_count(bert_config(model, seq or 1), kind)
     gradient_bytes = parameters * args.gradient_bytes_per_parameter
@@ -383,24 +394,30 @@ def plan(args: argparse.Namespace, network: Network) -> tuple[dict[str, Any], di
     layouts = sorted(args.layouts or [(nodes, args.gpus_per_node) for nodes in args.nodes], key=lambda x: x[0] * x[1])
     rows = [predict(compute, batch, gradient_bytes, nodes, gpus, network, args.overlap, buckets,
                     args.time_to_train_sequences) for nodes, gpus in layouts]
-    settings = {"model": model, "kind": kind, "seq": seq, "batch_per_device": batch, "step_seconds": compute,
+    settings = {"model": model, "kind": kind, "seq": seq, "batch_per_device": batch, **measured,
                 "step_source": source, "parameters": parameters, "gradient_bytes": gradient_bytes, "buckets": buckets,
                 "layouts": [f"{nodes}x{gpus}" for nodes, gpus in layouts]}
-    title = (f"Data-parallel plan: {model} {kind}, batch {batch} per device, {compute:.4g} s per single-device step "
-             f"({source}); {parameters / 1e6:.1f} M parameters = {gradient_bytes / 2**20:,.0f} MiB of gradients in "
+    title = (f"Data-parallel plan: {model} {kind}, batch {batch} per device, {spread_text(measured, 'step_seconds', '.4g')}"
+             f" s per single-device step ({source}); {parameters / 1e6:.1f} M parameters = "
+             f"{gradient_bytes / 2**20:,.0f} MiB of gradients in "
              f"{buckets} bucket(s); overlap {args.overlap:g}; network: intra {args.intra_bandwidth:g} GB/s + "
              f"{args.intra_latency_us:g} us, inter {args.inter_bandwidth:g} GB/s per node + "
              f"{args.inter_latency_us:g} us; time to train {args.time_to_train_sequences:,.0f} sequences.")
     gpus = [row["gpus"] for row in rows]
+    # The layouts' predictions are points (markers, not joined: between two layouts the model is no straight line
+    # on these axes); linear scaling is drawn at many GPU counts, so it is the curve it is.
+    dense = numpy.geomspace(gpus[0], gpus[-1], 200) if gpus[-1] > gpus[0] else numpy.asarray(gpus, dtype=float)
     plots = {
         "efficiency": line_plot({f"overlap {args.overlap:g}": (gpus, [row["efficiency"] for row in rows])}, "GPUs",
                                 "scaling efficiency", f"{model} {kind}: predicted efficiency", log_x=True,
-                                reference=(gpus, [1.0] * len(gpus), "compute-bound (all hidden)")),
+                                reference=(gpus, [1.0] * len(gpus), "compute-bound (all hidden)"), joined=False,
+                                y_from_zero=True),
         "throughput": line_plot({f"overlap {args.overlap:g}": (gpus, [row["seq_per_s"] for row in rows])}, "GPUs",
-                                "sequences/s", f"{model} {kind}: predicted throughput", log_x=True,
-                                reference=(gpus, [n * batch / compute for n in gpus], "linear")),
+                                "sequences/s", f"{model} {kind}: predicted throughput", log_x=True, log_y=True,
+                                reference=(dense, dense * batch / compute, "linear"), joined=False),
     }
-    return settings, {"rows": rows}, f"{title}\n\n{markdown_table(rows, PLAN_COLUMNS)}", plots
+    noisy = noisy_warning([measured], "step_seconds", lambda _: source, "measured step")
+    return settings, {"rows": rows}, f"{title}\n\n{markdown_table(rows, PLAN_COLUMNS)}", plots, noisy
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -415,19 +432,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures: dict[str, Any] = {}
         sections: list[str] = []
         plots: Mapping[str, Any] = {}
+        output = BenchOutput(cli.output_dir(args, "plan"), "plan", argv, args.overwrite)
         if args.step_seconds is not None or args.from_throughput is not None:
-            plan_settings, figures, markdown, plots = plan(args, network)
+            plan_settings, figures, markdown, plots, noisy = plan(args, network)
             settings.update(plan_settings)
             sections.append(markdown)
+            output.warn(noisy)
         if args.validate is not None:
-            figures["validation"] = validate(args.validate, args.overlap, args.bucket_mb)
+            figures["validation"], measured_warnings = validate(args.validate, args.overlap, args.bucket_mb)
             sections.append(f"Validation against {args.validate} (alpha and bus bandwidth fitted there; error = "
                             f"predicted - measured efficiency; --overlap {args.overlap:g}):\n\n"
                             + markdown_table(figures["validation"], VALIDATION_COLUMNS))
-        markdown = "\n\n".join(sections)
-        BenchOutput(cli.output_dir(args, "plan"), "plan", argv, args.overwrite).write(settings, figures, markdown,
-                                                                                      plots)
-        print(markdown)
+            for message in measured_warnings:
+                output.warn(f"{args.validate} says: {message}")
+            output.warn(superlinear_warning(figures["validation"], "measured_efficiency",
+                                            lambda row: f"{row['processes']} processes of {row['model']}"))
+        print(output.write(settings, figures, "\n\n".join(sections), plots))
         return 0
 
     return cli.run("bertbench bench plan", body)

@@ -1,27 +1,79 @@
-"""PNG plots of bench figures (matplotlib's object API: no pyplot state, no display needed)."""
+"""PNG plots of bench figures (matplotlib's object API: no pyplot state, no display needed).
+
+Every plot colours a series by the variant its label names (baseline, full, selective, every-K, hf; "full:2" and
+"run A: full" are full too), so that a variant has one colour across plots; a second series of the same variant in
+one plot (another run) keeps the colour and changes its line style. A series with a spread (min and max beside each
+median) gets min-max error bars.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+VARIANT_COLOURS = {"baseline": "tab:blue", "full": "tab:orange", "selective": "tab:green", "every-2": "tab:red",
+                   "hf": "tab:purple"}
+EVERY_K_COLOURS = ("tab:brown", "tab:pink", "tab:olive")  # every-3, every-4, every-5; then again
+# Series that name no variant ("measured", "main process"): colours no variant has.
+OTHER_COLOURS = ("black", "tab:cyan", "darkgoldenrod", "slateblue", "darkgreen")
+LINE_STYLES = ("-", "--", ":", "-.")
 
-def line_plot(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], xlabel: str, ylabel: str, title: str,
-              log_x: bool = False, reference: tuple[Sequence[float], Sequence[float], str] | None = None) -> Figure:
-    """One line with markers per series (label -> (xs, ys)); `reference` is a dashed line (xs, ys, label) such as
-    ideal scaling."""
+
+def variant_colour(label: str) -> str | None:
+    """The colour of the variant a series label names, or None when it names none."""
+    for token in re.split(r"[\s:/,()]+", label):
+        if token in VARIANT_COLOURS:
+            return VARIANT_COLOURS[token]
+        every = re.fullmatch(r"every-(\d+)", token)
+        if every:
+            return EVERY_K_COLOURS[(int(every.group(1)) - 3) % len(EVERY_K_COLOURS)]
+    return None
+
+
+def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: str, log_x: bool = False,
+              reference: tuple[Sequence[float], Sequence[float], str] | None = None, log_y: bool = False,
+              joined: bool = True, y_from_zero: bool = False,
+              marks: Mapping[str, tuple[float, float, str]] | None = None) -> Figure:
+    """A line with markers per series: label -> (xs, ys), or (xs, ys, lows, highs) to draw each point's min-max
+    as an error bar. `reference` is a dashed line (xs, ys, label) such as ideal scaling; `joined=False` draws
+    markers only (points of a model whose curve between them is not a straight line); `y_from_zero` starts the
+    y axis at 0, so that a small spread does not fill the plot as if it were a large one; `marks` puts a labelled
+    star on a series (label -> (x, y, text)), such as a variant's largest batch."""
     figure = Figure(figsize=(6.4, 4.2))
     axes = figure.add_subplot()
-    for label, (xs, ys) in series.items():
-        axes.plot(xs, ys, marker="o", label=label)
+    colours: dict[str, str] = {}
+    used: dict[str, int] = {}
+    others = iter(OTHER_COLOURS * (1 + len(series) // len(OTHER_COLOURS)))
+    for label, (xs, ys, *bounds) in series.items():
+        colour = variant_colour(label) or next(others)
+        style = LINE_STYLES[used.get(colour, 0) % len(LINE_STYLES)] if joined else "none"
+        used[colour] = used.get(colour, 0) + 1
+        colours[label] = colour
+        if bounds and any(low is not None for low in bounds[0]):
+            lows, highs = bounds
+            below = [y - (y if low is None else low) for y, low in zip(ys, lows)]
+            above = [(y if high is None else high) - y for y, high in zip(ys, highs)]
+            axes.errorbar(xs, ys, yerr=[below, above], marker="o", linestyle=style, color=colour, capsize=3,
+                          label=f"{label} (min-max)")
+        else:
+            axes.plot(xs, ys, marker="o", linestyle=style, color=colour, label=label)
     if reference is not None:
         xs, ys, label = reference
         axes.plot(xs, ys, linestyle="--", color="grey", label=label)
+    for label, (x, y, text) in (marks or {}).items():
+        axes.plot([x], [y], marker="*", markersize=14, linestyle="none", color=colours.get(label, "black"))
+        axes.annotate(text, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8,
+                      color=colours.get(label, "black"))
     if log_x:
         axes.set_xscale("log", base=2)
         axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))  # 1, 2, 4 rather than 2^0, 2^1, 2^2
+    if log_y:
+        axes.set_yscale("log")
+    elif y_from_zero:
+        axes.set_ylim(bottom=0, top=max(1.05 * axes.get_ylim()[1], 0))
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.set_title(title, fontsize=10)

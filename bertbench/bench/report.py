@@ -1,4 +1,4 @@
-"""`bertbench report DIR...`: merge the results of several bench runs into one comparison.
+"""`bertbench report DIR...`: merge the results of several bench runs, or training runs, into one comparison.
 
 Each DIR (or JSON file) holds what `bertbench bench KIND` wrote. Results of one kind are lined up by their setting
 (for throughput: model, step kind, sequence length, precision, variant, batch), one column per run, and the last
@@ -6,14 +6,25 @@ column gives the last run relative to the first: an H100 against this CPU, bf16 
 baseline runs, a new release against an old one. Writes report.md, report.json and report-*.png to --output_dir.
 
     bertbench report bench_results/throughput-cpu bench_results/throughput-h100 --output_dir comparison
+
+A DIR may also be a run directory of run_classifier or run_squad (it holds bertbench_run.json), such as the
+original suite's 20-minute comparison makes: the runs are put side by side, one row each, with how long they
+trained, the sentences they saw, their sentences/s (and its spread over the logged windows of metrics.jsonl) and
+their dev metrics, and two plots: sentences seen over training time, and the dev metric against sentences seen.
+
+    bertbench report results/MNLI_fp16_bs24_lr5e-5_seq128_baseline_gpu1 \
+        results/MNLI_fp16_bs24_lr5e-5_seq128_recompute-full_gpu4_nodes2 --output_dir results/report
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
 import json
+import math
 import os
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +34,7 @@ from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.bench.workload import BenchError
 from bertbench.errors import ArgumentParser
+from bertbench.runner import RUN_RECORD
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,152 @@ COMPARISONS = {
 }
 
 
+# ---- training runs: run directories side by side ------------------------------------------------------------------
+
+TRAINING = "training"
+# Dev-metric keys of eval_results.json that rank a model, best first: GLUE's main metrics, then SQuAD's.
+RANKING_METRICS = ("acc", "acc_and_f1", "mcc", "corr", "f1", "exact")
+NOT_METRICS = ("loss", "examples")
+MIN_WINDOWS_FOR_SPREAD = 3  # fewer logged windows (--log_step_count_steps) say nothing about the spread
+
+
+def read_json_file(path: str) -> dict:
+    try:
+        with open(path) as handle:
+            value = json.load(handle)
+    except json.JSONDecodeError as error:
+        raise BenchError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
+    if not isinstance(value, dict):
+        raise BenchError(f"{path}: not a JSON object")
+    return value
+
+
+def logged_windows(run_dir: str) -> list[dict]:
+    """metrics.jsonl's records with `seconds`, the training time since the run began (each invocation's elapsed_s
+    restarts at 0: the earlier ones' ends are added)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    records, offset, last = [], 0.0, 0.0
+    with open(path) as handle:
+        for number, line in enumerate(handle, 1):
+            try:
+                record = json.loads(line)
+                elapsed = float(record["elapsed_s"])
+            except (ValueError, KeyError, TypeError):
+                raise BenchError(f"{path}: line {number} is not a metrics record") from None
+            if elapsed < last:  # a new invocation
+                offset += last
+            last = elapsed
+            records.append(dict(record, seconds=offset + elapsed))
+    return records
+
+
+def training_run(run_dir: str) -> dict:
+    """A run directory as a report of kind "training": one row with its setting, figures and dev metrics."""
+    record = read_json_file(os.path.join(run_dir, RUN_RECORD))
+    train_path = os.path.join(run_dir, "train_results.json")
+    if not os.path.exists(train_path):
+        raise BenchError(f"{run_dir}: has not trained (no train_results.json)")
+    train = read_json_file(train_path)
+    eval_path = os.path.join(run_dir, "eval_results.json")
+    scores = read_json_file(eval_path) if os.path.exists(eval_path) else {}
+    metrics = {key: value for key, value in scores.items()
+               if isinstance(value, (int, float)) and key != "global_step" and not key.endswith(NOT_METRICS)}
+    args = record.get("args", {})
+    windows = logged_windows(run_dir)
+    # The first logged window holds start-up (first steps, warm-up of the allocator): it is left out of the spread,
+    # as it is of the steady figure, unless it is the only one.
+    rates = [window["seq_per_s"] for window in windows[1:] or windows if window.get("seq_per_s")]
+    policy = train.get("recompute_policy")
+    row = {"run": os.path.basename(os.path.normpath(run_dir)), "task": args.get("task_name") or record.get("runner"),
+           "modeling": train.get("modeling", "baseline") + (f" ({policy})" if policy else ""),
+           "processes": train.get("world_size"), "nodes": train.get("nodes"), "device": train.get("device"),
+           "precision": train.get("precision"), "batch": train.get("train_batch_size"),
+           "seconds": train.get("seconds"), "sentences": train.get("sentences"), "steps": train.get("global_step"),
+           "seq_per_s": train.get("sentences_per_second"),
+           "steady_seq_per_s": train.get("steady_sentences_per_second"),
+           "ended": (train.get("segments") or [{}])[-1].get("ended"), "windows": len(rates),
+           **spread_of("window_seq_per_s", rates),
+           "metrics": metrics, "metric": ranking_metric(metrics)}
+    created = datetime.datetime.fromtimestamp(os.path.getmtime(train_path)).astimezone().isoformat(timespec="seconds")
+    return {"bench": TRAINING, "rows": [row], "windows": windows, "created": created,
+            "command": f"{record.get('runner', '?')} --output_dir={run_dir}",
+            "machine": {"device": train.get("device"), "processes": train.get("world_size")}}
+
+
+def spread_of(key: str, values: Sequence[float]) -> dict:
+    """KEY (the median), KEY_min, KEY_max and KEY_cv (stdev / mean) of the values; None each when there are none."""
+    if not values:
+        return {key: None, f"{key}_min": None, f"{key}_max": None, f"{key}_cv": None}
+    mean = statistics.fmean(values)
+    cv = statistics.stdev(values) / mean if len(values) > 1 and mean else 0.0
+    return {key: statistics.median(values), f"{key}_min": min(values), f"{key}_max": max(values), f"{key}_cv": cv}
+
+
+def ranking_metric(metrics: dict) -> str | None:
+    """The dev metric that ranks the run: the first dev set's main metric (MNLI: matched accuracy)."""
+    for name in RANKING_METRICS:
+        for key in metrics:
+            if key == name or key.endswith(f"_{name}"):
+                return key
+    return None
+
+
+def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, list[str]]:
+    """The runs side by side: rows, the markdown table and warnings about what makes them hard to compare."""
+    rows = [report["rows"][0] for _, report in runs]
+    metric_names = list(dict.fromkeys(key for row in rows for key in row["metrics"]))
+    table_rows = []
+    for row in rows:
+        line = dict(row, **{f"dev:{key}": row["metrics"].get(key) for key in metric_names})
+        if row["windows"] >= MIN_WINDOWS_FOR_SPREAD:
+            line["spread"] = (f"{row['window_seq_per_s']:,.1f} ({row['window_seq_per_s_min']:,.1f}–"
+                              f"{row['window_seq_per_s_max']:,.1f}, CV {row['window_seq_per_s_cv']:.0%}, "
+                              f"{row['windows']} windows)")
+        else:
+            line["spread"] = f"– ({row['windows']} window{'s' if row['windows'] != 1 else ''})"
+        table_rows.append(line)
+    columns = [("run", "run", ""), ("modeling", "modeling", ""), ("processes", "processes", "d"),
+               ("precision", "precision", ""), ("trained (s)", "seconds", ",.0f"),
+               ("sentences seen", "sentences", ",d"), ("sentences/s", "seq_per_s", ",.1f"),
+               ("steady sentences/s", "steady_seq_per_s", ",.1f"), ("per logged window: median (min–max)", "spread", ""),
+               ("ended", "ended", "")]
+    columns += [(key, f"dev:{key}", ".4f") for key in metric_names]
+    warnings = []
+    tasks = sorted({str(row["task"]) for row in rows})
+    if len(tasks) > 1:
+        warnings.append(f"the runs are of different tasks ({', '.join(tasks)}): their dev metrics do not compare")
+    seconds = [row["seconds"] for row in rows if row.get("seconds")]
+    if seconds and max(seconds) > 1.1 * min(seconds):
+        warnings.append(f"the runs trained for different times ({min(seconds):,.0f}–{max(seconds):,.0f} s): "
+                        "compare sentences/s, not sentences seen or accuracy")
+    devices = sorted({str(row["device"]) for row in rows})
+    if len(devices) > 1:
+        warnings.append(f"the runs trained on different devices ({', '.join(devices)})")
+    return table_rows, markdown_table(table_rows, columns), warnings
+
+
+def training_plots(runs: list[tuple[str, dict]]) -> dict:
+    """Sentences seen over training time (from metrics.jsonl), and each run's dev metric against its sentences."""
+    progress = {}
+    for name, report in runs:
+        row = report["rows"][0]
+        per_step = row["sentences"] / row["steps"] if row.get("steps") else 0
+        windows = report["windows"]
+        progress[row["run"]] = ([0.0] + [window["seconds"] for window in windows],
+                                [0.0] + [window["step"] * per_step for window in windows])
+    result = {"training-progress": line_plot(progress, "training seconds", "sentences seen",
+                                             "sentences seen over training time")}
+    scored = [report["rows"][0] for _, report in runs if report["rows"][0]["metric"]]
+    if scored:
+        names = sorted({row["metric"] for row in scored})
+        accuracy = {row["run"]: ([row["sentences"]], [row["metrics"][row["metric"]]]) for row in scored}
+        result["training-accuracy"] = line_plot(accuracy, "sentences seen", " / ".join(names),
+                                                "dev metric against sentences seen")
+    return result
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="bertbench report", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -94,6 +252,9 @@ def read_runs(paths: Sequence[str]) -> list[tuple[str, dict]]:
     for path in paths:
         if not os.path.exists(path):
             raise BenchError(f"{path}: no such file or directory")
+        if os.path.isfile(os.path.join(path, RUN_RECORD)):
+            found.append((os.path.basename(os.path.normpath(path)), training_run(path)))
+            continue
         files = sorted(glob.glob(os.path.join(path, "*.json"))) if os.path.isdir(path) else [path]
         reports = []
         for file in files:
@@ -105,7 +266,8 @@ def read_runs(paths: Sequence[str]) -> list[tuple[str, dict]]:
             if isinstance(report, dict) and report.get("bench") in COMPARISONS:
                 reports.append(report)
         if not reports:
-            raise BenchError(f"{path}: no bench results (a KIND.json written by `bertbench bench KIND`)")
+            raise BenchError(f"{path}: no bench results (a KIND.json written by `bertbench bench KIND`) and no "
+                             f"training run ({RUN_RECORD})")
         label = os.path.basename(os.path.normpath(os.path.dirname(path) if os.path.isfile(path) else path))
         found += [(label, report) for report in reports]
     return found
@@ -114,7 +276,10 @@ def read_runs(paths: Sequence[str]) -> list[tuple[str, dict]]:
 def run_label(label: str, report: dict, labels: list[str]) -> str:
     """The run's directory name, with the GPU or processor it ran on; made unique among `labels`."""
     machine = report.get("machine", {})
-    where = machine.get("gpu") or f"{machine.get('cpu_count', '?')}-core CPU"
+    if report["bench"] == TRAINING:
+        where = f"{machine.get('processes', '?')} x {machine.get('device', '?')}"
+    else:
+        where = machine.get("gpu") or f"{machine.get('cpu_count', '?')}-core CPU"
     name = f"{label} ({where})"
     suffix = 2
     while name in labels:
@@ -187,6 +352,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             labels.append(run_label(label, report, labels))
             named.append((labels[-1], report))
         sections, merged, figures = [], {}, {}
+        trained = [(name, report) for name, report in named if report["bench"] == TRAINING]
+        if trained:
+            rows, table, warnings = training_section(trained)
+            merged[TRAINING] = {"runs": [name for name, _ in trained], "rows": rows, "warnings": warnings}
+            sections += ["## training runs", "", table, ""] + [f"**Warning:** {line}" for line in warnings]
+            sections += [""] if warnings else []
+            figures.update(training_plots(trained))
         for kind in COMPARISONS:
             of_kind = [(name, report) for name, report in named if report["bench"] == kind]
             if not of_kind:
@@ -195,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             merged[kind] = {"runs": [name for name, _ in of_kind], "rows": rows}
             sections += [f"## {kind}", "", table, ""]
             figures.update(plots(kind, of_kind))
-        header = ["# Bench comparison", ""] + [f"- {name}: {report['bench']}, {report.get('created', '?')}, "
+        header = ["# Comparison", ""] + [f"- {name}: {report['bench']}, {report.get('created') or '?'}, "
                                                f"`{report.get('command', '?')}`" for name, report in named] + [""]
         text = "\n".join(header + sections)
         output.write({"runs": args.runs}, {"comparisons": merged, "sources": [

@@ -31,14 +31,16 @@ import torch
 from bertbench import devices, optim, synthetic
 from bertbench.bench import cli, flops, measure, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, rate_spread, spread,
+                                    spread_column, spread_fields, spread_text)
 from bertbench.batches import ShuffledBatches
 from bertbench.distributed import Distributed
 from bertbench.estimator import Estimator
 from bertbench.training_config import RunConfig
 
 COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""), ("variant", "variant", ""),
-           ("batch", "batch", "d"), ("step (s)", "step_seconds", ".4f"), ("seq/s", "seq_per_s", ".2f"),
+           ("batch", "batch", "d"), spread_column("step (s): median (min–max, CV)", "step_seconds", ".4f"),
+           ("seq/s", "seq_per_s", ".2f"),
            ("vs first variant", "speed_vs_first_variant", ".3f"), ("tokens/s", "tokens_per_s", ",.0f"),
            ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"),
            ("saved for backward (MiB)", "saved_mib", ",.1f"), ("step memory (MiB)", "step_memory_mib", ",.0f")]
@@ -152,7 +154,7 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device
                         rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,
                                          variant=variant.name, batch=batch, out_of_memory=False, **row))
                         print(f"  {kind} seq {seq} {precision} {variant.name:<10} batch {batch:>4}: "
-                              f"{row['seq_per_s']:9.2f} seq/s  MFU {row['mfu']:.1%}", flush=True)
+                              f"{spread_text(row, 'seq_per_s', '.2f')} seq/s  MFU {row['mfu']:.1%}", flush=True)
                     for step in steps.values():
                         step.optimizer.state.clear()  # two fp32 copies of the weights, not needed any more
                     del steps
@@ -161,9 +163,10 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device
 
 
 TRAINER_COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""),
-                   ("variant", "variant", ""), ("batch", "batch", "d"), ("bench seq/s", "bench_seq_per_s", ".2f"),
-                   ("bench min-max", "bench_range", ""), ("trainer seq/s", "trainer_seq_per_s", ".2f"),
-                   ("trainer min-max", "trainer_range", ""), ("trainer / bench", "trainer_over_bench", ".3f")]
+                   ("variant", "variant", ""), ("batch", "batch", "d"),
+                   spread_column("bench seq/s", "bench_seq_per_s", ".2f"),
+                   spread_column("trainer seq/s", "trainer_seq_per_s", ".2f"),
+                   ("trainer / bench", "trainer_over_bench", ".3f")]
 
 
 def bench_vs_trainer(args: argparse.Namespace, config, kind: str, variant: workload.Variant, precision: str,
@@ -199,7 +202,7 @@ def bench_vs_trainer(args: argparse.Namespace, config, kind: str, variant: workl
             rates[name].append(measure_round())
     row = {"kind": kind, "seq": seq, "precision": precision, "variant": variant.name, "batch": batch}
     for name, values in rates.items():
-        row.update({f"{name}_seq_per_s": statistics.median(values), f"{name}_rounds": values,
+        row.update({**spread_fields(f"{name}_seq_per_s", spread(values)), f"{name}_rounds": values,
                     f"{name}_range": f"{min(values):.2f}-{max(values):.2f}"})
     row["trainer_over_bench"] = row["trainer_seq_per_s"] / row["bench_seq_per_s"]
     print(f"  trainer vs bench, {kind} seq {seq} {precision} {variant.name} batch {batch}: "
@@ -224,13 +227,15 @@ def time_each_alone(steps: dict, args: argparse.Namespace, device: torch.device,
 
 
 def figures(seconds: list[float], sequences: int, seq: int, flops_per_sequence: int, peak: float) -> dict:
-    """Figures of one setting from its step times; `sequences` per step (the batch times its micro-batches)."""
-    step = statistics.median(seconds)
-    achieved = flops_per_sequence * sequences / step
-    return {"step_seconds": step, "step_seconds_min": min(seconds), "step_seconds_max": max(seconds),
-            "timed_steps": len(seconds), "sequences_per_step": sequences, "seq_per_s": sequences / step,
-            "tokens_per_s": sequences * seq / step, "model_flops_per_step": flops_per_sequence * sequences,
-            "model_tflops_per_s": achieved / 1e12, "mfu": achieved / peak}
+    """Figures of one setting from its step times; `sequences` per step (the batch times its micro-batches). Each
+    figure is the median with its spread over the timed steps (output.spread_fields)."""
+    flops_per_step = flops_per_sequence * sequences
+    return {**spread_fields("step_seconds", spread(seconds)), "timed_steps": len(seconds),
+            "sequences_per_step": sequences, **spread_fields("seq_per_s", rate_spread(sequences, seconds)),
+            **spread_fields("tokens_per_s", rate_spread(sequences * seq, seconds)),
+            "model_flops_per_step": flops_per_step,
+            **spread_fields("model_tflops_per_s", rate_spread(flops_per_step / 1e12, seconds)),
+            **spread_fields("mfu", rate_spread(flops_per_step / peak, seconds))}
 
 
 def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, tuple[float, str]]:
@@ -247,6 +252,23 @@ def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, t
     return peaks
 
 
+def describe(row: dict) -> str:
+    return f"{row['kind']} seq {row['seq']} {row['precision']} {row['variant']} batch {row['batch']}"
+
+
+def warnings(rows: list[dict], compared: list[dict]) -> list[str | None]:
+    """What makes the figures doubtful: noisy settings, and an MFU above 100% (a peak measured under load)."""
+    done = [row for row in rows if not row["out_of_memory"]]
+    impossible = [row for row in done if row["mfu"] > 1]
+    return [noisy_warning(done, "step_seconds", describe, "step times"),
+            noisy_warning(compared, "bench_seq_per_s", describe, "bench rounds"),
+            noisy_warning(compared, "trainer_seq_per_s", describe, "trainer rounds"),
+            f"MFU above 100% in {len(impossible)} row(s) (up to {max(row['mfu'] for row in impossible):.0%}): the "
+            "peak was measured at the start while the machine was busier than during the steps (another job, "
+            "frequency scaling), so MFU here is not a share of what the device can do. Run again on an idle "
+            "machine." if impossible else None]
+
+
 def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, compared: list[dict]) -> str:
     done = [dict(row, saved_mib=row.get("saved_bytes", 0) / 2**20 if "saved_bytes" in row else None,
                  step_memory_mib=row["step_memory_bytes"] / 2**20 if "step_memory_bytes" in row else None)
@@ -255,18 +277,14 @@ def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, co
     lines += [f"- peak {precision}: {peak / 1e12:.3f} TFLOP/s ({source})" for precision, (peak, source)
               in peaks.items()]
     lines += ["", markdown_table(done, COLUMNS), "",
-              "step memory: what one step adds, at its peak, to the memory resident before it (CUDA allocator on a "
-              "GPU, process RSS on the CPU): activations, gradients, temporaries."]
-    impossible = [row for row in done if row["mfu"] > 1]
-    if impossible:
-        lines += ["", f"**Warning: MFU above 100% in {len(impossible)} row(s)** (up to "
-                      f"{max(row['mfu'] for row in impossible):.0%}): the peak was measured at the start while the "
-                      "machine was busier than during the steps (another job, frequency scaling), so MFU here is "
-                      "not a share of what the device can do. Run again on an idle machine."]
+              "step: median of the timed steps (min–max, CV = stdev / mean); the other figures are of the median "
+              "step (the JSON has the spread of each). step memory: what one step adds, at its peak, to the memory "
+              "resident before it (CUDA allocator on a GPU, process RSS on the CPU): activations, gradients, "
+              "temporaries."]
     if compared:
         lines += ["", "## The bench's step and the trainer's loop", "",
                   "Seq/s of the bench's step and the Estimator's steady seq/s on the same setting, in alternating "
-                  "rounds (median and range over the rounds).", "", markdown_table(compared, TRAINER_COLUMNS)]
+                  "rounds (median, range and CV over the rounds).", "", markdown_table(compared, TRAINER_COLUMNS)]
     skipped = [row for row in rows if row["out_of_memory"]]
     if skipped:
         lines += ["", "Out of memory: " + ", ".join(f"{row['variant']} {row['kind']} seq {row['seq']} "
@@ -283,8 +301,8 @@ def plots(rows: list[dict]) -> dict:
                  and not row["out_of_memory"]]
         variants = list(dict.fromkeys(row["variant"] for row in group))
         title = f"{rows[0]['model']}, {kind}, seq {seq}, {precision}"
-        speed = {variant: ([row["batch"] for row in group if row["variant"] == variant],
-                           [row["seq_per_s"] for row in group if row["variant"] == variant])
+        speed = {variant: tuple([row[key] for row in group if row["variant"] == variant]
+                                for key in ("batch", "seq_per_s", "seq_per_s_min", "seq_per_s_max"))
                  for variant in variants}
         result[f"{kind}-seq{seq}-{precision}"] = line_plot(speed, "batch size", "sequences / s", title, log_x=True)
         if any("saved_bytes" in row for row in group):
@@ -309,18 +327,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         device = cli.device(args.device)
+        load = LoadWatch()
         peaks = device_peaks(args.precisions, device)
         rows = sweep(args, variants, device, peaks)
         compared = [bench_vs_trainer(args, workload.bert_config(args.model, seq), kind, variant, precision, batch,
                                      seq, device)
                     for kind in args.kinds for seq in args.seq_lengths for precision in args.precisions
                     for variant in variants for batch in args.batch_sizes] if args.with_trainer else []
+        for message in [load.busy(), *warnings(rows, compared)]:
+            output.warn(message)
         text = markdown(rows, peaks, args.model, device, compared)
-        output.write(vars(args), {"device": str(device), "peaks": {precision: {"flops_per_s": peak, "source": source}
-                                                                   for precision, (peak, source) in peaks.items()},
-                                  "training_step": recipe(args), "rows": rows, "trainer_comparison": compared},
-                     text, plots(rows))
-        print(text)
+        print(output.write(vars(args), {"device": str(device), "peaks": {
+            precision: {"flops_per_s": peak, "source": source} for precision, (peak, source) in peaks.items()},
+            "training_step": recipe(args), "rows": rows, "trainer_comparison": compared}, text, plots(rows)))
         print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 
     return cli.run("bertbench bench throughput", body)

@@ -1,0 +1,90 @@
+"""The original suite's headline experiment as users run it (job_templates/pbs/twenty_minutes.sh): on a PBS login
+node, submit the 1-GPU baseline and the 2-node recompute run for the same wall-clock budget and a job that scores
+them with eval.sh and reports them side by side. Here qsub and pbs_tmrsh are stand-ins (tests/fixtures) that run
+each job at once on this machine as PBS would (a fresh environment, the node file, the argument vector of
+tm_spawn); the model is the tiny TF1 fixture, the budget seconds."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertbench.synthetic import write_glue_task
+from conftest import free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@pytest.fixture
+def login_node(tmp_path):
+    """The login node's environment: qsub and pbs_tmrsh on PATH, BERT_DIR, GLUE_DIR (MNLI), the CPU's settings."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("qsub", "pbs_tmrsh"):
+        (bin_dir / tool).symlink_to(os.path.join(HERE, "fixtures", tool))
+    write_glue_task(tmp_path / "glue", "MNLI", train=400, dev=32, test=8)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+                QSUB_SPOOL=str(tmp_path / "spool"), STARTER_LOG=str(tmp_path / "starter.log"),
+                BERT_DIR=os.path.join(HERE, "fixtures", "tf1_tiny"), GLUE_DIR=str(tmp_path / "glue"),
+                RESULTS_DIR=str(tmp_path / "results"), PYTHON=sys.executable, MASTER_PORT=str(free_port()),
+                MAX_TRAIN_SECONDS="3", BATCH_SIZE="8", LEARNING_RATE="1e-3", SEQ_LENGTH="32", USE_XLA="false",
+                GPUS_PER_NODE="1", RDZV_TIMEOUT="120")
+
+
+def recipe(env):
+    return subprocess.run([os.path.join(ROOT, "job_templates", "pbs", "twenty_minutes.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=400)
+
+
+@pytest.mark.slow
+def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_them(login_node, tmp_path):
+    done = recipe(login_node)
+    spool = tmp_path / "spool"
+    outputs = "\n".join(path.read_text()[-3000:] for path in sorted(spool.glob("*.o*")))
+    assert done.returncode == 0, done.stderr + outputs
+    assert done.stdout.splitlines() == ["baseline (1 GPU): 1.pbs-server", "optimized (2 x 4 GPUs): 2.pbs-server",
+                                        f"compare (after both): 3.pbs-server -> {tmp_path}/results/report/report.md"]
+    assert [(spool / f"{job}.pbs-server.status").read_text() for job in (1, 2, 3)] == ["0\n"] * 3, outputs
+    submitted = (spool / "qsub.log").read_text().splitlines()
+    assert submitted[2].startswith("-W depend=afterany:1.pbs-server:2.pbs-server ")
+    assert "GPUS_PER_NODE" not in submitted[0] and "GPUS_PER_NODE" in submitted[1]  # the optimized job's only
+
+    results = tmp_path / "results"
+    baseline = results / "MNLI_fp16_bs8_lr1e-3_seq32_baseline_gpu1"
+    optimized = results / "MNLI_fp16_bs8_lr1e-3_seq32_recompute-full_gpu1_nodes2"
+    assert sorted(path.name for path in results.iterdir()) == sorted([baseline.name, optimized.name, "report"])
+    for run, processes, scaling in ((baseline, 1, "none"), (optimized, 2, "linear")):
+        train = json.loads((run / "train_results.json").read_text())
+        assert (train["world_size"], train["lr_scaling"], train["budget_exhausted"]) == (processes, scaling, True)
+    assert "pbs_tmrsh node-1 /bin/bash -c" in (tmp_path / "starter.log").read_text()  # the second node's start
+    assert "***** Training MNLI" in (optimized / "train.node0.log").read_text()  # rank 0 reports
+    assert (optimized / "train.node1.log").exists()
+
+    # eval.sh scored both again, then the report put them side by side
+    assert (spool / "bertbench-compare.o3").read_text().count("***** Eval results (MNLI") == 2
+    report = json.loads((results / "report" / "report.json").read_text())
+    rows = {row["run"]: row for row in report["comparisons"]["training"]["rows"]}
+    assert set(rows) == {baseline.name, optimized.name}
+    for run in (baseline, optimized):
+        row, train = rows[run.name], json.loads((run / "train_results.json").read_text())
+        scores = json.loads((run / "eval_results.json").read_text())
+        assert (row["sentences"], row["seq_per_s"]) == (train["sentences"], train["sentences_per_second"])
+        assert row["dev:dev_matched_acc"] == scores["dev_matched_acc"] and row["ended"] == "time budget"
+    markdown = (results / "report" / "report.md").read_text()
+    assert "| sentences seen | sentences/s |" in markdown and f"| {optimized.name} | recompute (full) | 2 |" in markdown
+    for plot in ("training-progress", "training-accuracy"):
+        assert (results / "report" / f"report-{plot}.png").stat().st_size > 0
+
+
+def test_the_recipe_refuses_before_submitting_anything(login_node, tmp_path):
+    done = recipe(dict(login_node, MAX_TRAIN_SECONDS="twenty minutes"))
+    assert done.returncode == 2
+    assert done.stderr == "twenty_minutes.sh: error: MAX_TRAIN_SECONDS must be a number of seconds, got 'twenty " \
+                          "minutes'\n"
+    no_bert = {name: value for name, value in login_node.items() if name != "BERT_DIR"}
+    done = recipe(no_bert)
+    assert done.returncode == 2 and "twenty_minutes.sh: error: BERT_DIR is not set" in done.stderr
+    assert not (tmp_path / "spool").exists()  # nothing was submitted
