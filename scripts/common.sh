@@ -39,9 +39,9 @@ check_launch_arguments() {
 #   RECOMPUTE_POLICY   full | every-k | selective            --recompute_policy
 #   MAX_TRAIN_SECONDS  a fixed wall-clock budget of training   --max_train_seconds (then evaluate, as usual)
 #   LR_SCALING         none | linear | sqrt                  --lr_scaling (multiply the rate by 1, N, sqrt(N) processes)
-#   EXTRA_FLAGS        more runner flags, separated by spaces
-# and CORES_PER_GPU, the CPU threads each process takes (OMP_NUM_THREADS, unless that is set; torchrun would give
-# every process 1 thread).
+#   EXTRA_FLAGS        more runner flags, separated by spaces (so a value cannot hold one)
+# and CORES_PER_GPU, the CPU threads each process takes: OMP_NUM_THREADS, over what is set (PBS Pro sets it to the
+# chunk's ncpus, which 4 processes would oversubscribe 4 times; torchrun would give every process 1 thread).
 knob_flags() {
   KNOB_FLAGS=()
   [ -n "${MODELING:-}" ] && KNOB_FLAGS+=(--modeling="$MODELING")
@@ -58,7 +58,7 @@ knob_flags() {
       echo "$1: error: CORES_PER_GPU must be a positive integer, got '$CORES_PER_GPU'" >&2
       exit 2
     fi
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$CORES_PER_GPU}
+    export OMP_NUM_THREADS=$CORES_PER_GPU
   fi
 }
 

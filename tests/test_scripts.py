@@ -77,7 +77,6 @@ def recorded_command(env, tmp_path, script, *arguments):
     fake.write_text(f'#!/bin/sh\necho "OMP_NUM_THREADS=$OMP_NUM_THREADS" > "{record}"\n'
                     f'for word in "$@"; do echo "$word" >> "{record}"; done\n')
     fake.chmod(0o755)
-    env = {name: value for name, value in env.items() if name != "OMP_NUM_THREADS"}
     done = subprocess.run(["bash", os.path.join(SCRIPTS, script), *arguments], env=dict(env, PYTHON=str(fake)),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -87,7 +86,8 @@ def recorded_command(env, tmp_path, script, *arguments):
 
 def test_run_glue_defaults_are_the_originals(env, tmp_path):
     """No arguments: MNLI 24 5e-5 fp16 true 1 128 64 3.0 0.1 $BERT_DIR/bert_model.ckpt, on one process."""
-    argv, threads = recorded_command(env, tmp_path, "run_glue.sh")
+    argv, threads = recorded_command({name: value for name, value in env.items() if name != "OMP_NUM_THREADS"},
+                                     tmp_path, "run_glue.sh")
     run_dir = f"{tmp_path}/results/MNLI_fp16_bs24_lr5e-5_seq128_baseline_gpu1"
     assert argv == ["-m", "bertbench.run_classifier", "--task_name=MNLI", "--do_train=true", "--do_eval=true",
                     f"--data_dir={env['GLUE_DIR']}/MNLI", f"--vocab_file={BERT_DIR}/vocab.txt",
@@ -99,7 +99,8 @@ def test_run_glue_defaults_are_the_originals(env, tmp_path):
 
 def test_the_template_knobs_become_runner_flags_that_the_command_line_overrides(env, tmp_path):
     env = dict(env, MODELING="recompute", RECOMPUTE_POLICY="selective", MAX_TRAIN_SECONDS="1200",
-               LR_SCALING="linear", EXTRA_FLAGS="--seed=3  --do_predict", CORES_PER_GPU="5")
+               LR_SCALING="linear", EXTRA_FLAGS="--seed=3  --do_predict", CORES_PER_GPU="5",
+               OMP_NUM_THREADS="20")  # as PBS Pro sets it: the chunk's ncpus, for all of its processes
     argv, threads = recorded_command(env, tmp_path, "run_glue.sh", *POSITIONAL, "--seed=4")
     knobs = ["--modeling=recompute", "--recompute_policy=selective", "--max_train_seconds=1200",
              "--lr_scaling=linear", "--seed=3", "--do_predict", "--seed=4"]
