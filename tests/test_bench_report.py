@@ -37,6 +37,36 @@ def test_runs_line_up_by_setting_with_the_last_over_the_first(tmp_path, capsys):
     assert report["bench"] == "report" and report["command"].startswith("bertbench report ")
     assert (tmp_path / "report" / "report-throughput-pretraining-seq128-bf16.png").exists()
     assert "## throughput" in capsys.readouterr().out
+    # an H100 against this CPU is the point of the comparison, and the report says the ratio includes it
+    (warning,) = report["comparisons"]["throughput"]["warnings"]
+    assert warning.startswith(f"the throughput runs differ in device ({cpu}: none, {gpu}: NVIDIA H100 80GB HBM3)")
+    assert f"**Warning:** {warning}" in markdown
+
+
+def write_scaling(directory, efficiencies, cv=None, threads=2):
+    rows = [{"processes": processes, "nodes": 1, "seq_per_s": 10.0 * processes * efficiency,
+             "seq_per_s_min": 9.0 * processes * efficiency, "seq_per_s_max": 11.0 * processes * efficiency,
+             "seq_per_s_cv": cv, "efficiency": efficiency} for processes, efficiency in zip((1, 2, 4), efficiencies)]
+    output = BenchOutput(str(directory), "scaling", ["--model", "tiny"])
+    output.write({"model": "tiny"}, {"models": [{"model": "tiny", "rows": rows}]}, "table")
+    report = json.loads((directory / "scaling.json").read_text())
+    report["machine"]["threads"] = threads
+    (directory / "scaling.json").write_text(json.dumps(report))
+
+
+def test_superlinear_efficiency_noise_and_other_threads_are_flagged(tmp_path):
+    write_scaling(tmp_path / "a", (1.0, 0.9, 0.8), cv=0.05)
+    write_scaling(tmp_path / "b", (1.0, 2.537, 0.9), cv=0.3, threads=1)
+    assert report_command.main([str(tmp_path / "a"), str(tmp_path / "b"), "--output_dir",
+                                str(tmp_path / "report")]) == 0
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "| 253.7% (!) |" in markdown and "| 90.0% |" in markdown
+    assert "| 50.74 (45.67–55.81, CV 30%) |" in markdown  # seq/s with its spread
+    warnings = json.loads((tmp_path / "report" / "report.json").read_text())["comparisons"]["scaling"]["warnings"]
+    assert len(warnings) == 3
+    assert warnings[0].startswith("the scaling runs differ in CPU threads (a (")
+    assert warnings[1].startswith("efficiency above 100% (253.7% at b (")
+    assert warnings[2].startswith("noisy seq_per_s of b (")
 
 
 def test_same_directory_names_stay_apart(tmp_path):
@@ -121,7 +151,7 @@ def test_training_runs_are_put_side_by_side_with_their_spread_and_dev_metrics(tm
     assert section["warnings"] == ["the runs trained for different times (100–130 s): compare sentences/s, not "
                                    "sentences seen or accuracy"]
     markdown = (tmp_path / "report" / "report.md").read_text()
-    assert "| 44.0 (40.0–48.0, CV 7%, 5 windows) |" in markdown and "| – (1 window) |" in markdown
+    assert "| 44.0 (40.0–48.0, CV 7.2%, 5 windows) |" in markdown and "| – (1 window) |" in markdown
     assert "**Warning:** the runs trained for different times" in markdown
     assert "(8 x cpu)" in markdown
     for plot in ("training-progress", "training-accuracy"):

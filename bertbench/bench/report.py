@@ -22,16 +22,15 @@ import argparse
 import datetime
 import glob
 import json
-import math
 import os
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, noisy_warning, spread,
+                                    spread_column, spread_fields, spread_text, superlinear_warning)
 from bertbench.bench.workload import BenchError
 from bertbench.errors import ArgumentParser
 from bertbench.runner import RUN_RECORD
@@ -94,6 +93,7 @@ TRAINING = "training"
 # Dev-metric keys of eval_results.json that rank a model, best first: GLUE's main metrics, then SQuAD's.
 RANKING_METRICS = ("acc", "acc_and_f1", "mcc", "corr", "f1", "exact")
 NOT_METRICS = ("loss", "examples")
+SPREAD_SUFFIXES = ("_min", "_max", "_cv")
 MIN_WINDOWS_FOR_SPREAD = 3  # fewer logged windows (--log_step_count_steps) say nothing about the spread
 
 
@@ -154,21 +154,12 @@ def training_run(run_dir: str) -> dict:
            "seq_per_s": train.get("sentences_per_second"),
            "steady_seq_per_s": train.get("steady_sentences_per_second"),
            "ended": (train.get("segments") or [{}])[-1].get("ended"), "windows": len(rates),
-           **spread_of("window_seq_per_s", rates),
+           **(spread_fields("window_seq_per_s", spread(rates)) if rates else {"window_seq_per_s": None}),
            "metrics": metrics, "metric": ranking_metric(metrics)}
     created = datetime.datetime.fromtimestamp(os.path.getmtime(train_path)).astimezone().isoformat(timespec="seconds")
     return {"bench": TRAINING, "rows": [row], "windows": windows, "created": created,
             "command": f"{record.get('runner', '?')} --output_dir={run_dir}",
             "machine": {"device": train.get("device"), "processes": train.get("world_size")}}
-
-
-def spread_of(key: str, values: Sequence[float]) -> dict:
-    """KEY (the median), KEY_min, KEY_max and KEY_cv (stdev / mean) of the values; None each when there are none."""
-    if not values:
-        return {key: None, f"{key}_min": None, f"{key}_max": None, f"{key}_cv": None}
-    mean = statistics.fmean(values)
-    cv = statistics.stdev(values) / mean if len(values) > 1 and mean else 0.0
-    return {key: statistics.median(values), f"{key}_min": min(values), f"{key}_max": max(values), f"{key}_cv": cv}
 
 
 def ranking_metric(metrics: dict) -> str | None:
@@ -188,9 +179,7 @@ def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, lis
     for row in rows:
         line = dict(row, **{f"dev:{key}": row["metrics"].get(key) for key in metric_names})
         if row["windows"] >= MIN_WINDOWS_FOR_SPREAD:
-            line["spread"] = (f"{row['window_seq_per_s']:,.1f} ({row['window_seq_per_s_min']:,.1f}–"
-                              f"{row['window_seq_per_s_max']:,.1f}, CV {row['window_seq_per_s_cv']:.0%}, "
-                              f"{row['windows']} windows)")
+            line["spread"] = f"{spread_text(row, 'window_seq_per_s', ',.1f')[:-1]}, {row['windows']} windows)"
         else:
             line["spread"] = f"– ({row['windows']} window{'s' if row['windows'] != 1 else ''})"
         table_rows.append(line)
@@ -299,6 +288,8 @@ def compare(kind: str, runs: list[tuple[str, dict]]) -> tuple[list[dict], str]:
             line = merged.setdefault(setting, dict(zip(spec.setting, setting)))
             for _, key, _ in spec.figures:
                 line[f"{key}@{name}"] = row.get(key)
+                for bound in SPREAD_SUFFIXES:  # a figure measured several times keeps its spread
+                    line[f"{key}@{name}{bound}"] = row.get(f"{key}{bound}")
     names = [name for name, _ in runs]
     columns = [(key, key, "") for key in spec.setting]
     for title, key, fmt in spec.figures:
@@ -310,8 +301,37 @@ def compare(kind: str, runs: list[tuple[str, dict]]) -> tuple[list[dict], str]:
             columns.append((f"{title}: last / first", f"{key}:ratio", ".2f"))
     rows = [{key: ("–" if value is None and key in spec.setting else value) for key, value in line.items()}
             for line in merged.values()]
-    text_columns = [(title, key, "" if key in spec.setting else fmt) for title, key, fmt in columns]
+    text_columns = [(title, key, "" if key in spec.setting else cell(key, fmt)) for title, key, fmt in columns]
     return rows, markdown_table(rows, text_columns)
+
+
+def cell(key: str, fmt: str):
+    """How a compared figure prints: with its spread when it has one, an efficiency above 100% flagged."""
+    if key.startswith("efficiency@"):
+        return efficiency_column(key, key)[2]
+    if "@" in key:
+        return spread_column(key, key, fmt)[2]
+    return fmt
+
+
+def comparison_warnings(kind: str, runs: list[tuple[str, dict]], rows: list[dict]) -> list[str]:
+    """What makes the runs of one kind hard to compare: different devices or CPU threads (the ratios then measure
+    those too), efficiencies above 100%, and spreads that show a busy machine."""
+    warnings = []
+    machines = {name: report.get("machine", {}) for name, report in runs}
+    for field, title in (("gpu", "device"), ("threads", "CPU threads"), ("cpu_count", "cores")):
+        values = {name: machine.get(field) for name, machine in machines.items()}
+        if len({str(value) for value in values.values()}) > 1:
+            warnings.append(f"the {kind} runs differ in {title} (" + ", ".join(f"{name}: {value or 'none'}"
+                                                                           for name, value in values.items())
+                            + "): their ratios measure that difference too")
+    for name, _ in runs:
+        if kind in ("scaling", "plan"):
+            warnings.append(superlinear_warning(rows, f"efficiency@{name}", lambda row: f"{name}, "
+                                                + ", ".join(str(row[key]) for key in COMPARISONS[kind].setting)))
+        for _, key, _ in COMPARISONS[kind].figures:
+            warnings.append(noisy_warning(rows, f"{key}@{name}", lambda row: name, what=f"{key} of {name}"))
+    return [warning for warning in warnings if warning]
 
 
 def plots(kind: str, runs: list[tuple[str, dict]]) -> dict:
@@ -326,9 +346,11 @@ def plots(kind: str, runs: list[tuple[str, dict]]) -> dict:
                 for row in report["rows"]:
                     if (row["kind"], row["seq"], row["precision"]) == (step_kind, seq, precision) \
                             and not row.get("out_of_memory"):
-                        xs, ys = series.setdefault(f"{name}: {row['variant']}", ([], []))
+                        xs, ys, lows, highs = series.setdefault(f"{name}: {row['variant']}", ([], [], [], []))
                         xs.append(row["batch"])
                         ys.append(row["seq_per_s"])
+                        lows.append(row.get("seq_per_s_min"))
+                        highs.append(row.get("seq_per_s_max"))
             result[f"throughput-{step_kind}-seq{seq}-{precision}"] = line_plot(
                 series, "batch size", "sequences / s", f"{step_kind}, seq {seq}, {precision}", log_x=True)
     elif kind == "scaling":
@@ -364,8 +386,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not of_kind:
                 continue
             rows, table = compare(kind, of_kind)
-            merged[kind] = {"runs": [name for name, _ in of_kind], "rows": rows}
-            sections += [f"## {kind}", "", table, ""]
+            warnings = comparison_warnings(kind, of_kind, rows)
+            merged[kind] = {"runs": [name for name, _ in of_kind], "rows": rows, "warnings": warnings}
+            sections += [f"## {kind}", "", table, ""] + [f"**Warning:** {line}" for line in warnings]
+            sections += [""] if warnings else []
             figures.update(plots(kind, of_kind))
         header = ["# Comparison", ""] + [f"- {name}: {report['bench']}, {report.get('created') or '?'}, "
                                                f"`{report.get('command', '?')}`" for name, report in named] + [""]
