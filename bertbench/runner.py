@@ -39,6 +39,7 @@ from bertbench.tf_checkpoint import CheckpointError as TFCheckpointError
 from bertbench.tokenization import BertTokenizer, VocabError
 from bertbench.train_state import RESTORE, WARM_START, RunStart, decide_start, seed_everything
 from bertbench.train_stats import TrainResult, run_totals
+from bertbench.train_step import runnable_config
 from bertbench.training_config import RunConfig, TrainConfig
 from bertbench.weights import WeightsError, load_pretrained
 
@@ -392,11 +393,19 @@ def restore_for_inference(estimator: Estimator, start: RunStart) -> None:
 def build_estimator(command: Command, model: nn.Module, dist: Distributed, num_train_steps: int | None,
                     **derived: Any) -> Estimator:
     """An Estimator with the command's RunConfig and, to train `num_train_steps`, its TrainConfig: the flags'
-    fields, the learning rate scaled for the processes (--lr_scaling), and the fields a runner derives (`derived`)."""
-    train_config = None if num_train_steps is None else build(
-        TrainConfig, FLAG_NAMES, **{**command.train, "num_train_steps": num_train_steps,
-                                    "learning_rate": scaled_learning_rate(command.flags, dist), **derived})
-    return Estimator(model, command.run, train_config, dist)
+    fields, the learning rate scaled for the processes (--lr_scaling), and the fields a runner derives (`derived`),
+    as they can run on the device (train_step.runnable_config), each setting that cannot apply noted in the log.
+    The run record keeps the flags as given, so the same command resumes; train_results.json says what ran."""
+    train_config, notes = None, []
+    if num_train_steps is not None:
+        train_config, notes = runnable_config(build(
+            TrainConfig, FLAG_NAMES, **{**command.train, "num_train_steps": num_train_steps,
+                                        "learning_rate": scaled_learning_rate(command.flags, dist), **derived}),
+            dist.device)
+    estimator = Estimator(model, command.run, train_config, dist)
+    for note in notes:
+        estimator.log(f"note: {note}")
+    return estimator
 
 
 def scaled_learning_rate(args, dist: Distributed) -> float:

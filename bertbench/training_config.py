@@ -72,10 +72,12 @@ class TrainConfig:
         "help": "Micro-batches per optimizer step; the step's batch is their sum.", "defines_run": True})
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "Clip the global gradient norm to this "
                                                                        "(Google's 1.0); None: no clipping."})
-    precision: str = field(default="fp32", metadata={"help": "fp32, fp16 (autocast + dynamic loss scaling) or "
-                                                             "bf16 (autocast).", "choices": PRECISIONS})
+    precision: str = field(default="fp32", metadata={"help": "fp32, fp16 (autocast + dynamic loss scaling; a "
+                                                             "CUDA GPU's: on a CPU the run trains in fp32) or bf16 "
+                                                             "(autocast).", "choices": PRECISIONS})
     compile: bool = field(default=False, metadata={"help": "Run the training forward/backward through "
-                                                           "torch.compile (the original --use_xla)."})
+                                                           "torch.compile (the original --use_xla); where it cannot "
+                                                           "run (no C++ compiler for a CPU) the run trains eagerly."})
     excluded_steps: int = field(default=10, metadata={
         "help": "Steps at the start of each run left out of the steady-state throughput (start-up, compilation)."})
     sync_gradients: bool = field(default=True, metadata={

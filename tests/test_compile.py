@@ -1,0 +1,170 @@
+"""torch.compile (the original --use_xla) and fp16 where they cannot apply.
+
+The training step as users run it traces to one graph, with no break in bertbench's code, for every head and every
+modeling module and recompute policy, padded or not; the compiled step computes what the eager one does. On a CPU,
+fp16 trains in fp32 and a run without a C++ compiler trains eagerly, each with a one-line note; train_results.json
+says what ran, and the same command resumes the run.
+"""
+
+import functools
+import json
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from bertbench.models import build_model
+from bertbench.run_classifier import main
+from bertbench.synthetic import write_glue_task
+from bertbench.train_step import TrainStep, runnable_config
+from bertbench.training_config import TrainConfig
+from conftest import tiny_batch, tiny_config, write_bert_dir
+
+CONFIG = tiny_config(hidden_size=32, intermediate_size=64)
+TASKS = ("classification", "question_answering", "pretraining")
+VARIANTS = {"baseline": ("baseline", "full"), "full": ("recompute", "full"), "every-2": ("recompute", "every-k"),
+            "selective": ("recompute", "selective")}
+
+
+def batch(task, padded, config=CONFIG):
+    """Two sequences of 16 tokens with the labels of `task`; `padded`: the second ends in 3 padding tokens."""
+    input_ids, token_type_ids, attention_mask = tiny_batch(config, batch=2, seq=16)
+    values = {"input_ids": input_ids, "token_type_ids": token_type_ids,
+              "attention_mask": attention_mask if padded else torch.ones_like(attention_mask)}
+    if task == "classification":
+        values["labels"] = torch.tensor([0, 1])
+    elif task == "question_answering":
+        values.update(start_positions=torch.tensor([1, 4]), end_positions=torch.tensor([3, 9]))
+    else:
+        values.update(masked_lm_positions=torch.tensor([[1, 5, 9], [2, 3, 0]]),
+                      masked_lm_labels=torch.tensor([[7, 8, 9], [10, 11, -100]]),
+                      next_sentence_labels=torch.tensor([0, 1]))
+    return values
+
+
+def model(task, variant, config=CONFIG):
+    torch.manual_seed(0)
+    modeling_name, policy = VARIANTS[variant]
+    return build_model(task, config, modeling_name, policy, **({"num_labels": 2} if task == "classification" else {}))
+
+
+@pytest.fixture
+def traced_by_aot_eager(monkeypatch):
+    """torch.compile as the step calls it, dynamo's graph run through AOTAutograd eagerly: the tracing and the joint
+    forward/backward graph (checkpointed blocks included) are what inductor gets, without its C++ compile."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("task, variant, precision",
+                         [(task, variant, "fp32") for task in TASKS for variant in VARIANTS]
+                         + [("pretraining", "selective", "bf16"), ("pretraining", "selective", "fp16")])
+def test_the_compiled_training_step_is_one_graph(traced_by_aot_eager, task, variant, precision):
+    # Two micro-batches, padded then not: the padding check is eager-only, so both take the same graph. TrainStep
+    # runs fp16 as its config says (the runners' fallback is runnable_config), so autocast to it is traced too.
+    step = TrainStep(model(task, variant), TrainConfig(num_train_steps=10, compile=True, precision=precision,
+                                                       gradient_accumulation_steps=2))
+    outcome = step(iter([batch(task, padded=True), batch(task, padded=False)]))
+    assert torch.isfinite(outcome.loss)
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("variant", ["baseline", "full", "selective"])  # every-2 is full's blocks and baseline's
+def test_compiled_and_eager_gradients_agree(variant):
+    """Through inductor's decompositions and its partitioner, which decides what the backward saves and what it
+    recomputes (for the selective policy, from the policy's tags): everything but inductor's code generation."""
+    config = tiny_config(hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+    eager, compiled = model("pretraining", variant, config), model("pretraining", variant, config)
+    torch._dynamo.reset()
+    traced = torch.compile(compiled, backend="aot_eager_decomp_partition")
+    for padded in (True, False):
+        expected, got = eager(**batch("pretraining", padded, config)), traced(**batch("pretraining", padded, config))
+        torch.testing.assert_close(got.mlm_logits, expected.mlm_logits, rtol=1e-5, atol=1e-6)
+        got.loss.backward()
+        expected.loss.backward()
+    for (name, reference), (_, parameter) in zip(eager.named_parameters(), compiled.named_parameters()):
+        torch.testing.assert_close(parameter.grad, reference.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.fixture
+def no_cxx(monkeypatch):
+    """Inductor's C++ compiler search finds none (its search is cached: cleared before and after)."""
+    from torch._inductor import config, cpp_builder
+    monkeypatch.setattr(config.cpp, "cxx", (None, "/nonexistent/g++"))
+    monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
+    cpp_builder.cpp_compiler_search.cache_clear()
+    yield
+    monkeypatch.undo()
+    cpp_builder.cpp_compiler_search.cache_clear()
+
+
+def test_fp16_on_a_cpu_trains_in_fp32_and_says_so():
+    config, notes = runnable_config(TrainConfig(num_train_steps=1, precision="fp16"), torch.device("cpu"))
+    assert config.precision == "fp32"
+    assert notes == ["fp16 needs a CUDA GPU; on cpu this run trains in fp32 (--precision=fp32 to say so)"]
+    for precision in ("fp32", "bf16"):
+        assert runnable_config(TrainConfig(num_train_steps=1, precision=precision), "cpu") == \
+            (TrainConfig(num_train_steps=1, precision=precision), [])
+    on_gpu = TrainConfig(num_train_steps=1, precision="fp16")
+    assert runnable_config(on_gpu, torch.device("cuda", 1)) == (on_gpu, [])
+
+
+def test_compile_without_a_cxx_compiler_trains_eagerly_and_says_so(no_cxx):
+    config, notes = runnable_config(TrainConfig(num_train_steps=1, compile=True), torch.device("cpu"))
+    assert not config.compile and len(notes) == 1
+    assert notes[0].startswith("torch.compile cannot run here (inductor finds no C++ compiler")
+
+
+def test_a_checkpoint_without_loss_scaling_resumes_under_fp16():
+    """fp16 asked for on a CPU trains in fp32, so its checkpoints hold no loss scale: an fp16 step resuming one (on a
+    GPU) starts from the initial scale, as a new fp16 run does, where GradScaler alone refuses the empty state. An
+    fp16 checkpoint still restores its scale, and an fp32 step resuming it leaves the scale out."""
+    def step(precision):
+        return TrainStep(torch.nn.Linear(2, 2), TrainConfig(num_train_steps=10, precision=precision))
+
+    fp16 = step("fp16")
+    fp16.load_state_dict(step("fp32").state_dict())
+    assert fp16.scaler.get_scale() == step("fp16").scaler.get_scale()
+    saved = fp16.state_dict()
+    saved["scaler"]["scale"] /= 4  # lowered by overflows
+    resumed = step("fp16")
+    resumed.load_state_dict(saved)
+    assert resumed.scaler.get_scale() == saved["scaler"]["scale"]
+    step("fp32").load_state_dict(saved)
+
+
+@pytest.fixture
+def mrpc(tmp_path):
+    write_glue_task(tmp_path / "glue", "MRPC", train=64, dev=16, test=8)
+    write_bert_dir(tmp_path / "bert")
+    return tmp_path
+
+
+def test_the_runner_notes_what_runs_instead_records_it_and_resumes(mrpc, no_cxx, capsys):
+    out = mrpc / "run"
+    command = [f"--data_dir={mrpc / 'glue' / 'MRPC'}", f"--vocab_file={mrpc / 'bert' / 'vocab.txt'}",
+               f"--bert_config_file={mrpc / 'bert' / 'bert_config.json'}", "--task_name=MRPC", "--do_train",
+               "--max_seq_length=32", "--train_batch_size=16", "--num_train_epochs=1", "--precision=fp16",
+               "--use_xla=true", f"--output_dir={out}"]
+    assert main(command + ["--max_train_seconds=1e-6"]) == 0  # stops after its first step
+    first = capsys.readouterr()
+    notes = [line for line in first.out.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: fp16 needs a CUDA GPU; on cpu this run trains in fp32 (--precision=fp32 to say so)",
+                     "note: torch.compile cannot run here (inductor finds no C++ compiler; install g++ or set CXX); "
+                     "this run trains eagerly (--use_xla=false to say so)"]
+    assert "fp32 on cpu" in first.out and first.err == ""
+    train = json.loads((out / "train_results.json").read_text())
+    assert (train["precision"], train["use_xla"], train["global_step"]) == ("fp32", False, 1)
+    # The record keeps the command's flags, so the same command continues the run.
+    args = json.loads((out / "bertbench_run.json").read_text())["args"]
+    assert (args["precision"], args["use_xla"]) == ("fp16", True)
+    assert main(command) == 0
+    second = capsys.readouterr()
+    assert f"resumed from {out}/ckpt-000000001.pt (step 1" in second.out and second.err == ""
+    train = json.loads((out / "train_results.json").read_text())
+    assert (train["precision"], train["use_xla"], train["global_step"]) == ("fp32", False, 4)
