@@ -45,7 +45,13 @@ def test_each_contender_trains_until_the_budget_then_is_scored(race):
     train = read_json(race / "runs" / "full-2proc" / "train_results.json")
     assert train["world_size"] == 2 and train["recompute_policy"] == "full" and train["interrupted_by"] is None
     assert (race / "budget-curves.png").stat().st_size > 0
-    assert "| baseline:1 | 1 | 1 |" in (race / "budget.md").read_text()  # 1 process of 1 thread
+    markdown = (race / "budget.md").read_text()
+    assert "| baseline:1 | 1 | 1 |" in markdown  # 1 process of 1 thread
+    for row in report["rows"]:  # seq/s over the log windows after the first (one step each here)
+        records = [json.loads(line) for line in open(os.path.join(row["run_dir"], "metrics.jsonl"))]
+        rates = sorted(record["seq_per_s"] for record in records[1:])
+        assert (row["window_seq_per_s_min"], row["window_seq_per_s_max"]) == (rates[0], rates[-1])
+        assert f"| {row['window_seq_per_s']:,.1f} ({rates[0]:,.1f}–{rates[-1]:,.1f}, CV " in markdown
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 variant in interleaved rounds with the spread of its figures; timed-save cost and resume after SIGKILL."""
 
 import json
+import statistics
 
 import pytest
 
@@ -37,27 +38,32 @@ def test_each_variant_runs_in_flipping_rounds_through_the_runner(glue):
     assert {name for name, _, _ in glue[2]} == {"run_classifier"}
 
 
-def test_figures_are_each_runs_own_with_median_and_range(glue):
+def test_figures_are_each_runs_own_with_median_range_and_cv(glue):
     out, report, _ = glue
     assert report["runner"] == "run_classifier" and \
         [row["variant"] for row in report["rows"]] == ["baseline", "selective"]
+    markdown = (out / "finetuning.md").read_text()
     for row in report["rows"]:
         runs = row["runs"]
         assert len(runs) == 3
         rates = sorted(run["steady_seq_per_s"] for run in runs)
-        assert row["steady_seq_per_s"] == {"median": rates[1], "min": rates[0], "max": rates[2]}
+        # output.spread_fields' convention: KEY is the median, KEY_min / KEY_max / KEY_cv beside it
+        assert (row["steady_seq_per_s"], row["steady_seq_per_s_min"], row["steady_seq_per_s_max"]) == \
+            (rates[1], rates[0], rates[2])
+        assert row["steady_seq_per_s_cv"] == pytest.approx(statistics.stdev(rates) / statistics.mean(rates))
+        assert f"| {row['variant']} | {row['steady_seq_per_s']:.1f} ({rates[0]:.1f}–{rates[2]:.1f}, CV " in markdown
         for run in runs:
             assert run["steps"] == 2 * 128 // 16 and run["saves"] >= 1
             assert run["dev_acc"] * 408 == pytest.approx(round(run["dev_acc"] * 408))  # of the 408 dev pairs
             assert run["checkpoint_bytes"] > 0
-        assert row["save_share_at_default"] == pytest.approx(row["seconds_per_save"]["median"] / 1200)
+        assert row["save_share_at_default"] == pytest.approx(row["seconds_per_save"] / 1200)
     baseline, selective = report["rows"]
-    assert selective["vs_first_variant"] == pytest.approx(selective["steady_seq_per_s"]["median"]
-                                                          / baseline["steady_seq_per_s"]["median"])
+    assert selective["vs_first_variant"] == pytest.approx(selective["steady_seq_per_s"]
+                                                          / baseline["steady_seq_per_s"])
     # same seed, same weights at the start, bit-identical gradients: the same dev accuracy in every run
     assert {run["dev_acc"] for row in report["rows"] for run in row["runs"]} == {baseline["runs"][0]["dev_acc"]}
+    assert baseline["dev_acc_cv"] == 0.0
     assert (out / "finetuning-seq-per-s.png").read_bytes().startswith(b"\x89PNG")
-    assert "| selective |" in (out / "finetuning.md").read_text()
 
 
 @pytest.mark.slow
@@ -70,7 +76,7 @@ def test_squad_runs_and_a_killed_run_resumes_from_its_checkpoint(tmp_path):
     (row,) = report["rows"]
     assert report["runner"] == "run_squad" and report["model_config"]["hidden_size"] == 64
     # exact match over the 300 built-in dev questions
-    assert row["exact"]["median"] * 3 == pytest.approx(round(row["exact"]["median"] * 3))
+    assert row["exact"] * 3 == pytest.approx(round(row["exact"] * 3))
     resume = report["resume_after_sigkill"]
     assert resume["resumed_from"].endswith(f"ckpt-{resume['killed_after_checkpoint_step']:09d}.pt")
     assert 0 < resume["restore_seconds"] < resume["launch_to_training_seconds"]

@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from bertbench import devices, synthetic
-from bertbench.bench import flops, measure, workload
+from bertbench.bench import flops, measure, output, plots, workload
 from conftest import TINY_BERT
-
 
 
 def test_count_flops_counts_a_matmul_exactly():
@@ -114,3 +113,92 @@ def test_peak_memory_restarts_per_setting():
     devices.reset_peak_memory("cpu")
     assert during - before >= 60 * 2**20
     assert devices.peak_memory_bytes("cpu") < during
+
+
+# ---- the spread of repeats, warnings, plots ------------------------------------------------------------------------
+
+def test_spread_of_repeats_and_of_a_rate():
+    measured = output.spread([0.2, 0.1, 0.4])
+    assert (measured["median"], measured["min"], measured["max"], measured["n"]) == (0.2, 0.1, 0.4, 3)
+    assert measured["cv"] == pytest.approx(0.1528 / 0.2333, abs=1e-3)  # sample stdev over the mean
+    assert output.spread([0.3])["cv"] is None  # one measurement has no spread
+    # A rate's median is of the median time, so that seq/s = batch / step holds for an even count too (the median
+    # of the rates 8/2 and 8/3 would be 3.33); its range comes from the slowest and fastest time.
+    rate = output.rate_spread(8, [2.0, 1.0, 4.0, 3.0])
+    assert (rate["median"], rate["min"], rate["max"]) == (3.2, 2.0, 8.0)
+    assert output.spread_fields("step", measured) == {"step": 0.2, "step_min": 0.1, "step_max": 0.4,
+                                                      "step_cv": measured["cv"]}
+
+
+def test_a_spread_cell_gives_median_range_and_cv():
+    row = {"step": 0.13, "step_min": 0.021, "step_max": 0.209, "step_cv": 0.41, "once": 2.5, "once_cv": None}
+    assert output.spread_text(row, "step", ".3f") == "0.130 (0.021–0.209, CV 41%)"
+    assert output.spread_text({**row, "step_cv": 0.034}, "step", ".3f") == "0.130 (0.021–0.209, CV 3.4%)"
+    assert output.spread_text(row, "once", ".1f") == "2.5"
+    table = output.markdown_table([row], [output.spread_column("step (s)", "step", ".3f")])
+    assert table.splitlines()[-1] == "| 0.130 (0.021–0.209, CV 41%) |"
+
+
+def test_the_load_average_against_the_cores(monkeypatch):
+    monkeypatch.setattr(output.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    for before, after, busy in ((0.5, 3.9, False), (4.2, 1.0, True), (1.0, 6.5, True)):
+        loads = iter([(before, 0, 0), (after, 0, 0)])
+        monkeypatch.setattr(output.os, "getloadavg", lambda: next(loads))
+        warning = output.LoadWatch().busy("the sweep")
+        assert (warning is not None) == busy
+        if busy:
+            assert warning.startswith(f"the machine was busy: the 1-minute load average was {before:.2f} before the "
+                                      f"sweep and {after:.2f} after it, above the 4 core(s) available")
+
+
+def test_noisy_mismatched_and_superlinear_warnings():
+    rows = [{"name": "a", "t": 1.0, "t_cv": 0.05, "threads": 1, "device": "cpu", "efficiency": 1.0},
+            {"name": "b", "t": 1.0, "t_cv": output.BUSY_CV + 0.01, "threads": 2, "device": "cpu",
+             "efficiency": 2.537}]
+    assert output.noisy_warning(rows[:1], "t", lambda row: row["name"]) is None
+    assert f"(up to {output.BUSY_CV + 0.01:.0%}, b)" in output.noisy_warning(rows, "t", lambda row: row["name"])
+    mismatch = output.mismatch_warning(rows, {"threads": "threads per process", "device": "device"}, "name")
+    assert "differ in threads per process (a: 1, b: 2)" in mismatch and "device" not in mismatch.split("differ")[1]
+    assert output.mismatch_warning([rows[0], {**rows[1], "threads": None}], {"threads": "threads"}, "name") is None
+    _, _, cell = output.efficiency_column("efficiency", "efficiency")
+    assert [cell(row) for row in rows] == ["100.0%", "253.7% (!)"]
+    assert cell({"efficiency": 1 + 1e-12}) == "100.0%"  # float noise is not superlinear
+    assert output.superlinear_warning(rows, "efficiency", lambda row: row["name"]).startswith(
+        "efficiency above 100% (253.7% at b, marked (!)): superlinear figures usually mean the runs are not comparable")
+
+
+def test_warnings_are_printed_and_written_to_json_and_markdown(tmp_path, capsys):
+    out = output.BenchOutput(str(tmp_path), "throughput", [])
+    out.warn(None)
+    out.warn("the machine was busy")
+    out.warn("the machine was busy")  # once
+    printed = out.write({}, {"rows": []}, "# Title\n\n| a |\n|---|")
+    assert capsys.readouterr().out == "warning: the machine was busy\n"
+    assert json.loads((tmp_path / "throughput.json").read_text())["warnings"] == ["the machine was busy"]
+    assert printed == (tmp_path / "throughput.md").read_text().rstrip("\n") == \
+        "# Title\n\n**Warning:** the machine was busy\n\n| a |\n|---|"
+
+
+def test_line_plot_draws_ranges_as_error_bars_and_colours_by_variant():
+    first = plots.line_plot({"baseline": ([1, 2], [10.0, 19.0], [9.0, 15.0], [11.0, 20.0]),
+                             "measured": ([1, 2], [5, 6])}, "batch", "seq/s", "t")
+    (bars,) = first.axes[0].containers  # the series with a range, and only it
+    lower, upper = (bars.lines[1][0].get_ydata(), bars.lines[1][1].get_ydata())
+    assert list(lower) == [9.0, 15.0] and list(upper) == [11.0, 20.0]
+    second = plots.line_plot({"run B: every-2": ([1], [1.0]), "full:2": ([1], [2.0]), "baseline": ([1], [3.0])},
+                             "x", "y", "t")
+    colours = {line.get_label(): line.get_color() for axes in (first.axes[0], second.axes[0])
+               for line in axes.get_lines() if not line.get_label().startswith("_")}
+    assert colours["baseline"] == first.axes[0].get_lines()[0].get_color() == "tab:blue"
+    assert colours["full:2"] == plots.VARIANT_COLOURS["full"] and colours["run B: every-2"] == "tab:red"
+    assert colours["measured"] not in plots.VARIANT_COLOURS.values()
+
+
+def test_line_plot_from_zero_markers_only_and_marks():
+    figure = plots.line_plot({"overlap 0": ([8, 1024], [0.994, 0.991])}, "GPUs", "efficiency", "t", log_x=True,
+                             joined=False, y_from_zero=True, marks={"overlap 0": (8, 0.994, "largest")})
+    axes = figure.axes[0]
+    assert axes.get_ylim()[0] == 0 and axes.get_ylim()[1] > 1  # 0.991-0.994 is a sliver, not the whole height
+    points = axes.get_lines()[0]
+    assert points.get_linestyle() == "None" and points.get_marker() == "o"
+    assert [text.get_text() for text in axes.texts] == ["largest"]

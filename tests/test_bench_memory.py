@@ -63,8 +63,11 @@ def test_a_cap_below_one_sequence_fits_nothing():
     assert memory.cpu_search(saved, 1000, search_args())["max_batch"] == 0
 
 
-def test_memory_bench_orders_the_policies_and_times_them_at_one_batch(tmp_path):
-    assert memory.main(["--model", "tiny", "--seq_lengths", "32", "--cap_gib", "0.004", "--steps", "1",
+def test_memory_bench_orders_the_policies_and_times_them_at_one_batch(tmp_path, monkeypatch):
+    drawn, real_plot = [], memory.line_plot
+    monkeypatch.setattr(memory, "line_plot", lambda *args, **options: drawn.append(options) or real_plot(*args,
+                                                                                                        **options))
+    assert memory.main(["--model", "tiny", "--seq_lengths", "32", "--cap_gib", "0.004", "--steps", "2",
                         "--warmup", "0", "--output_dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "memory.json").read_text())
     rows = {row["variant"]: row for row in report["rows"]}
@@ -73,11 +76,20 @@ def test_memory_bench_orders_the_policies_and_times_them_at_one_batch(tmp_path):
     assert rows["every-2"]["max_batch"] > rows["baseline"]["max_batch"]
     assert rows["full"]["max_batch_vs_first"] == rows["full"]["max_batch"] / rows["baseline"]["max_batch"]
     assert {row["time_batch"] for row in rows.values()} == {min(8, rows["baseline"]["max_batch"])}
+    markdown = (tmp_path / "memory.md").read_text()
     for row in rows.values():  # each variant's time at the one batch, relative to the first variant's
         assert row["slowdown"] == pytest.approx(row["step_seconds"] / rows["baseline"]["step_seconds"])
         assert row["seq_per_s"] == pytest.approx(row["time_batch"] / row["step_seconds"])
-    assert "| 32 | full |" in (tmp_path / "memory.md").read_text()
+        assert row["seq_per_s_max"] == pytest.approx(row["time_batch"] / row["step_seconds_min"])
+        assert row["step_seconds_cv"] is not None  # two timed steps
+        assert (f"| {row['step_seconds']:.3f} ({row['step_seconds_min']:.3f}–{row['step_seconds_max']:.3f}, CV "
+                in markdown)
+    assert "| 32 | full |" in markdown
     assert (tmp_path / "memory-seq32.png").stat().st_size > 1000
+    # each variant's largest batch is marked on its line, at the bytes counted there
+    (options,) = drawn
+    assert options["marks"] == {name: (row["max_batch"], row["saved_bytes_at_max_batch"] / 2**30,
+                                       f"{name}: {row['max_batch']:,}") for name, row in rows.items()}
 
 
 def test_a_non_positive_cap_is_refused(tmp_path, error_line):

@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 from bertbench.bench import cli, plan, workload
 from conftest import TINY_BERT
@@ -210,3 +211,41 @@ def test_the_step_must_be_given():
     with pytest.raises(SystemExit) as exit_info:
         run_plan(["--batch_per_device", 8])
     assert exit_info.value.code == 2
+
+
+def test_plots_mark_predictions_as_points_from_zero(tmp_path, monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(plan, "line_plot", lambda series, xlabel, ylabel, title, **options: drawn.update(
+        {ylabel: (series, options)}) or Figure())
+    assert run_plan(["--step_seconds", 0.3, "--batch_per_device", 32, "--layouts", "2x4,128x8",
+                     "--output_dir", tmp_path]) == 0
+    series, options = drawn["scaling efficiency"]
+    # 99.x% efficiency on an axis from 0, not a 0.991-1.000 axis that makes it look like a collapse
+    assert options["y_from_zero"] and not options["joined"]
+    series, options = drawn["sequences/s"]
+    assert not options["joined"] and options["log_y"]
+    xs, ys, _ = options["reference"]  # linear scaling drawn at many GPU counts between the layouts
+    assert len(xs) == 200 and (xs[0], xs[-1]) == pytest.approx((8, 1024))
+    assert ys == pytest.approx(xs * 32 / 0.3)
+
+
+def test_a_noisy_measured_step_and_a_superlinear_validation_are_flagged(tmp_path):
+    path = throughput_file(tmp_path, [throughput_row(step_seconds_min=0.05, step_seconds_max=0.3,
+                                                     step_seconds_cv=0.6)])
+    assert run_plan(["--from_throughput", path, "--nodes", "1,2", "--output_dir", tmp_path / "noisy"]) == 0
+    report = json.loads((tmp_path / "noisy" / "plan.json").read_text())
+    (warning,) = report["warnings"]
+    assert warning.startswith("noisy measured step: the repeats of 1 of 1 setting(s) vary by more than CV 20% (up "
+                              f"to 60%, {path}: baseline fp32)")
+    assert report["settings"]["step_seconds_cv"] == 0.6
+    assert "0.1 (0.05–0.3, CV 60%) s per single-device step" in (tmp_path / "noisy" / "plan.md").read_text()
+
+    scaling, report = scaling_file(tmp_path)
+    report["models"][0]["rows"][1]["efficiency"] = 2.537  # a reference run slowed by another job
+    report["warnings"] = ["the machine was busy"]
+    scaling.write_text(json.dumps(report))
+    assert run_plan(["--validate", scaling, "--output_dir", tmp_path / "validated"]) == 0
+    carried, superlinear = json.loads((tmp_path / "validated" / "plan.json").read_text())["warnings"]
+    assert carried == f"{scaling} says: the machine was busy"
+    assert superlinear.startswith("efficiency above 100% (253.7% at 2 processes of demo, marked (!))")
+    assert "| 253.7% (!) |" in (tmp_path / "validated" / "plan.md").read_text()

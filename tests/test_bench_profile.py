@@ -75,6 +75,9 @@ def test_top_operators_sorted_by_self_time(profiled):
     assert all(row["name"].startswith("aten::") and row["calls"] > 0 for row in rows)
     markdown = (directory / "profile.md").read_text()
     assert "| operator | calls | self ms | share of step | ms per step |" in markdown
+    # the profiled steps' range beside their mean
+    assert (f"min–max {report['step_seconds_min'] * 1e3:.1f}–{report['step_seconds_max'] * 1e3:.1f} ms, CV "
+            in markdown) and report["step_seconds_cv"] is not None
     assert all(f"| {row['name']} |" in markdown for row in rows)
     assert (directory / "profile-categories.png").stat().st_size > 0
 

@@ -20,6 +20,10 @@ def test_one_and_two_processes_under_torchrun(tmp_path):
     assert two["speedup"] == pytest.approx(two["seq_per_s"] / one["seq_per_s"])
     assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
     assert two["step_seconds"] == pytest.approx(32 / two["seq_per_s"]) and two["backend"] == "gloo"
+    for row in (one, two):  # the median step of the 6 after the excluded 2, with its spread over them
+        assert row["timed_steps"] == 6 and row["step_seconds_min"] <= row["step_seconds"] <= row["step_seconds_max"]
+        assert row["seq_per_s_min"] == pytest.approx(row["global_batch"] / row["step_seconds_max"])
+        assert (row["threads"], row["device_type"]) == (1, "cpu")
     allreduce = model["allreduce"]
     assert model["gradient_bytes"] == 4 * model["parameters"]
     assert {model["gradient_bytes"], 2**24} <= set(allreduce["sizes_bytes"])
@@ -32,8 +36,11 @@ def test_one_and_two_processes_under_torchrun(tmp_path):
     in_steps = model["allreduce_in_steps"]
     assert (f"{in_steps['exposed_allreduce_seconds'] * 1e3:.1f} ms exposed per DDP step (median of 2 interleaved "
             f"pairs: {in_steps['step_with_allreduce_seconds'] * 1e3:.1f} ms with, "
-            f"{in_steps['step_without_allreduce_seconds'] * 1e3:.1f} ms without)") in markdown
-    assert f"| 16.000 | {allreduce['seconds'][allreduce['sizes_bytes'].index(2**24)] * 1e3:,.3f} |" in markdown
+            f"{in_steps['step_without_allreduce_seconds'] * 1e3:.1f} ms without; exposed per pair "
+            f"{in_steps['exposed_allreduce_seconds_min'] * 1e3:.1f} to ") in markdown
+    sixteen = allreduce["sizes_bytes"].index(2**24)
+    assert (f"| 16.000 | {allreduce['seconds'][sixteen] * 1e3:,.3f} ({allreduce['seconds_min'][sixteen] * 1e3:,.3f}"
+            f"–{allreduce['seconds_max'][sixteen] * 1e3:,.3f}, CV ") in markdown
     assert plan.main(["--validate", str(tmp_path / "scaling.json"), "--output_dir", str(tmp_path / "plan")]) == 0
     checked = {row["processes"]: row for row in json.loads((tmp_path / "plan" / "plan.json").read_text())["validation"]}
     assert checked[2]["measured_efficiency"] == pytest.approx(two["efficiency"])
@@ -61,6 +68,59 @@ def test_runs_of_the_job_templates_make_the_table(tmp_path):
     assert [row["speedup"] for row in rows] == pytest.approx([1.0, 1.75, 3.0])
     assert [row["efficiency"] for row in rows] == pytest.approx([1.0, 0.875, 0.75])
     assert rows[1]["step_seconds"] == pytest.approx(64 / 700)
+
+
+def test_runs_with_other_threads_or_devices_and_superlinear_efficiency_are_flagged(tmp_path, capsys):
+    runs = [write_run(tmp_path / "cpu_nodes1", 1, 100.0, device="cpu", threads=1),
+            write_run(tmp_path / "cpu_nodes2", 2, 507.4, device="cpu", threads=2, nodes=2)]
+    assert scaling.main(["--runs", *runs, "--output_dir", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "scaling.json").read_text())
+    assert report["models"][0]["rows"][1]["efficiency"] == pytest.approx(2.537)
+    mismatch, superlinear = report["warnings"]
+    assert mismatch.startswith(f"the compared runs are not alike: they differ in threads per process ({runs[0]}: 1, "
+                               f"{runs[1]}: 2), so speedup and efficiency")
+    assert superlinear.startswith(f"efficiency above 100% (253.7% at 2 processes, {runs[1]}, marked (!))")
+    markdown = (tmp_path / "out" / "scaling.md").read_text()
+    assert "| 2 | 2 | 16 | 0.0315 | 507.40 | 5.07 | 253.7% (!) | cpu | 2 |" in markdown
+    assert markdown.count("**Warning:**") == 2 and "warning: efficiency above 100%" in capsys.readouterr().out
+    # another device is a mismatch too; alike runs warn of nothing
+    gpu = write_run(tmp_path / "gpu_nodes2", 2, 180.0, threads=1)
+    assert scaling.main(["--runs", runs[0], gpu, "--output_dir", str(tmp_path / "devices")]) == 0
+    (warning,) = json.loads((tmp_path / "devices" / "scaling.json").read_text())["warnings"]
+    assert f"differ in device ({runs[0]}: cpu, {gpu}: cuda)" in warning
+    alike = write_run(tmp_path / "alike_nodes2", 2, 180.0, device="cpu", threads=1)
+    assert scaling.main(["--runs", runs[0], alike, "--output_dir", str(tmp_path / "alike")]) == 0
+    assert json.loads((tmp_path / "alike" / "scaling.json").read_text())["warnings"] == []
+
+
+def test_local_jobs_with_more_threads_than_cores_are_flagged(tmp_path, monkeypatch):
+    def job(args, processes):  # what the torchrun job would find, without running it
+        seconds = 0.02 * processes ** 0.5
+        return {"nodes": 1, "processes": processes, "batch_per_process": 8, "global_batch": 8 * processes,
+                "seq_per_s": 8 * processes / seconds, "step_seconds": seconds, "step_seconds_cv": 0.02,
+                "parameters": 1000, "threads": 1, "device_type": "cpu", "backend": "gloo"}
+
+    monkeypatch.setattr(scaling, "run_job", job)
+    monkeypatch.setattr(scaling, "available_cores", lambda: 2)
+    assert scaling.main(["--model", "tiny", "--processes", "1,2,4", "--output_dir", str(tmp_path)]) == 0
+    warnings = json.loads((tmp_path / "scaling.json").read_text())["warnings"]
+    assert [warning for warning in warnings if "more threads" in warning] == [
+        "the 4-process job(s) ran more threads (processes x 1 per process) than the 2 core(s) available: the "
+        "processes took turns on the cores, which is not the scaling of a machine with a core per thread"]
+
+
+def test_plots_name_the_setting_and_start_efficiency_at_zero(monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(scaling, "line_plot", lambda series, xlabel, ylabel, title, **options: drawn.update(
+        {ylabel: (series, title, options)}))
+    rows = [{"processes": 1, "seq_per_s": 100.0, "seq_per_s_min": 90.0, "seq_per_s_max": 104.0, "efficiency": 1.0},
+            {"processes": 2, "seq_per_s": 198.0, "seq_per_s_min": 180.0, "seq_per_s_max": 199.0, "efficiency": 0.99}]
+    scaling.plots({"model": "base", "seq": 128, "batch_per_process": 8, "rows": rows})
+    series, title, options = drawn["efficiency"]
+    assert title == "scaling efficiency: base, seq 128, 8 sequences per process" and options["y_from_zero"]
+    series, title, _ = drawn["sequences / s"]
+    assert title == "throughput: base, seq 128, 8 sequences per process"
+    assert series["measured"] == ([1, 2], [100.0, 198.0], [90.0, 180.0], [104.0, 199.0])
 
 
 def test_runs_that_differ_or_are_unfinished_are_refused(tmp_path, error_line):

@@ -19,6 +19,9 @@ def test_given_files_are_timed_by_run_squads_own_code(tmp_path):
                             "--version_2_with_negative", "--max_seq_length=32", "--doc_stride=8",
                             "--max_query_length=12", "--repeats=3", f"--output_dir={out}"]) == 0
     rows = json.loads((out / "squad-data.json").read_text())["rows"]
+    markdown = (out / "squad-data.md").read_text()
+    assert all(f"| {row['seconds']:.2f} ({row['seconds_min']:.2f}–{row['seconds_max']:.2f}, CV " in markdown
+               for row in rows)
     tokenizer = BertTokenizer.from_vocab_file(vocab)
     windows = {split: len(convert_examples(read_examples(path, training, True), tokenizer, 32, 8, 12, training))
                for split, path, training in (("train", train, True), ("dev", dev, False))}
@@ -38,6 +41,8 @@ def test_each_figure_is_the_median_of_its_repeats_with_their_range(monkeypatch):
     row = squad_data.speed_row("train features", 100, "windows", seconds)
     assert (row["seconds"], row["seconds_min"], row["seconds_max"]) == (2.0, 1.0, 4.0)
     assert (row["per_s"], row["per_s_min"], row["per_s_max"]) == (50.0, 25.0, 100.0)
+    # CV: the sample stdev over the mean, of the seconds (1.528 / 2.333) and of the rates (38.19 / 58.33)
+    assert (row["seconds_cv"], row["per_s_cv"]) == (pytest.approx(0.6547, abs=1e-4), pytest.approx(0.6547, abs=1e-4))
 
 
 def test_the_assembled_corpus_has_squads_shape_at_scale(tmp_path):

@@ -6,7 +6,7 @@ import torch
 
 from bertbench import cli as bertbench_cli
 from bertbench import synthetic
-from bertbench.bench import throughput, workload
+from bertbench.bench import output, throughput, workload
 from bertbench.train_step import TrainStep
 from bertbench.training_config import TrainConfig
 
@@ -35,6 +35,14 @@ def test_a_row_for_every_setting_with_consistent_figures(swept):
         assert row["tokens_per_s"] == pytest.approx(row["seq_per_s"] * 32)
         assert row["mfu"] == pytest.approx(row["model_tflops_per_s"] * 1e12 / peak)
         assert row["timed_steps"] == 2 and row["memory_kind"] == "process RSS"
+        # a rate's range comes from the step's: the fastest step is the highest rate
+        assert row["step_seconds_min"] <= row["step_seconds"] <= row["step_seconds_max"]
+        assert (row["seq_per_s_min"], row["seq_per_s_max"]) == pytest.approx(
+            (row["batch"] / row["step_seconds_max"], row["batch"] / row["step_seconds_min"]))
+        assert row["mfu_max"] == pytest.approx(row["model_tflops_per_s_max"] * 1e12 / peak)
+        # two steps a and b: stdev |a - b| / sqrt(2) over the mean (a + b) / 2
+        a, b = row["step_seconds_min"], row["step_seconds_max"]
+        assert row["step_seconds_cv"] == pytest.approx(abs(a - b) / 2**0.5 / ((a + b) / 2))
 
 
 def test_recompute_saves_fewer_bytes_and_bytes_grow_with_the_batch(swept):
@@ -51,8 +59,11 @@ def test_json_markdown_and_plots_are_written(swept):
     assert report["bench"] == "throughput" and report["machine"]["cpu_count"] >= 1
     assert report["versions"]["torch"] == torch.__version__ and report["command"].startswith("bertbench bench thr")
     markdown = (out / "throughput.md").read_text()
-    assert "| pretraining | 32 | fp32 | every-2 | 4 |" in markdown
-    assert "Warning: MFU" not in markdown  # a tiny model is far below the peak
+    row = next(row for row in report["rows"] if (row["kind"], row["variant"], row["batch"]) == ("pretraining",
+                                                                                               "every-2", 4))
+    assert (f"| pretraining | 32 | fp32 | every-2 | 4 | {row['step_seconds']:.4f} ({row['step_seconds_min']:.4f}–"
+            f"{row['step_seconds_max']:.4f}, CV ") in markdown
+    assert "MFU above 100%" not in markdown  # a tiny model is far below the peak
     for name in ("pretraining-seq32-fp32", "finetuning-seq32-fp32-memory"):
         assert (out / f"throughput-{name}.png").read_bytes().startswith(PNG_SIGNATURE)
 
@@ -140,10 +151,63 @@ def test_an_mfu_above_100_percent_is_flagged_as_a_peak_measured_under_load(tmp_p
         precision: (1e9, "measured fp32 matmul on cpu") for precision in precisions})
     assert throughput.main(TINY + ["--kinds", "finetuning", "--variants", "baseline", "--batch_sizes", "2",
                                    "--no_memory", "--output_dir", str(tmp_path)]) == 0
-    row = json.loads((tmp_path / "throughput.json").read_text())["rows"][0]
+    report = json.loads((tmp_path / "throughput.json").read_text())
+    row = report["rows"][0]
     assert row["mfu"] > 1
-    assert f"**Warning: MFU above 100% in 1 row(s)** (up to {row['mfu']:.0%})" in \
+    assert f"MFU above 100% in 1 row(s) (up to {row['mfu']:.0%})" in "".join(report["warnings"])
+    assert f"**Warning:** MFU above 100% in 1 row(s) (up to {row['mfu']:.0%})" in \
         (tmp_path / "throughput.md").read_text()
+
+
+QUICK = TINY + ["--kinds", "finetuning", "--variants", "baseline", "--batch_sizes", "2", "--no_memory"]
+
+
+def unreachable_peak(monkeypatch):
+    """Skip measuring the matmul peak (a second of the test) with one no step reaches."""
+    monkeypatch.setattr(throughput, "device_peaks", lambda precisions, device: {
+        precision: (1e15, "a peak no CPU step reaches") for precision in precisions})
+
+
+def test_a_load_average_above_the_cores_is_a_busy_machine_warning(tmp_path, monkeypatch, capsys):
+    unreachable_peak(monkeypatch)
+    loads = iter([(1.0, 1.0, 1.0), (9.5, 4.0, 2.0)])  # before and after the sweep
+    monkeypatch.setattr(output.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(output.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert throughput.main(QUICK + ["--output_dir", str(tmp_path)]) == 0
+    warning = ("the machine was busy: the 1-minute load average was 1.00 before the measurement and 9.50 after it, "
+               "above the 2 core(s) available")
+    assert warning in json.loads((tmp_path / "throughput.json").read_text())["warnings"][0]
+    assert f"**Warning:** {warning}" in (tmp_path / "throughput.md").read_text()
+    assert f"warning: {warning}" in capsys.readouterr().out
+
+
+def test_steps_that_vary_more_than_the_threshold_are_a_noisy_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(output.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    unreachable_peak(monkeypatch)
+    times = {"steady": [0.010, 0.0102, 0.0098], "disturbed": [0.010, 0.030, 0.011]}
+    for name, seconds in times.items():
+        monkeypatch.setattr(throughput.measure, "time_steps", lambda steps, *args, seconds=seconds: {
+            step: list(seconds) for step in steps})
+        assert throughput.main(QUICK + ["--output_dir", str(tmp_path / name)]) == 0
+    quiet, noisy = (json.loads((tmp_path / name / "throughput.json").read_text()) for name in times)
+    assert quiet["warnings"] == [] and quiet["rows"][0]["step_seconds_cv"] < output.BUSY_CV
+    cv = noisy["rows"][0]["step_seconds_cv"]
+    assert cv == pytest.approx(0.663, abs=0.001)  # stdev 0.0113 over the mean 0.017
+    (warning,) = noisy["warnings"]
+    assert warning.startswith(f"noisy step times: the repeats of 1 of 1 setting(s) vary by more than CV 20% (up to "
+                              f"{cv:.0%}, finetuning seq 32 fp32 baseline batch 2)")
+
+
+def test_the_speed_plots_get_each_settings_range_as_error_bars(swept, monkeypatch):
+    _, report = swept
+    drawn = {}
+    monkeypatch.setattr(throughput, "line_plot", lambda series, xlabel, ylabel, title, **options: drawn.setdefault(
+        ylabel, {}).update({title: series}))
+    throughput.plots(report["rows"])
+    speed = drawn["sequences / s"]["tiny, pretraining, seq 32, fp32"]
+    rows = [row for row in report["rows"] if row["kind"] == "pretraining" and row["variant"] == "full"]
+    assert speed["full"] == tuple([row[key] for row in rows] for key in ("batch", "seq_per_s", "seq_per_s_min",
+                                                                          "seq_per_s_max"))
 
 
 def test_the_bench_step_has_the_training_defaults():

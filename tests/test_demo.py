@@ -1,14 +1,22 @@
 """The built-in demo on a shortened run: every variant learns the task and ends with the baseline's weights."""
 
+import io
 import json
 import os
+import re
 import shlex
+import sys
 
 import pytest
 
 from bertbench import cli as bertbench_cli
 from bertbench import synthetic as data
+from bertbench.bench import output
+from bertbench.demo import run as demo
 from bertbench.demo.run import DemoConfig, main, run
+
+QUICK = ["--steps", "4", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0",
+         "--pretraining_steps", "0"]
 
 
 def test_examples_are_deterministic_balanced_and_need_both_sentences():
@@ -58,6 +66,62 @@ def test_shortest_run_times_a_step():
     result = run(DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0,
                             pretraining_steps=0))["results"][0]
     assert result["train_seq_per_s"] > 0 and result["step_ms"] > 0 and result["saved_for_backward_bytes"] > 0
+    assert result["timed_steps"] == 1 and result["step_ms_cv"] is None  # one timed step: no spread
+
+
+def test_output_to_a_file_gets_a_line_per_step_as_it_goes(tmp_path, monkeypatch):
+    log = tmp_path / "demo.log"
+    seen_when_training = []
+    train_one = demo.train_one
+
+    def spy(settings, config, modeling, policy, *args):
+        # what a reader of the file sees while this model trains: the line saying so must be there already
+        seen_when_training.append((modeling, policy, log.read_text()))
+        return train_one(settings, config, modeling, policy, *args)
+
+    monkeypatch.setattr(demo, "train_one", spy)
+    with open(log, "w") as stream:
+        monkeypatch.setattr(sys, "stdout", stream)
+        assert main(QUICK) == 0
+    for modeling, policy, text in seen_when_training:
+        name = modeling if policy is None else f"{modeling}/{policy}"
+        assert text.splitlines()[-1] == f"demo: training {name} (4 steps of 32 sequences) ..."
+    lines = log.read_text().splitlines()
+    done = [line for line in lines if re.fullmatch(r"demo: .*: done in \d+\.\d s.*", line)]
+    assert len(done) == 1 + 4  # the data, then each model
+    assert re.fullmatch(r"demo: training recompute/full \(4 steps of 32 sequences\): done in \d+\.\d s; dev "
+                        r"accuracy \d\.\d{3}, step \d+\.\d \(\d+\.\d–\d+\.\d, CV \d+(\.\d)?%\) ms", done[2])
+    assert not any(line.startswith("  trained ") for line in lines)  # the terminal's lines are not repeated
+
+
+def test_a_terminal_keeps_its_display():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    run(DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0, pretraining_steps=0),
+        demo.Progress(screen))
+    lines = screen.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["baseline", "recompute/full", "recompute/every-k",
+                                                   "recompute/selective"]
+    assert all(line.startswith("  trained ") for line in lines)
+
+
+def test_a_busy_machine_is_a_warning_beside_the_step_time_ratios(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(output.os, "getloadavg", lambda: (7.5, 7.0, 6.0))
+    monkeypatch.setattr(output.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert main(QUICK + ["--output_dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "demo_results.json").read_text())
+    assert report["warnings"][0].startswith("the machine was busy: the 1-minute load average was 7.50 before "
+                                            "training the models and 7.50 after it, above the 2 core(s) available")
+    printed = capsys.readouterr().out
+    table, after = printed.split("step time vs base", 1)
+    assert f"warning: {report['warnings'][0]}" in after
+    for result in report["results"]:  # three timed steps each: median, range and CV in the table
+        assert result["step_ms_min"] <= result["step_ms"] <= result["step_ms_max"]
+        assert result["train_seq_per_s"] == pytest.approx(32 / result["step_ms"] * 1000)
+        assert f"{result['step_ms']:.1f} ({result['step_ms_min']:.1f}–{result['step_ms_max']:.1f}, CV " in after
 
 
 @pytest.mark.slow

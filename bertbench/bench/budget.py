@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, spread, spread_column,
+                                    spread_fields)
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
 from bertbench import runner
@@ -216,6 +217,8 @@ def contender_row(contender: Contender, run_dir: str, dev_set: str, metric: str,
     train = runner.read_json(os.path.join(run_dir, "train_results.json"))
     scores = runner.read_json(os.path.join(run_dir, "eval_results.json"))
     steady = train["steady_sentences_per_second"]
+    # Each log window's seq/s after the first (which holds the start-up): the run's rate, measured repeatedly.
+    windows = [record["seq_per_s"] for record in metrics_records(run_dir)[1:]]
     return {"contender": contender.label, "variant": contender.variant.name, "processes": contender.processes,
             "independent": contender.independent, "threads_per_process": threads, "world_size": train["world_size"],
             "global_batch": train["train_batch_size"] * train["num_accumulation_steps"] * train["world_size"],
@@ -223,21 +226,25 @@ def contender_row(contender: Contender, run_dir: str, dev_set: str, metric: str,
             "train_seconds": train["seconds"], "seq_per_s": train["sentences_per_second"],
             "steady_seq_per_s": steady,
             "sentences_per_budget_at_steady_rate": None if steady is None else steady * budget_seconds,
+            **(spread_fields("window_seq_per_s", spread(windows)) if windows else {}),
             "budget_exhausted": train["budget_exhausted"], "metric": f"{dev_set}_{metric}",
             "metric_value": scores[f"{dev_set}_{metric}"], "dev_loss": scores[f"{dev_set}_loss"],
             "wall_seconds": wall_seconds,
             "run_dir": run_dir}
 
 
-def loss_curve(run_dir: str) -> tuple[list[float], list[float]]:
-    """(seconds into training, mean loss of the window) of each record in the run's metrics.jsonl (which a run
-    shorter than one log window does not write)."""
+def metrics_records(run_dir: str) -> list[dict]:
+    """The log windows of the run's metrics.jsonl (which a run shorter than one log window does not write)."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
-        return [], []
+        return []
     with open(path, encoding="utf-8") as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
-    records = [record for record in records if record.get("loss") is not None]
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def loss_curve(run_dir: str) -> tuple[list[float], list[float]]:
+    """(seconds into training, mean loss of the window) of each log window of the run."""
+    records = [record for record in metrics_records(run_dir) if record.get("loss") is not None]
     return [record["elapsed_s"] for record in records], [record["loss"] for record in records]
 
 
@@ -245,6 +252,7 @@ COLUMNS = [("contender", "contender", ""), ("processes", "processes", "d"),
            ("threads each", "threads_per_process", "d"), ("global batch", "global_batch", "d"),
            ("steps", "steps", ",d"), ("sentences", "sentences", ",d"),
            ("vs first", "sentences_vs_first", ".2f"), ("steady seq/s", "steady_seq_per_s", ",.1f"),
+           spread_column("seq/s per log window: median (min–max, CV)", "window_seq_per_s", ",.1f"),
            ("steady seq/s x budget", "sentences_per_budget_at_steady_rate", ",.0f"),
            ("train s", "train_seconds", ".1f"), ("budget ended it", "budget_exhausted", ""),
            ("dev metric", "metric_value", ".4f"), ("dev loss", "dev_loss", ".4f")]
@@ -259,8 +267,9 @@ def markdown(rows: list[dict], settings: dict) -> str:
              f"- dev metric: {rows[0]['metric']}; {settings['cores']} cores", "",
              markdown_table(rows, COLUMNS), "",
              "sentences: trained within the budget, every process's; vs first: as a share of the first contender's; "
-             "steady seq/s x budget: the rate after start-up times the budget (the original's sentences per 20 "
-             "minutes); train s: the training loop, the final checkpoint included."]
+             "seq/s per log window: over the windows after the first (CV = stdev / mean); steady seq/s x budget: the "
+             "rate after start-up times the budget (the original's sentences per 20 minutes); train s: the "
+             "training loop, the final checkpoint included."]
     return "\n".join(lines)
 
 
@@ -299,7 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             threads = args.threads_per_process or max(1, settings["cores"] // contender.processes)
             print(f"{contender.label}: training for {args.minutes:g} min on {contender.processes} process(es) of "
                   f"{threads} thread(s), then evaluating; log in {run_dir}/output.log", flush=True)
+            load = LoadWatch()  # per contender: a busy machine during one of them makes the race unfair
             wall = run_contender(contender, classifier_flags(args, data, learning_rate, run_dir), run_dir, threads)
+            output.warn(load.busy(f"contender {contender.label}"))
             rows.append(contender_row(contender, run_dir, dev_set, processor.main_metric, budget_seconds, threads,
                                       wall))
             curves[contender.label] = loss_curve(run_dir)
@@ -308,13 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"({wall:.0f} s in all)", flush=True)
         for row in rows:
             row["sentences_vs_first"] = row["sentences"] / max(1, rows[0]["sentences"])
+        output.warn(noisy_warning(rows, "window_seq_per_s", lambda row: f"contender {row['contender']}",
+                                  "training rate"))
         text = markdown(rows, settings)
         plots = {}
         if any(xs for xs, _ in curves.values()):
             plots["curves"] = line_plot(curves, "seconds of training", "training loss (mean of each log window)",
                                         f"{args.minutes:g} min budget: {processor.name}, seq {args.max_seq_length}")
-        output.write(settings, {"metric": metric_key, "rows": rows, "loss_curves": curves}, text, plots)
-        print(text)
+        print(output.write(settings, {"metric": metric_key, "rows": rows, "loss_curves": curves}, text, plots))
         print(f"\nwrote {output.path('.json')}, {output.path('.md')}"
               + (f" and {output.path('-curves.png')}" if plots else ""))
 

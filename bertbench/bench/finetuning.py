@@ -24,7 +24,6 @@ import dataclasses
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,8 @@ from collections.abc import Sequence
 
 from bertbench import run_classifier, run_squad, runner, synthetic
 from bertbench.bench import cli, workload
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, spread, spread_column,
+                                    spread_fields)
 from bertbench.bench.plots import line_plot
 from bertbench.checkpoint import list_checkpoints
 from bertbench.config import BertConfig
@@ -150,10 +150,6 @@ def train_once(spec: runner.RunnerSpec, values: dict, scores: Sequence[str]) -> 
             "checkpoint_bytes": os.path.getsize(checkpoint), **{name: evaluated[name] for name in scores}}
 
 
-def spread(values: Sequence[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root: str, inputs: dict) -> list[dict]:
     spec, scores = TASKS[args.task].spec, TASKS[args.task].scores
     runs: dict[str, list[dict]] = {variant.name: [] for variant in variants}
@@ -171,12 +167,12 @@ def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root:
         done = runs[variant.name]
         row = {"variant": variant.name, "runs": done}
         for key in ("steady_seq_per_s", "seconds_per_save", "checkpoint_bytes", *scores):
-            row[key] = spread([run[key] for run in done])
+            row.update(spread_fields(key, spread([run[key] for run in done])))
         rows.append(row)
-    first = rows[0]["steady_seq_per_s"]["median"]
+    first = rows[0]["steady_seq_per_s"]
     for row in rows:
-        row["vs_first_variant"] = row["steady_seq_per_s"]["median"] / first
-        row["save_share_at_default"] = row["seconds_per_save"]["median"] / DEFAULT_SAVE_SECONDS
+        row["vs_first_variant"] = row["steady_seq_per_s"] / first
+        row["save_share_at_default"] = row["seconds_per_save"] / DEFAULT_SAVE_SECONDS
     return rows
 
 
@@ -214,24 +210,20 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
 
 def markdown(args: argparse.Namespace, config: BertConfig, rows: list[dict], resume: dict | None) -> str:
     scores = TASKS[args.task].scores
-    table = [{"variant": row["variant"], "seq/s": row["steady_seq_per_s"]["median"],
-              "range": f"{row['steady_seq_per_s']['min']:.1f}-{row['steady_seq_per_s']['max']:.1f}",
-              "vs": row["vs_first_variant"], **{name: row[name]["median"] for name in scores},
-              **{f"{name} range": f"{row[name]['min']:.3f}-{row[name]['max']:.3f}" for name in scores},
-              "save ms": row["seconds_per_save"]["median"] * 1e3,
-              "save MiB": row["checkpoint_bytes"]["median"] / 2**20,
-              "share": row["save_share_at_default"]} for row in rows]
-    columns = [("variant", "variant", ""), ("steady seq/s", "seq/s", ".1f"), ("min-max", "range", ""),
-               (f"vs {rows[0]['variant']}", "vs", ".3f"),
-               *[column for name, title in scores.items()
-                 for column in ((title, name, ".3f"), ("min-max", f"{name} range", ""))],
-               ("ms per save", "save ms", ".1f"), ("checkpoint MiB", "save MiB", ".1f"),
-               (f"save cost at {DEFAULT_SAVE_SECONDS:g} s", "share", ".4%")]
+    table = [dict(row, **spread_fields("save_ms", spread([run["seconds_per_save"] * 1e3 for run in row["runs"]])),
+                  save_mib=row["checkpoint_bytes"] / 2**20) for row in rows]
+    columns = [("variant", "variant", ""),
+               spread_column("steady seq/s: median (min–max, CV)", "steady_seq_per_s", ".1f"),
+               (f"vs {rows[0]['variant']}", "vs_first_variant", ".3f"),
+               *[spread_column(title, name, ".3f") for name, title in scores.items()],
+               spread_column("ms per save", "save_ms", ".1f"), ("checkpoint MiB", "save_mib", ".1f"),
+               (f"save cost at {DEFAULT_SAVE_SECONDS:g} s", "save_share_at_default", ".4%")]
     spec = TASKS[args.task].spec
     lines = [f"# Fine-tuning through {spec.name}: {args.model or 'built-in'} model ({config.num_hidden_layers} x "
              f"{config.hidden_size}), built-in {args.task} data, seq {seq_length(args)}, batch "
              f"{args.train_batch_size}, {epochs(args):g} epochs", "",
-             f"{args.rounds} rounds per variant, interleaved; median and range over the rounds.", "",
+             f"{args.rounds} rounds per variant, interleaved; median, range and CV (stdev / mean) over the rounds.",
+             "",
              markdown_table(table, columns)]
     if resume is not None:
         lines += ["", f"Resume after SIGKILL ({resume['variant']}, killed after the step-"
@@ -259,13 +251,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = BenchOutput(cli.output_dir(args, "finetuning"), "finetuning", argv, args.overwrite)
         with tempfile.TemporaryDirectory() as root:
             inputs = write_inputs(root, args, config)
+            load = LoadWatch()
             rows = rounds(args, variants, root, inputs)
+            output.warn(load.busy("the rounds"))
+            output.warn(noisy_warning(rows, "steady_seq_per_s", lambda row: row["variant"], "rounds"))
             resume = None if args.no_resume else resume_after_sigkill(args, variants[0], root, inputs)
         text = markdown(args, config, rows, resume)
-        output.write(vars(args), {"task": args.task, "runner": TASKS[args.task].spec.name,
-                                  "model_config": dataclasses.asdict(config), "rows": rows,
-                                  "resume_after_sigkill": resume}, text, {"seq-per-s": plot(args, rows)})
-        print(text)
+        print(output.write(vars(args), {"task": args.task, "runner": TASKS[args.task].spec.name,
+                                        "model_config": dataclasses.asdict(config), "rows": rows,
+                                        "resume_after_sigkill": resume}, text, {"seq-per-s": plot(args, rows)}))
         print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 
     return cli.run("bertbench bench finetuning", body)

@@ -228,7 +228,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, device: torch.device, c
                ("vs first", "max_batch_vs_first", ".2f"), ("measured", "verified_text", "")]
     if device.type != "cuda":
         columns.append(("saved MiB / sequence", "per_sequence_mib", ",.2f"))
-    columns += [("time batch", "time_batch", "d"), spread_column("step (s): median (min–max, CV)", "step_seconds", ".3f"),
+    columns += [("time batch", "time_batch", "d"),
+                spread_column("step (s): median (min–max, CV)", "step_seconds", ".3f"),
                 ("seq/s", "seq_per_s", ".2f"), ("slowdown", "slowdown", ".2f")]
     if args.time_at_max_batch:
         columns.append(spread_column("seq/s at largest batch", "seq_per_s_at_max_batch", ".2f"))

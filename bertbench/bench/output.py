@@ -109,9 +109,16 @@ def spread_column(title: str, key: str, spec: str) -> tuple[str, str, Cell]:
 
 # ---- warnings: a busy machine, runs that are not comparable, superlinear efficiency -------------------------------
 
-# A timed setting whose CV is above this was disturbed. Measured on this project's shared 2-core CPU with
-# measure.time_steps (2 warm-up + 5 timed steps, BERT-tiny pre-training, batch 8, seq 128, 2 threads):
-# BUSY_CV_MEASUREMENTS
+# A timed setting whose CV is above this was disturbed. Measured on this project's shared 2-core CPU (2026-11) with
+# measure.time_steps as `throughput` runs it (2 warm-up + 5 timed steps; pre-training, batch 8, seq 128, 2 threads):
+#   BERT-tiny (a 35 ms step), quiet machine (load average under 1, nothing else running): 27 settings, CV 3.2%-12.5%
+#   (median 5.8%); with one competing `python -c 'while True: pass'`: 30 settings, CV median 57%, 25 of 30 above 20%;
+#   under the other sessions' usual load (load average 3.7-8): 292 settings, CV median 29%, 54% above 20%.
+#   BERT-mini (a 340 ms step), quiet: 16 settings, CV 1.7%-12.3% (median 6.3%); with the competing process: 16
+#   settings, steps 2.7x slower but CV 6.7%-35% (median 13%), 3 of 16 above 20%.
+# 20% is above every quiet setting, with a margin, and below most disturbed short steps. A steady competitor slows
+# every long step alike, which a CV cannot see: the load average does (it reached 2.35 on the 2 cores within those
+# 25 s), and it alone lags a minute behind (it stayed under 2 during the seconds-long BERT-tiny bursts): hence both.
 BUSY_CV = 0.2
 
 
@@ -134,15 +141,15 @@ class LoadWatch:
         self.cores = available_cores()
         self.loads = [load_average()]
 
-    def busy(self) -> str | None:
-        """A warning when the load before or after the measurement was above the cores; None otherwise."""
+    def busy(self, what: str = "the measurement") -> str | None:
+        """A warning when the load before or after `what` was above the cores; None otherwise."""
         self.loads.append(load_average())
         if max(self.loads) <= self.cores:
             return None
-        return (f"the machine was busy: the 1-minute load average was {self.loads[0]:.2f} before the measurement "
-                f"and {self.loads[-1]:.2f} after it, above the {self.cores} core(s) available to this process, so "
-                "other work competed for the cores and the timings are slower and noisier than on an idle machine: "
-                "run again when it is idle")
+        return (f"the machine was busy: the 1-minute load average was {self.loads[0]:.2f} before {what} and "
+                f"{self.loads[-1]:.2f} after it, above the {self.cores} core(s) available to this process, so other "
+                "work competed for the cores and the timings are slower and noisier than on an idle machine: run "
+                "again when it is idle")
 
 
 def noisy_warning(rows: Sequence[Mapping[str, Any]], key: str, describe: Callable[[Mapping[str, Any]], str],
@@ -231,7 +238,7 @@ class BenchOutput:
         report = {"bench": self.bench, "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                   "command": self.command,
                   "machine": machine(), "versions": versions(), "settings": dict(settings), **figures,
-                  "warnings": list(self.warnings)}
+                  "warnings": [*figures.get("warnings", []), *self.warnings]}
         os.makedirs(self.directory, exist_ok=True)
         for name, figure in dict(plots).items():
             buffer = io.BytesIO()

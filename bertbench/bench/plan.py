@@ -397,8 +397,9 @@ def plan(args: argparse.Namespace, network: Network
     settings = {"model": model, "kind": kind, "seq": seq, "batch_per_device": batch, **measured,
                 "step_source": source, "parameters": parameters, "gradient_bytes": gradient_bytes, "buckets": buckets,
                 "layouts": [f"{nodes}x{gpus}" for nodes, gpus in layouts]}
-    title = (f"Data-parallel plan: {model} {kind}, batch {batch} per device, {spread_text(measured, 'step_seconds', '.4g')}"
-             f" s per single-device step ({source}); {parameters / 1e6:.1f} M parameters = "
+    step = spread_text(measured, "step_seconds", ".4g")
+    title = (f"Data-parallel plan: {model} {kind}, batch {batch} per device, {step} s per single-device step "
+             f"({source}); {parameters / 1e6:.1f} M parameters = "
              f"{gradient_bytes / 2**20:,.0f} MiB of gradients in "
              f"{buckets} bucket(s); overlap {args.overlap:g}; network: intra {args.intra_bandwidth:g} GB/s + "
              f"{args.intra_latency_us:g} us, inter {args.inter_bandwidth:g} GB/s per node + "

@@ -8,6 +8,7 @@ median) gets min-max error bars.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 
@@ -46,9 +47,14 @@ def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: s
     axes = figure.add_subplot()
     colours: dict[str, str] = {}
     used: dict[str, int] = {}
-    others = iter(OTHER_COLOURS * (1 + len(series) // len(OTHER_COLOURS)))
+    others = itertools.cycle(OTHER_COLOURS)
+    ranged = [label for label, (_, _, *bounds) in series.items() if bounds]
     for label, (xs, ys, *bounds) in series.items():
         colour = variant_colour(label) or next(others)
+        if bounds and log_x and len(ranged) > 1:
+            # side by side around the true x (a few percent apart), so that the error bars do not hide each other
+            dodge = 2 ** (0.03 * (ranged.index(label) - (len(ranged) - 1) / 2))
+            xs = [x * dodge for x in xs]
         style = LINE_STYLES[used.get(colour, 0) % len(LINE_STYLES)] if joined else "none"
         used[colour] = used.get(colour, 0) + 1
         colours[label] = colour
@@ -63,9 +69,10 @@ def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: s
     if reference is not None:
         xs, ys, label = reference
         axes.plot(xs, ys, linestyle="--", color="grey", label=label)
-    for label, (x, y, text) in (marks or {}).items():
+    for index, (label, (x, y, text)) in enumerate((marks or {}).items()):
         axes.plot([x], [y], marker="*", markersize=14, linestyle="none", color=colours.get(label, "black"))
-        axes.annotate(text, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8,
+        # stacked, so that the labels of marks close together (similar largest batches) do not overlap
+        axes.annotate(text, (x, y), textcoords="offset points", xytext=(6, 6 + 11 * index), fontsize=8,
                       color=colours.get(label, "black"))
     if log_x:
         axes.set_xscale("log", base=2)
@@ -73,7 +80,7 @@ def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: s
     if log_y:
         axes.set_yscale("log")
     elif y_from_zero:
-        axes.set_ylim(bottom=0, top=max(1.05 * axes.get_ylim()[1], 0))
+        axes.set_ylim(bottom=0, top=1.05 * axes.get_ylim()[1])
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.set_title(title, fontsize=10)

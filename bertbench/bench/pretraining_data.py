@@ -33,7 +33,7 @@ import numpy as np
 from bertbench import synthetic
 from bertbench.bench import cli, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import BenchOutput, LoadWatch, markdown_table
 from bertbench.create_pretraining_data import STATS_FILE
 from bertbench.tokenization import VocabError, load_vocab
 
@@ -332,7 +332,8 @@ def markdown(args: argparse.Namespace, corpus: dict, rows: list[dict], bins_rows
              "seconds: create_pretraining_data's own (reading, tokenizing, making instances, writing), without the "
              "interpreter's start-up. Peak RSS: the main process (reading, writing, compressing) and the largest "
              "worker (tokenizing, making instances), each its own peak. Padding: the share of padding tokens in "
-             "the shards; with length bins, what is left of it in the bins and the share of it they save."]
+             "the shards; with length bins, what is left of it in the bins and the share of it they save. Each "
+             "worker count runs once: these figures have no spread (a run on a busy machine is flagged)."]
     if bins_rows:
         lines += ["", f"The last row is the --length_bins_at {args.length_bins_at} run; its speed-up is not given "
                       "(other settings)."]
@@ -375,14 +376,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # In the output directory, not /tmp: that may be memory (tmpfs), which the shards would then fill and count.
         work = tempfile.mkdtemp(prefix=f".{BENCH}-work-", dir=directory)
         try:
+            load = LoadWatch()
             corpus, rows, bins_rows = run_all(args, work)
+            output.warn(load.busy("the runs"))
             text = markdown(args, corpus, rows, bins_rows)
             if keep_corpus:
                 corpus["files"] = [moved(corpus["files"][0], os.path.join(directory, KEPT_CORPUS))]
             if keep_vocab:
                 corpus["vocab_file"] = moved(corpus["vocab_file"], os.path.join(directory, KEPT_VOCAB))
-            output.write(vars(args), {"corpus": corpus, "rows": rows, "length_bins_rows": bins_rows}, text,
-                         plots(rows))
+            text = output.write(vars(args), {"corpus": corpus, "rows": rows, "length_bins_rows": bins_rows}, text,
+                                plots(rows))
         finally:
             shutil.rmtree(work, ignore_errors=True)
             if created and not os.listdir(directory):

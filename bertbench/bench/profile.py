@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity
 
 from bertbench import devices, synthetic
 from bertbench.bench import cli, flops, workload
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import BenchOutput, LoadWatch, cv_text, markdown_table, noisy_warning, spread
 from bertbench.config import BertConfig
 
 CATEGORIES = ("matmul", "attention", "dropout", "norm_activation", "optimizer", "other")
@@ -191,8 +191,11 @@ def markdown(title: str, figures: Mapping[str, Any]) -> str:
     def tflops(value: float | None) -> str:
         return "–" if value is None else f"{value:.3g} TFLOP/s"
 
+    spread_of_steps = "" if figures["step_seconds_cv"] is None else (
+        f"; min–max {figures['step_seconds_min'] * 1e3:.1f}–{figures['step_seconds_max'] * 1e3:.1f} ms, CV "
+        f"{cv_text(figures['step_seconds_cv'])}")
     lines = [f"# Profile: {title}", "",
-             f"- step: {figures['step_seconds'] * 1e3:.1f} ms ({figures['step_timing']})",
+             f"- step: {figures['step_seconds'] * 1e3:.1f} ms ({figures['step_timing']}{spread_of_steps})",
              f"- aten operators' {time_kind} time: {figures['operator_share_of_step']:.1%} of the step (the rest: "
              f"{rest})",
              f"- model FLOPs per step: {figures['model_flops_per_step']:.4g}, of which attention scores and mix "
@@ -258,8 +261,11 @@ def figures_of(args: argparse.Namespace, config: BertConfig, device: torch.devic
     def tflops_per_s(category_flops: int, category: str) -> float | None:
         return category_flops * args.steps / seconds[category] / 1e12 if seconds[category] > 0 else None
 
+    steps = spread(step_seconds)
     return {
+        # The mean, not the median: the category times below are per-step means of the same steps.
         "step_seconds": profiled_seconds / args.steps,
+        "step_seconds_min": steps["min"], "step_seconds_max": steps["max"], "step_seconds_cv": steps["cv"],
         "step_timing": f"mean wall clock of the {args.steps} profiled steps, synchronised; includes the profiler's "
                        "overhead",
         "profiled_steps": args.steps,
@@ -291,16 +297,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         step = workload.train_step(config, args.kind, args.variant, args.precision, args.batch_size,
                                    args.max_seq_length, device)
+        load = LoadWatch()
         step_seconds, profiler = profile_steps(step, args.warmup, args.steps, trace_path)
         figures = figures_of(args, config, device, step_seconds, profiler, trace_path)
+        output.warn(load.busy("the profiled steps"))
+        output.warn(noisy_warning([figures], "step_seconds", lambda _: "the profiled steps", "step times"))
         title = (f"{args.model} {args.kind}, {args.variant.name}, {args.precision}, batch {args.batch_size} x seq "
                  f"{args.max_seq_length} on {device}")
         settings = {name: value for name, value in vars(args).items() if name not in ("output_dir", "overwrite")}
         settings.update(variant=args.variant.name, device=str(device), threads=torch.get_num_threads())
         text = markdown(title, figures)
         plot = category_plot({name: values["share"] for name, values in figures["categories"].items()}, title)
-        output.write(settings, figures, text, {"categories": plot})
-        print(text)
+        print(output.write(settings, figures, text, {"categories": plot}))
         print(f"\nwrote {output.path('.json')}, {output.path('.md')}, {trace_path} and "
               f"{output.path('-categories.png')}")
 

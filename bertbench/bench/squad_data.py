@@ -21,7 +21,6 @@ import json
 import os
 import random
 import re
-import statistics
 import sys
 import sysconfig
 import tempfile
@@ -31,7 +30,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertbench.bench import cli
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, rate_spread, spread,
+                                    spread_column, spread_fields)
 from bertbench.bench.workload import BenchError
 from bertbench.tasks.squad import GoogleAnswerText, SquadDataError, convert_examples, postprocess, read_examples
 from bertbench.tokenization import BertTokenizer, VocabError
@@ -171,10 +171,8 @@ def timed(call, repeats: int) -> tuple[object, list[float]]:
 
 
 def speed_row(name: str, count: int, unit: str, seconds: list[float], **extra) -> dict:
-    median = statistics.median(seconds)
-    return {"set": name, "count": count, "unit": unit, "seconds": median, "seconds_min": min(seconds),
-            "seconds_max": max(seconds), "per_s": count / median, "per_s_min": count / max(seconds),
-            "per_s_max": count / min(seconds), **extra}
+    return {"set": name, "count": count, "unit": unit, **spread_fields("seconds", spread(seconds)),
+            **spread_fields("per_s", rate_spread(count, seconds)), **extra}
 
 
 def measure_speed(args: argparse.Namespace, files: dict[str, str], tokenizer: BertTokenizer) -> list[dict]:
@@ -201,8 +199,8 @@ def measure_speed(args: argparse.Namespace, files: dict[str, str], tokenizer: Be
     return rows
 
 
-COLUMNS = [("step", "set", ""), ("items", "count", ",d"), ("of", "unit", ""), ("seconds", "seconds", ".2f"),
-           ("min", "seconds_min", ".2f"), ("max", "seconds_max", ".2f"), ("per second", "per_s", ",.0f")]
+COLUMNS = [("step", "set", ""), ("items", "count", ",d"), ("of", "unit", ""),
+           spread_column("seconds: median (min–max, CV)", "seconds", ".2f"), ("per second", "per_s", ",.0f")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,14 +222,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "vocab": f"{root}/vocab.txt"}
             try:
                 tokenizer = BertTokenizer.from_vocab_file(files["vocab"])
+                load = LoadWatch()
                 rows = measure_speed(args, files, tokenizer)
+                output.warn(load.busy())
             except (SquadDataError, VocabError) as error:
                 raise BenchError(str(error)) from None
+        output.warn(noisy_warning(rows, "seconds", lambda row: row["set"]))
         text = "\n".join([f"# SQuAD data path: seq {args.max_seq_length}, doc_stride {args.doc_stride}, "
                           f"max_query_length {args.max_query_length}", "",
-                          f"Median of {args.repeats} repeats, with min and max.", "", markdown_table(rows, COLUMNS)])
-        output.write(vars(args), {"corpus": corpus, "rows": rows}, text)
-        print(text)
+                          f"Median of {args.repeats} repeats, with min, max and CV (stdev / mean).", "",
+                          markdown_table(rows, COLUMNS)])
+        print(output.write(vars(args), {"corpus": corpus, "rows": rows}, text))
         print(f"\nwrote {output.path('.json')} and {output.path('.md')}")
 
     return cli.run("bertbench bench squad-data", body)

@@ -11,6 +11,7 @@ NVIDIA-format hdf5 shards and pre-trains on them with LAMB, scoring masked-LM ac
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -20,11 +21,14 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import IO
 
 import torch
 
 from bertbench import run_pretraining, run_squad, runner
+from bertbench.bench.output import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
 from bertbench.create_pretraining_data import DataSettings, create_pretraining_data
 from bertbench.config import BertConfig
 from bertbench import synthetic as data
@@ -133,36 +137,38 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
     # Counted on a forward of its own (its graph is dropped): autograd's hooks would slow a timed step.
     first_batch = next(ShuffledBatches(train, settings.batch_size, settings.seed))
     saved_bytes = saved_activation_bytes(lambda: step.forward_loss(first_batch), model)[1]
-    timed_steps, timed_seconds = 0, 0.0
+    seconds = []
     # Untimed: the first steps, which pay for allocation and thread start-up.
     untimed = max(1, min(5, settings.steps // 4))
     for index in range(settings.steps):
         started = time.perf_counter()
         outcome = step(stream)
         if index >= untimed:
-            timed_steps += 1
-            timed_seconds += time.perf_counter() - started
+            seconds.append(time.perf_counter() - started)
     loss = outcome.loss
     name = modeling_name if policy is None else f"{modeling_name}/{policy}"
+    # Medians of the timed steps, with their spread (bertbench.bench.output's convention: KEY_min, KEY_max, KEY_cv).
     result = {
         "model": name,
         "dev_accuracy": accuracy(model, dev),
         "final_loss": loss.item(),
-        "train_seq_per_s": timed_steps * settings.batch_size / timed_seconds,
-        "step_ms": 1000 * timed_seconds / timed_steps,
+        **spread_fields("train_seq_per_s", rate_spread(settings.batch_size, seconds)),
+        **spread_fields("step_ms", spread([1000 * value for value in seconds])),
+        "timed_steps": len(seconds),
         "saved_for_backward_bytes": saved_bytes,
     }
     return result, model
 
 
 def format_table(results: list[dict], baseline: dict) -> str:
-    header = ("model", "dev acc", "seq/s", "saved for backward", "bytes vs base", "step time vs base")
+    header = ("model", "dev acc", "seq/s", "saved for backward", "bytes vs base", "step ms (min-max, CV)",
+              "step time vs base")
     rows = [header]
     for result in results:
         rows.append((result["model"], f"{result['dev_accuracy']:.3f}", f"{result['train_seq_per_s']:.0f}",
                      f"{result['saved_for_backward_bytes'] / 2**20:.2f} MiB",
                      f"{result['saved_for_backward_bytes'] / baseline['saved_for_backward_bytes']:.2f}x",
-                     f"{result['step_ms'] / baseline['step_ms']:.2f}x"))
+                     spread_text(result, "step_ms", ".1f"), f"{result['step_ms'] / baseline['step_ms']:.2f}x"))
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
@@ -265,35 +271,78 @@ def glue_inputs(settings: DemoConfig) -> tuple[BertConfig, dict, dict]:
     return config, train, dev
 
 
-def run(settings: DemoConfig) -> dict:
+class Progress:
+    """What the demo is doing, as it goes. A terminal keeps the demo's display: a line per trained model, and the
+    runners' progress bars while they train. A file or a pipe shows no bars, so there each step of the demo gets a
+    plain line, flushed, as it starts, and one with its time as it ends."""
+
+    def __init__(self, stream: IO[str] | None = None):
+        self.stream = stream or sys.stdout
+        self.plain = not self.stream.isatty()
+
+    def terminal(self, line: str) -> None:
+        """A line of the terminal's display."""
+        if not self.plain:
+            print(line, file=self.stream, flush=True)
+
+    @contextlib.contextmanager
+    def step(self, doing: str) -> Iterator[list[str]]:
+        """One step of the demo; what the step appends to the list it is given ends its closing line."""
+        if self.plain:
+            print(f"demo: {doing} ...", file=self.stream, flush=True)
+        started, outcome = time.perf_counter(), []
+        yield outcome
+        if self.plain:
+            print(f"demo: {doing}: done in {time.perf_counter() - started:.1f} s"
+                  + "".join(f"; {text}" for text in outcome), file=self.stream, flush=True)
+
+
+def run(settings: DemoConfig, progress: Progress | None = None) -> dict:
     """Train every variant; return the results (also what demo_results.json holds)."""
-    config, train, dev = glue_inputs(settings)
+    progress = progress or Progress()
+    with progress.step("making the built-in pair task and its vocab"):
+        config, train, dev = glue_inputs(settings)
     results, models = [], []
+    # The variants train one after another, not interleaved: a machine busy during one of them skews the ratios.
+    load = LoadWatch()
     for modeling_name, policy in VARIANTS:
-        result, model = train_one(settings, config, modeling_name, policy, train, dev)
-        print(f"  trained {result['model']:<22} dev accuracy {result['dev_accuracy']:.3f}", flush=True)
+        name = modeling_name if policy is None else f"{modeling_name}/{policy}"
+        with progress.step(f"training {name} ({settings.steps} steps of {settings.batch_size} sequences)") as done:
+            result, model = train_one(settings, config, modeling_name, policy, train, dev)
+            done.append(f"dev accuracy {result['dev_accuracy']:.3f}, step {spread_text(result, 'step_ms', '.1f')} ms")
+        progress.terminal(f"  trained {result['model']:<22} dev accuracy {result['dev_accuracy']:.3f}")
         results.append(result)
         models.append(model)
+    warnings = [message for message in (load.busy("training the models"),
+                                        noisy_warning(results, "step_ms", lambda result: result["model"],
+                                                      "step times")) if message]
     reference = models[0].state_dict()
     weight_difference = max((model.state_dict()[name] - tensor).abs().max().item()
                             for model in models[1:] for name, tensor in reference.items())
     report = {"settings": dataclasses.asdict(settings), "model_config": dataclasses.asdict(config),
               "chance_accuracy": 1 / len(data.LABELS), "results": results,
-              "max_weight_difference_vs_baseline": weight_difference}
+              "max_weight_difference_vs_baseline": weight_difference, "warnings": warnings}
     if settings.qa_epochs > 0:
-        print("  fine-tuning on the built-in SQuAD v2.0 data with run_squad ...", flush=True)
-        if settings.output_dir:  # keep the data and the run, so the printed command can be run again
-            report["question_answering"] = question_answering(settings, os.path.join(settings.output_dir, "squad"))
-        else:
-            with tempfile.TemporaryDirectory() as scratch:
-                report["question_answering"] = question_answering(settings, scratch)
+        progress.terminal("  fine-tuning on the built-in SQuAD v2.0 data with run_squad ...")
+        with progress.step("fine-tuning on the built-in SQuAD v2.0 data with run_squad") as done:
+            if settings.output_dir:  # keep the data and the run, so the printed command can be run again
+                qa = question_answering(settings, os.path.join(settings.output_dir, "squad"))
+            else:
+                with tempfile.TemporaryDirectory() as scratch:
+                    qa = question_answering(settings, scratch)
+            done.append(f"exact match {qa['exact']:.1f}, F1 {qa['f1']:.1f}")
+        report["question_answering"] = qa
     if settings.pretraining_steps > 0:
-        print("  pre-training on the built-in corpus with create_pretraining_data and run_pretraining ...", flush=True)
-        if settings.output_dir:
-            report["pretraining"] = pretraining(settings, os.path.join(settings.output_dir, "pretraining"))
-        else:
-            with tempfile.TemporaryDirectory() as scratch:
-                report["pretraining"] = pretraining(settings, scratch)
+        progress.terminal("  pre-training on the built-in corpus with create_pretraining_data and run_pretraining ...")
+        with progress.step("pre-training on the built-in corpus with create_pretraining_data and run_pretraining"
+                           ) as done:
+            if settings.output_dir:
+                pre = pretraining(settings, os.path.join(settings.output_dir, "pretraining"))
+            else:
+                with tempfile.TemporaryDirectory() as scratch:
+                    pre = pretraining(settings, scratch)
+            done.append(f"held-out masked-LM accuracy {pre['curve'][-1]['masked_lm_accuracy']:.2f}")
+        report["pretraining"] = pre
     return report
 
 
@@ -301,10 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
     print(f"bertbench demo: tiny BERT (hidden {settings.hidden_size}, {settings.num_hidden_layers} layers) on the "
           f"built-in majority-mood pair task, {settings.steps} steps x {settings.batch_size} sequences, "
-          f"{torch.get_num_threads()} CPU threads")
+          f"{torch.get_num_threads()} CPU threads", flush=True)
     report = run(settings)
     print()
     print(format_table(report["results"], report["results"][0]))
+    print("step ms: median of the timed steps (min-max, CV = stdev / mean); step time vs base: of the medians")
+    for message in report["warnings"]:
+        print(f"warning: {message}")
     print(f"\nchance accuracy {report['chance_accuracy']:.2f}; largest weight difference between the recompute "
           f"models and the baseline after training: {report['max_weight_difference_vs_baseline']:.1e}")
     qa = report.get("question_answering")
