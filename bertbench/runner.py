@@ -456,7 +456,7 @@ def report_training(result: TrainResult, command: Command, estimator: Estimator,
     steady = totals.get("steady_sentences_per_second")
     summary = {**dataclasses.asdict(result), **totals, "invocation": invocation_figures(result),
                "sentences_per_20_minutes": None if steady is None else steady * 1200,
-               "world_size": dist.world_size, "nodes": dist.nodes,
+               "world_size": dist.world_size, "nodes": dist.nodes, "threads": torch.get_num_threads(),
                "device": str(dist.device), "modeling": flags.modeling,
                "recompute_policy": flags.recompute_policy if flags.modeling == "recompute" else None,
                "precision": config.precision, "use_xla": config.compile,

@@ -39,7 +39,8 @@ def test_runs_line_up_by_setting_with_the_last_over_the_first(tmp_path, capsys):
     assert "## throughput" in capsys.readouterr().out
     # an H100 against this CPU is the point of the comparison, and the report says the ratio includes it
     (warning,) = report["comparisons"]["throughput"]["warnings"]
-    assert warning.startswith(f"the throughput runs differ in device ({cpu}: none, {gpu}: NVIDIA H100 80GB HBM3)")
+    assert warning == (f"the compared runs are not alike: they differ in GPU ({cpu}: none, {gpu}: NVIDIA H100 80GB "
+                       "HBM3), so the ratios between them measure that difference too")
     assert f"**Warning:** {warning}" in markdown
 
 
@@ -64,7 +65,7 @@ def test_superlinear_efficiency_noise_and_other_threads_are_flagged(tmp_path):
     assert "| 50.74 (45.67–55.81, CV 30%) |" in markdown  # seq/s with its spread
     warnings = json.loads((tmp_path / "report" / "report.json").read_text())["comparisons"]["scaling"]["warnings"]
     assert len(warnings) == 3
-    assert warnings[0].startswith("the scaling runs differ in CPU threads (a (")
+    assert warnings[0].startswith("the compared runs are not alike: they differ in CPU threads (a (")
     assert warnings[1].startswith("efficiency above 100% (253.7% at b (")
     assert warnings[2].startswith("noisy seq_per_s of b (")
 

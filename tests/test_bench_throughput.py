@@ -237,6 +237,8 @@ def test_with_trainer_reports_both_figures_over_alternating_rounds(tmp_path, mon
     (["--precisions", "fp8"], "unknown precision 'fp8'"),
     (["--kinds", "inference"], "unknown kind 'inference'"),
     (["--model", "missing/bert_config.json"], "unknown model 'missing/bert_config.json'"),
+    # a run on a CPU trains fp16 in fp32 (train_step.runnable_config): a bench times what runs train with
+    (["--precisions", "fp32,fp16", "--device", "cpu"], "on cpu: fp16 needs a CUDA GPU: a run trains otherwise here"),
 ])
 def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):
     out = tmp_path / "out"

@@ -166,9 +166,12 @@ def noisy_warning(rows: Sequence[Mapping[str, Any]], key: str, describe: Callabl
             "idle")
 
 
-def mismatch_warning(rows: Sequence[Mapping[str, Any]], fields: Mapping[str, str], name: str) -> str | None:
+def mismatch_warning(rows: Sequence[Mapping[str, Any]], fields: Mapping[str, str], name: str,
+                     consequence: str = "so speedup and efficiency between them mix that difference into the scaling"
+                     ) -> str | None:
     """A warning when runs compared with each other differ in any of `fields` (row key -> what it is), such as
-    threads or device: their ratios then measure the difference, not the scaling. `name` is the key naming a run."""
+    threads or device: their ratios then measure the difference too (`consequence` says what it spoils). `name` is
+    the key naming a run."""
     differing = []
     for key, title in fields.items():
         values = {row.get(key) for row in rows if row.get(key) is not None}
@@ -176,8 +179,7 @@ def mismatch_warning(rows: Sequence[Mapping[str, Any]], fields: Mapping[str, str
             differing.append(f"{title} (" + ", ".join(f"{row[name]}: {row.get(key)}" for row in rows) + ")")
     if not differing:
         return None
-    return ("the compared runs are not alike: they differ in " + "; ".join(differing)
-            + ", so speedup and efficiency between them mix that difference into the scaling")
+    return "the compared runs are not alike: they differ in " + "; ".join(differing) + ", " + consequence
 
 
 def superlinear(value: float | None) -> bool:

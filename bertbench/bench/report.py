@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, noisy_warning, spread,
-                                    spread_column, spread_fields, spread_text, superlinear_warning)
+from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning,
+                                    noisy_warning, spread, spread_column, spread_fields, spread_text,
+                                    superlinear_warning)
 from bertbench.bench.workload import BenchError
 from bertbench.errors import ArgumentParser
 from bertbench.runner import RUN_RECORD
@@ -149,6 +150,7 @@ def training_run(run_dir: str) -> dict:
     row = {"run": os.path.basename(os.path.normpath(run_dir)), "task": args.get("task_name") or record.get("runner"),
            "modeling": train.get("modeling", "baseline") + (f" ({policy})" if policy else ""),
            "processes": train.get("world_size"), "nodes": train.get("nodes"), "device": train.get("device"),
+           "threads": train.get("threads"),
            "precision": train.get("precision"), "batch": train.get("train_batch_size"),
            "seconds": train.get("seconds"), "sentences": train.get("sentences"), "steps": train.get("global_step"),
            "seq_per_s": train.get("sentences_per_second"),
@@ -197,10 +199,9 @@ def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, lis
     if seconds and max(seconds) > 1.1 * min(seconds):
         warnings.append(f"the runs trained for different times ({min(seconds):,.0f}–{max(seconds):,.0f} s): "
                         "compare sentences/s, not sentences seen or accuracy")
-    devices = sorted({str(row["device"]) for row in rows})
-    if len(devices) > 1:
-        warnings.append(f"the runs trained on different devices ({', '.join(devices)})")
-    return table_rows, markdown_table(table_rows, columns), warnings
+    warnings.append(mismatch_warning(rows, {"device": "device", "threads": "CPU threads per process"}, "run",
+                                     "so their sentences/s measure that difference too"))
+    return table_rows, markdown_table(table_rows, columns), [warning for warning in warnings if warning]
 
 
 def training_plots(runs: list[tuple[str, dict]]) -> dict:
@@ -317,14 +318,11 @@ def cell(key: str, fmt: str):
 def comparison_warnings(kind: str, runs: list[tuple[str, dict]], rows: list[dict]) -> list[str]:
     """What makes the runs of one kind hard to compare: different devices or CPU threads (the ratios then measure
     those too), efficiencies above 100%, and spreads that show a busy machine."""
-    warnings = []
-    machines = {name: report.get("machine", {}) for name, report in runs}
-    for field, title in (("gpu", "device"), ("threads", "CPU threads"), ("cpu_count", "cores")):
-        values = {name: machine.get(field) for name, machine in machines.items()}
-        if len({str(value) for value in values.values()}) > 1:
-            warnings.append(f"the {kind} runs differ in {title} (" + ", ".join(f"{name}: {value or 'none'}"
-                                                                           for name, value in values.items())
-                            + "): their ratios measure that difference too")
+    machines = [{"run": name, **report.get("machine", {})} for name, report in runs]
+    for machine in machines:
+        machine["gpu"] = machine.get("gpu") or "none"
+    warnings = [mismatch_warning(machines, {"gpu": "GPU", "threads": "CPU threads", "cpu_count": "cores"}, "run",
+                                 "so the ratios between them measure that difference too")]
     for name, _ in runs:
         if kind in ("scaling", "plan"):
             warnings.append(superlinear_warning(rows, f"efficiency@{name}", lambda row: f"{name}, "

@@ -327,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         device = cli.device(args.device)
+        for precision in args.precisions:  # before the peaks are measured (a CPU's fp16 matmul takes minutes)
+            workload.check_runnable(workload.train_config(precision, compile=args.compile), device)
         load = LoadWatch()
         peaks = device_peaks(args.precisions, device)
         rows = sweep(args, variants, device, peaks)

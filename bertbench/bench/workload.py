@@ -19,7 +19,7 @@ from bertbench.config import IGNORE_INDEX, BertConfig, ConfigError
 from bertbench.synthetic import MODEL_SIZES, synthetic_batch
 from bertbench.distributed import Distributed
 from bertbench.models import build_model
-from bertbench.train_step import TrainStep, autocast
+from bertbench.train_step import TrainStep, runnable_config, autocast
 from bertbench.training_config import TrainConfig
 
 # pretraining: BertForPreTraining with MLM on the masked positions only plus NSP (NVIDIA's / MLPerf's step);
@@ -152,6 +152,17 @@ def train_config(precision: str, **overrides) -> TrainConfig:
         raise BenchError(str(error)) from None
 
 
+def check_runnable(train: TrainConfig, device: torch.device | str) -> TrainConfig:
+    """`train`, which a run trains with as it is on `device`; a setting that a run would change there (fp16 on a
+    CPU, compile without a compiler: train_step.runnable_config) is a BenchError, rather than timed as no run trains
+    or relabelled."""
+    _, notes = runnable_config(train, device)
+    if notes:
+        raise BenchError(f"on {device}: {notes[0].split(';')[0]}: a run trains otherwise here (fp32, eager), so "
+                         "a bench does not time it")
+    return train
+
+
 @dataclass
 class BenchStep:
     """The training step users train with (bertbench.train_step.TrainStep), fed one fixed synthetic batch;
@@ -192,6 +203,7 @@ def train_step(config: BertConfig, kind: str, variant: Variant, precision: str, 
     recipe. Under torchrun pass the job's `dist`: the step is then DDP's, as in training."""
     device = torch.device(device)
     dist = dist or Distributed(device=device)
+    train = check_runnable(train_config(precision, **train_overrides), device)
     model = model if model is not None else build(config, kind, variant, device)
-    step = TrainStep(model, train_config(precision, **train_overrides), dist)
+    step = TrainStep(model, train, dist)
     return BenchStep(step, synthetic_batch(config, kind, batch, seq, device))
