@@ -47,7 +47,7 @@ def test_figures_are_each_runs_own_with_median_range_and_cv(glue):
         runs = row["runs"]
         assert len(runs) == 3
         rates = sorted(run["steady_seq_per_s"] for run in runs)
-        # output.spread_fields' convention: KEY is the median, KEY_min / KEY_max / KEY_cv beside it
+        # noise.spread_fields' convention: KEY is the median, KEY_min / KEY_max / KEY_cv beside it
         assert (row["steady_seq_per_s"], row["steady_seq_per_s_min"], row["steady_seq_per_s_max"]) == \
             (rates[1], rates[0], rates[2])
         assert row["steady_seq_per_s_cv"] == pytest.approx(statistics.stdev(rates) / statistics.mean(rates))

@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from bertbench import noise
 from bertbench import devices, synthetic
 from bertbench.bench import flops, measure, output, plots, workload
 from conftest import TINY_BERT
@@ -118,33 +119,33 @@ def test_peak_memory_restarts_per_setting():
 # ---- the spread of repeats, warnings, plots ------------------------------------------------------------------------
 
 def test_spread_of_repeats_and_of_a_rate():
-    measured = output.spread([0.2, 0.1, 0.4])
+    measured = noise.spread([0.2, 0.1, 0.4])
     assert (measured["median"], measured["min"], measured["max"], measured["n"]) == (0.2, 0.1, 0.4, 3)
     assert measured["cv"] == pytest.approx(0.1528 / 0.2333, abs=1e-3)  # sample stdev over the mean
-    assert output.spread([0.3])["cv"] is None  # one measurement has no spread
+    assert noise.spread([0.3])["cv"] is None  # one measurement has no spread
     # A rate's median is of the median time, so that seq/s = batch / step holds for an even count too (the median
     # of the rates 8/2 and 8/3 would be 3.33); its range comes from the slowest and fastest time.
-    rate = output.rate_spread(8, [2.0, 1.0, 4.0, 3.0])
+    rate = noise.rate_spread(8, [2.0, 1.0, 4.0, 3.0])
     assert (rate["median"], rate["min"], rate["max"]) == (3.2, 2.0, 8.0)
-    assert output.spread_fields("step", measured) == {"step": 0.2, "step_min": 0.1, "step_max": 0.4,
+    assert noise.spread_fields("step", measured) == {"step": 0.2, "step_min": 0.1, "step_max": 0.4,
                                                       "step_cv": measured["cv"]}
 
 
 def test_a_spread_cell_gives_median_range_and_cv():
     row = {"step": 0.13, "step_min": 0.021, "step_max": 0.209, "step_cv": 0.41, "once": 2.5, "once_cv": None}
-    assert output.spread_text(row, "step", ".3f") == "0.130 (0.021–0.209, CV 41%)"
-    assert output.spread_text({**row, "step_cv": 0.034}, "step", ".3f") == "0.130 (0.021–0.209, CV 3.4%)"
-    assert output.spread_text(row, "once", ".1f") == "2.5"
+    assert noise.spread_text(row, "step", ".3f") == "0.130 (0.021–0.209, CV 41%)"
+    assert noise.spread_text({**row, "step_cv": 0.034}, "step", ".3f") == "0.130 (0.021–0.209, CV 3.4%)"
+    assert noise.spread_text(row, "once", ".1f") == "2.5"
     table = output.markdown_table([row], [output.spread_column("step (s)", "step", ".3f")])
     assert table.splitlines()[-1] == "| 0.130 (0.021–0.209, CV 41%) |"
 
 
 def test_the_load_average_against_the_cores(monkeypatch):
-    monkeypatch.setattr(output.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(noise.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     for before, after, busy in ((0.5, 3.9, False), (4.2, 1.0, True), (1.0, 6.5, True)):
         loads = iter([(before, 0, 0), (after, 0, 0)])
-        monkeypatch.setattr(output.os, "getloadavg", lambda: next(loads))
-        warning = output.LoadWatch().busy("the sweep")
+        monkeypatch.setattr(noise.os, "getloadavg", lambda: next(loads))
+        warning = noise.LoadWatch().busy("the sweep")
         assert (warning is not None) == busy
         if busy:
             assert warning.startswith(f"the machine was busy: the 1-minute load average was {before:.2f} before the "
@@ -153,10 +154,10 @@ def test_the_load_average_against_the_cores(monkeypatch):
 
 def test_noisy_mismatched_and_superlinear_warnings():
     rows = [{"name": "a", "t": 1.0, "t_cv": 0.05, "threads": 1, "device": "cpu", "efficiency": 1.0},
-            {"name": "b", "t": 1.0, "t_cv": output.BUSY_CV + 0.01, "threads": 2, "device": "cpu",
+            {"name": "b", "t": 1.0, "t_cv": noise.BUSY_CV + 0.01, "threads": 2, "device": "cpu",
              "efficiency": 2.537}]
-    assert output.noisy_warning(rows[:1], "t", lambda row: row["name"]) is None
-    assert f"(up to {output.BUSY_CV + 0.01:.0%}, b)" in output.noisy_warning(rows, "t", lambda row: row["name"])
+    assert noise.noisy_warning(rows[:1], "t", lambda row: row["name"]) is None
+    assert f"(up to {noise.BUSY_CV + 0.01:.0%}, b)" in noise.noisy_warning(rows, "t", lambda row: row["name"])
     mismatch = output.mismatch_warning(rows, {"threads": "threads per process", "device": "device"}, "name")
     assert "differ in threads per process (a: 1, b: 2)" in mismatch and "device" not in mismatch.split("differ")[1]
     assert output.mismatch_warning([rows[0], {**rows[1], "threads": None}], {"threads": "threads"}, "name") is None

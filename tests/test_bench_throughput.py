@@ -4,9 +4,10 @@ import json
 import pytest
 import torch
 
+from bertbench import noise
 from bertbench import cli as bertbench_cli
 from bertbench import synthetic
-from bertbench.bench import output, throughput, workload
+from bertbench.bench import throughput, workload
 from bertbench.train_step import TrainStep
 from bertbench.training_config import TrainConfig
 
@@ -171,8 +172,8 @@ def unreachable_peak(monkeypatch):
 def test_a_load_average_above_the_cores_is_a_busy_machine_warning(tmp_path, monkeypatch, capsys):
     unreachable_peak(monkeypatch)
     loads = iter([(1.0, 1.0, 1.0), (9.5, 4.0, 2.0)])  # before and after the sweep
-    monkeypatch.setattr(output.os, "getloadavg", lambda: next(loads))
-    monkeypatch.setattr(output.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(noise.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(noise.os, "sched_getaffinity", lambda pid: {0, 1})
     assert throughput.main(QUICK + ["--output_dir", str(tmp_path)]) == 0
     warning = ("the machine was busy: the 1-minute load average was 1.00 before the measurement and 9.50 after it, "
                "above the 2 core(s) available")
@@ -182,7 +183,7 @@ def test_a_load_average_above_the_cores_is_a_busy_machine_warning(tmp_path, monk
 
 
 def test_steps_that_vary_more_than_the_threshold_are_a_noisy_warning(tmp_path, monkeypatch):
-    monkeypatch.setattr(output.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(noise.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     unreachable_peak(monkeypatch)
     times = {"steady": [0.010, 0.0102, 0.0098], "disturbed": [0.010, 0.030, 0.011]}
     for name, seconds in times.items():
@@ -190,7 +191,7 @@ def test_steps_that_vary_more_than_the_threshold_are_a_noisy_warning(tmp_path, m
             step: list(seconds) for step in steps})
         assert throughput.main(QUICK + ["--output_dir", str(tmp_path / name)]) == 0
     quiet, noisy = (json.loads((tmp_path / name / "throughput.json").read_text()) for name in times)
-    assert quiet["warnings"] == [] and quiet["rows"][0]["step_seconds_cv"] < output.BUSY_CV
+    assert quiet["warnings"] == [] and quiet["rows"][0]["step_seconds_cv"] < noise.BUSY_CV
     cv = noisy["rows"][0]["step_seconds_cv"]
     assert cv == pytest.approx(0.663, abs=0.001)  # stdev 0.0113 over the mean 0.017
     (warning,) = noisy["warnings"]

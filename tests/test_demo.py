@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from bertbench import noise
 from bertbench import cli as bertbench_cli
 from bertbench import synthetic as data
-from bertbench.bench import output
 from bertbench.demo import run as demo
 from bertbench.demo.run import DemoConfig, main, run
 
@@ -109,8 +109,8 @@ def test_a_terminal_keeps_its_display():
 
 
 def test_a_busy_machine_is_a_warning_beside_the_step_time_ratios(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(output.os, "getloadavg", lambda: (7.5, 7.0, 6.0))
-    monkeypatch.setattr(output.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(noise.os, "getloadavg", lambda: (7.5, 7.0, 6.0))
+    monkeypatch.setattr(noise.os, "sched_getaffinity", lambda pid: {0, 1})
     assert main(QUICK + ["--output_dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "demo_results.json").read_text())
     assert report["warnings"][0].startswith("the machine was busy: the 1-minute load average was 7.50 before "

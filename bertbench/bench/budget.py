@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, spread, spread_column,
-                                    spread_fields)
+from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.noise import LoadWatch, noisy_warning, spread, spread_fields
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
 from bertbench import runner

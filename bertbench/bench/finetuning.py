@@ -32,8 +32,8 @@ from collections.abc import Sequence
 
 from bertbench import run_classifier, run_squad, runner, synthetic
 from bertbench.bench import cli, workload
-from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, spread, spread_column,
-                                    spread_fields)
+from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.noise import LoadWatch, noisy_warning, spread, spread_fields
 from bertbench.bench.plots import line_plot
 from bertbench.checkpoint import list_checkpoints
 from bertbench.config import BertConfig

@@ -27,8 +27,8 @@ import torch
 from bertbench import devices, synthetic
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, rate_spread, spread,
-                                    spread_column, spread_fields)
+from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
 
 AFFINE_PROBES = (1, 2, 4)
 

@@ -50,8 +50,8 @@ import numpy
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, noisy_warning, spread_column,
-                                    spread_text, superlinear_warning)
+from bertbench.bench.output import BenchOutput, efficiency_column, markdown_table, spread_column, superlinear_warning
+from bertbench.noise import noisy_warning, spread_text
 from bertbench.bench.workload import STEP_KINDS, BenchError, bert_config
 from bertbench.config import BertConfig
 

@@ -33,7 +33,8 @@ import numpy as np
 from bertbench import synthetic
 from bertbench.bench import cli, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import BenchOutput, LoadWatch, markdown_table
+from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.noise import LoadWatch
 from bertbench.create_pretraining_data import STATS_FILE
 from bertbench.tokenization import VocabError, load_vocab
 

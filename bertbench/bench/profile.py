@@ -32,7 +32,8 @@ from torch.profiler import ProfilerActivity
 
 from bertbench import devices, synthetic
 from bertbench.bench import cli, flops, workload
-from bertbench.bench.output import BenchOutput, LoadWatch, cv_text, markdown_table, noisy_warning, spread
+from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.noise import LoadWatch, cv_text, noisy_warning, spread
 from bertbench.config import BertConfig
 
 CATEGORIES = ("matmul", "attention", "dropout", "norm_activation", "optimizer", "other")

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning,
-                                    noisy_warning, spread, spread_column, spread_fields, spread_text,
+from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning, spread_column,
                                     superlinear_warning)
+from bertbench.noise import noisy_warning, spread, spread_fields, spread_text
 from bertbench.bench.workload import BenchError
 from bertbench.errors import ArgumentParser
 from bertbench.runner import RUN_RECORD

@@ -36,9 +36,9 @@ from bertbench import synthetic
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plan import fit_alpha_beta
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import (BenchOutput, LoadWatch, available_cores, efficiency_column, markdown_table,
-                                    mismatch_warning, noisy_warning, rate_spread, spread, spread_column,
-                                    spread_fields, spread_text, superlinear_warning)
+from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning, spread_column,
+                                    superlinear_warning)
+from bertbench.noise import LoadWatch, available_cores, noisy_warning, rate_spread, spread, spread_fields, spread_text
 from bertbench.distributed import job_from_environment
 from bertbench.batches import ShuffledBatches
 from bertbench.estimator import Estimator

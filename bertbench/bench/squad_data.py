@@ -30,8 +30,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertbench.bench import cli
-from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, rate_spread, spread,
-                                    spread_column, spread_fields)
+from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
 from bertbench.bench.workload import BenchError
 from bertbench.tasks.squad import GoogleAnswerText, SquadDataError, convert_examples, postprocess, read_examples
 from bertbench.tokenization import BertTokenizer, VocabError

@@ -31,8 +31,8 @@ import torch
 from bertbench import devices, optim, synthetic
 from bertbench.bench import cli, flops, measure, workload
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import (BenchOutput, LoadWatch, markdown_table, noisy_warning, rate_spread, spread,
-                                    spread_column, spread_fields, spread_text)
+from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
 from bertbench.batches import ShuffledBatches
 from bertbench.distributed import Distributed
 from bertbench.estimator import Estimator
@@ -228,7 +228,7 @@ def time_each_alone(steps: dict, args: argparse.Namespace, device: torch.device,
 
 def figures(seconds: list[float], sequences: int, seq: int, flops_per_sequence: int, peak: float) -> dict:
     """Figures of one setting from its step times; `sequences` per step (the batch times its micro-batches). Each
-    figure is the median with its spread over the timed steps (output.spread_fields)."""
+    figure is the median with its spread over the timed steps (noise.spread_fields)."""
     flops_per_step = flops_per_sequence * sequences
     return {**spread_fields("step_seconds", spread(seconds)), "timed_steps": len(seconds),
             "sequences_per_step": sequences, **spread_fields("seq_per_s", rate_spread(sequences, seconds)),

@@ -28,7 +28,7 @@ from typing import IO
 import torch
 
 from bertbench import run_pretraining, run_squad, runner
-from bertbench.bench.output import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
+from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
 from bertbench.create_pretraining_data import DataSettings, create_pretraining_data
 from bertbench.config import BertConfig
 from bertbench import synthetic as data
