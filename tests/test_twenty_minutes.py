@@ -30,8 +30,9 @@ def login_node(tmp_path):
                 QSUB_SPOOL=str(tmp_path / "spool"), STARTER_LOG=str(tmp_path / "starter.log"),
                 BERT_DIR=os.path.join(HERE, "fixtures", "tf1_tiny"), GLUE_DIR=str(tmp_path / "glue"),
                 RESULTS_DIR=str(tmp_path / "results"), PYTHON=sys.executable, MASTER_PORT=str(free_port()),
-                MAX_TRAIN_SECONDS="3", BATCH_SIZE="8", LEARNING_RATE="1e-3", SEQ_LENGTH="32", USE_XLA="false",
-                GPUS_PER_NODE="1", RDZV_TIMEOUT="120")
+                # epochs enough that the 3-second budget ends both runs however fast the machine is
+                MAX_TRAIN_SECONDS="3", EPOCHS="100", BATCH_SIZE="8", LEARNING_RATE="1e-3", SEQ_LENGTH="32",
+                USE_XLA="false", GPUS_PER_NODE="1", RDZV_TIMEOUT="120")
 
 
 def recipe(env):
