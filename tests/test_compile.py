@@ -96,14 +96,13 @@ def test_compiled_and_eager_gradients_agree(variant):
 
 @pytest.fixture
 def no_cxx(monkeypatch):
-    """Inductor's C++ compiler search finds none (its search is cached: cleared before and after)."""
-    from torch._inductor import config, cpp_builder
-    monkeypatch.setattr(config.cpp, "cxx", (None, "/nonexistent/g++"))
-    monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
-    cpp_builder.cpp_compiler_search.cache_clear()
-    yield
-    monkeypatch.undo()
-    cpp_builder.cpp_compiler_search.cache_clear()
+    """Inductor's C++ compiler search finds none: it raises as it does when neither config.cpp.cxx, $CXX nor g++
+    names a compiler."""
+    from torch._inductor import cpp_builder, exc
+
+    def no_compiler():
+        raise exc.InvalidCxxCompiler()
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
 
 
 def test_fp16_on_a_cpu_trains_in_fp32_and_says_so():
