@@ -204,6 +204,13 @@ def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, lis
     return table_rows, markdown_table(table_rows, columns), [warning for warning in warnings if warning]
 
 
+def series_label(row: dict) -> str:
+    """A run's label in a plot, naming its variant (baseline, or the recompute policy) so it takes the variant's
+    colour, as in every bench plot."""
+    variant = row["modeling"].split("(")[-1].rstrip(")") if "(" in row["modeling"] else row["modeling"]
+    return f"{row['run']} ({variant})"
+
+
 def training_plots(runs: list[tuple[str, dict]]) -> dict:
     """Sentences seen over training time (from metrics.jsonl), and each run's dev metric against its sentences."""
     progress = {}
@@ -211,14 +218,14 @@ def training_plots(runs: list[tuple[str, dict]]) -> dict:
         row = report["rows"][0]
         per_step = row["sentences"] / row["steps"] if row.get("steps") else 0
         windows = report["windows"]
-        progress[row["run"]] = ([0.0] + [window["seconds"] for window in windows],
+        progress[series_label(row)] = ([0.0] + [window["seconds"] for window in windows],
                                 [0.0] + [window["step"] * per_step for window in windows])
     result = {"training-progress": line_plot(progress, "training seconds", "sentences seen",
                                              "sentences seen over training time")}
     scored = [report["rows"][0] for _, report in runs if report["rows"][0]["metric"]]
     if scored:
         names = sorted({row["metric"] for row in scored})
-        accuracy = {row["run"]: ([row["sentences"]], [row["metrics"][row["metric"]]]) for row in scored}
+        accuracy = {series_label(row): ([row["sentences"]], [row["metrics"][row["metric"]]]) for row in scored}
         result["training-accuracy"] = line_plot(accuracy, "sentences seen", " / ".join(names),
                                                 "dev metric against sentences seen")
     return result
