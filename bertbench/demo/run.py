@@ -325,25 +325,26 @@ def run(settings: DemoConfig, progress: Progress | None = None) -> dict:
     if settings.qa_epochs > 0:
         progress.terminal("  fine-tuning on the built-in SQuAD v2.0 data with run_squad ...")
         with progress.step("fine-tuning on the built-in SQuAD v2.0 data with run_squad") as done:
-            if settings.output_dir:  # keep the data and the run, so the printed command can be run again
-                qa = question_answering(settings, os.path.join(settings.output_dir, "squad"))
-            else:
-                with tempfile.TemporaryDirectory() as scratch:
-                    qa = question_answering(settings, scratch)
+            qa = in_output_or_scratch(settings, "squad", question_answering)
             done.append(f"exact match {qa['exact']:.1f}, F1 {qa['f1']:.1f}")
         report["question_answering"] = qa
     if settings.pretraining_steps > 0:
         progress.terminal("  pre-training on the built-in corpus with create_pretraining_data and run_pretraining ...")
         with progress.step("pre-training on the built-in corpus with create_pretraining_data and run_pretraining"
                            ) as done:
-            if settings.output_dir:
-                pre = pretraining(settings, os.path.join(settings.output_dir, "pretraining"))
-            else:
-                with tempfile.TemporaryDirectory() as scratch:
-                    pre = pretraining(settings, scratch)
+            pre = in_output_or_scratch(settings, "pretraining", pretraining)
             done.append(f"held-out masked-LM accuracy {pre['curve'][-1]['masked_lm_accuracy']:.2f}")
         report["pretraining"] = pre
     return report
+
+
+def in_output_or_scratch(settings: DemoConfig, name: str, step):
+    """step(settings, directory) in OUTPUT_DIR/name, which keeps the data and the run so that the printed command
+    can be run again, or in a temporary directory without --output_dir."""
+    if settings.output_dir:
+        return step(settings, os.path.join(settings.output_dir, name))
+    with tempfile.TemporaryDirectory() as scratch:
+        return step(settings, scratch)
 
 
 def main(argv: list[str] | None = None) -> int:
