@@ -55,6 +55,23 @@ class MetricsLog:
             raise write_failure(self.path, error, "the lines before this step are kept") from None
 
 
+def read_metrics(model_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl, in order (none when the run logged none); a line that is not JSON is a
+    ValueError naming the file and the line."""
+    path = os.path.join(model_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise ValueError(f"{path}: line {number} is not JSON") from None
+    return records
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)

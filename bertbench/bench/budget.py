@@ -37,6 +37,7 @@ from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
 from bertbench.noise import LoadWatch, noisy_warning, spread, spread_fields
+from bertbench.progress import read_metrics
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
 from bertbench import runner
@@ -218,7 +219,7 @@ def contender_row(contender: Contender, run_dir: str, dev_set: str, metric: str,
     scores = runner.read_json(os.path.join(run_dir, "eval_results.json"))
     steady = train["steady_sentences_per_second"]
     # Each log window's seq/s after the first (which holds the start-up): the run's rate, measured repeatedly.
-    windows = [record["seq_per_s"] for record in metrics_records(run_dir)[1:]]
+    windows = [record["seq_per_s"] for record in read_metrics(run_dir)[1:]]
     return {"contender": contender.label, "variant": contender.variant.name, "processes": contender.processes,
             "independent": contender.independent, "threads_per_process": threads, "world_size": train["world_size"],
             "global_batch": train["train_batch_size"] * train["num_accumulation_steps"] * train["world_size"],
@@ -233,18 +234,9 @@ def contender_row(contender: Contender, run_dir: str, dev_set: str, metric: str,
             "run_dir": run_dir}
 
 
-def metrics_records(run_dir: str) -> list[dict]:
-    """The log windows of the run's metrics.jsonl (which a run shorter than one log window does not write)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def loss_curve(run_dir: str) -> tuple[list[float], list[float]]:
     """(seconds into training, mean loss of the window) of each log window of the run."""
-    records = [record for record in metrics_records(run_dir) if record.get("loss") is not None]
+    records = [record for record in read_metrics(run_dir) if record.get("loss") is not None]
     return [record["elapsed_s"] for record in records], [record["loss"] for record in records]
 
 

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning, spread_column,
-                                    superlinear_warning)
+                                    superlinear_warning, with_warnings)
 from bertbench.noise import noisy_warning, spread, spread_fields, spread_text
 from bertbench.bench.workload import BenchError
 from bertbench.errors import ArgumentParser
+from bertbench.progress import read_metrics
 from bertbench.runner import RUN_RECORD
 
 
@@ -98,12 +99,17 @@ SPREAD_SUFFIXES = ("_min", "_max", "_cv")
 MIN_WINDOWS_FOR_SPREAD = 3  # fewer logged windows (--log_step_count_steps) say nothing about the spread
 
 
-def read_json_file(path: str) -> dict:
+def load_json(path: str):
+    """A JSON file's value; invalid JSON is a BenchError naming the file and line."""
     try:
         with open(path) as handle:
-            value = json.load(handle)
+            return json.load(handle)
     except json.JSONDecodeError as error:
         raise BenchError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
+
+
+def read_json_file(path: str) -> dict:
+    value = load_json(path)
     if not isinstance(value, dict):
         raise BenchError(f"{path}: not a JSON object")
     return value
@@ -112,21 +118,18 @@ def read_json_file(path: str) -> dict:
 def logged_windows(run_dir: str) -> list[dict]:
     """metrics.jsonl's records with `seconds`, the training time since the run began (each invocation's elapsed_s
     restarts at 0: the earlier ones' ends are added)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
     records, offset, last = [], 0.0, 0.0
-    with open(path) as handle:
-        for number, line in enumerate(handle, 1):
-            try:
-                record = json.loads(line)
-                elapsed = float(record["elapsed_s"])
-            except (ValueError, KeyError, TypeError):
-                raise BenchError(f"{path}: line {number} is not a metrics record") from None
+    try:
+        for record in read_metrics(run_dir):
+            elapsed = float(record["elapsed_s"])
             if elapsed < last:  # a new invocation
                 offset += last
             last = elapsed
             records.append(dict(record, seconds=offset + elapsed))
+    except (KeyError, TypeError):
+        raise BenchError(f"{run_dir}/metrics.jsonl: a record without elapsed_s") from None
+    except ValueError as error:
+        raise BenchError(str(error)) from None
     return records
 
 
@@ -146,9 +149,9 @@ def training_run(run_dir: str) -> dict:
     # The first logged window holds start-up (first steps, warm-up of the allocator): it is left out of the spread,
     # as it is of the steady figure, unless it is the only one.
     rates = [window["seq_per_s"] for window in windows[1:] or windows if window.get("seq_per_s")]
-    policy = train.get("recompute_policy")
+    modeling, policy = train.get("modeling", "baseline"), train.get("recompute_policy")
     row = {"run": os.path.basename(os.path.normpath(run_dir)), "task": args.get("task_name") or record.get("runner"),
-           "modeling": train.get("modeling", "baseline") + (f" ({policy})" if policy else ""),
+           "modeling": modeling + (f" ({policy})" if policy else ""), "variant": policy or modeling,
            "processes": train.get("world_size"), "nodes": train.get("nodes"), "device": train.get("device"),
            "threads": train.get("threads"),
            "precision": train.get("precision"), "batch": train.get("train_batch_size"),
@@ -160,8 +163,7 @@ def training_run(run_dir: str) -> dict:
            "metrics": metrics, "metric": ranking_metric(metrics)}
     created = datetime.datetime.fromtimestamp(os.path.getmtime(train_path)).astimezone().isoformat(timespec="seconds")
     return {"bench": TRAINING, "rows": [row], "windows": windows, "created": created,
-            "command": f"{record.get('runner', '?')} --output_dir={run_dir}",
-            "machine": {"device": train.get("device"), "processes": train.get("world_size")}}
+            "command": f"{record.get('runner', '?')} --output_dir={run_dir}"}
 
 
 def ranking_metric(metrics: dict) -> str | None:
@@ -207,8 +209,7 @@ def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, lis
 def series_label(row: dict) -> str:
     """A run's label in a plot, naming its variant (baseline, or the recompute policy) so it takes the variant's
     colour, as in every bench plot."""
-    variant = row["modeling"].split("(")[-1].rstrip(")") if "(" in row["modeling"] else row["modeling"]
-    return f"{row['run']} ({variant})"
+    return f"{row['run']} ({row['variant']})"
 
 
 def training_plots(runs: list[tuple[str, dict]]) -> dict:
@@ -255,11 +256,7 @@ def read_runs(paths: Sequence[str]) -> list[tuple[str, dict]]:
         files = sorted(glob.glob(os.path.join(path, "*.json"))) if os.path.isdir(path) else [path]
         reports = []
         for file in files:
-            try:
-                with open(file) as handle:
-                    report = json.load(handle)
-            except json.JSONDecodeError as error:
-                raise BenchError(f"{file}: not valid JSON (line {error.lineno}: {error.msg})") from None
+            report = load_json(file)
             if isinstance(report, dict) and report.get("bench") in COMPARISONS:
                 reports.append(report)
         if not reports:
@@ -274,7 +271,8 @@ def run_label(label: str, report: dict, labels: list[str]) -> str:
     """The run's directory name, with the GPU or processor it ran on; made unique among `labels`."""
     machine = report.get("machine", {})
     if report["bench"] == TRAINING:
-        where = f"{machine.get('processes', '?')} x {machine.get('device', '?')}"
+        row = report["rows"][0]
+        where = f"{row['processes'] or '?'} x {row['device'] or '?'}"
     else:
         where = machine.get("gpu") or f"{machine.get('cpu_count', '?')}-core CPU"
     name = f"{label} ({where})"
@@ -366,6 +364,11 @@ def plots(kind: str, runs: list[tuple[str, dict]]) -> dict:
     return result
 
 
+def section(title: str, table: str, warnings: Sequence[str]) -> str:
+    """A comparison's markdown: its title, its warnings under it (as a bench's file has them), its table."""
+    return with_warnings(f"## {title}\n\n{table}", warnings) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -383,8 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if trained:
             rows, table, warnings = training_section(trained)
             merged[TRAINING] = {"runs": [name for name, _ in trained], "rows": rows, "warnings": warnings}
-            sections += ["## training runs", "", table, ""] + [f"**Warning:** {line}" for line in warnings]
-            sections += [""] if warnings else []
+            sections.append(section("training runs", table, warnings))
             figures.update(training_plots(trained))
         for kind in COMPARISONS:
             of_kind = [(name, report) for name, report in named if report["bench"] == kind]
@@ -393,8 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows, table = compare(kind, of_kind)
             warnings = comparison_warnings(kind, of_kind, rows)
             merged[kind] = {"runs": [name for name, _ in of_kind], "rows": rows, "warnings": warnings}
-            sections += [f"## {kind}", "", table, ""] + [f"**Warning:** {line}" for line in warnings]
-            sections += [""] if warnings else []
+            sections.append(section(kind, table, warnings))
             figures.update(plots(kind, of_kind))
         header = ["# Comparison", ""] + [f"- {name}: {report['bench']}, {report.get('created') or '?'}, "
                                                f"`{report.get('command', '?')}`" for name, report in named] + [""]

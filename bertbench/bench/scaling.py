@@ -35,6 +35,7 @@ from torch import nn
 from bertbench import synthetic
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plan import fit_alpha_beta
+from bertbench.progress import read_metrics
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning, spread_column,
                                     superlinear_warning)
@@ -120,9 +121,7 @@ def time_allreduce_in_steps(config, model: nn.Module, batch_size: int, seq: int,
 def steady_step_seconds(model_dir: str, excluded_steps: int, global_batch: int) -> list[float]:
     """Seconds of each step after the excluded ones, from the Estimator's log of one-step windows (metrics.jsonl:
     each window's seq/s counts every rank's sequences over rank 0's clock)."""
-    with open(os.path.join(model_dir, "metrics.jsonl")) as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
-    return [global_batch / record["seq_per_s"] for record in records if record["step"] > excluded_steps]
+    return [global_batch / record["seq_per_s"] for record in read_metrics(model_dir) if record["step"] > excluded_steps]
 
 
 def train_and_time(args: argparse.Namespace, job) -> dict:
