@@ -51,19 +51,37 @@ def compile_unavailable(device: torch.device | str) -> str | None:
     return None
 
 
-def runnable_config(config: TrainConfig, device: torch.device | str) -> tuple[TrainConfig, list[str]]:
-    """`config` as it can run on `device`, and a one-line note for each setting that cannot apply there, saying what
-    runs instead. fp16 on a CPU trains in fp32: CPU autocast to fp16 runs, but on a CPU without fp16 matmuls many
-    times slower than fp32 (13x for a BERT-mini step on an AVX-512 EPYC), and its loss scaling guards fp16 only."""
-    notes = []
+@dataclass(frozen=True)
+class Fallback:
+    """A setting that cannot apply on a device: why, the field's value that runs instead, and what that is."""
+
+    reason: str
+    field: str
+    value: object
+    instead: str
+
+
+def fallbacks(config: TrainConfig, device: torch.device | str) -> list[Fallback]:
+    """The settings of `config` that cannot apply on `device`. fp16 on a CPU trains in fp32: CPU autocast to fp16
+    runs, but on a CPU without fp16 matmuls many times slower than fp32 (13x for a BERT-mini step on an AVX-512
+    EPYC), and its loss scaling guards fp16 only."""
+    found = []
     if config.precision == "fp16" and torch.device(device).type == "cpu":
-        config = replace(config, precision="fp32")
-        notes.append("fp16 needs a CUDA GPU; on cpu this run trains in fp32 (--precision=fp32 to say so)")
+        found.append(Fallback("fp16 needs a CUDA GPU", "precision", "fp32",
+                              f"on {torch.device(device).type} this run trains in fp32 (--precision=fp32 to say so)"))
     reason = compile_unavailable(device) if config.compile else None
     if reason is not None:
-        config = replace(config, compile=False)
-        notes.append(f"torch.compile cannot run here ({reason}); this run trains eagerly (--use_xla=false to say so)")
-    return config, notes
+        found.append(Fallback(f"torch.compile cannot run here ({reason})", "compile", False,
+                              "this run trains eagerly (--use_xla=false to say so)"))
+    return found
+
+
+def runnable_config(config: TrainConfig, device: torch.device | str) -> tuple[TrainConfig, list[str]]:
+    """`config` as it can run on `device`, and a one-line note for each setting that cannot apply there, saying what
+    runs instead (see fallbacks)."""
+    changes = fallbacks(config, device)
+    return (replace(config, **{change.field: change.value for change in changes}),
+            [f"{change.reason}; {change.instead}" for change in changes])
 
 
 def wrap_for_training(model: nn.Module, config: TrainConfig, dist: Distributed) -> nn.Module:

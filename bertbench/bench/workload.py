@@ -19,7 +19,7 @@ from bertbench.config import IGNORE_INDEX, BertConfig, ConfigError
 from bertbench.synthetic import MODEL_SIZES, synthetic_batch
 from bertbench.distributed import Distributed
 from bertbench.models import build_model
-from bertbench.train_step import TrainStep, runnable_config, autocast
+from bertbench.train_step import TrainStep, autocast, fallbacks
 from bertbench.training_config import TrainConfig
 
 # pretraining: BertForPreTraining with MLM on the masked positions only plus NSP (NVIDIA's / MLPerf's step);
@@ -154,12 +154,12 @@ def train_config(precision: str, **overrides) -> TrainConfig:
 
 def check_runnable(train: TrainConfig, device: torch.device | str) -> TrainConfig:
     """`train`, which a run trains with as it is on `device`; a setting that a run would change there (fp16 on a
-    CPU, compile without a compiler: train_step.runnable_config) is a BenchError, rather than timed as no run trains
+    CPU, compile without a compiler: train_step.fallbacks) is a BenchError, rather than timed as no run trains
     or relabelled."""
-    _, notes = runnable_config(train, device)
-    if notes:
-        raise BenchError(f"on {device}: {notes[0].split(';')[0]}: a run trains otherwise here (fp32, eager), so "
-                         "a bench does not time it")
+    changes = fallbacks(train, device)
+    if changes:
+        raise BenchError(f"on {device}: {changes[0].reason}: a run trains otherwise here (fp32, eager), so a bench "
+                         "does not time it")
     return train
 
 
