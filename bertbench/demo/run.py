@@ -147,7 +147,7 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
             seconds.append(time.perf_counter() - started)
     loss = outcome.loss
     name = modeling_name if policy is None else f"{modeling_name}/{policy}"
-    # Medians of the timed steps, with their spread (bertbench.bench.output's convention: KEY_min, KEY_max, KEY_cv).
+    # Medians of the timed steps, with their spread (bertbench.noise's convention: KEY_min, KEY_max, KEY_cv).
     result = {
         "model": name,
         "dev_accuracy": accuracy(model, dev),
@@ -286,10 +286,13 @@ class Progress:
             print(line, file=self.stream, flush=True)
 
     @contextlib.contextmanager
-    def step(self, doing: str) -> Iterator[list[str]]:
-        """One step of the demo; what the step appends to the list it is given ends its closing line."""
+    def step(self, doing: str, announce: bool = False) -> Iterator[list[str]]:
+        """One step of the demo; what the step appends to the list it is given ends its closing line. `announce`:
+        a terminal shows the step as it starts, too."""
         if self.plain:
             print(f"demo: {doing} ...", file=self.stream, flush=True)
+        elif announce:
+            self.terminal(f"  {doing} ...")
         started, outcome = time.perf_counter(), []
         yield outcome
         if self.plain:
@@ -323,15 +326,13 @@ def run(settings: DemoConfig, progress: Progress | None = None) -> dict:
               "chance_accuracy": 1 / len(data.LABELS), "results": results,
               "max_weight_difference_vs_baseline": weight_difference, "warnings": warnings}
     if settings.qa_epochs > 0:
-        progress.terminal("  fine-tuning on the built-in SQuAD v2.0 data with run_squad ...")
-        with progress.step("fine-tuning on the built-in SQuAD v2.0 data with run_squad") as done:
+        with progress.step("fine-tuning on the built-in SQuAD v2.0 data with run_squad", announce=True) as done:
             qa = in_output_or_scratch(settings, "squad", question_answering)
             done.append(f"exact match {qa['exact']:.1f}, F1 {qa['f1']:.1f}")
         report["question_answering"] = qa
     if settings.pretraining_steps > 0:
-        progress.terminal("  pre-training on the built-in corpus with create_pretraining_data and run_pretraining ...")
-        with progress.step("pre-training on the built-in corpus with create_pretraining_data and run_pretraining"
-                           ) as done:
+        with progress.step("pre-training on the built-in corpus with create_pretraining_data and run_pretraining",
+                           announce=True) as done:
             pre = in_output_or_scratch(settings, "pretraining", pretraining)
             done.append(f"held-out masked-LM accuracy {pre['curve'][-1]['masked_lm_accuracy']:.2f}")
         report["pretraining"] = pre
