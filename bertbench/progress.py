@@ -72,6 +72,12 @@ def read_metrics(model_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
+def window_rates(records: list[dict[str, Any]]) -> list[float]:
+    """The seq/s of the logged windows after the first, whose steps hold the start-up (as the steady figure leaves
+    out the first steps): the spread of a run's speed."""
+    return [record["seq_per_s"] for record in records[1:] if record.get("seq_per_s")]
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)

@@ -37,7 +37,7 @@ from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
 from bertbench.noise import LoadWatch, noisy_warning, spread, spread_fields
-from bertbench.progress import read_metrics
+from bertbench.progress import read_metrics, window_rates
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
 from bertbench import runner
@@ -219,7 +219,7 @@ def contender_row(contender: Contender, run_dir: str, dev_set: str, metric: str,
     scores = runner.read_json(os.path.join(run_dir, "eval_results.json"))
     steady = train["steady_sentences_per_second"]
     # Each log window's seq/s after the first (which holds the start-up): the run's rate, measured repeatedly.
-    windows = [record["seq_per_s"] for record in read_metrics(run_dir)[1:]]
+    windows = window_rates(read_metrics(run_dir))
     return {"contender": contender.label, "variant": contender.variant.name, "processes": contender.processes,
             "independent": contender.independent, "threads_per_process": threads, "world_size": train["world_size"],
             "global_batch": train["train_batch_size"] * train["num_accumulation_steps"] * train["world_size"],

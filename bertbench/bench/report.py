@@ -34,7 +34,7 @@ from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_tab
 from bertbench.noise import noisy_warning, spread, spread_fields, spread_text
 from bertbench.bench.workload import BenchError
 from bertbench.errors import ArgumentParser
-from bertbench.progress import read_metrics
+from bertbench.progress import read_metrics, window_rates
 from bertbench.runner import RUN_RECORD
 
 
@@ -146,9 +146,7 @@ def training_run(run_dir: str) -> dict:
                if isinstance(value, (int, float)) and key != "global_step" and not key.endswith(NOT_METRICS)}
     args = record.get("args", {})
     windows = logged_windows(run_dir)
-    # The first logged window holds start-up (first steps, warm-up of the allocator): it is left out of the spread,
-    # as it is of the steady figure, unless it is the only one.
-    rates = [window["seq_per_s"] for window in windows[1:] or windows if window.get("seq_per_s")]
+    rates = window_rates(windows)
     modeling, policy = train.get("modeling", "baseline"), train.get("recompute_policy")
     row = {"run": os.path.basename(os.path.normpath(run_dir)), "task": args.get("task_name") or record.get("runner"),
            "modeling": modeling + (f" ({policy})" if policy else ""), "variant": policy or modeling,
