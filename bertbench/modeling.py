@@ -4,6 +4,11 @@ The maths is Google BERT's (exact erf GELU, LayerNorm eps 1e-12, post-LayerNorm 
 PyTorch's scaled_dot_product_attention. Module attribute names follow HF transformers, so the state dict of every
 class here has HF's names and HF checkpoints load without a name table. No training code lives here; activation
 checkpointing is applied from outside by `bertbench.recompute`.
+
+A batch with padding runs unpadded by default (MosaicBERT's unpadding): BertModel packs its real tokens into rows
+once (Packing), the embeddings and blocks run on those rows only, attention runs per sequence by one of
+ATTENTION_KERNELS, and the heads get the padded layout back. `set_unpadding(model, False)` gives the padded path of
+Google's and NVIDIA's code, where every sequence is computed at the batch's length.
 """
 
 from __future__ import annotations
@@ -37,12 +42,18 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                packing: Packing | None = None) -> torch.Tensor:
+        """[batch, seq] ids -> [batch, seq, hidden]; with `packing`, [tokens, hidden] for its real tokens only."""
         seq_length = input_ids.shape[1]
         if seq_length > self.position_embeddings.num_embeddings:
             raise ValueError(f"sequence length {seq_length} exceeds max_position_embeddings="
                              f"{self.position_embeddings.num_embeddings}")
-        positions = torch.arange(seq_length, device=input_ids.device)
+        if packing is None:
+            positions = torch.arange(seq_length, device=input_ids.device)
+        else:
+            input_ids, positions = packing.pack(input_ids), packing.positions
+            token_type_ids = None if token_type_ids is None else packing.pack(token_type_ids)
         embeddings = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         if token_type_ids is None:
             embeddings = embeddings + self.token_type_embeddings.weight[0]
@@ -65,10 +76,14 @@ class BertSelfAttention(nn.Module):
         batch, seq_length, _ = x.shape
         return x.view(batch, seq_length, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        query, key, value = (self._split_heads(proj(hidden)) for proj in (self.query, self.key, self.value))
-        context = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=self.dropout_prob if self.training else 0.0)
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | Packing | None) -> torch.Tensor:
+        """hidden [batch, seq, hidden] with an SDPA mask (or None), or [tokens, hidden] with its Packing."""
+        dropout_p = self.dropout_prob if self.training else 0.0
+        projected = (proj(hidden) for proj in (self.query, self.key, self.value))
+        if isinstance(attention_mask, Packing):
+            return attention_mask.attention(*projected, self.num_heads, dropout_p)
+        query, key, value = (self._split_heads(x) for x in projected)
+        context = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout_p)
         batch, _, seq_length, _ = context.shape
         return context.transpose(1, 2).reshape(batch, seq_length, self.num_heads * self.head_dim)
 
@@ -168,15 +183,163 @@ def sdpa_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | Non
     return attention_mask.bool()[:, None, None, :]
 
 
+class Packing:
+    """The real tokens of a padded [batch, seq] batch packed into [tokens] rows: the unpadded path's layout
+    (MosaicBERT's unpadding, the packed input of NVIDIA's MLPerf FMHA). Embeddings, dense layers, LayerNorms, GELU
+    and dropout run on these rows only; `attention` runs each sequence's attention over its own tokens. The mask may
+    have any shape (each row's real tokens are found, not assumed to come first)."""
+
+    def __init__(self, attention_mask: torch.Tensor, kernel: str):
+        self.mask = attention_mask.bool()
+        self.batch, self.seq_length = self.mask.shape
+        self.kernel = kernel
+        self.indices = self.mask.flatten().nonzero().squeeze(1)  # [tokens]: sequence by sequence, in order
+        self.positions = self.indices % self.seq_length  # each token's position in its sequence
+        self.lengths = self.mask.sum(1)
+        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0))  # [batch + 1]: where each sequence's rows start
+        # Host-side sizes, read once here rather than in every layer (a GPU sync each).
+        self.length_list = self.lengths.tolist()
+        self.max_seqlen = max(self.length_list)
+        # The packed rows' places in [batch, width], for the masked kernel: the columns past every sequence's last
+        # real token dropped.
+        self.width = int(self.mask.any(0).nonzero().max()) + 1 if self.max_seqlen else 1
+        self.narrow_mask = self.mask[:, :self.width].contiguous()  # a view's stride would be one more guard
+        self.narrow_indices = self.narrow_mask.flatten().nonzero().squeeze(1)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.indices)
+
+    def pack(self, padded: torch.Tensor) -> torch.Tensor:
+        """[batch, seq, ...] -> [tokens, ...]"""
+        return padded.flatten(0, 1).index_select(0, self.indices)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """[tokens, ...] -> [batch, seq, ...], zeros at the padding."""
+        flat = packed.new_zeros(self.batch * self.seq_length, *packed.shape[1:]).index_copy(0, self.indices, packed)
+        return flat.view(self.batch, self.seq_length, *packed.shape[1:])
+
+    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int,
+                  dropout_p: float) -> torch.Tensor:
+        """Each sequence's scaled dot-product attention over its own tokens: [tokens, hidden] x 3 -> [tokens,
+        hidden], by this packing's kernel (ATTENTION_KERNELS)."""
+        return _KERNELS[self.kernel](self, query, key, value, num_heads, dropout_p)
+
+
+def _heads(rows: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[..., tokens, hidden] -> [..., heads, tokens, head_dim]"""
+    return rows.unflatten(-1, (num_heads, -1)).transpose(-3, -2)
+
+
+def _merge_heads(context: torch.Tensor) -> torch.Tensor:
+    return context.transpose(-3, -2).flatten(-2)
+
+
+def _per_sequence_attention(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
+    """One SDPA call per sequence, no mask: the fastest on a CPU (BERT-base, batch 8, real-text lengths: its step
+    1.15x the masked kernel's), where a call's launch costs little."""
+    pieces = zip(*(x.split(packing.length_list) for x in (query, key, value)))
+    return torch.cat([_merge_heads(F.scaled_dot_product_attention(*(_heads(x, num_heads) for x in qkv),
+                                                                   dropout_p=dropout_p)) for qkv in pieces])
+
+
+def _nested_attention(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
+    """SDPA on jagged nested tensors: one call for the batch, which CUDA runs with flash or memory-efficient
+    attention's variable-length kernels, without padding."""
+    offsets = packing.cu_seqlens
+
+    def nested(rows):
+        return torch.nested.nested_tensor_from_jagged(rows.unflatten(-1, (num_heads, -1)), offsets,
+                                                      max_seqlen=packing.max_seqlen).transpose(1, 2)
+
+    context = F.scaled_dot_product_attention(nested(query), nested(key), nested(value), dropout_p=dropout_p)
+    return context.transpose(1, 2).values().flatten(1)
+
+
+def _masked_attention(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
+    """Rows scattered back to [batch, longest sequence], SDPA with the padding mask, packed again (MosaicBERT's
+    path without flash attention): no host-side sizes, so torch.compile traces it as one graph."""
+    rows = packing.batch * packing.width
+
+    def padded(x):
+        flat = x.new_zeros(rows, x.shape[-1]).index_copy(0, packing.narrow_indices, x)
+        return _heads(flat.view(packing.batch, packing.width, -1), num_heads)
+
+    context = F.scaled_dot_product_attention(padded(query), padded(key), padded(value),
+                                             attn_mask=packing.narrow_mask[:, None, None, :], dropout_p=dropout_p)
+    return _merge_heads(context).flatten(0, 1).index_select(0, packing.narrow_indices)
+
+
+def _block_diagonal_attention(packing: Packing, query, key, value, num_heads: int,
+                              dropout_p: float) -> torch.Tensor:
+    """All packed rows as one sequence under a block-diagonal mask: each token attends to its own sequence only."""
+    sequence = torch.repeat_interleave(packing.lengths)
+    mask = sequence[:, None] == sequence[None, :]
+    return _merge_heads(F.scaled_dot_product_attention(*(_heads(x, num_heads) for x in (query, key, value)),
+                                                       attn_mask=mask, dropout_p=dropout_p))
+
+
+_KERNELS = {"per-sequence": _per_sequence_attention, "nested": _nested_attention, "masked": _masked_attention,
+            "block-diagonal": _block_diagonal_attention}
+ATTENTION_KERNELS = tuple(_KERNELS)
+
+
+def default_attention_kernel(device: torch.device | str) -> str:
+    """The unpadded path's attention on `device`: per-sequence SDPA on a CPU (measured fastest, see
+    docs/results/cpu-2core/unpadded), nested tensors (flash varlen) on a GPU; under torch.compile, masked."""
+    if torch.compiler.is_compiling():
+        return "masked"
+    return "per-sequence" if torch.device(device).type == "cpu" else "nested"
+
+
+# Below this share of padding a batch runs padded: packing and per-sequence attention cost more than the padding
+# they skip (measured in docs/results/cpu-2core/unpadded).
+MIN_PADDING_SHARE = 0.1
+
+
+def worth_unpadding(attention_mask: torch.Tensor) -> bool:
+    """Whether a batch with padding gains from the unpadded path. Under torch.compile always (a value-dependent
+    branch would break the graph at every call)."""
+    if torch.compiler.is_compiling():
+        return True
+    return float(attention_mask.sum()) <= (1 - MIN_PADDING_SHARE) * attention_mask.numel()
+
+
+@torch.compiler.disable
+def _packing(attention_mask: torch.Tensor, kernel: str) -> Packing:
+    # Its sizes depend on the mask's values: torch.compile traces the model around it, not through it.
+    return Packing(attention_mask, kernel)
+
+
+def set_unpadding(model: nn.Module, unpad: bool = True, attention_kernel: str | None = None) -> nn.Module:
+    """Choose the path of every BertModel in `model`: unpadded (batches with padding run on their real tokens only)
+    or padded (every sequence computed at the batch's length, Google's and NVIDIA's path); attention_kernel is the
+    unpadded path's (ATTENTION_KERNELS; None: the device's default). Weights and state-dict names are the same on
+    both paths. Returns the model."""
+    if attention_kernel is not None and attention_kernel not in _KERNELS:
+        raise ValueError(f"unknown attention kernel {attention_kernel!r}; choose one of {', '.join(_KERNELS)}")
+    for module in model.modules():
+        if isinstance(module, BertModel):
+            module.unpad, module.attention_kernel = unpad, attention_kernel
+    return model
+
+
 @dataclass
 class BertModelOutput:
-    sequence_output: torch.Tensor  # [batch, seq, hidden]
+    sequence_output: torch.Tensor  # [batch, seq, hidden]; zeros at the padding on the unpadded path
     pooled_output: torch.Tensor | None  # [batch, hidden]; None without a pooler
+    packing: Packing | None = None  # the unpadded path's layout; None when the batch ran padded
 
 
 class BertModel(nn.Module):
     """The encoder: embeddings, transformer blocks and pooler. Token-level heads (SQuAD) leave the pooler out, as
-    HF's do: a parameter that never gets a gradient would break DistributedDataParallel."""
+    HF's do: a parameter that never gets a gradient would break DistributedDataParallel.
+
+    A batch with padding runs unpadded (see Packing and set_unpadding): the embeddings and blocks see its real tokens
+    only, and the sequence output is put back in the padded layout, with zeros at the padding, for the heads. Real
+    tokens attend to real tokens only on either path, so their outputs are the padded path's; the padding's own
+    outputs, which nothing reads but the SQuAD loss (and a pooler whose position 0 is padding, which BERT's inputs,
+    starting with [CLS], never have), are not computed."""
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
@@ -184,13 +347,23 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.unpad = True
+        self.attention_kernel: str | None = None
         init_weights(self, config.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> BertModelOutput:
-        sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), sdpa_padding_mask(attention_mask))
-        pooled_output = None if self.pooler is None else self.pooler(sequence_output)
-        return BertModelOutput(sequence_output, pooled_output)
+        mask = sdpa_padding_mask(attention_mask)
+        if mask is None or not self.unpad or not worth_unpadding(attention_mask):
+            sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+            return BertModelOutput(sequence_output, self._pool(sequence_output))
+        packing = _packing(attention_mask, self.attention_kernel or default_attention_kernel(input_ids.device))
+        packed = self.encoder(self.embeddings(input_ids, token_type_ids, packing), packing)
+        sequence_output = packing.unpack(packed)
+        return BertModelOutput(sequence_output, self._pool(sequence_output), packing)
+
+    def _pool(self, sequence_output: torch.Tensor) -> torch.Tensor | None:
+        return None if self.pooler is None else self.pooler(sequence_output)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -323,8 +496,13 @@ class BertForQuestionAnswering(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None) -> QuestionAnsweringOutput:
-        sequence_output = self.bert(input_ids, token_type_ids, attention_mask).sequence_output
-        start_logits, end_logits = self.qa_outputs(sequence_output).float().unbind(-1)
+        encoded = self.bert(input_ids, token_type_ids, attention_mask)
+        logits = self.qa_outputs(encoded.sequence_output).float()
+        if encoded.packing is not None:
+            # The padded path's span softmax also spans the padding, whose states this path does not compute; a
+            # padding position is never an answer, so here it gets no probability.
+            logits = logits.masked_fill(~encoded.packing.mask[..., None], torch.finfo(logits.dtype).min)
+        start_logits, end_logits = logits.unbind(-1)
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = (F.cross_entropy(start_logits, start_positions) + F.cross_entropy(end_logits, end_positions)) / 2

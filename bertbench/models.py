@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+import torch
 from torch import nn
 
 from bertbench import modeling, recompute
 from bertbench.config import BertConfig
 from bertbench.errors import UsageError
+from bertbench.flags import parse_bool
 
 MODELINGS = ("baseline", "recompute")
 TASKS = {
@@ -20,17 +22,37 @@ TASKS = {
 
 
 def build_model(task: str, config: BertConfig, modeling_name: str = "baseline", recompute_policy: str = "full",
-                recompute_every: int = 2, **head_kwargs) -> nn.Module:
-    """A model for `task` (see TASKS) from the baseline or the recompute module; head_kwargs go to the head
-    (num_labels for classification)."""
+                recompute_every: int = 2, unpad: bool = True, attention_kernel: str | None = None,
+                **head_kwargs) -> nn.Module:
+    """A model for `task` (see TASKS) from the baseline or the recompute module, on the unpadded or the padded path
+    (modeling.set_unpadding); head_kwargs go to the head (num_labels for classification)."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if modeling_name == "baseline":
-        return getattr(modeling, TASKS[task])(config, **head_kwargs)
-    if modeling_name == "recompute":
-        return getattr(recompute, TASKS[task])(config, policy=recompute_policy, every_k=recompute_every,
-                                               **head_kwargs)
-    raise ValueError(f"unknown modeling {modeling_name!r}; choose one of {', '.join(MODELINGS)}")
+        model = getattr(modeling, TASKS[task])(config, **head_kwargs)
+    elif modeling_name == "recompute":
+        model = getattr(recompute, TASKS[task])(config, policy=recompute_policy, every_k=recompute_every,
+                                                **head_kwargs)
+    else:
+        raise ValueError(f"unknown modeling {modeling_name!r}; choose one of {', '.join(MODELINGS)}")
+    return modeling.set_unpadding(model, unpad, attention_kernel)
+
+
+def unrunnable(modeling_name: str, attention_kernel: str | None, device: torch.device | str) -> str | None:
+    """Why a model of these settings cannot train on `device`, None when it can: on a CPU, torch runs SDPA on
+    nested tensors by a fallback whose tensors activation checkpointing cannot save."""
+    if modeling_name == "recompute" and attention_kernel == "nested" and torch.device(device).type == "cpu":
+        return "--attention_kernel=nested with --modeling=recompute needs a GPU: on a CPU checkpointing cannot save " \
+               "the nested tensors of torch's fallback attention (use per-sequence, the CPU's default)"
+    return None
+
+
+def path_name(unpad: bool, attention_kernel: str | None, device: torch.device | str, compiled: bool) -> str:
+    """What a run's batches with padding run on, as train_results.json and the benches name it: "padded", or
+    "unpadded/KERNEL" with the attention kernel that runs on `device` (torch.compile's when `compiled`)."""
+    if not unpad:
+        return "padded"
+    return f"unpadded/{attention_kernel or ('masked' if compiled else modeling.default_attention_kernel(device))}"
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +66,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                             "(keep dense-layer outputs, recompute attention core and element-wise ops).")
     group.add_argument("--recompute-every", "--recompute_every", type=int, default=2, metavar="K",
                        help="k of the every-k policy.")
+    parser.bool_flag(group, "unpad", True,
+                     "Run batches with padding on their real tokens only (variable-length attention); "
+                     "--unpad=false computes every sequence at --max_seq_length, as Google's and NVIDIA's code. "
+                     "Same weights and, but for the SQuAD loss (no probability on padding), the same maths.")
+    group.add_argument("--attention-kernel", "--attention_kernel", choices=modeling.ATTENTION_KERNELS, default=None,
+                       help="The unpadded path's attention: per-sequence (SDPA per sequence, the CPU's default), "
+                            "nested (jagged nested tensors: flash varlen, a GPU's default), masked (the rows put "
+                            "back in a batch as long as its longest sequence, SDPA with the padding mask: "
+                            "torch.compile's default) or block-diagonal (all rows as one sequence, a block-diagonal "
+                            "mask).")
 
 
 def model_from_args(args: argparse.Namespace, task: str, config: BertConfig, **head_kwargs) -> nn.Module:
     if args.recompute_every < 1:
         raise UsageError(f"--recompute-every must be at least 1, got {args.recompute_every}")
-    return build_model(task, config, args.modeling, args.recompute_policy, args.recompute_every, **head_kwargs)
+    return build_model(task, config, args.modeling, args.recompute_policy, args.recompute_every, args.unpad,
+                       args.attention_kernel, **head_kwargs)

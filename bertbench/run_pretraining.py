@@ -204,7 +204,7 @@ def run(command: runner.Command, record: runner.RunRecord | None) -> int:
         if settings.eval_dir else None
 
     with job_from_environment(settings.device) as dist:
-        runner.check_record(record, config, settings, dist)
+        runner.check_record(record, config, command, dist)
         log = runner.main_process_log(dist)
         check_shard_values(train_files, limits, dist, log)
         with runner.hold_run_directory(command, record, dist, log):

@@ -33,7 +33,7 @@ from bertbench.durable import write_text_atomically
 from bertbench.errors import UsageError, one_line, run_command, signal_status
 from bertbench.estimator import Estimator, TrainingDivergedError
 from bertbench.flags import FlagName, FlagParser, FrozenNamespace, add_dataclass_flags, build, setting
-from bertbench.models import add_model_arguments, model_from_args
+from bertbench.models import add_model_arguments, model_from_args, path_name, unrunnable
 from bertbench.run_lock import RunDirectoryBusy, RunLock
 from bertbench.tf_checkpoint import CheckpointError as TFCheckpointError
 from bertbench.tokenization import BertTokenizer, VocabError
@@ -71,7 +71,7 @@ FLAG_NAMES = (
 # What changes how the training steps run, and so what a run measures: a resumed training keeps them (evaluation
 # and prediction may differ). The modeling flags (models.add_model_arguments), and TrainConfig fields whatever flag
 # sets them (--precision, --amp and --use_fp16 all set precision).
-MODEL_FLAGS = ("modeling", "recompute_policy", "recompute_every")
+MODEL_FLAGS = ("modeling", "recompute_policy", "recompute_every", "unpad", "attention_kernel")
 TRAINING_FIELDS = ("precision", "compile")
 # TrainConfig fields that are no runner's flag: the steps come from the epochs or the phase's steps; clipping and the
 # steady-state window stay Google's and the loop's.
@@ -271,8 +271,13 @@ def write_record(record: RunRecord | None, runner: str, command: Command, config
               dist.world_size, dict(derived or {})).write()
 
 
-def check_record(record: RunRecord | None, config: BertConfig, settings: RunnerSettings, dist: Distributed) -> None:
-    """A recorded run must continue with the same model and, when training, the same number of processes."""
+def check_record(record: RunRecord | None, config: BertConfig, command: Command, dist: Distributed) -> None:
+    """The model flags must be able to run on this job's device; a recorded run must continue with the same model
+    and, when training, the same number of processes."""
+    reason = unrunnable(command.flags.modeling, command.flags.attention_kernel, dist.device)
+    if reason is not None:
+        raise UsageError(reason)
+    settings = command.settings
     if record is None:
         return
     current = dataclasses.asdict(config)
@@ -459,6 +464,7 @@ def report_training(result: TrainResult, command: Command, estimator: Estimator,
                "world_size": dist.world_size, "nodes": dist.nodes, "threads": torch.get_num_threads(),
                "device": str(dist.device), "modeling": flags.modeling,
                "recompute_policy": flags.recompute_policy if flags.modeling == "recompute" else None,
+               "path": path_name(flags.unpad, flags.attention_kernel, dist.device, config.compile),
                "precision": config.precision, "use_xla": config.compile,
                "train_batch_size": command.settings.train_batch_size,
                "num_accumulation_steps": config.gradient_accumulation_steps,
@@ -478,6 +484,9 @@ def report_training(result: TrainResult, command: Command, estimator: Estimator,
         log(f"  throughput (steady, {result.steady_steps} steps, no checkpoint saves): "
             f"{result.steady_sentences_per_second:.1f} sentences/s = {result.sentences_per_20_minutes:,.0f} "
             f"sentences per 20 minutes")
+    if result.steady_real_tokens_per_second is not None and result.padding_fraction is not None:
+        log(f"  real tokens (not padding): {result.steady_real_tokens_per_second:,.0f} tokens/s steady; padding was "
+            f"{result.padding_fraction:.1%} of the batches' tokens, on the {summary['path']} path")
     if len(result.segments) > 1 or (result.segments and not result.steps):
         rate = "n/a" if steady is None else f"{steady:.1f}"
         log(f"  the whole run, {len(result.segments)} segments: {totals['steps']} steps, {totals['sentences']} "
@@ -576,7 +585,7 @@ def fine_tune(task: TaskSpec, command: Command, record: RunRecord | None) -> int
         log = main_process_log(dist)
         data = task.read(settings, tokenizer, log)
         worker_score = task.worker_score(settings, data) if independent else None
-        check_record(record, config, settings, dist)
+        check_record(record, config, command, dist)
         steps = num_train_steps(len(data.train["input_ids"]), command, dist) if settings.do_train else None
         with hold_run_directory(command, record, dist, log):
             model, start = build_model(command, task.model_task, config, dist, log, **data.head_kwargs)

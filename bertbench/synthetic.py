@@ -13,8 +13,8 @@ answer. The model has to match the question's words to the paragraph's (one atte
 of hidden size 128 learns from scratch in a few hundred steps.
 
 Model sizes and random batches: the named BERT shapes the benches time ("tiny" is also the tests' and the demo's
-debug size), and full-length batches of random ids with a step kind's labels, for timing a step whose cost does not
-depend on the values.
+debug size), and batches of random ids with a step kind's labels, full-length or of given lengths, for timing a step
+whose cost does not depend on the values.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from bertbench.config import BertConfig
+from bertbench.config import IGNORE_INDEX, BertConfig
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 POSITIVE = ["happy", "brave", "quick", "kind", "bright", "calm"]
@@ -248,17 +249,30 @@ def masked_positions(seq: int) -> int:
 
 
 def synthetic_batch(config: BertConfig, kind: str, batch: int, seq: int, device: torch.device | str = "cpu",
-                    seed: int = 0) -> dict[str, torch.Tensor]:
-    """A full-length batch (no padding) of random ids with the labels of `kind`."""
+                    seed: int = 0, lengths: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+    """A batch of random ids with the labels of `kind`: full-length (no padding), or with each sequence's real
+    length in `lengths` (pair length, [CLS] and [SEP] included) and [PAD] (id 0, mask 0, token type 0) after it, as
+    a padded batch of real text is. The token types split each sequence's real tokens in two halves; pre-training
+    predicts masked_positions(length) positions among a sequence's real tokens, the rest of the masked_positions(seq)
+    slots being padding (position 0, label IGNORE_INDEX), as in Google's data. A full-length `lengths` gives the
+    batch `lengths=None` does."""
+    lengths = torch.full((batch,), seq) if lengths is None else torch.tensor(lengths)
+    assert lengths.shape == (batch,) and 1 <= lengths.min() and lengths.max() <= seq, lengths
     generator = torch.Generator().manual_seed(seed)
-    values = {"input_ids": torch.randint(1, config.vocab_size, (batch, seq), generator=generator),
-              "token_type_ids": (torch.arange(seq) >= seq // 2).long().expand(batch, seq).contiguous(),
-              "attention_mask": torch.ones(batch, seq, dtype=torch.long)}
+    positions = torch.arange(seq).expand(batch, seq)
+    real = positions < lengths[:, None]
+    values = {"input_ids": torch.randint(1, config.vocab_size, (batch, seq), generator=generator) * real,
+              "token_type_ids": (real & (positions >= lengths[:, None] // 2)).long(),
+              "attention_mask": real.long()}
     if kind == "pretraining":
         predictions = masked_positions(seq)
-        values["masked_lm_positions"] = torch.stack([torch.randperm(seq, generator=generator)[:predictions]
-                                                     for _ in range(batch)])
-        values["masked_lm_labels"] = torch.randint(1, config.vocab_size, (batch, predictions), generator=generator)
+        values["masked_lm_positions"] = torch.zeros(batch, predictions, dtype=torch.long)
+        for row, length in enumerate(lengths.tolist()):
+            chosen = torch.randperm(length, generator=generator)[:masked_positions(length)]
+            values["masked_lm_positions"][row, :len(chosen)] = chosen
+        labels = torch.randint(1, config.vocab_size, (batch, predictions), generator=generator)
+        predicted = torch.arange(predictions) < torch.tensor([masked_positions(n) for n in lengths.tolist()])[:, None]
+        values["masked_lm_labels"] = labels.where(predicted, IGNORE_INDEX)
         values["next_sentence_labels"] = torch.randint(0, 2, (batch,), generator=generator)
     elif kind == "finetuning":
         values["labels"] = torch.randint(0, 2, (batch,), generator=generator)

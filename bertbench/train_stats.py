@@ -40,6 +40,8 @@ class TrainResult:
     checkpoint_seconds: float
     evaluation_seconds: float  # evaluations during training (left out of the steady throughput, as saves are)
     padding_fraction: float | None  # share of the trained tokens that were padding
+    real_tokens_per_second: float | None  # tokens that were not padding / seconds
+    steady_real_tokens_per_second: float | None  # the same over the steady steps
     skipped_steps: int  # fp16 steps skipped for inf/NaN gradients, in the whole run
     final_loss: float | None  # mean loss of the last logged window
     last_checkpoint: str | None
@@ -67,7 +69,7 @@ class LoopStats:
         self.exclude = min(excluded_steps, (num_train_steps - start_step) // 2)
         self.started = self.window_started = clock()
         self.steady_started: float | None = None
-        self.steady_start_sentences = 0
+        self.steady_start = Counter()  # the totals when the steady part began
         self.steps = 0
         self.totals: Counter[str] = Counter()  # sentences, tokens (padding included), real_tokens
         self.window: Counter[str] = Counter()  # the same since the last log line
@@ -102,7 +104,7 @@ class LoopStats:
             self.last_grad_norm = grad_norm
         if self.steps == self.exclude and self.steady_started is None:
             synchronize(self.device)
-            self.steady_started, self.steady_start_sentences = self.clock(), self.totals["sentences"]
+            self.steady_started, self.steady_start = self.clock(), Counter(self.totals)
 
     def peek_loss(self) -> float:
         return (self.window_loss / max(1, self.window_counted)).item()
@@ -166,15 +168,19 @@ class LoopStats:
         synchronize(self.device)
         now = self.clock()
         seconds = now - self.started
-        steady_rate, steady_steps, steady_seconds = None, 0, 0.0
+        steady_rate = steady_real_rate = None
+        steady_steps, steady_seconds = 0, 0.0
         if self.steady_started is not None and self.steps > self.exclude:
             steady_seconds = max(1e-9, now - self.steady_started - self.steady_pause_seconds)
-            steady_rate = (self.totals["sentences"] - self.steady_start_sentences) / steady_seconds
+            steady = self.totals - self.steady_start
+            steady_rate, steady_real_rate = steady["sentences"] / steady_seconds, steady["real_tokens"] / steady_seconds
             steady_steps = self.steps - self.exclude
         return {"start_step": self.start_step, "end_step": global_step, "steps": global_step - self.start_step,
                 "sentences": self.totals["sentences"], "seconds": seconds,
                 "sentences_per_second": self.totals["sentences"] / max(1e-9, seconds),
                 "steady_sentences_per_second": steady_rate, "steady_steps": steady_steps,
+                "tokens": self.totals["tokens"], "real_tokens": self.totals["real_tokens"],
+                "steady_real_tokens_per_second": steady_real_rate,
                 "steady_seconds": steady_seconds, "checkpoint_saves": self.saves,
                 "checkpoint_seconds": self.save_seconds, "world_size": self.world_size, "ended": ended}
 
@@ -194,6 +200,8 @@ class LoopStats:
             checkpoint_saves=self.saves, checkpoint_seconds=self.save_seconds,
             evaluation_seconds=self.evaluation_seconds,
             padding_fraction=1 - self.totals["real_tokens"] / self.totals["tokens"] if self.totals["tokens"] else None,
+            real_tokens_per_second=this["real_tokens"] / max(1e-9, this["seconds"]) if this["steps"] else None,
+            steady_real_tokens_per_second=this["steady_real_tokens_per_second"],
             skipped_steps=skipped, final_loss=self.last_loss, last_checkpoint=last_checkpoint, epoch=epoch,
             segments=list(segments))
 
@@ -206,7 +214,17 @@ def run_totals(segments: list[dict[str, Any]]) -> dict[str, Any]:
                           "checkpoint_seconds")}
     steady_sentences = sum(segment["steady_sentences_per_second"] * segment["steady_seconds"]
                            for segment in segments if segment["steady_sentences_per_second"] is not None)
-    return {"steps": total["steps"], "sentences": total["sentences"], "seconds": total["seconds"],
+    # Segments saved before real tokens were counted have none: then the run has no real-token figures.
+    counted = all("real_tokens" in segment for segment in segments)
+    tokens, real_tokens = (sum(segment[name] for segment in segments) if counted else None
+                           for name in ("tokens", "real_tokens"))
+    steady_real = sum(segment["steady_real_tokens_per_second"] * segment["steady_seconds"] for segment in segments
+                      if segment["steady_sentences_per_second"] is not None) if counted else None
+    return {"real_tokens_per_second": real_tokens / total["seconds"] if counted and total["seconds"] else None,
+            "steady_real_tokens_per_second": steady_real / total["steady_seconds"]
+            if counted and total["steady_steps"] else None,
+            "padding_fraction": 1 - real_tokens / tokens if counted and tokens else None,
+"steps": total["steps"], "sentences": total["sentences"], "seconds": total["seconds"],
             "sentences_per_second": total["sentences"] / total["seconds"] if total["seconds"] else None,
             "steady_sentences_per_second": steady_sentences / total["steady_seconds"] if total["steady_steps"]
             else None, "steady_steps": total["steady_steps"], "checkpoint_saves": total["checkpoint_saves"],

@@ -1,5 +1,7 @@
 import dataclasses
+import importlib.util
 import json
+import pathlib
 
 import pytest
 import torch
@@ -7,7 +9,7 @@ import torch
 from bertbench import noise
 from bertbench import cli as bertbench_cli
 from bertbench import synthetic
-from bertbench.bench import throughput, workload
+from bertbench.bench import flops, throughput, workload
 from bertbench.train_step import TrainStep
 from bertbench.training_config import TrainConfig
 
@@ -267,3 +269,154 @@ def test_gpu_sweep_uses_the_data_sheet_peak_and_the_allocator(tmp_path):
     assert all(row["memory_kind"] == "CUDA allocated" and row["step_memory_bytes"] > 0 for row in report["rows"])
     source = report["peaks"]["bf16"]["source"]
     assert source.endswith("data sheet, bf16 dense") or source == "measured bf16 matmul on cuda"
+
+
+# ---- --lengths: batches with real text's lengths -------------------------------------------------------------------
+
+FIBONACCI = "# Fibonacci, one above the sequence length\n3 5 8\n13 21 34  # 34: cut to 32\n"
+LENGTHS_RUN = ["--model", "tiny", "--seq_lengths", "32", "--batch_sizes", "4", "--warmup", "1", "--steps", "2",
+               "--kinds", "finetuning", "--no_memory"]
+HF_AND_OURS = "baseline,baseline/padded,hf,hf-dynamic"
+
+
+@pytest.fixture(scope="module")
+def lengths_run(tmp_path_factory):
+    """One interleaved run of bertbench's two paths and HF's two paddings on lengths drawn from FIBONACCI, with the
+    input ids each step was fed (by step) and the shapes HF's models were."""
+    pytest.importorskip("transformers")
+    out = tmp_path_factory.mktemp("lengths")
+    (out / "lengths.txt").write_text(FIBONACCI)
+    fed, hf_shapes = {}, {}
+    forward_loss, hf_forward = TrainStep.forward_loss, workload.HFContender.forward
+
+    def recorded_forward_loss(self, batch):
+        fed.setdefault(id(self), []).append(batch["input_ids"])
+        return forward_loss(self, batch)
+
+    def recorded_hf_forward(self, input_ids, *args, **kwargs):
+        hf_shapes.setdefault(id(self), []).append(tuple(input_ids.shape))
+        return hf_forward(self, input_ids, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TrainStep, "forward_loss", recorded_forward_loss)
+        patch.setattr(workload.HFContender, "forward", recorded_hf_forward)
+        patch.setattr(throughput, "device_peaks", lambda precisions, device: {
+            precision: (1e12, "a round peak") for precision in precisions})
+        assert throughput.main(LENGTHS_RUN + ["--lengths", str(out / "lengths.txt"), "--variants", HF_AND_OURS,
+                                              "--output_dir", str(out / "run")]) == 0
+    return out, json.loads((out / "run" / "throughput.json").read_text()), list(fed.values()), hf_shapes
+
+
+def test_a_lengths_file_is_read_past_comments_and_cut_to_the_sequence_length(tmp_path):
+    path = tmp_path / "lengths.txt"
+    path.write_text(FIBONACCI)
+    lengths = workload.Lengths.parse(str(path))
+    assert lengths.values == (3, 5, 8, 13, 21, 34)
+    drawn = lengths.draw(400, 32)
+    assert drawn == lengths.draw(400, 32) and set(drawn) == {3, 5, 8, 13, 21, 32}
+
+
+NOT_A_LENGTH = "is not a sequence length (an integer of 2 or more: [CLS] and [SEP] at least)"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# lengths\n12 40\n7 1.5\n", f":3: '1.5' {NOT_A_LENGTH}"),
+    ("5\n 9 1 # too short\n", f":2: '1' {NOT_A_LENGTH}"),
+    ("# nothing but a comment\n", ": no sequence lengths in it"),
+])
+def test_a_bad_lengths_file_fails_in_one_line_naming_file_and_line_and_writes_nothing(tmp_path, error_line, text,
+                                                                                      message):
+    path, out = tmp_path / "lengths.txt", tmp_path / "out"
+    path.write_text(text)
+    assert throughput.main(QUICK + ["--lengths", str(path), "--output_dir", str(out)]) == 2
+    assert error_line() == f"bertbench bench throughput: error: {path}{message}"
+    assert not out.exists()
+
+
+def test_an_unknown_lengths_name_is_neither_a_name_nor_a_file(tmp_path, error_line):
+    assert throughput.main(QUICK + ["--lengths", "real_text", "--output_dir", str(tmp_path / "out")]) == 2
+    assert error_line().startswith("bertbench bench throughput: error: --lengths real_text: neither full, "
+                                   "real-text nor a readable file")
+
+
+def test_the_built_in_distribution_is_the_committed_recipe_on_real_text():
+    from bertbench.tokenization import BertTokenizer
+    fixtures = pathlib.Path(__file__).parent / "fixtures" / "google_bert"
+    spec = importlib.util.spec_from_file_location("make_lengths", fixtures / "make_lengths.py")
+    make_lengths = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_lengths)
+    lengths = workload.Lengths.parse("real-text")
+    assert list(lengths.values) == make_lengths.pair_lengths((fixtures / "real_text.txt").read_text(encoding="utf-8"),
+                                                             BertTokenizer.from_vocab_file(fixtures / "vocab.txt"))
+    summary = lengths.summary()
+    assert (summary["count"], round(summary["mean"], 1), summary["median"], summary["longest"]) == (489, 64.2, 57, 128)
+    assert round(summary["share_at_longest"], 3) == 0.125
+
+
+def test_every_variant_trains_the_same_examples(lengths_run):
+    _, report, fed, hf_shapes = lengths_run
+    # each of the 4 steps: 1 warm-up and 2 timed calls of one micro-batch, going round the 2 timed calls' batches
+    drawn = workload.Lengths("file", (3, 5, 8, 13, 21, 34)).draw(8, 32)
+    cycle = [drawn[:4], drawn[4:]]
+    assert len(fed) == 4 and all(len(ids) == 3 for ids in fed)
+    wide = [ids for ids in fed if all(batch.shape == (4, 32) for batch in ids)]
+    (cut,) = [ids for ids in fed if not all(batch.shape == (4, 32) for batch in ids)]
+    for number, batch in enumerate(cut):  # round 0 is the warm-up, on the cycle's first batch like round 2
+        longest = max(cycle[number % 2])
+        assert batch.shape == (4, longest) and all(torch.equal(ids[number][:, :longest], batch) for ids in wide)
+        assert all(torch.equal(ids[number], wide[0][number]) for ids in wide)
+    assert {batch.shape[1] for batch in cut} == {32, 21}  # a batch of the cycle was cut
+    # HF's model receives the cut batches (and the other one full ones)
+    assert sorted(map(sorted, hf_shapes.values())) == [[(4, 21), (4, 32), (4, 32)], [(4, 32)] * 3]
+    real = sum(drawn) / 2
+    assert [row["real_tokens_per_step"] for row in report["rows"]] == [real] * 4
+
+
+def test_real_tokens_padding_and_model_flops_count_the_real_lengths(lengths_run):
+    out, report, _, _ = lengths_run
+    drawn = workload.Lengths("file", (3, 5, 8, 13, 21, 34)).draw(8, 32)
+    config = workload.bert_config("tiny", 32)
+    flops_per_step = sum(flops.train_flops(config, "finetuning", length) for length in drawn) / 2
+    for row in report["rows"]:
+        assert row["real_tokens_per_s"] / row["seq_per_s"] == pytest.approx(sum(drawn) / len(drawn))
+        assert row["padding_share"] == pytest.approx(1 - sum(drawn) / (8 * 32))
+        assert row["model_flops_per_step"] == pytest.approx(flops_per_step)
+        assert row["mfu"] == pytest.approx(flops_per_step / 1e12 / row["step_seconds"])
+    assert {row["variant"]: row["path"] for row in report["rows"]} == {
+        "baseline": "unpadded/per-sequence", "baseline/padded": "padded", "hf": "hf padded to max",
+        "hf-dynamic": "hf dynamic"}
+    assert report["lengths"]["count"] == 6 and report["lengths"]["longest"] == 34
+    markdown = (out / "run" / "throughput.md").read_text()
+    assert (f"- sequence lengths: {out / 'lengths.txt'} (file): 6 lengths, mean 14.0, median 10.5, 16.7% at the "
+            "longest (34); 16.7% cut to seq 32") in markdown
+    row = report["rows"][1]
+    assert (f"| finetuning | 32 | fp32 | baseline/padded | padded | 4 | {row['step_seconds']:.4f} (") in markdown
+    assert f"| {row['real_tokens_per_s']:,.0f} | {row['padding_share']:.1%} | " in markdown
+
+
+def test_pretraining_predicts_among_the_real_tokens_and_is_credited_for_them():
+    config = workload.bert_config("tiny", 32)
+    lengths = workload.Lengths("file", (2, 9, 30, 40))
+    step = workload.train_step(config, "pretraining", workload.Variant.parse("baseline"), "fp32", 3, 32,
+                               lengths=lengths, steps=2)
+    drawn = lengths.draw(6, 32)
+    for number, batch in enumerate(step.batches):
+        real = torch.tensor(drawn[3 * number:3 * number + 3])
+        assert torch.equal(batch["attention_mask"].sum(1), real)
+        assert torch.equal(batch["input_ids"] == 0, batch["attention_mask"] == 0)
+        predicted = batch["masked_lm_labels"] != -100
+        assert predicted.sum(1).tolist() == [synthetic.masked_positions(length) for length in real.tolist()]
+        assert bool((batch["masked_lm_positions"] < batch["attention_mask"].sum(1, keepdim=True)).all())
+    row = throughput.figures([0.5, 0.5], step, config, "pretraining", 32, 1e12)
+    assert row["model_flops_per_step"] == pytest.approx(sum(
+        flops.train_flops(config, "pretraining", length, synthetic.masked_positions(length)) for length in drawn) / 2)
+
+
+def test_padded_variants_train_as_runs_with_unpad_false():
+    variant = workload.Variant.parse("every-3/padded")
+    assert variant.runner_values() == {"modeling": "recompute", "recompute_policy": "every-k", "recompute_every": 3,
+                                       "unpad": False}
+    model = workload.build(workload.bert_config("tiny", 32), "finetuning", variant)
+    assert [module.unpad for module in model.modules() if hasattr(module, "unpad")] == [False]
+    with pytest.raises(workload.BenchError, match="unknown variant 'hf/padded'"):
+        workload.Variant.parse("hf/padded", hf=True)

@@ -1,9 +1,10 @@
 """torch.compile (the original --use_xla) and fp16 where they cannot apply.
 
 The training step as users run it traces to one graph, with no break in bertbench's code, for every head and every
-modeling module and recompute policy, padded or not; the compiled step computes what the eager one does. On a CPU,
-fp16 trains in fp32 and a run without a C++ compiler trains eagerly, each with a one-line note; train_results.json
-says what ran, and the same command resumes the run.
+modeling module and recompute policy, padded or not, on the padded path; on the unpadded path it breaks at the
+packing only, and stops recompiling once the batches' sizes have varied. The compiled step computes what the eager
+one does. On a CPU, fp16 trains in fp32 and a run without a C++ compiler trains eagerly, each with a one-line note;
+train_results.json says what ran, and the same command resumes the run.
 """
 
 import functools
@@ -42,10 +43,23 @@ def batch(task, padded, config=CONFIG):
     return values
 
 
-def model(task, variant, config=CONFIG):
+def batch_of_lengths(task, lengths):
+    """batch(task) with sequences of `lengths` real tokens (of 16)."""
+    values = batch(task, padded=True)
+    values["attention_mask"] = (torch.arange(16)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return values
+
+
+def model(task, variant, config=CONFIG, unpad=True):
     torch.manual_seed(0)
     modeling_name, policy = VARIANTS[variant]
-    return build_model(task, config, modeling_name, policy, **({"num_labels": 2} if task == "classification" else {}))
+    return build_model(task, config, modeling_name, policy, unpad=unpad,
+                       **({"num_labels": 2} if task == "classification" else {}))
+
+
+def is_the_packing_skip(reason: str) -> bool:
+    """Whether a graph break's reason is dynamo skipping modeling._packing, the unpadded path's one disabled call."""
+    return "torch.compiler.disable" in reason and "function _packing at" in reason
 
 
 @pytest.fixture
@@ -59,30 +73,53 @@ def traced_by_aot_eager(monkeypatch):
     torch._dynamo.reset()
 
 
-# Each head with the baseline blocks, and each recompute policy under the pre-training heads (the blocks do not
-# depend on the head): every piece of bertbench's model code, traced in fewer runs than the whole grid.
-@pytest.mark.parametrize("task, variant, precision",
-                         [(task, "baseline", "fp32") for task in TASKS]
-                         + [("pretraining", variant, "fp32") for variant in VARIANTS if variant != "baseline"]
-                         + [("pretraining", "selective", "bf16"), ("pretraining", "selective", "fp16")])
-def test_the_compiled_training_step_is_one_graph(traced_by_aot_eager, task, variant, precision):
-    # Two micro-batches, padded then not: the padding check is eager-only, so both take the same graph. TrainStep
-    # runs fp16 as its config says (the runners' fallback is runnable_config), so autocast to it is traced too.
-    step = TrainStep(model(task, variant), TrainConfig(num_train_steps=10, compile=True, precision=precision,
-                                                       gradient_accumulation_steps=2))
+# On the padded path, each head with the baseline blocks, and each recompute policy under the pre-training heads (the
+# blocks do not depend on the head): every piece of bertbench's model code, traced in fewer runs than the whole grid.
+# On the unpadded path, each head once and each recompute policy once (every-2's odd blocks are the baseline's), one of
+# them under autocast.
+@pytest.mark.parametrize("task, variant, precision, unpad",
+                         [(task, "baseline", "fp32", False) for task in TASKS]
+                         + [("pretraining", variant, "fp32", False) for variant in VARIANTS if variant != "baseline"]
+                         + [("pretraining", "selective", "bf16", False), ("pretraining", "selective", "fp16", False)]
+                         + [("classification", "full", "fp32", True), ("question_answering", "every-2", "bf16", True),
+                            ("pretraining", "selective", "fp32", True)])
+def test_the_compiled_training_step_is_one_graph(traced_by_aot_eager, task, variant, precision, unpad):
+    # Two micro-batches, padded then not: the padding check is eager-only, so both take the same path (and on the
+    # padded path the same graph). TrainStep runs fp16 as its config says (the runners' fallback is runnable_config),
+    # so autocast to it is traced too.
+    step = TrainStep(model(task, variant, unpad=unpad),
+                     TrainConfig(num_train_steps=10, compile=True, precision=precision, gradient_accumulation_steps=2))
     outcome = step(iter([batch(task, padded=True), batch(task, padded=False)]))
     assert torch.isfinite(outcome.loss)
-    assert dict(counters["graph_break"]) == {}
-    assert counters["stats"]["unique_graphs"] == 1
+    if not unpad:
+        assert dict(counters["graph_break"]) == {}
+        assert counters["stats"]["unique_graphs"] == 1
+        return
+    # The packing's sizes are the mask's values: dynamo runs it eagerly (a break, in BertModel.forward and so in its
+    # caller too) and traces the rest around it, with no other break.
+    assert counters["graph_break"] and all(is_the_packing_skip(reason) for reason in counters["graph_break"])
+    # The first change of token count makes the graph after the packing dynamic; a batch whose longest sequence is
+    # shorter than the batch (the compiled kernel's narrow mask then a strided view) recompiles it once more.
+    # Then new lengths (a sequence of one token, full ones) trace nothing new: no recompile per batch.
+    assert torch.isfinite(step(iter([batch_of_lengths(task, (16, 9)), batch_of_lengths(task, (5, 12))])).loss)
+    warmed = counters["stats"]["unique_graphs"]
+    assert warmed <= 5, warmed  # 3 around the break, 2 recompiles
+    for lengths in ((16, 1), (7, 3)), ((2, 11), (14, 16)):
+        assert torch.isfinite(step(iter([batch_of_lengths(task, pair) for pair in lengths])).loss)
+    assert counters["stats"]["unique_graphs"] == warmed
+    assert all(is_the_packing_skip(reason) for reason in counters["graph_break"])
 
 
-@pytest.mark.parametrize("variant", ["baseline", "full", "selective"])  # every-2 is full's blocks and baseline's
-def test_compiled_and_eager_gradients_agree(variant):
+# every-2 is full's blocks and baseline's; on the unpadded path, the baseline's blocks and the selective policy's tags
+@pytest.mark.parametrize("variant, unpad", [("baseline", False), ("full", False), ("selective", False),
+                                            ("baseline", True), ("selective", True)])
+def test_compiled_and_eager_gradients_agree(variant, unpad):
     """Through inductor's decompositions and its partitioner, which decides what the backward saves and what it
-    recomputes (for the selective policy, from the policy's tags): everything but inductor's code generation."""
+    recomputes (for the selective policy, from the policy's tags): everything but inductor's code generation. On the
+    unpadded path the compiled model runs torch.compile's attention kernel, the eager one the CPU's."""
     config = tiny_config(hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0,
                          attention_probs_dropout_prob=0.0)
-    eager, compiled = model("pretraining", variant, config), model("pretraining", variant, config)
+    eager, compiled = model("pretraining", variant, config, unpad), model("pretraining", variant, config, unpad)
     torch._dynamo.reset()
     traced = torch.compile(compiled, backend="aot_eager_decomp_partition")
     for padded in (True, False):

@@ -1,4 +1,9 @@
-"""The baseline model against HF transformers' BERT with the same weights, in fp32 on the CPU."""
+"""The baseline model against HF transformers' BERT with the same weights, in fp32 on the CPU.
+
+Each parity test runs both paths: the padded one (unpad=False) is compared everywhere, as HF computes it; the
+unpadded one (the default for a batch with padding) does not compute the padding's states, so it is compared at the
+real positions and on what only depends on them (pooled output, losses), and its padding is checked to be what the
+path documents (zeros in the sequence output, no probability in the SQuAD span softmax)."""
 
 import json
 
@@ -38,21 +43,38 @@ def hf_references(ours, hf_class, config, batch):
         return (hf_twin(ours, hf_class, config)(**kwargs), hf_twin(ours, hf_class, config).double()(**kwargs))
 
 
-def test_encoder_matches_hf_bert_model(config):
+PATHS = pytest.mark.parametrize("unpad", [False, True], ids=["padded", "unpadded"])
+
+
+def real_positions(attention_mask, unpad):
+    """What a parity test compares of a [batch, seq, ...] output: every position on the padded path, the real tokens
+    on the unpadded one."""
+    return attention_mask.bool() if unpad else torch.ones_like(attention_mask, dtype=torch.bool)
+
+
+@PATHS
+def test_encoder_matches_hf_bert_model(config, unpad):
     torch.manual_seed(0)
-    ours = modeling.BertModel(config).eval()
+    ours = modeling.set_unpadding(modeling.BertModel(config), unpad).eval()
     batch = tiny_batch(config)
+    real = real_positions(batch[2], unpad)
     ref32, ref64 = hf_references(ours, transformers.BertModel, config, batch)
     with torch.no_grad():
         out = ours(*batch)
-    assert_close_to_fp64(out.sequence_output, ref32.last_hidden_state, ref64.last_hidden_state, "sequence_output")
+    assert (out.packing is not None) == unpad
+    assert_close_to_fp64(out.sequence_output[real], ref32.last_hidden_state[real], ref64.last_hidden_state[real],
+                         "sequence_output")
     assert_close_to_fp64(out.pooled_output, ref32.pooler_output, ref64.pooler_output, "pooled_output")
+    if unpad:  # the padding's states are not computed: zeros, as BertModelOutput says
+        assert torch.equal(out.sequence_output[~real], torch.zeros_like(out.sequence_output[~real]))
 
 
-def test_pretraining_heads_match_hf(config):
+@PATHS
+def test_pretraining_heads_match_hf(config, unpad):
     torch.manual_seed(1)
-    ours = modeling.BertForPreTraining(config).eval()
+    ours = modeling.set_unpadding(modeling.BertForPreTraining(config), unpad).eval()
     input_ids, token_type_ids, attention_mask = batch = tiny_batch(config)
+    real = real_positions(attention_mask, unpad)
     ref32, ref64 = hf_references(ours, transformers.BertForPreTraining, config, batch)
     positions = torch.tensor([[1, 5, 7], [2, 3, 0], [4, 8, 9]])
     labels = torch.tensor([[11, 12, 13], [14, 15, -100], [16, 17, 18]])
@@ -65,7 +87,9 @@ def test_pretraining_heads_match_hf(config):
     assert out.mlm_logits.shape == (3, 3, config.vocab_size)
     assert_close_to_fp64(out.mlm_logits, ref32.prediction_logits[rows, positions],
                          ref64.prediction_logits[rows, positions], "mlm_logits at positions")
-    assert_close_to_fp64(full.mlm_logits, ref32.prediction_logits, ref64.prediction_logits, "mlm_logits")
+    assert attention_mask.bool()[rows, positions].all()  # the predicted positions are real tokens
+    assert_close_to_fp64(full.mlm_logits[real], ref32.prediction_logits[real], ref64.prediction_logits[real],
+                         "mlm_logits")
     assert_close_to_fp64(out.nsp_logits, ref32.seq_relationship_logits, ref64.seq_relationship_logits, "nsp")
     # Google's loss: mean NLL over the real masked positions plus mean NSP NLL.
     mlm_nll = torch.nn.functional.cross_entropy(ref64.prediction_logits[rows, positions].flatten(0, 1),
@@ -80,11 +104,14 @@ def test_mlm_decoder_is_tied_to_word_embeddings(config):
     assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
 
 
-def test_classifier_and_regressor_match_hf(config):
+@PATHS
+def test_classifier_and_regressor_match_hf(config, unpad):
+    """The pooled [CLS] vector depends on the real tokens only: the same logits and loss on both paths."""
     torch.manual_seed(2)
     input_ids, token_type_ids, attention_mask = tiny_batch(config)
     for num_labels, labels in ((3, torch.tensor([0, 2, 1])), (1, torch.tensor([0.5, 3.2, 4.9]))):
-        ours = modeling.BertForSequenceClassification(config, num_labels=num_labels).eval()
+        ours = modeling.BertForSequenceClassification(config, num_labels=num_labels)
+        ours = modeling.set_unpadding(ours, unpad).eval()
         hf_config = transformers.BertConfig(**config.to_hf_dict(), num_labels=num_labels)
         hf_config._attn_implementation = "eager"
         reference = transformers.BertForSequenceClassification(hf_config).eval()
@@ -98,27 +125,49 @@ def test_classifier_and_regressor_match_hf(config):
         assert out.logits.shape == (3, num_labels)
 
 
-def test_question_answering_matches_hf(config):
+def span_loss_over_real_tokens(start_logits, end_logits, attention_mask, starts, ends):
+    """The SQuAD loss with each sequence's span softmax over its real tokens only, one sequence at a time."""
+    losses = []
+    for row, length in enumerate(attention_mask.sum(1).tolist()):
+        assert attention_mask[row, :length].all()  # right padding: the real tokens come first
+        for logits, target in ((start_logits, starts), (end_logits, ends)):
+            losses.append(torch.nn.functional.cross_entropy(logits[row, None, :length], target[row, None]))
+    return torch.stack(losses).view(-1, 2).sum(1).mean() / 2
+
+
+@PATHS
+def test_question_answering_matches_hf(config, unpad):
+    """The padded path is HF's (and Google's): the span softmax spans the padding too. The unpadded path has the same
+    logits at the real tokens, the lowest float at the padding, and so the loss of a softmax over the real tokens."""
     torch.manual_seed(3)
-    ours = modeling.BertForQuestionAnswering(config).eval()
+    ours = modeling.set_unpadding(modeling.BertForQuestionAnswering(config), unpad).eval()
     hf_config = transformers.BertConfig(**config.to_hf_dict())
     hf_config._attn_implementation = "eager"
     reference = transformers.BertForQuestionAnswering(hf_config).eval()
     reference.load_state_dict(ours.state_dict(), strict=False)
     input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    real = real_positions(attention_mask, unpad)
     starts, ends = torch.tensor([1, 4, 0]), torch.tensor([3, 6, 0])
     with torch.no_grad():
         out = ours(input_ids, token_type_ids, attention_mask, start_positions=starts, end_positions=ends)
         ref = reference(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                         start_positions=starts, end_positions=ends)
-    torch.testing.assert_close(out.start_logits, ref.start_logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.end_logits, ref.end_logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.start_logits[real], ref.start_logits[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.end_logits[real], ref.end_logits[real], rtol=1e-5, atol=1e-5)
+    if not unpad:
+        torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+        return
+    lowest = torch.finfo(torch.float32).min
+    assert (out.start_logits[~real] == lowest).all() and (out.end_logits[~real] == lowest).all()
+    expected = span_loss_over_real_tokens(ref.start_logits, ref.end_logits, attention_mask, starts, ends)
+    torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
+    assert abs(out.loss.item() - ref.loss.item()) > 1e-3  # the padding's probability is what differs from HF's loss
 
 
-def test_padding_does_not_change_real_tokens(config):
+@PATHS
+def test_padding_does_not_change_real_tokens(config, unpad):
     """Extra padded positions must not leak into the outputs of the real tokens."""
-    model = modeling.BertModel(config).eval()
+    model = modeling.set_unpadding(modeling.BertModel(config), unpad).eval()
     input_ids, token_type_ids, _ = tiny_batch(config, batch=1, seq=10)
     padded_ids = torch.cat([input_ids, torch.zeros(1, 6, dtype=torch.long)], dim=1)
     padded_types = torch.cat([token_type_ids, torch.zeros(1, 6, dtype=torch.long)], dim=1)
@@ -210,13 +259,26 @@ def test_unpadded_batches_skip_the_mask():
     assert mask.shape == (2, 1, 1, 3) and mask.dtype == torch.bool and mask.sum() == 5
 
 
-def test_the_forward_compiles_to_one_graph_with_the_eager_output(config):
+def is_the_packing_skip(reason: str) -> bool:
+    """Whether a graph break's reason is dynamo skipping modeling._packing, the unpadded path's one disabled call."""
+    return "torch.compiler.disable" in reason and "function _packing at" in reason
+
+
+@PATHS
+def test_the_forward_compiles_to_one_graph_with_the_eager_output(config, unpad):
     """The padding check reads a value, which would split the compiled graph (and sync a GPU) at every call: under
-    torch.compile the mask is always applied, which gives the same output."""
-    model = modeling.BertForSequenceClassification(config, num_labels=2).eval()
+    torch.compile the mask is always applied, which gives the same output. The padded path is one graph; the
+    unpadded one breaks at the packing (its sizes are the mask's values) and nowhere else."""
+    model = modeling.set_unpadding(modeling.BertForSequenceClassification(config, num_labels=2), unpad).eval()
     input_ids, token_type_ids, attention_mask = tiny_batch(config)
     explained = torch._dynamo.explain(model)(input_ids, token_type_ids, attention_mask)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    if unpad:
+        reasons = [reason.reason for reason in explained.break_reasons]
+        assert len(reasons) == 1 and is_the_packing_skip(reasons[0]), reasons
+        # Before the packing; the rest of BertModel.forward; the rest of the caller, which the nested break splits.
+        assert explained.graph_count <= 3, explained.graph_count
+    else:
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     unpadded = torch.ones_like(attention_mask)
     compiled = torch.compile(model, backend="eager")  # dynamo's graph run eagerly: tracing is what is tested here
     for mask in (attention_mask, unpadded):

@@ -1,4 +1,7 @@
-"""Recompute BERT against the baseline: same numbers, fewer saved bytes, exactly the FLOPs each policy implies."""
+"""Recompute BERT against the baseline: same numbers, fewer saved bytes, exactly the FLOPs each policy implies.
+
+These run the padded path (unpad=False), where a block sees [batch, seq, hidden] and an SDPA mask; test_unpadded.py
+runs the same checks on the unpadded path, whose blocks see packed rows and a Packing, with these helpers."""
 
 import pytest
 import torch
@@ -10,6 +13,8 @@ from bertbench.models import build_model
 from conftest import tiny_batch, tiny_config
 
 POLICIES = [("full", 2), ("every-k", 2), ("every-k", 3), ("selective", 2)]
+# The most a policy's forward may save for backward, as a share of the baseline's (tiny_config with 4 layers).
+SAVED_LIMITS = {"full": 0.25, "every-k": 0.8, "selective": 0.6}
 ATTENTION_CORE_OPS = {"aten.bmm", "aten._scaled_dot_product_flash_attention_for_cpu"}
 
 
@@ -29,17 +34,23 @@ def run_step(model, seed=7, batch=None):
     return out.loss.detach(), grads, saved, flops
 
 
-def make(modeling_name, policy="full", every_k=2, config=None):
+def make(modeling_name, policy="full", every_k=2, config=None, unpad=False, attention_kernel=None):
     torch.manual_seed(0)
     return build_model("classification", config or tiny_config(num_hidden_layers=4), modeling_name, policy,
-                       every_k, num_labels=2)
+                       every_k, unpad, attention_kernel, num_labels=2)
 
 
-def layer_forward_flops(config, only=None):
-    """FLOPs of one block's forward in train mode (optionally only some ops), measured, not derived."""
+def layer_forward_flops(config, only=None, unpad=False):
+    """FLOPs of one block's forward in train mode (optionally only some ops) on run_step's batch, measured, not
+    derived; `unpad`: on its real tokens packed into rows, with the CPU's default attention kernel."""
     layer = modeling.BertLayer(config).train()
-    hidden = torch.randn(4, 32, config.hidden_size, requires_grad=True)
-    mask = tiny_batch(config, batch=4, seq=32)[2].bool()[:, None, None, :]
+    attention_mask = tiny_batch(config, batch=4, seq=32)[2]
+    if unpad:
+        mask = modeling.Packing(attention_mask, modeling.default_attention_kernel("cpu"))
+        hidden = torch.randn(mask.tokens, config.hidden_size, requires_grad=True)
+    else:
+        mask = attention_mask.bool()[:, None, None, :]
+        hidden = torch.randn(4, 32, config.hidden_size, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
         layer(hidden, mask)
     counts = {str(op): count for op, count in counter.get_flop_counts()["Global"].items()}
@@ -65,8 +76,7 @@ def test_dropout_is_live_so_mask_replay_is_tested():
 def test_recompute_saves_fewer_bytes(policy, every_k):
     _, _, base_saved, _ = run_step(make("baseline"))
     _, _, saved, _ = run_step(make("recompute", policy, every_k))
-    limits = {"full": 0.25, "every-k": 0.8, "selective": 0.6}
-    assert saved < limits[policy] * base_saved, (policy, saved, base_saved)
+    assert saved < SAVED_LIMITS[policy] * base_saved, (policy, saved, base_saved)
 
 
 def test_saved_bytes_order_follows_policies():
@@ -76,18 +86,21 @@ def test_saved_bytes_order_follows_policies():
     assert saved["full"] < saved["selective"] < saved["baseline"]
 
 
+@pytest.mark.parametrize("unpad", [False, True], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("policy, every_k", POLICIES)
-def test_recomputed_flops_are_what_the_policy_implies(policy, every_k):
+def test_recomputed_flops_are_what_the_policy_implies(policy, every_k, unpad):
+    """On either path a checkpointed block runs its forward once more, on the rows that path computes (packed rows
+    on the unpadded path: recompute does not undo the unpadding)."""
     config = tiny_config(num_hidden_layers=4)
-    _, _, _, base_flops = run_step(make("baseline", config=config))
-    _, _, _, flops = run_step(make("recompute", policy, every_k, config=config))
+    _, _, _, base_flops = run_step(make("baseline", config=config, unpad=unpad))
+    _, _, _, flops = run_step(make("recompute", policy, every_k, config=config, unpad=unpad))
     extra = sum(flops.values()) - sum(base_flops.values())
     checkpointed = recompute.checkpointed_layers(policy, config.num_hidden_layers, every_k)
     if policy == "selective":
         # dense outputs are kept: only the attention core (scores and weighted sum) runs again
-        expected = len(checkpointed) * layer_forward_flops(config, only=ATTENTION_CORE_OPS)
+        expected = len(checkpointed) * layer_forward_flops(config, only=ATTENTION_CORE_OPS, unpad=unpad)
     else:
-        expected = len(checkpointed) * layer_forward_flops(config)
+        expected = len(checkpointed) * layer_forward_flops(config, unpad=unpad)
     assert expected > 0 and extra == expected, (policy, extra, expected)
 
 
@@ -198,18 +211,27 @@ def test_cuda_recompute_keeps_less_allocated_memory():
     assert peaks["recompute"] < peaks["baseline"]
 
 
-def test_modeling_flags_build_the_chosen_module():
+def parse_model_flags(argv):
+    """The modeling flags of a command as a runner reads them: a FlagParser (absl booleans), its defaults under the
+    flags the command gives (runner.resolve_command)."""
     import argparse
 
-    from bertbench.models import add_model_arguments, model_from_args
+    from bertbench.flags import FlagParser
+    from bertbench.models import add_model_arguments
 
-    parser = argparse.ArgumentParser()
+    parser = FlagParser()
     add_model_arguments(parser)
-    baseline = model_from_args(parser.parse_args([]), "classification", tiny_config(), num_labels=2)
+    return argparse.Namespace(**{**parser.defaults, **vars(parser.parse_args(argv))})
+
+
+def test_modeling_flags_build_the_chosen_module():
+    from bertbench.models import model_from_args
+
+    baseline = model_from_args(parse_model_flags([]), "classification", tiny_config(), num_labels=2)
     assert not hasattr(baseline, "recompute_policy")
     # the TF-style underscore spelling is accepted too, as the original runners' flags are
-    args = parser.parse_args(["--modeling", "recompute", "--recompute_policy", "every-k", "--recompute-every", "3"])
+    args = parse_model_flags(["--modeling", "recompute", "--recompute_policy", "every-k", "--recompute-every", "3"])
     model = model_from_args(args, "pretraining", tiny_config(num_hidden_layers=4))
     assert model.recompute_policy == "every-3"
     with pytest.raises(SystemExit):
-        parser.parse_args(["--recompute-policy", "half"])
+        parse_model_flags(["--recompute-policy", "half"])

@@ -36,7 +36,7 @@ def data(tmp_path_factory):
 def flags(data, out, task="MRPC", *extra):
     return ([f"--task_name={task}", f"--data_dir={data / 'glue' / task}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
              f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
-             "--train_batch_size=16", "--learning_rate=2e-3", "--log_step_count_steps=1000",
+             "--train_batch_size=16", "--learning_rate=1e-3", "--log_step_count_steps=1000",
              f"--output_dir={out}"] + list(extra))
 
 
@@ -89,7 +89,7 @@ def test_conflicting_flag_is_refused_and_nothing_changes(mrpc_run, error_line):
     weights = open(checkpoint, "rb").read()
     assert main(["--do_train", f"--output_dir={mrpc_run}", "--learning_rate=3e-5"]) == 2
     line = error_line()
-    assert "bertbench_run.json" in line and "--learning_rate=0.002" in line and "3e-05" in line
+    assert "bertbench_run.json" in line and "--learning_rate=0.001" in line and "3e-05" in line
     assert (mrpc_run / "bertbench_run.json").read_bytes() == record and open(checkpoint, "rb").read() == weights
 
 
@@ -122,13 +122,15 @@ def test_stsb_regression_correlates(data, tmp_path):
 
 @pytest.fixture(scope="module")
 def modeling_runs(data, tmp_path_factory):
-    """A short train, eval and predict run with each modeling module (recompute: the full policy)."""
+    """A short train, eval and predict run with each modeling module (recompute: the full policy), and the
+    baseline on the padded path (--unpad=false)."""
     runs = {}
-    for modeling in MODELINGS:
-        out = tmp_path_factory.mktemp(modeling) / "run"
+    for name, extra in [*((modeling, ()) for modeling in MODELINGS), ("padded", ("--unpad=false",))]:
+        out = tmp_path_factory.mktemp(name) / "run"
+        modeling = "baseline" if name == "padded" else name
         assert main(flags(data, out, "MRPC", "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=0.5",
-                          f"--modeling={modeling}", "--recompute-policy=full")) == 0
-        runs[modeling] = out
+                          f"--modeling={modeling}", "--recompute-policy=full", *extra)) == 0
+        runs[name] = out
     return runs
 
 
@@ -141,8 +143,32 @@ def test_each_modeling_module_trains_evaluates_and_predicts(modeling_runs, model
     assert len((out / "MRPC.tsv").read_text().splitlines()) == 41
 
 
+def test_train_results_name_the_path_and_count_real_tokens(modeling_runs):
+    """The built-in task's pairs are shorter than --max_seq_length=32: its batches run unpadded by default, padded
+    with --unpad=false, and both runs report the same padding share and real tokens per sentence."""
+    unpadded, padded = (json.loads((modeling_runs[name] / "train_results.json").read_text())
+                        for name in ("baseline", "padded"))
+    assert (unpadded["path"], padded["path"]) == ("unpadded/per-sequence", "padded")
+    assert unpadded["padding_fraction"] == padded["padding_fraction"] and 0.2 < padded["padding_fraction"] < 0.8
+    for train in (unpadded, padded):
+        real_per_sentence = train["real_tokens_per_second"] / train["sentences_per_second"]
+        assert real_per_sentence == pytest.approx((1 - train["padding_fraction"]) * 32, rel=1e-9)
+        assert train["steady_real_tokens_per_second"] > 0
+    assert read_results(modeling_runs["padded"])["dev_acc"] == pytest.approx(
+        read_results(modeling_runs["baseline"])["dev_acc"], abs=0.05)
+
+
+def test_a_resumed_training_keeps_its_path(modeling_runs, error_line):
+    out = modeling_runs["padded"]
+    before = sorted(os.listdir(out))
+    assert main(["--do_train", "--unpad=true", f"--output_dir={out}"]) == 2
+    assert "this run was made with --unpad=False" in error_line()
+    assert sorted(os.listdir(out)) == before
+
+
 def test_recompute_module_ends_with_the_baselines_weights(modeling_runs):
-    final = {modeling: load_checkpoint(list_checkpoints(out)[-1][1])["model"] for modeling, out in modeling_runs.items()}
+    final = {modeling: load_checkpoint(list_checkpoints(out)[-1][1])["model"] for modeling, out in modeling_runs.items()
+             if modeling in MODELINGS}
     for name, tensor in final["baseline"].items():
         torch.testing.assert_close(final["recompute"][name], tensor, rtol=1e-5, atol=1e-6)
 

@@ -12,7 +12,7 @@ from bertbench.checkpoint import CheckpointError, list_checkpoints
 from bertbench.estimator import MAX_CONSECUTIVE_SKIPPED_STEPS, Estimator, TrainingDivergedError
 from bertbench.models import build_model
 from bertbench.train_state import CONTINUE, FRESH, RESTORE, RESUME, WARM_START, decide_start
-from bertbench.train_stats import LoopStats
+from bertbench.train_stats import LoopStats, run_totals
 from bertbench.train_step import TrainStep
 from bertbench.training_config import RunConfig, TrainConfig
 from conftest import Overflowing, tiny_config
@@ -116,7 +116,20 @@ def test_steady_throughput_leaves_out_the_first_steps_saves_and_evaluations():
     assert result.steady_steps == 8 and result.steady_sentences_per_second == 32 / 8.0
     assert (result.checkpoint_saves, result.checkpoint_seconds, result.evaluation_seconds) == (1, 0.5, 0.25)
     assert result.padding_fraction == pytest.approx(1 - 34 / 40)
+    assert result.real_tokens_per_second == 340 / 10.75 and result.steady_real_tokens_per_second == 8 * 34 / 8.0
     assert result.final_loss == pytest.approx(0.5) and result.sentences_per_20_minutes == 4.0 * 1200
+
+    # A resumed run adds a second segment; a segment saved before real tokens were counted leaves the run without
+    # real-token figures rather than with wrong ones.
+    segment = result.segments[0] if result.segments else stats.segment(10, ended="finished")
+    second = dict(segment, tokens=100, real_tokens=50, seconds=5.0, steady_seconds=4.0,
+                  steady_sentences_per_second=2.0, steady_real_tokens_per_second=10.0)
+    totals = run_totals([segment, second])
+    assert totals["real_tokens_per_second"] == (340 + 50) / (10.75 + 5.0)
+    assert totals["steady_real_tokens_per_second"] == (8 * 34 + 10.0 * 4.0) / (8.0 + 4.0)
+    assert totals["padding_fraction"] == 1 - 390 / 500
+    older = {name: value for name, value in segment.items() if "real_tokens" not in name and name != "tokens"}
+    assert run_totals([older, second])["real_tokens_per_second"] is None
 
 
 def test_budget_and_eta_follow_the_clock():

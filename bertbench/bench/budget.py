@@ -74,7 +74,7 @@ class Contender:
 
     @property
     def run_name(self) -> str:
-        return f"{self.variant.name}-{self.processes}proc" + ("-independent" if self.independent else "")
+        return f"{self.variant.file_name}-{self.processes}proc" + ("-independent" if self.independent else "")
 
     def flags(self) -> list[str]:
         flags = [f"--{name.replace('_', '-')}={value}" for name, value in self.variant.runner_values().items()]

@@ -155,7 +155,7 @@ def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root:
     runs: dict[str, list[dict]] = {variant.name: [] for variant in variants}
     for round_index in range(args.rounds):
         for variant in variants if round_index % 2 == 0 else list(reversed(variants)):
-            out = os.path.join(root, "runs", f"{variant.name}-{round_index}")
+            out = os.path.join(root, "runs", f"{variant.file_name}-{round_index}")
             values = {**inputs, **variant.runner_values(), "do_train": True, "output_dir": out,
                       "save_checkpoints_secs": args.save_checkpoints_secs}
             run = train_once(spec, values, scores)

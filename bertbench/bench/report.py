@@ -51,6 +51,11 @@ def top_rows(report: dict) -> list[dict]:
     return list(report.get("rows", []))
 
 
+def throughput_rows(report: dict) -> list[dict]:
+    # Results written before --lengths existed timed full-length batches.
+    return [dict(row, lengths=row.get("lengths", "full")) for row in top_rows(report)]
+
+
 def model_rows(report: dict) -> list[dict]:
     return [dict(row, model=entry.get("model")) for entry in report.get("models", []) for row in entry["rows"]]
 
@@ -70,8 +75,9 @@ def category_rows(report: dict) -> list[dict]:
 
 
 COMPARISONS = {
-    "throughput": Comparison(top_rows, ("model", "kind", "seq", "precision", "variant", "batch"),
-                             (("seq/s", "seq_per_s", ",.2f"), ("MFU", "mfu", ".1%"))),
+    "throughput": Comparison(throughput_rows, ("model", "kind", "seq", "lengths", "precision", "variant", "batch"),
+                             (("seq/s", "seq_per_s", ",.2f"), ("real tokens/s", "real_tokens_per_s", ",.0f"),
+                              ("MFU", "mfu", ".1%"))),
     "memory": Comparison(top_rows, ("model", "kind", "precision", "seq", "variant"),
                          (("largest batch", "max_batch", ",d"), ("slowdown", "slowdown", ".2f"))),
     "scaling": Comparison(model_rows, ("model", "nodes", "processes"),

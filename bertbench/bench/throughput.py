@@ -7,14 +7,25 @@ bertbench.bench.flops) and MFU against the device's peak: the data sheet's on a 
 FLOP/s on a CPU. Memory is measured on one extra step per variant, alone: the CUDA allocator's peak on a GPU; on the
 CPU, the bytes the forward saves for backward (exact, by autograd's hooks) and the process's peak resident set.
 
-The variant `hf` is HF transformers' BERT with the baseline's weights, trained by the same step (optimizer,
-clipping, precision): the reference bertbench's speed is compared against, interleaved with it. Its MFU counts the
-same model FLOPs as the others (the work the step has to do), so what HF spends beyond them (its MLM logits at every
-position in pre-training) shows as a lower MFU.
+With --lengths real-text (or a file of lengths) the batches have real text's lengths, padded to the sequence length
+as a data set's are: each setting's timed steps go round a seeded cycle of batches drawn from the distribution, the
+same examples for every variant. The bertbench variants run them on the unpadded path, as runs do, or with /padded on
+the padded path ("baseline/padded", Google's: every sequence computed at the sequence length); each row adds the real
+tokens/s (padding left out) and the padding share, and its model FLOPs count each sequence at its real length, so
+that no path is credited with work on padding.
+
+The variants `hf` and `hf-dynamic` are HF transformers' BERT with the baseline's weights, trained by the same step
+(optimizer, clipping, precision): the reference bertbench's speed is compared against, interleaved with it, on the
+same examples. `hf` is fed each batch padded to the sequence length (run_glue.py's default, pad_to_max_length),
+`hf-dynamic` each batch cut to its longest sequence (the Trainer's DataCollatorWithPadding). Their MFU counts the same
+model FLOPs as the others (the work the step has to do), so what HF spends beyond them (padding, its MLM logits at
+every position in pre-training) shows as a lower MFU.
 
     bertbench bench throughput --model base --seq_lengths 128,512 --batch_sizes 1,2,4,8
     bertbench bench throughput --model tiny --batch_sizes 8,32 --steps 3        # a quick look
     bertbench bench throughput --kinds finetuning --batch_sizes 8 --variants baseline,hf   # bertbench vs HF
+    bertbench bench throughput --model base --kinds finetuning --batch_sizes 8 --lengths real-text \
+        --variants baseline,baseline/padded,hf,hf-dynamic      # unpadded vs padded vs HF's two paddings, real lengths
 """
 
 from __future__ import annotations
@@ -38,12 +49,19 @@ from bertbench.distributed import Distributed
 from bertbench.estimator import Estimator
 from bertbench.training_config import RunConfig
 
-COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""), ("variant", "variant", ""),
-           ("batch", "batch", "d"), spread_column("step (s): median (min–max, CV)", "step_seconds", ".4f"),
-           ("seq/s", "seq_per_s", ".2f"),
-           ("vs first variant", "speed_vs_first_variant", ".3f"), ("tokens/s", "tokens_per_s", ",.0f"),
-           ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"),
-           ("saved for backward (MiB)", "saved_mib", ",.1f"), ("step memory (MiB)", "step_memory_mib", ",.0f")]
+
+
+def columns(padded: bool) -> list[tuple]:
+    """The table's columns; on batches with padding, the path each variant ran, and the real tokens/s and the
+    padding share in place of tokens/s (which count the padding)."""
+    path = [("path", "path", "")] if padded else []
+    tokens = ([("real tokens/s", "real_tokens_per_s", ",.0f"), ("padding", "padding_share", ".1%")] if padded
+              else [("tokens/s", "tokens_per_s", ",.0f")])
+    return [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""), ("variant", "variant", ""),
+            *path, ("batch", "batch", "d"), spread_column("step (s): median (min–max, CV)", "step_seconds", ".4f"),
+            ("seq/s", "seq_per_s", ".2f"), ("vs first variant", "speed_vs_first_variant", ".3f"), *tokens,
+            ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"),
+            ("saved for backward (MiB)", "saved_mib", ",.1f"), ("step memory (MiB)", "step_memory_mib", ",.0f")]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,14 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Step kinds: pretraining (MLM on 15%% of positions + NSP) and finetuning "
                             "(classification).")
     sweep.add_argument("--variants", type=cli.comma_list(str), default=list(workload.ALL_VARIANTS),
-                       help="baseline, full, selective, every-K, and hf (HF transformers' BERT, same weights "
-                            "and step; needs transformers).")
+                       help="baseline, full, selective, every-K, on the unpadded path as runs train (batches with "
+                            "padding run on their real tokens only), or with /padded on the padded path "
+                            "(baseline/padded: every sequence computed at the sequence length, as Google's code); "
+                            "hf and hf-dynamic: HF transformers' BERT, same weights and step (needs transformers), "
+                            "fed each batch padded to the sequence length (run_glue.py's default) or cut to its "
+                            "longest sequence (the Trainer's dynamic padding).")
     sweep.add_argument("--precisions", type=cli.comma_list(str), default=["fp32"],
                        help="fp32, bf16 (autocast), fp16 (autocast + loss scaling).")
     sweep.add_argument("--batch_sizes", type=cli.comma_list(cli.positive_int), default=[1, 2, 4, 8],
                        help="Sequences per step.")
     sweep.add_argument("--seq_lengths", type=cli.comma_list(cli.positive_int), default=[128],
-                       help="Tokens per sequence.")
+                       help="Tokens per sequence (padding included).")
+    sweep.add_argument("--lengths", default="full",
+                       help="The real lengths of the sequences ([CLS] and [SEP] counted): full (every sequence at "
+                            "the sequence length, no padding); real-text (built in: 489 sentence pairs of English "
+                            "prose, WordPiece-tokenized, mean 64.2, an eighth of them cut at 128); or a file of "
+                            "lengths, integers of 2 or more separated by spaces or newlines, # starting a comment. "
+                            "A length above a setting's sequence length is cut to it, as Google's truncation keeps a "
+                            "pair within max_seq_length. Each setting's timed steps go round a seeded cycle of "
+                            "batches drawn from it: every variant trains the same examples.")
     timing = parser.add_argument_group("timing")
     timing.add_argument("--warmup", type=int, default=2, help="Untimed steps per setting (start-up, allocator).")
     timing.add_argument("--steps", type=cli.positive_int, default=5, help="Timed steps per setting; the median "
@@ -91,7 +121,7 @@ def recipe(args: argparse.Namespace) -> dict:
             "max_grad_norm": args.max_grad_norm or None, "compile": args.compile}
 
 
-def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
+def check_settings(args: argparse.Namespace) -> tuple[list[workload.Variant], workload.Lengths]:
     for kind in args.kinds:
         if kind not in workload.STEP_KINDS:
             raise workload.BenchError(f"unknown kind {kind!r}: use {' or '.join(workload.STEP_KINDS)}")
@@ -100,7 +130,11 @@ def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
             raise workload.BenchError(f"unknown precision {precision!r}: use {', '.join(workload.PRECISIONS)}")
     if args.warmup < 0:
         raise workload.BenchError(f"--warmup must be 0 or more, got {args.warmup}")
-    return [workload.Variant.parse(name, hf=True) for name in args.variants]
+    variants = [workload.Variant.parse(name, hf=True) for name in args.variants]
+    if args.with_trainer and any(variant.cut_to_longest for variant in variants):
+        raise workload.BenchError("--with_trainer does not take hf-dynamic: the trainer's loop feeds every batch at "
+                                  "the sequence length")
+    return variants, workload.Lengths.parse(args.lengths)
 
 
 def measure_memory(step: workload.BenchStep) -> dict:
@@ -108,6 +142,7 @@ def measure_memory(step: workload.BenchStep) -> dict:
     (weights, optimizer state, and the other variants' models, which the sweep keeps): activations, gradients,
     temporaries."""
     device = step.device
+    step.position = 0  # every variant's memory step on the same examples, the cycle's first
     saved = measure.saved_activation_bytes(step.forward, step.model)[1]  # the graph goes before the step runs
     devices.synchronize(device)
     devices.reset_peak_memory(device)
@@ -119,21 +154,20 @@ def measure_memory(step: workload.BenchStep) -> dict:
             "memory_kind": "CUDA allocated" if device.type == "cuda" else "process RSS"}
 
 
-def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device: torch.device,
-          peaks: dict[str, tuple[float, str]]) -> list[dict]:
+def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], lengths: workload.Lengths,
+          device: torch.device, peaks: dict[str, tuple[float, str]]) -> list[dict]:
     rows = []
     for kind in args.kinds:
         for seq in args.seq_lengths:
             config = workload.bert_config(args.model, seq)
             models = {variant.name: workload.build(config, kind, variant, device) for variant in variants}
-            masked = synthetic.masked_positions(seq) if kind == "pretraining" else 0
-            flops_per_sequence = flops.train_flops(config, kind, seq, masked)
             for precision in args.precisions:
                 out_of_memory: set[str] = set()
                 for batch in args.batch_sizes:
                     live = [variant for variant in variants if variant.name not in out_of_memory]
                     steps = {variant.name: workload.train_step(config, kind, variant, precision, batch, seq, device,
-                                                               models[variant.name], **recipe(args))
+                                                               models[variant.name], lengths=lengths,
+                                                               steps=args.steps, **recipe(args))
                              for variant in live}
                     try:
                         times = measure.time_steps(steps, args.warmup, args.steps, device)
@@ -141,20 +175,22 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], device
                         times = time_each_alone(steps, args, device, out_of_memory)
                     # the ratios' reference: the first variant listed that fit (seq/s over its seq/s)
                     first = next((variant.name for variant in live if variant.name not in out_of_memory), None)
+                    setting = dict(model=args.model, kind=kind, seq=seq, precision=precision, lengths=lengths.name,
+                                   batch=batch)
                     for variant in live:
                         if variant.name in out_of_memory:
-                            rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,
-                                             variant=variant.name, batch=batch, out_of_memory=True))
+                            rows.append(dict(setting, variant=variant.name, out_of_memory=True))
                             continue
-                        row = figures(times[variant.name], steps[variant.name].sequences, seq, flops_per_sequence,
+                        row = figures(times[variant.name], steps[variant.name], config, kind, seq,
                                       peaks[precision][0])
                         row["speed_vs_first_variant"] = statistics.median(times[first]) / row["step_seconds"]
                         if not args.no_memory:
                             row.update(measure_memory(steps[variant.name]))
-                        rows.append(dict(model=args.model, kind=kind, seq=seq, precision=precision,
-                                         variant=variant.name, batch=batch, out_of_memory=False, **row))
-                        print(f"  {kind} seq {seq} {precision} {variant.name:<10} batch {batch:>4}: "
-                              f"{spread_text(row, 'seq_per_s', '.2f')} seq/s  MFU {row['mfu']:.1%}", flush=True)
+                        rows.append(dict(setting, variant=variant.name, path=variant.path(device, args.compile),
+                                         out_of_memory=False, **row))
+                        print(f"  {kind} seq {seq} {precision} {variant.name:<16} batch {batch:>4}: "
+                              f"{spread_text(row, 'seq_per_s', '.2f')} seq/s  "
+                              f"{row['real_tokens_per_s']:,.0f} real tokens/s  MFU {row['mfu']:.1%}", flush=True)
                     for step in steps.values():
                         step.optimizer.state.clear()  # two fp32 copies of the weights, not needed any more
                     del steps
@@ -170,17 +206,19 @@ TRAINER_COLUMNS = [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "pre
 
 
 def bench_vs_trainer(args: argparse.Namespace, config, kind: str, variant: workload.Variant, precision: str,
-                     batch: int, seq: int, device: torch.device) -> dict:
+                     batch: int, seq: int, lengths: workload.Lengths, device: torch.device) -> dict:
     """The bench's seq/s and the Estimator's steady seq/s on one setting, in alternating rounds (bench, trainer,
     trainer, bench, ...), each round on a freshly built model: the bench times --steps steps after --warmup; the
-    trainer trains --warmup + --steps steps on a shuffled stream of synthetic examples of the same shape and reports
-    its steady figure (the first --warmup steps and the checkpoint save left out). Each round's figure is sequences
-    over the summed step time, so both are rates over the same steps."""
+    trainer trains --warmup + --steps steps on a shuffled stream of synthetic examples of the same shape and lengths
+    (drawn from the same distribution) and reports its steady figure (the first --warmup steps and the checkpoint
+    save left out). Each round's figure is sequences over the summed step time, so both are rates over the same
+    steps."""
     train = recipe(args)
-    features = synthetic.synthetic_batch(config, kind, batch * 8, seq, seed=1)
+    features = synthetic.synthetic_batch(config, kind, batch * 8, seq, seed=1, lengths=lengths.draw(batch * 8, seq))
 
     def bench_round() -> float:
-        step = workload.train_step(config, kind, variant, precision, batch, seq, device, **train)
+        step = workload.train_step(config, kind, variant, precision, batch, seq, device, lengths=lengths,
+                                   steps=args.steps, **train)
         seconds = measure.time_steps({"step": step}, args.warmup, args.steps, device)["step"]
         return step.sequences * len(seconds) / sum(seconds)
 
@@ -226,13 +264,21 @@ def time_each_alone(steps: dict, args: argparse.Namespace, device: torch.device,
     return times
 
 
-def figures(seconds: list[float], sequences: int, seq: int, flops_per_sequence: int, peak: float) -> dict:
-    """Figures of one setting from its step times; `sequences` per step (the batch times its micro-batches). Each
-    figure is the median with its spread over the timed steps (noise.spread_fields)."""
-    flops_per_step = flops_per_sequence * sequences
+def figures(seconds: list[float], step: workload.BenchStep, config, kind: str, seq: int, peak: float) -> dict:
+    """Figures of one setting from its step times. Each is the median with its spread over the timed steps
+    (noise.spread_fields); the amounts per step are the means over the step's cycle of batches, which the timed
+    steps go round whole. Model FLOPs count each sequence at its real length (flops.train_flops): what the step has
+    to do, whatever its path computes on the padding."""
+    sequences = step.sequences
+    real_tokens = step.per_step(lambda length: length)
+    flops_per_step = step.per_step(lambda length: flops.train_flops(
+        config, kind, length, synthetic.masked_positions(length) if kind == "pretraining" else 0))
     return {**spread_fields("step_seconds", spread(seconds)), "timed_steps": len(seconds),
             "sequences_per_step": sequences, **spread_fields("seq_per_s", rate_spread(sequences, seconds)),
             **spread_fields("tokens_per_s", rate_spread(sequences * seq, seconds)),
+            "real_tokens_per_step": real_tokens,
+            **spread_fields("real_tokens_per_s", rate_spread(real_tokens, seconds)),
+            "padding_share": 1 - real_tokens / (sequences * seq),
             "model_flops_per_step": flops_per_step,
             **spread_fields("model_tflops_per_s", rate_spread(flops_per_step / 1e12, seconds)),
             **spread_fields("mfu", rate_spread(flops_per_step / peak, seconds))}
@@ -269,18 +315,25 @@ def warnings(rows: list[dict], compared: list[dict]) -> list[str | None]:
             "machine." if impossible else None]
 
 
-def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, compared: list[dict]) -> str:
+def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, compared: list[dict],
+             lengths: workload.Lengths) -> str:
     done = [dict(row, saved_mib=row.get("saved_bytes", 0) / 2**20 if "saved_bytes" in row else None,
                  step_memory_mib=row["step_memory_bytes"] / 2**20 if "step_memory_bytes" in row else None)
             for row in rows if not row["out_of_memory"]]
     lines = [f"# Throughput: {model} on {device}", ""]
     lines += [f"- peak {precision}: {peak / 1e12:.3f} TFLOP/s ({source})" for precision, (peak, source)
               in peaks.items()]
-    lines += ["", markdown_table(done, COLUMNS), "",
+    lines += ["", lengths_line(lengths, sorted({row["seq"] for row in rows})),
+              "", markdown_table(done, columns(not lengths.full)), "",
               "step: median of the timed steps (min–max, CV = stdev / mean); the other figures are of the median "
               "step (the JSON has the spread of each). step memory: what one step adds, at its peak, to the memory "
               "resident before it (CUDA allocator on a GPU, process RSS on the CPU): activations, gradients, "
-              "temporaries."]
+              "temporaries" + ("." if lengths.full else ", on the cycle's first batch. path: what the variant "
+                               "runs batches with padding on (the unpadded path runs one with little padding "
+                               "padded, where that is faster). real tokens/s leaves the padding out; padding: its "
+                               "share of the batches' sequence-length slots, what the padded path computes in vain "
+                               "(hf-dynamic only up to each batch's longest sequence). TFLOP/s and MFU count each "
+                               "sequence's model FLOPs at its real length, for every path.")]
     if compared:
         lines += ["", "## The bench's step and the trainer's loop", "",
                   "Seq/s of the bench's step and the Estimator's steady seq/s on the same setting, in alternating "
@@ -290,6 +343,19 @@ def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, co
         lines += ["", "Out of memory: " + ", ".join(f"{row['variant']} {row['kind']} seq {row['seq']} "
                                                     f"{row['precision']} batch {row['batch']}" for row in skipped)]
     return "\n".join(lines)
+
+
+def lengths_line(lengths: workload.Lengths, seq_lengths: Sequence[int]) -> str:
+    """The distribution that ran, for the markdown."""
+    if lengths.full:
+        return "- sequence lengths: full (every sequence at the sequence length, no padding)"
+    summary = lengths.summary()
+    origin = "built in, sentence pairs of English prose" if lengths.name == "real-text" else "file"
+    cut = [f"{sum(length > seq for length in lengths.values) / summary['count']:.1%} cut to seq {seq}"
+           for seq in seq_lengths if seq < summary["longest"]]
+    return (f"- sequence lengths: {lengths.name} ({origin}): {summary['count']} lengths, mean "
+            f"{summary['mean']:.1f}, median {summary['median']:g}, {summary['share_at_longest']:.1%} at the longest "
+            f"({summary['longest']})" + "".join(f"; {text}" for text in cut))
 
 
 def plots(rows: list[dict]) -> dict:
@@ -321,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> None:
-        variants = check_settings(args)
+        variants, lengths = check_settings(args)
         workload.bert_config(args.model, max(args.seq_lengths))  # a bad --model fails before anything runs
         output = BenchOutput(cli.output_dir(args, "throughput"), "throughput", argv, args.overwrite)
         if args.threads:
@@ -331,17 +397,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             workload.check_runnable(workload.train_config(precision, compile=args.compile), device)
         load = LoadWatch()
         peaks = device_peaks(args.precisions, device)
-        rows = sweep(args, variants, device, peaks)
+        rows = sweep(args, variants, lengths, device, peaks)
         compared = [bench_vs_trainer(args, workload.bert_config(args.model, seq), kind, variant, precision, batch,
-                                     seq, device)
+                                     seq, lengths, device)
                     for kind in args.kinds for seq in args.seq_lengths for precision in args.precisions
                     for variant in variants for batch in args.batch_sizes] if args.with_trainer else []
         for message in [load.busy(), *warnings(rows, compared)]:
             output.warn(message)
-        text = markdown(rows, peaks, args.model, device, compared)
+        text = markdown(rows, peaks, args.model, device, compared, lengths)
         print(output.write(vars(args), {"device": str(device), "peaks": {
             precision: {"flops_per_s": peak, "source": source} for precision, (peak, source) in peaks.items()},
-            "training_step": recipe(args), "rows": rows, "trainer_comparison": compared}, text, plots(rows)))
+            "training_step": recipe(args), "lengths": lengths.summary(), "rows": rows,
+            "trainer_comparison": compared}, text, plots(rows)))
         print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 
     return cli.run("bertbench bench throughput", body)

@@ -3,14 +3,20 @@
 Every bench (throughput, memory, profile, scaling) builds its steps here, so that "BERT-base, pre-training, seq 128,
 recompute/selective, bf16" means the same model, batch and step everywhere, and the step is the one users train with:
 bertbench.train_step.TrainStep with the training defaults (optimizer, schedule, clipping, loss scaling). The data is
-random token ids: a step's cost does not depend on the values, and no file or network is needed.
+random token ids: a step's cost does not depend on the values, and no file or network is needed. It does depend on
+the lengths where padding is skipped (the unpadded path, HF's dynamic padding), so the batches can have real text's
+lengths (Lengths): a distribution of them, the built-in one measured on real text.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
+import pathlib
+import random
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 
 import torch
 from torch import nn
@@ -18,7 +24,8 @@ from torch import nn
 from bertbench.config import IGNORE_INDEX, BertConfig, ConfigError
 from bertbench.synthetic import MODEL_SIZES, synthetic_batch
 from bertbench.distributed import Distributed
-from bertbench.models import build_model
+from bertbench.modeling import ATTENTION_KERNELS
+from bertbench.models import build_model, path_name, unrunnable
 from bertbench.train_step import TrainStep, autocast, fallbacks
 from bertbench.training_config import TrainConfig
 
@@ -38,36 +45,70 @@ class BenchRunFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Variant:
-    """A modeling module with its recompute policy: "baseline", "full", "selective" or "every-K"; or "hf", HF
-    transformers' BERT with the baseline's weights (the reference users compare against), trained by the same step."""
+    """A modeling module with its recompute policy, "baseline", "full", "selective" or "every-K", on the unpadded path
+    as runs train (batches with padding run on their real tokens only; "/KERNEL" picks its attention kernel, e.g.
+    "baseline/nested", see modeling.ATTENTION_KERNELS), or on the padded path with "/padded" ("baseline/padded":
+    every sequence computed at the batch's length, Google's path); or HF transformers' BERT with
+    the baseline's weights (the reference users compare against), trained by the same step: "hf" fed each batch
+    padded to the sequence length (run_glue.py's default, pad_to_max_length), "hf-dynamic" fed it cut to its
+    longest sequence (the Trainer's DataCollatorWithPadding)."""
 
     name: str
     modeling: str
     policy: str = "full"
     every_k: int = 2
+    unpad: bool = True
+    attention_kernel: str | None = None  # the unpadded path's; None: the device's default
+    cut_to_longest: bool = False
 
     @classmethod
     def parse(cls, text: str, hf: bool = False) -> "Variant":
-        """A variant by name; `hf` only where the bench takes it (the HF model has no runner, no recompute)."""
-        if text == "baseline" or text == "hf" and hf:
-            return cls(text, text)
-        if text == "hf":
-            raise BenchError("variant hf is HF transformers' model: compare with it in `bertbench bench throughput "
-                             "--variants baseline,hf`")
-        if text in ("full", "selective"):
-            return cls(text, "recompute", text)
-        if text.startswith("every-") and text[len("every-"):].isdigit() and int(text[len("every-"):]) >= 1:
-            return cls(text, "recompute", "every-k", int(text[len("every-"):]))
-        raise BenchError(f"unknown variant {text!r}: use baseline, full, selective or every-K (K >= 1)"
-                         + (" or hf" if hf else ""))
+        """A variant by name; `hf` and `hf-dynamic` only where the bench takes them (the HF model has no runner,
+        no recompute)."""
+        if text in HF_VARIANTS:
+            if not hf:
+                raise BenchError(f"variant {text} is HF transformers' model: compare with it in `bertbench bench "
+                                 f"throughput --variants baseline,{text}`")
+            return cls(text, "hf", unpad=False, cut_to_longest=text == "hf-dynamic")
+        model = text.partition("/")[0]
+        every = model[len("every-"):] if model.startswith("every-") else ""
+        if model == "baseline":
+            fields = {"modeling": "baseline"}
+        elif model in ("full", "selective"):
+            fields = {"modeling": "recompute", "policy": model}
+        elif every.isdigit() and int(every) >= 1:
+            fields = {"modeling": "recompute", "policy": "every-k", "every_k": int(every)}
+        else:
+            fields = None
+        path = text[len(model) + 1:] if text != model else None
+        if fields is None or path not in (None, "padded", *ATTENTION_KERNELS):
+            raise BenchError(f"unknown variant {text!r}: use baseline, full, selective or every-K (K >= 1), each "
+                             f"optionally /padded (the padded path) or /KERNEL (the unpadded path's attention: "
+                             f"{', '.join(ATTENTION_KERNELS)})" + (", or hf or hf-dynamic" if hf else ""))
+        return cls(text, unpad=path != "padded", attention_kernel=None if path in (None, "padded") else path,
+                   **fields)
+
+    @property
+    def file_name(self) -> str:
+        """The name as a file or directory name ("baseline/padded" -> "baseline-padded")."""
+        return self.name.replace("/", "-")
 
     def runner_values(self) -> dict:
         """The runners' flags that pick this variant, as values by flag name (see runner.run_values)."""
+        path = {"unpad": False} if not self.unpad else {"attention_kernel": self.attention_kernel} \
+            if self.attention_kernel else {}
         if self.modeling != "recompute":
-            return {"modeling": self.modeling}
-        return {"modeling": "recompute", "recompute_policy": self.policy, "recompute_every": self.every_k}
+            return {"modeling": self.modeling, **path}
+        return {"modeling": "recompute", "recompute_policy": self.policy, "recompute_every": self.every_k, **path}
+
+    def path(self, device: torch.device | str, compiled: bool) -> str:
+        """What the variant's batches with padding run on, as the benches name it (models.path_name)."""
+        if self.modeling == "hf":
+            return "hf dynamic" if self.cut_to_longest else "hf padded to max"
+        return path_name(self.unpad, self.attention_kernel, device, compiled)
 
 
+HF_VARIANTS = ("hf", "hf-dynamic")
 ALL_VARIANTS = ("baseline", "full", "selective", "every-2")
 # The schedule length of a bench step: long enough that the learning rate never decays noticeably while timed.
 BENCH_STEPS = 10**9
@@ -99,7 +140,8 @@ def build(config: BertConfig, kind: str, variant: Variant, device: torch.device 
     if variant.modeling == "hf":
         model = HFContender(build_model(task, config, **head), config, kind)
     else:
-        model = build_model(task, config, variant.modeling, variant.policy, variant.every_k, **head)
+        model = build_model(task, config, variant.modeling, variant.policy, variant.every_k, variant.unpad,
+                            variant.attention_kernel, **head)
     return model.to(device).train()
 
 
@@ -163,13 +205,87 @@ def check_runnable(train: TrainConfig, device: torch.device | str) -> TrainConfi
     return train
 
 
+@dataclass(frozen=True)
+class Lengths:
+    """The sequence lengths (pair length, [CLS] and [SEP] counted) a bench's batches are drawn from: "full" (every
+    sequence at the setting's length, no padding), "real-text" (the built-in distribution, real_text_lengths.txt) or
+    a file of lengths: integers of 2 or more separated by whitespace, "#" starting a comment."""
+
+    name: str
+    values: tuple[int, ...] = ()  # empty for "full"
+
+    @classmethod
+    def parse(cls, text: str) -> "Lengths":
+        """--lengths: a name, else a file's path; an unreadable file or a bad length is a BenchError naming it."""
+        if text == "full":
+            return cls(text)
+        if text == "real-text":
+            return cls.read(resources.files(__package__).joinpath(BUILT_IN_LENGTHS), text)
+        return cls.read(pathlib.Path(text), text)
+
+    @classmethod
+    def read(cls, path: pathlib.Path | resources.abc.Traversable, name: str) -> "Lengths":
+        values = []
+        try:
+            with path.open(encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    for word in line.partition("#")[0].split():
+                        if not (word.isdigit() and int(word) >= 2):
+                            raise BenchError(f"{name}:{number}: {word!r} is not a sequence length (an integer of "
+                                             "2 or more: [CLS] and [SEP] at least)")
+                        values.append(int(word))
+        except OSError as error:
+            raise BenchError(f"--lengths {name}: neither full, real-text nor a readable file ({error.strerror})"
+                             ) from None
+        except UnicodeDecodeError:
+            raise BenchError(f"{name}: not a text file of sequence lengths") from None
+        if not values:
+            raise BenchError(f"{name}: no sequence lengths in it")
+        return cls(name, tuple(values))
+
+    @property
+    def full(self) -> bool:
+        return not self.values
+
+    def draw(self, count: int, seq: int) -> list[int]:
+        """`count` lengths drawn from the distribution, the same on every call (seeded), each cut to `seq`, as
+        Google's truncation keeps a pair within max_seq_length."""
+        if self.full:
+            return [seq] * count
+        return [min(seq, length) for length in random.Random(0).choices(self.values, k=count)]
+
+    def summary(self) -> dict:
+        """What a report says of the distribution: count, mean, median, longest and the share at the longest."""
+        if self.full:
+            return {"name": self.name}
+        longest = max(self.values)
+        return {"name": self.name, "count": len(self.values), "mean": statistics.fmean(self.values),
+                "median": statistics.median(self.values), "longest": longest,
+                "share_at_longest": self.values.count(longest) / len(self.values)}
+
+
+FULL_LENGTHS = Lengths("full")
+# Made by tests/fixtures/google_bert/make_lengths.py from sentence pairs of English prose; its header says how.
+BUILT_IN_LENGTHS = "real_text_lengths.txt"
+TOKEN_KEYS = ("input_ids", "token_type_ids", "attention_mask")
+
+
+def cut_to_longest(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch cut to its longest sequence, as HF's DataCollatorWithPadding pads a batch; pre-training's masked
+    positions lie among the real tokens, so they hold."""
+    longest = int(batch["attention_mask"].sum(1).max())
+    return {name: tensor[:, :longest].contiguous() if name in TOKEN_KEYS else tensor for name, tensor in batch.items()}
+
+
 @dataclass
 class BenchStep:
-    """The training step users train with (bertbench.train_step.TrainStep), fed one fixed synthetic batch;
-    call it to run one optimizer step (gradient_accumulation_steps micro-batches of that batch)."""
+    """The training step users train with (bertbench.train_step.TrainStep), fed a cycle of synthetic micro-batches
+    in turn (for full-length batches, one fixed batch); call it to run one optimizer step
+    (gradient_accumulation_steps micro-batches)."""
 
     step: TrainStep
-    batch: dict[str, torch.Tensor]
+    batches: list[dict[str, torch.Tensor]]
+    position: int = 0  # the micro-batch of the cycle that the next call starts with
 
     @property
     def model(self) -> nn.Module:
@@ -186,24 +302,47 @@ class BenchStep:
     @property
     def sequences(self) -> int:
         """Sequences one call trains: the batch times the micro-batches per step."""
-        return len(self.batch["input_ids"]) * self.step.config.gradient_accumulation_steps
+        return len(self.batches[0]["input_ids"]) * self.step.config.gradient_accumulation_steps
+
+    def per_step(self, per_sequence: Callable[[int], float]) -> float:
+        """A figure of `per_sequence(real length)` summed over one call's sequences (real tokens, model FLOPs),
+        averaged over the cycle: what the calls that go round the cycle whole (train_step's `steps`) average to."""
+        lengths = [length for batch in self.batches for length in batch["attention_mask"].sum(1).tolist()]
+        return sum(map(per_sequence, lengths)) * self.step.config.gradient_accumulation_steps / len(self.batches)
+
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        batch = self.batches[self.position % len(self.batches)]
+        self.position += 1
+        return batch
 
     def forward(self) -> torch.Tensor:
-        return self.step.forward_loss(self.batch)
+        """The loss of the micro-batch the next call starts with."""
+        return self.step.forward_loss(self.batches[self.position % len(self.batches)])
 
     def __call__(self) -> None:
-        self.step(itertools.repeat(self.batch))
+        self.step(iter(self._next_batch, None))
 
 
 def train_step(config: BertConfig, kind: str, variant: Variant, precision: str, batch: int, seq: int,
                device: torch.device | str = "cpu", model: nn.Module | None = None,
-               dist: Distributed | None = None, **train_overrides) -> BenchStep:
+               dist: Distributed | None = None, lengths: Lengths = FULL_LENGTHS, steps: int = 1,
+               **train_overrides) -> BenchStep:
     """The training step of one setting; pass `model` to reuse one already built for the same kind and variant, and
     `train_overrides` (TrainConfig fields: optimizer, gradient_accumulation_steps, compile, ...) to time another
-    recipe. Under torchrun pass the job's `dist`: the step is then DDP's, as in training."""
+    recipe. Under torchrun pass the job's `dist`: the step is then DDP's, as in training. With `lengths` other than
+    full, the step goes round a cycle of the micro-batches of `steps` steps with lengths drawn from it, the same
+    examples for every variant (seeded), so that `steps` timed calls train each once; hf-dynamic's are cut to their
+    longest sequence."""
     device = torch.device(device)
     dist = dist or Distributed(device=device)
     train = check_runnable(train_config(precision, **train_overrides), device)
+    reason = unrunnable(variant.modeling, variant.attention_kernel, device)
+    if reason is not None:
+        raise BenchError(f"variant {variant.name}: {reason}")
     model = model if model is not None else build(config, kind, variant, device)
     step = TrainStep(model, train, dist)
-    return BenchStep(step, synthetic_batch(config, kind, batch, seq, device))
+    micro_batches = 1 if lengths.full else steps * train.gradient_accumulation_steps
+    drawn = lengths.draw(micro_batches * batch, seq)
+    batches = [synthetic_batch(config, kind, batch, seq, device, seed=index,
+                               lengths=drawn[index * batch:(index + 1) * batch]) for index in range(micro_batches)]
+    return BenchStep(step, [cut_to_longest(each) for each in batches] if variant.cut_to_longest else batches)

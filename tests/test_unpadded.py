@@ -1,0 +1,388 @@
+"""The unpadded path (modeling.Packing) against the padded one: the same maths on the real tokens for every head and
+every attention kernel, a mask of any shape, which path a batch takes, weights and state dicts shared by both paths,
+recompute on packed rows, the flags that choose the path, and the FLOPs the padding no longer costs."""
+
+import copy
+import functools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from bertbench import modeling
+from bertbench.models import TASKS, build_model, model_from_args
+from bertbench.saved_activations import saved_activation_bytes
+from conftest import tiny_batch, tiny_config
+from test_recompute import POLICIES, SAVED_LIMITS, make, parse_model_flags
+
+KERNELS = modeling.ATTENTION_KERNELS
+NO_DROPOUT = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+SEQ = 12
+LENGTHS = (12, 1, 7, 4)  # a full-length sequence, a one-token one and two between
+HEAD_KWARGS = {"classification": {"num_labels": 3}}
+
+
+def lengths_mask(lengths, seq=SEQ):
+    return (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
+
+
+def varied_batch(config, mask):
+    """Random ids and segment ids under `mask` ([batch, SEQ])."""
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(1, config.vocab_size, mask.shape, generator=generator)
+    token_type_ids = torch.randint(0, config.type_vocab_size, mask.shape, generator=generator)
+    return input_ids, token_type_ids, mask
+
+
+def labels(task, mask):
+    """The labels of `task` for a 4-sequence batch, every predicted or answer position a real token of `mask`."""
+    if task == "classification":
+        values = {"labels": torch.tensor([0, 2, 1, 2])}
+    elif task == "pretraining":
+        values = {"masked_lm_positions": torch.tensor([[1, 5, 11], [0, 0, 0], [2, 6, 3], [1, 3, 0]]),
+                  "masked_lm_labels": torch.tensor([[5, 6, 7], [8, -100, -100], [9, 10, 11], [12, 13, -100]]),
+                  "next_sentence_labels": torch.tensor([0, 1, 0, 1])}
+        positions = values["masked_lm_positions"]
+    elif task == "question_answering":
+        values = {"start_positions": torch.tensor([3, 0, 6, 1]), "end_positions": torch.tensor([5, 0, 6, 3])}
+        positions = torch.stack(list(values.values()), 1)
+    else:
+        return {}
+    if task != "classification":
+        assert mask.bool()[torch.arange(4)[:, None], positions].all()
+    return values
+
+
+def span_loss_over_real_tokens(start_logits, end_logits, mask, starts, ends):
+    """The SQuAD loss with each span softmax over the real tokens only: what the unpadded path trains on."""
+    real = mask.bool()
+    start_logits, end_logits = (logits.masked_fill(~real, float("-inf")) for logits in (start_logits, end_logits))
+    return (F.cross_entropy(start_logits, starts) + F.cross_entropy(end_logits, ends)) / 2
+
+
+def outputs_and_loss(model, task, batch):
+    """What a head computes from the real tokens (each [batch, seq] output at the real positions only; the pooled
+    output of the sequences whose first position, which the pooler reads, is real), and a scalar loss of those only,
+    the same on either path."""
+    input_ids, token_type_ids, mask = batch
+    real = mask.bool()
+    given = labels(task, mask)
+    out = model(input_ids, token_type_ids, mask, **given)
+    if task == "encoder":
+        generator = torch.Generator().manual_seed(2)
+        weights = torch.randn(out.sequence_output.shape, generator=generator).to(out.sequence_output.dtype)
+        pooled_weights = torch.randn(out.pooled_output.shape, generator=generator).to(out.pooled_output.dtype)
+        pooled = real[:, 0]
+        loss = (out.sequence_output * weights)[real].sum() + (out.pooled_output * pooled_weights)[pooled].sum()
+        return {"sequence_output": out.sequence_output[real], "pooled_output": out.pooled_output[pooled]}, loss
+    if task == "classification":
+        return {"logits": out.logits, "loss": out.loss}, out.loss
+    if task == "pretraining":
+        return {"mlm_logits": out.mlm_logits, "nsp_logits": out.nsp_logits, "loss": out.loss}, out.loss
+    loss = span_loss_over_real_tokens(out.start_logits, out.end_logits, mask, given["start_positions"],
+                                      given["end_positions"])
+    if out.loss is not None and model.bert.unpad:
+        torch.testing.assert_close(out.loss, loss.to(out.loss.dtype), rtol=1e-6, atol=1e-7)
+    return {"start_logits": out.start_logits[real], "end_logits": out.end_logits[real], "loss": loss}, loss
+
+
+def forward_backward(model, task, batch):
+    """The outputs, and every parameter's gradient of the loss, of one forward and backward."""
+    outputs, loss = outputs_and_loss(model.train(), task, batch)
+    loss.backward()
+    return {**{name: value.detach() for name, value in outputs.items()},
+            **{f"grad of {name}": parameter.grad for name, parameter in model.named_parameters()}}
+
+
+def assert_close_to_fp64(ours, padded, fp64, name):
+    """The unpadded path's fp32 error against the padded path in fp64 must be of the order of the padded path's own
+    fp32 error (an output exactly zero in fp64, as the gradient of an unused position embedding, must be zero)."""
+    reference_error = (padded.double() - fp64).abs().max().item()
+    our_error = (ours.double() - fp64).abs().max().item()
+    bound = 4 * reference_error + 1e-6 * fp64.abs().max().item()
+    assert our_error <= bound, f"{name}: error {our_error:.3g} vs padded fp32 {reference_error:.3g}"
+
+
+def assert_paths_agree(task, kernel, batch, config=NO_DROPOUT):
+    """The unpadded path with `kernel` against the padded path in fp32 and fp64, same weights, dropout off."""
+    torch.manual_seed(0)
+    ours = build_model(task, config, unpad=True, attention_kernel=kernel, **HEAD_KWARGS.get(task, {}))
+    padded = modeling.set_unpadding(copy.deepcopy(ours), False)
+    fp64 = copy.deepcopy(padded).double()
+    with torch.no_grad():  # the unpadded model does run unpadded, with this kernel
+        bert = ours if task == "encoder" else ours.bert
+        assert bert(*batch).packing.kernel == kernel
+    got = forward_backward(ours, task, batch)
+    expected32, expected64 = forward_backward(padded, task, batch), forward_backward(fp64, task, batch)
+    assert got.keys() == expected64.keys()
+    for name in got:
+        assert_close_to_fp64(got[name], expected32[name], expected64[name], name)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("task", list(TASKS))
+def test_same_outputs_and_gradients_as_the_padded_path(task, kernel):
+    """Real tokens attend to real tokens only on both paths, so what the heads compute from them, and every
+    parameter's gradient, are the padded path's, whichever kernel runs the attention; the padding's states, which
+    the unpadded path does not compute, are zeros."""
+    config = NO_DROPOUT
+    batch = varied_batch(config, lengths_mask(LENGTHS))
+    assert_paths_agree(task, kernel, batch)
+    if task == "encoder":
+        torch.manual_seed(0)
+        model = build_model("encoder", config, attention_kernel=kernel).eval()
+        with torch.no_grad():
+            padding = model(*batch).sequence_output[~batch[2].bool()]
+        assert padding.numel() and torch.equal(padding, torch.zeros_like(padding))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_kernel_applies_attention_dropout_in_training_only(kernel):
+    """The kernels get the attention dropout (the comparisons above run without it): with only attention dropout on,
+    training changes the real tokens' outputs, evaluation gives the padded path's."""
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.5)
+    batch = varied_batch(config, lengths_mask(LENGTHS))
+    real = batch[2].bool()
+    torch.manual_seed(0)
+    model = build_model("encoder", config, attention_kernel=kernel)
+    padded = modeling.set_unpadding(copy.deepcopy(model), False).eval()
+    with torch.no_grad():
+        expected = padded(*batch).sequence_output[real]
+        torch.testing.assert_close(model.eval()(*batch).sequence_output[real], expected, rtol=1e-5, atol=1e-5)
+        trained = model.train()(*batch).sequence_output[real]
+    assert (trained - expected).abs().max() > 1e-2
+
+
+HOLES = torch.tensor([[1, 1, 0, 1, 0, 1, 1, 0, 0, 1, 0, 0],   # holes
+                      [0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0],   # padding first
+                      [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],   # full
+                      [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]])  # one token, the last
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_mask_with_holes_gives_the_padded_paths_real_outputs(kernel):
+    """Real tokens are found in the mask, not assumed to come first: a token keeps the position (embedding) of its
+    column, and attends to its own sequence's real tokens, wherever they are."""
+    assert_paths_agree("encoder", kernel, varied_batch(NO_DROPOUT, HOLES))
+
+
+def test_the_packing_of_a_mask_with_holes():
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    packing = modeling.Packing(mask, "per-sequence")
+    assert packing.tokens == 10
+    assert packing.indices.tolist() == [0, 1, 3, 6, 7, 10, 11, 12, 13, 14]
+    assert packing.positions.tolist() == [0, 1, 3, 1, 2, 0, 1, 2, 3, 4]
+    assert packing.cu_seqlens.tolist() == [0, 3, 5, 10]
+    assert (packing.length_list, packing.max_seqlen, packing.width) == ([3, 2, 5], 5, 5)
+    padded = torch.randn(3, 5, 2)
+    packed = packing.pack(padded)
+    assert torch.equal(packed, padded[mask.bool()])
+    assert torch.equal(packing.unpack(packed), padded * mask[..., None])
+    narrow = modeling.Packing(torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 0, 0]]), "per-sequence")
+    assert narrow.width == 3 and narrow.narrow_mask.tolist() == [[True, False, True], [False, True, False]]
+
+
+def test_padding_takes_the_unpadded_path_and_unpad_false_never_does(config):
+    """Only a batch with padding is packed (without padding there is nothing to save); unpad=False never packs."""
+    model = modeling.BertModel(config).eval()
+    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    with torch.no_grad():
+        assert model(input_ids, token_type_ids, torch.ones_like(attention_mask)).packing is None
+        assert model(input_ids, token_type_ids).packing is None
+        packing = model(input_ids, token_type_ids, attention_mask).packing
+        assert packing.tokens == int(attention_mask.sum())
+        assert packing.kernel == modeling.default_attention_kernel("cpu")
+        modeling.set_unpadding(model, False)
+        assert model(input_ids, token_type_ids, attention_mask).packing is None
+        modeling.set_unpadding(model, True, KERNELS[-1])
+        assert model(input_ids, token_type_ids, attention_mask).packing.kernel == KERNELS[-1]
+
+
+def test_a_batch_with_little_padding_runs_padded(config):
+    """Below MIN_PADDING_SHARE of padding, packing costs more than the padding it skips: such a batch runs padded,
+    from that share on unpadded, with the same real outputs either way."""
+    model = modeling.BertModel(config).eval()
+    input_ids, token_type_ids, _ = tiny_batch(config, batch=4, seq=10)
+    least = math.ceil(modeling.MIN_PADDING_SHARE * input_ids.numel())  # the fewest padding tokens worth unpadding
+    assert 0 < least < input_ids.shape[1]
+    for padding, packed in ((least - 1, False), (least, True)):
+        mask = torch.ones_like(input_ids)
+        mask[1, input_ids.shape[1] - padding:] = 0
+        with torch.no_grad():
+            out = model(input_ids, token_type_ids, mask)
+            expected = modeling.set_unpadding(copy.deepcopy(model), False)(input_ids, token_type_ids, mask)
+        assert (out.packing is not None) == packed, padding
+        torch.testing.assert_close(out.sequence_output[mask.bool()], expected.sequence_output[mask.bool()],
+                                   rtol=1e-5, atol=1e-5)
+
+
+VARIANTS = [("baseline", "full")] + [("recompute", policy) for policy, _ in POLICIES]
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_state_dict_names_are_the_same_on_every_path(task):
+    config = tiny_config()
+    names = {(name, policy, unpad): list(build_model(task, config, name, policy, unpad=unpad,
+                                                     **HEAD_KWARGS.get(task, {})).state_dict())
+             for name, policy in VARIANTS for unpad in (True, False)}
+    first = next(iter(names.values()))
+    assert all(keys == first for keys in names.values()), names.keys()
+
+
+def test_weights_move_between_paths():
+    """A padded model's checkpoint loads into an unpadded (and recomputed) one, which then predicts what it did."""
+    config = tiny_config()
+    input_ids, token_type_ids, attention_mask = tiny_batch(config)
+    given = {"masked_lm_positions": torch.tensor([[1, 5, 7], [2, 3, 0], [4, 8, 9]])}
+    torch.manual_seed(0)
+    padded = build_model("pretraining", config, unpad=False).eval()
+    torch.manual_seed(1)
+    unpadded = build_model("pretraining", config, "recompute", "selective", unpad=True).eval()
+    with torch.no_grad():
+        before = unpadded(input_ids, token_type_ids, attention_mask, **given)
+        unpadded.load_state_dict(padded.state_dict())
+        expected = padded(input_ids, token_type_ids, attention_mask, **given)
+        got = unpadded(input_ids, token_type_ids, attention_mask, **given)
+    assert not torch.allclose(before.mlm_logits, expected.mlm_logits, atol=1e-3)
+    torch.testing.assert_close(got.mlm_logits, expected.mlm_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.nsp_logits, expected.nsp_logits, rtol=1e-5, atol=1e-5)
+
+
+def packed_step(model, seed=7):
+    """test_recompute.run_step's step without its FLOP counter, which cannot count nested tensors' attention: one
+    forward+backward with dropout on; returns the loss, the gradients and the bytes saved for backward."""
+    input_ids, token_type_ids, attention_mask = tiny_batch(model.config, batch=4, seq=32)
+    model.train()
+    torch.manual_seed(seed)
+    out, saved = saved_activation_bytes(
+        lambda: model(input_ids, token_type_ids, attention_mask, labels=torch.tensor([0, 1, 1, 0])), model)
+    out.loss.backward()
+    return out.loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}, saved
+
+
+@functools.lru_cache(maxsize=None)
+def baseline_step(kernel):
+    return packed_step(make("baseline", unpad=True, attention_kernel=kernel))
+
+
+# On a CPU torch runs SDPA on nested tensors by a fallback whose strided nested tensors checkpointing cannot save:
+# the runners and benches refuse recompute with the nested kernel there (test below).
+@pytest.mark.parametrize("kernel", [kernel for kernel in KERNELS if kernel != "nested"])
+@pytest.mark.parametrize("policy, every_k", POLICIES)
+def test_recompute_on_packed_rows_is_exact_and_saves_bytes(policy, every_k, kernel):
+    """Checkpointed blocks get the Packing as their mask and replay each dropout mask: loss and gradients are
+    bit-identical to the baseline's on the unpadded path, and the forward keeps fewer bytes for backward."""
+    base_loss, base_grads, base_saved = baseline_step(kernel)
+    loss, grads, saved = packed_step(make("recompute", policy, every_k, unpad=True, attention_kernel=kernel))
+    assert torch.equal(loss, base_loss)
+    assert grads.keys() == base_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], base_grads[name], rtol=0, atol=0, msg=name)
+    assert saved < SAVED_LIMITS[policy] * base_saved, (policy, saved, base_saved)
+
+
+def test_the_recompute_batch_runs_unpadded_with_live_dropout():
+    """The recompute checks above are not vacuous: their batch is packed, and another seed changes the loss."""
+    model = make("baseline", unpad=True)
+    with torch.no_grad():
+        assert model.bert(*tiny_batch(model.config, batch=4, seq=32)).packing is not None
+    assert not torch.equal(packed_step(model, seed=7)[0], packed_step(make("baseline", unpad=True), seed=8)[0])
+
+
+def test_the_default_kernel_keeps_fewer_bytes_than_the_padded_path():
+    """A per-token activation is kept for real tokens only, a sequence's attention scores for its own tokens: at
+    most the real tokens' share of what the padded path keeps."""
+    attention_mask = tiny_batch(tiny_config(), batch=4, seq=32)[2]
+    share = attention_mask.sum().item() / attention_mask.numel()
+    _, _, unpadded = packed_step(make("baseline", unpad=True))
+    _, _, padded = packed_step(make("baseline", unpad=False))
+    assert unpadded < share * padded, (unpadded, padded, share)
+
+
+def test_recompute_with_the_nested_kernel_is_refused_on_a_cpu_before_anything_runs(tmp_path, error_line):
+    from bertbench.bench import workload
+    from bertbench.run_classifier import main
+    from bertbench.synthetic import write_glue_task
+    from conftest import write_bert_dir
+
+    write_glue_task(tmp_path / "glue", "MRPC", train=32, dev=8, test=0)
+    write_bert_dir(tmp_path / "bert")
+    out = tmp_path / "run"
+    assert main([f"--task_name=MRPC", f"--data_dir={tmp_path / 'glue' / 'MRPC'}", "--do_train",
+                 f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}", "--device=cpu", "--max_seq_length=32",
+                 f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}", f"--output_dir={out}",
+                 "--modeling=recompute", "--attention_kernel=nested"]) == 2
+    assert "--attention_kernel=nested with --modeling=recompute needs a GPU" in error_line()
+    assert not out.exists()
+    with pytest.raises(workload.BenchError, match="variant full/nested: --attention_kernel=nested"):
+        workload.train_step(tiny_config(), "finetuning", workload.Variant.parse("full/nested"), "fp32", 2, 8)
+
+
+def test_unknown_kernels_are_refused():
+    with pytest.raises(ValueError, match="unknown attention kernel 'flash'"):
+        modeling.set_unpadding(modeling.BertModel(tiny_config()), True, "flash")
+    with pytest.raises(ValueError, match="unknown attention kernel"):
+        build_model("encoder", tiny_config(), attention_kernel="flash")
+
+
+@pytest.mark.parametrize("argv, unpad, kernel", [
+    ([], True, None), (["--unpad"], True, None), (["--unpad=false"], False, None), (["--nounpad"], False, None),
+    (["--no_unpad"], False, None), (["--unpad=true", "--attention_kernel", KERNELS[-1]], True, KERNELS[-1])]
+    + [(["--attention_kernel", kernel], True, kernel) for kernel in KERNELS])
+def test_unpad_flags_build_the_chosen_path(argv, unpad, kernel, config):
+    args = parse_model_flags(argv)
+    model = model_from_args(args, "classification", config, num_labels=2)
+    assert (model.bert.unpad, model.bert.attention_kernel) == (unpad, kernel)
+    encoder = model_from_args(args, "encoder", config).eval()
+    with torch.no_grad():
+        packing = encoder(*tiny_batch(config)).packing
+    if unpad:
+        assert packing.kernel == (kernel or modeling.default_attention_kernel("cpu"))
+    else:
+        assert packing is None
+
+
+def test_unknown_kernel_flag_is_refused():
+    with pytest.raises(SystemExit):
+        parse_model_flags(["--attention_kernel", "flash"])
+    with pytest.raises(SystemExit):
+        parse_model_flags(["--unpad=maybe"])
+
+
+BERT_TINY = tiny_config(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+
+
+def dense_flops(config, tokens, batch):
+    """FLOPs of BertModel's dense layers: per token and block, Q, K, V and the attention output (hidden x hidden) and
+    the feed-forward's two (hidden x intermediate); the pooler's once per sequence. 2 FLOPs a multiply-add."""
+    hidden, intermediate = config.hidden_size, config.intermediate_size
+    per_token = 2 * hidden * (4 * hidden + 2 * intermediate)
+    return tokens * config.num_hidden_layers * per_token + batch * 2 * hidden * hidden
+
+
+def forward_flops(model, batch):
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(*batch)
+    return {str(op): count for op, count in counter.get_flop_counts()["Global"].items()}
+
+
+# FlopCounterMode cannot count the nested kernel's attention on a CPU (it decomposes its math fallback, which fails
+# on jagged sizes); its dense layers are the other kernels'.
+@pytest.mark.parametrize("kernel", [kernel for kernel in KERNELS if kernel != "nested"])
+def test_dense_flops_follow_the_real_tokens(kernel):
+    """BERT-tiny with half its batch's tokens padding: the dense layers' matmuls cost exactly half the padded path's
+    but for the pooler; with the per-sequence kernel, attention costs each sequence's own length squared."""
+    lengths = (32, 16, 12, 4)  # 64 real tokens of 128
+    batch = varied_batch(BERT_TINY, lengths_mask(lengths, seq=32))
+    torch.manual_seed(0)
+    model = build_model("encoder", BERT_TINY, attention_kernel=kernel).eval()
+    unpadded = forward_flops(model, batch)
+    padded = forward_flops(modeling.set_unpadding(model, False), batch)
+    dense = {path: flops.get("aten.addmm", 0) + flops.get("aten.mm", 0)
+             for path, flops in (("unpadded", unpadded), ("padded", padded))}
+    assert dense == {"unpadded": dense_flops(BERT_TINY, 64, 4), "padded": dense_flops(BERT_TINY, 128, 4)}
+    if kernel == "per-sequence":  # q k^T and the weighted sum: 2 x 2 x length^2 x hidden per sequence and block
+        expected = sum(4 * length ** 2 * BERT_TINY.hidden_size * BERT_TINY.num_hidden_layers for length in lengths)
+        assert unpadded.get("aten.bmm", 0) == expected
