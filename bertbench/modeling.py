@@ -192,7 +192,6 @@ class Packing:
     def __init__(self, attention_mask: torch.Tensor, kernel: str):
         self.mask = attention_mask.bool()
         self.batch, self.seq_length = self.mask.shape
-        self.kernel = kernel
         self.indices = self.mask.flatten().nonzero().squeeze(1)  # [tokens]: sequence by sequence, in order
         self.positions = self.indices % self.seq_length  # each token's position in its sequence
         self.lengths = self.mask.sum(1)
@@ -205,6 +204,8 @@ class Packing:
         self.width = int(self.mask.any(0).nonzero().max()) + 1 if self.max_seqlen else 1
         self.narrow_mask = self.mask[:, :self.width].contiguous()  # a view's stride would be one more guard
         self.narrow_indices = self.narrow_mask.flatten().nonzero().squeeze(1)
+        self.kernel = kernel if kernel != "auto" else \
+            "per-sequence" if self.width >= PER_SEQUENCE_MIN_WIDTH else "masked"
 
     @property
     def tokens(self) -> int:
@@ -236,8 +237,8 @@ def _merge_heads(context: torch.Tensor) -> torch.Tensor:
 
 
 def _per_sequence_attention(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
-    """One SDPA call per sequence, no mask: the fastest on a CPU (BERT-base, batch 8, real-text lengths: its step
-    1.15x the masked kernel's), where a call's launch costs little."""
+    """One SDPA call per sequence, no mask: the fastest on a CPU for sequences of 64 tokens or more (BERT-base, batch
+    8, real-text lengths: its step 1.08x the masked kernel's)."""
     pieces = zip(*(x.split(packing.length_list) for x in (query, key, value)))
     return torch.cat([_merge_heads(F.scaled_dot_product_attention(*(_heads(x, num_heads) for x in qkv),
                                                                    dropout_p=dropout_p)) for qkv in pieces])
@@ -281,15 +282,21 @@ def _block_diagonal_attention(packing: Packing, query, key, value, num_heads: in
 
 _KERNELS = {"per-sequence": _per_sequence_attention, "nested": _nested_attention, "masked": _masked_attention,
             "block-diagonal": _block_diagonal_attention}
-ATTENTION_KERNELS = tuple(_KERNELS)
+# "auto": per-sequence for a batch whose longest sequence has at least PER_SEQUENCE_MIN_WIDTH tokens, masked for a
+# shorter one, whose sequences' attention is too small to pay for a call each. On the 2-core CPU (fine-tuning step,
+# docs/results/cpu-2core/unpadded): at 128 tokens per-sequence ran 1.57-1.87x the padded path's seq/s and masked
+# 1.18-1.73x (BERT-tiny to base, batch 8-32); at 48 (the built-in SQuAD's model, batch 32) per-sequence 0.78-0.97x
+# and masked 1.02-1.17x.
+ATTENTION_KERNELS = ("auto", *_KERNELS)
+PER_SEQUENCE_MIN_WIDTH = 64
 
 
 def default_attention_kernel(device: torch.device | str) -> str:
-    """The unpadded path's attention on `device`: per-sequence SDPA on a CPU (measured fastest, see
-    docs/results/cpu-2core/unpadded), nested tensors (flash varlen) on a GPU; under torch.compile, masked."""
+    """The unpadded path's attention on `device`: auto on a CPU (per-sequence SDPA or masked, measured fastest, see
+    _KERNELS), nested tensors (flash varlen) on a GPU; under torch.compile, masked."""
     if torch.compiler.is_compiling():
         return "masked"
-    return "per-sequence" if torch.device(device).type == "cpu" else "nested"
+    return "auto" if torch.device(device).type == "cpu" else "nested"
 
 
 # Below this share of padding a batch runs padded: packing and per-sequence attention cost more than the padding
@@ -316,8 +323,8 @@ def set_unpadding(model: nn.Module, unpad: bool = True, attention_kernel: str | 
     or padded (every sequence computed at the batch's length, Google's and NVIDIA's path); attention_kernel is the
     unpadded path's (ATTENTION_KERNELS; None: the device's default). Weights and state-dict names are the same on
     both paths. Returns the model."""
-    if attention_kernel is not None and attention_kernel not in _KERNELS:
-        raise ValueError(f"unknown attention kernel {attention_kernel!r}; choose one of {', '.join(_KERNELS)}")
+    if attention_kernel is not None and attention_kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"unknown attention kernel {attention_kernel!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
     for module in model.modules():
         if isinstance(module, BertModel):
             module.unpad, module.attention_kernel = unpad, attention_kernel

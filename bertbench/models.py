@@ -71,8 +71,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                      "--unpad=false computes every sequence at --max_seq_length, as Google's and NVIDIA's code. "
                      "Same weights and, but for the SQuAD loss (no probability on padding), the same maths.")
     group.add_argument("--attention-kernel", "--attention_kernel", choices=modeling.ATTENTION_KERNELS, default=None,
-                       help="The unpadded path's attention: per-sequence (SDPA per sequence, the CPU's default), "
-                            "nested (jagged nested tensors: flash varlen, a GPU's default), masked (the rows put "
+                       help="The unpadded path's attention: auto (the CPU's default: per-sequence for a batch "
+                            "whose longest sequence has 64 tokens or more, else masked), per-sequence (SDPA per "
+                            "sequence), nested (jagged nested tensors: flash varlen, a GPU's default), masked (the rows put "
                             "back in a batch as long as its longest sequence, SDPA with the padding mask: "
                             "torch.compile's default) or block-diagonal (all rows as one sequence, a block-diagonal "
                             "mask).")

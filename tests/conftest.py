@@ -171,3 +171,8 @@ class Overflowing(torch.nn.Module):
 
     def state_dict(self, *args, **kwargs):
         return self.model.state_dict(*args, **kwargs)
+
+
+def is_the_packing_skip(reason: str) -> bool:
+    """Whether a graph break's reason is dynamo skipping modeling._packing, the unpadded path's one disabled call."""
+    return "torch.compiler.disable" in reason and "function _packing at" in reason

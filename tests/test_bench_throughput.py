@@ -383,7 +383,7 @@ def test_real_tokens_padding_and_model_flops_count_the_real_lengths(lengths_run)
         assert row["model_flops_per_step"] == pytest.approx(flops_per_step)
         assert row["mfu"] == pytest.approx(flops_per_step / 1e12 / row["step_seconds"])
     assert {row["variant"]: row["path"] for row in report["rows"]} == {
-        "baseline": "unpadded/per-sequence", "baseline/padded": "padded", "hf": "hf padded to max",
+        "baseline": "unpadded/auto", "baseline/padded": "padded", "hf": "hf padded to max",
         "hf-dynamic": "hf dynamic"}
     assert report["lengths"]["count"] == 6 and report["lengths"]["longest"] == 34
     markdown = (out / "run" / "throughput.md").read_text()

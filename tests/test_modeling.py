@@ -12,7 +12,7 @@ import torch
 
 from bertbench import modeling
 from bertbench.config import BertConfig, ConfigError
-from conftest import tiny_batch, tiny_config
+from conftest import is_the_packing_skip, tiny_batch, tiny_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -257,11 +257,6 @@ def test_unpadded_batches_skip_the_mask():
     assert modeling.sdpa_padding_mask(torch.ones(2, 5, dtype=torch.long)) is None
     mask = modeling.sdpa_padding_mask(torch.tensor([[1, 1, 0], [1, 1, 1]]))
     assert mask.shape == (2, 1, 1, 3) and mask.dtype == torch.bool and mask.sum() == 5
-
-
-def is_the_packing_skip(reason: str) -> bool:
-    """Whether a graph break's reason is dynamo skipping modeling._packing, the unpadded path's one disabled call."""
-    return "torch.compiler.disable" in reason and "function _packing at" in reason
 
 
 @PATHS

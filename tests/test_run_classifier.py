@@ -148,7 +148,7 @@ def test_train_results_name_the_path_and_count_real_tokens(modeling_runs):
     with --unpad=false, and both runs report the same padding share and real tokens per sentence."""
     unpadded, padded = (json.loads((modeling_runs[name] / "train_results.json").read_text())
                         for name in ("baseline", "padded"))
-    assert (unpadded["path"], padded["path"]) == ("unpadded/per-sequence", "padded")
+    assert (unpadded["path"], padded["path"]) == ("unpadded/auto", "padded")
     assert unpadded["padding_fraction"] == padded["padding_fraction"] and 0.2 < padded["padding_fraction"] < 0.8
     for train in (unpadded, padded):
         real_per_sentence = train["real_tokens_per_second"] / train["sentences_per_second"]

@@ -113,7 +113,7 @@ def assert_paths_agree(task, kernel, batch, config=NO_DROPOUT):
     fp64 = copy.deepcopy(padded).double()
     with torch.no_grad():  # the unpadded model does run unpadded, with this kernel
         bert = ours if task == "encoder" else ours.bert
-        assert bert(*batch).packing.kernel == kernel
+        assert bert(*batch).packing.kernel == resolved(kernel, bert(*batch).packing)
     got = forward_backward(ours, task, batch)
     expected32, expected64 = forward_backward(padded, task, batch), forward_backward(fp64, task, batch)
     assert got.keys() == expected64.keys()
@@ -184,6 +184,26 @@ def test_the_packing_of_a_mask_with_holes():
     assert narrow.width == 3 and narrow.narrow_mask.tolist() == [[True, False, True], [False, True, False]]
 
 
+def resolved(kernel, packing):
+    """The kernel a packing runs for a requested one (None: the CPU's default): auto picks by the batch's width."""
+    kernel = kernel or modeling.default_attention_kernel("cpu")
+    if kernel != "auto":
+        return kernel
+    return "per-sequence" if packing.width >= modeling.PER_SEQUENCE_MIN_WIDTH else "masked"
+
+
+def test_auto_runs_per_sequence_attention_from_64_tokens_and_masked_below():
+    """The CPU's default: a call per sequence pays for itself only once the sequences' attention is large enough."""
+    def kernel(width):
+        mask = torch.zeros(2, 80, dtype=torch.long)
+        mask[0, :width], mask[1, :3] = 1, 1
+        return modeling.Packing(mask, "auto").kernel
+
+    assert (kernel(63), kernel(64), kernel(80)) == ("masked", "per-sequence", "per-sequence")
+    assert modeling.Packing(torch.ones(1, 8, dtype=torch.long), "nested").kernel == "nested"
+    assert modeling.default_attention_kernel("cpu") == "auto" and modeling.default_attention_kernel("cuda") == "nested"
+
+
 def test_padding_takes_the_unpadded_path_and_unpad_false_never_does(config):
     """Only a batch with padding is packed (without padding there is nothing to save); unpad=False never packs."""
     model = modeling.BertModel(config).eval()
@@ -193,7 +213,7 @@ def test_padding_takes_the_unpadded_path_and_unpad_false_never_does(config):
         assert model(input_ids, token_type_ids).packing is None
         packing = model(input_ids, token_type_ids, attention_mask).packing
         assert packing.tokens == int(attention_mask.sum())
-        assert packing.kernel == modeling.default_attention_kernel("cpu")
+        assert packing.kernel == resolved(None, packing)
         modeling.set_unpadding(model, False)
         assert model(input_ids, token_type_ids, attention_mask).packing is None
         modeling.set_unpadding(model, True, KERNELS[-1])
@@ -291,12 +311,12 @@ def test_the_recompute_batch_runs_unpadded_with_live_dropout():
     assert not torch.equal(packed_step(model, seed=7)[0], packed_step(make("baseline", unpad=True), seed=8)[0])
 
 
-def test_the_default_kernel_keeps_fewer_bytes_than_the_padded_path():
+def test_the_per_sequence_kernel_keeps_fewer_bytes_than_the_padded_path():
     """A per-token activation is kept for real tokens only, a sequence's attention scores for its own tokens: at
     most the real tokens' share of what the padded path keeps."""
     attention_mask = tiny_batch(tiny_config(), batch=4, seq=32)[2]
     share = attention_mask.sum().item() / attention_mask.numel()
-    _, _, unpadded = packed_step(make("baseline", unpad=True))
+    _, _, unpadded = packed_step(make("baseline", unpad=True, attention_kernel="per-sequence"))
     _, _, padded = packed_step(make("baseline", unpad=False))
     assert unpadded < share * padded, (unpadded, padded, share)
 
@@ -339,7 +359,7 @@ def test_unpad_flags_build_the_chosen_path(argv, unpad, kernel, config):
     with torch.no_grad():
         packing = encoder(*tiny_batch(config)).packing
     if unpad:
-        assert packing.kernel == (kernel or modeling.default_attention_kernel("cpu"))
+        assert packing.kernel == resolved(kernel, packing)
     else:
         assert packing is None
 

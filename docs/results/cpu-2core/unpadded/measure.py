@@ -22,8 +22,8 @@ import time
 
 import torch
 
+from bertbench import modeling
 from bertbench.bench import flops, workload
-from bertbench.train_step import TrainStep
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="base")
@@ -35,8 +35,12 @@ parser.add_argument("--warmup", type=int, default=2)
 parser.add_argument("--threads", type=int, default=2)
 parser.add_argument("--contenders", default="full:baseline,real-text:baseline,real-text:baseline/padded")
 parser.add_argument("--before", default=None, help="A checkout whose bertbench/modeling.py is `full:before`.")
+parser.add_argument("--min_padding_share", type=float, default=None,
+                    help="Set modeling.MIN_PADDING_SHARE: 0 runs every batch with padding unpadded.")
 args = parser.parse_args()
 torch.set_num_threads(args.threads)
+if args.min_padding_share is not None:
+    modeling.MIN_PADDING_SHARE = args.min_padding_share
 config = workload.bert_config(args.model, args.seq)
 masked = 0 if args.kind == "finetuning" else workload.synthetic.masked_positions(args.seq)
 
