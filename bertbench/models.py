@@ -10,7 +10,7 @@ from torch import nn
 from bertbench import modeling, recompute
 from bertbench.config import BertConfig
 from bertbench.errors import UsageError
-from bertbench.flags import parse_bool
+from bertbench.flags import FlagParser
 
 MODELINGS = ("baseline", "recompute")
 TASKS = {
@@ -55,7 +55,7 @@ def path_name(unpad: bool, attention_kernel: str | None, device: torch.device | 
     return f"unpadded/{attention_kernel or ('masked' if compiled else modeling.default_attention_kernel(device))}"
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: FlagParser) -> None:
     """The flags that pick the modeling module, shared by every runner."""
     group = parser.add_argument_group("modeling")
     group.add_argument("--modeling", choices=MODELINGS, default="baseline",
@@ -68,13 +68,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="k of the every-k policy.")
     parser.bool_flag(group, "unpad", True,
                      "Run batches with padding on their real tokens only (variable-length attention); "
-                     "--unpad=false computes every sequence at --max_seq_length, as Google's and NVIDIA's code. "
-                     "Same weights and, but for the SQuAD loss (no probability on padding), the same maths.")
+                     "--unpad=false (or --nounpad) computes every sequence at --max_seq_length, as Google's and "
+                     "NVIDIA's code. The same weights and maths, but for SQuAD's loss, which gives the padding no "
+                     "probability. A batch with under 10%% padding runs padded either way.")
     group.add_argument("--attention-kernel", "--attention_kernel", choices=modeling.ATTENTION_KERNELS, default=None,
                        help="The unpadded path's attention: auto (the CPU's default: per-sequence for a batch "
                             "whose longest sequence has 64 tokens or more, else masked), per-sequence (SDPA per "
-                            "sequence), nested (jagged nested tensors: flash varlen, a GPU's default), masked (the rows put "
-                            "back in a batch as long as its longest sequence, SDPA with the padding mask: "
+                            "sequence), nested (jagged nested tensors: flash varlen, a GPU's default), masked (the "
+                            "rows put back in a batch as long as its longest sequence, SDPA with the padding mask: "
                             "torch.compile's default) or block-diagonal (all rows as one sequence, a block-diagonal "
                             "mask).")
 

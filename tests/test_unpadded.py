@@ -330,7 +330,7 @@ def test_recompute_with_the_nested_kernel_is_refused_on_a_cpu_before_anything_ru
     write_glue_task(tmp_path / "glue", "MRPC", train=32, dev=8, test=0)
     write_bert_dir(tmp_path / "bert")
     out = tmp_path / "run"
-    assert main([f"--task_name=MRPC", f"--data_dir={tmp_path / 'glue' / 'MRPC'}", "--do_train",
+    assert main(["--task_name=MRPC", f"--data_dir={tmp_path / 'glue' / 'MRPC'}", "--do_train",
                  f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}", "--device=cpu", "--max_seq_length=32",
                  f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}", f"--output_dir={out}",
                  "--modeling=recompute", "--attention_kernel=nested"]) == 2
