@@ -61,8 +61,9 @@ def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_the
         train = json.loads((run / "train_results.json").read_text())
         assert (train["world_size"], train["lr_scaling"], train["budget_exhausted"]) == (processes, scaling, True)
     assert "pbs_tmrsh node-1 /bin/bash -c" in (tmp_path / "starter.log").read_text()  # the second node's start
-    assert "***** Training MNLI" in (optimized / "train.node0.log").read_text()  # rank 0 reports
-    assert (optimized / "train.node1.log").exists()
+    # rank 0 reports, on whichever node c10d gave it (ranks go in the order the agents arrive)
+    logs = [(optimized / f"train.node{node}.log").read_text() for node in (0, 1)]
+    assert sum("***** Training MNLI" in log for log in logs) == 1
 
     # eval.sh scored both again, then the report put them side by side
     assert (spool / "bertbench-compare.o3").read_text().count("***** Eval results (MNLI") == 2
