@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--variants", type=cli.comma_list(str), default=list(workload.ALL_VARIANTS),
                        help="baseline, full, selective, every-K, on the unpadded path as runs train (batches with "
                             "padding run on their real tokens only), or with /padded on the padded path "
-                            "(baseline/padded: every sequence computed at the sequence length, as Google's code); "
+                            "(baseline/padded: every sequence computed at the sequence length, as Google's code), or "
+                            "with /KERNEL on the unpadded path with that attention kernel (baseline/masked); "
                             "hf and hf-dynamic: HF transformers' BERT, same weights and step (needs transformers), "
                             "fed each batch padded to the sequence length (run_glue.py's default) or cut to its "
                             "longest sequence (the Trainer's dynamic padding).")
