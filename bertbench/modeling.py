@@ -13,6 +13,7 @@ Google's and NVIDIA's code, where every sequence is computed at the batch's leng
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import partial
 
@@ -199,13 +200,24 @@ class Packing:
         # Host-side sizes, read once here rather than in every layer (a GPU sync each).
         self.length_list = self.lengths.tolist()
         self.max_seqlen = max(self.length_list)
-        # The packed rows' places in [batch, width], for the masked kernel: the columns past every sequence's last
-        # real token dropped.
-        self.width = int(self.mask.any(0).nonzero().max()) + 1 if self.max_seqlen else 1
-        self.narrow_mask = self.mask[:, :self.width].contiguous()  # a view's stride would be one more guard
-        self.narrow_indices = self.narrow_mask.flatten().nonzero().squeeze(1)
         self.kernel = kernel if kernel != "auto" else \
-            "per-sequence" if self.width >= PER_SEQUENCE_MIN_WIDTH else "masked"
+            "per-sequence" if self.max_seqlen >= PER_SEQUENCE_MIN_LENGTH else "masked"
+        if self.kernel == "masked":  # its sizes read the mask: computed here, outside torch.compile's graph
+            _ = self.narrow_indices
+
+    @functools.cached_property
+    def width(self) -> int:
+        """The columns up to every sequence's last real token (the masked kernel's batch length)."""
+        return int(self.mask.any(0).nonzero().max()) + 1 if self.max_seqlen else 1
+
+    @functools.cached_property
+    def narrow_mask(self) -> torch.Tensor:
+        return self.mask[:, :self.width].contiguous()  # a view's stride would be one more guard under compile
+
+    @functools.cached_property
+    def narrow_indices(self) -> torch.Tensor:
+        """The packed rows' places in [batch, width]."""
+        return self.narrow_mask.flatten().nonzero().squeeze(1)
 
     @property
     def tokens(self) -> int:
@@ -282,19 +294,20 @@ def _block_diagonal_attention(packing: Packing, query, key, value, num_heads: in
 
 _KERNELS = {"per-sequence": _per_sequence_attention, "nested": _nested_attention, "masked": _masked_attention,
             "block-diagonal": _block_diagonal_attention}
-# "auto": per-sequence for a batch whose longest sequence has at least PER_SEQUENCE_MIN_WIDTH tokens, masked for a
+# "auto": per-sequence for a batch whose longest sequence has at least PER_SEQUENCE_MIN_LENGTH tokens, masked for a
 # shorter one, whose sequences' attention is too small to pay for a call each. On the 2-core CPU (fine-tuning step,
 # docs/results/cpu-2core/unpadded): at 128 tokens per-sequence ran 1.57-1.87x the padded path's seq/s and masked
 # 1.18-1.73x (BERT-tiny to base, batch 8-32); at 48 (the built-in SQuAD's model, batch 32) per-sequence 0.78-0.97x
 # and masked 1.02-1.17x.
 ATTENTION_KERNELS = ("auto", *_KERNELS)
-PER_SEQUENCE_MIN_WIDTH = 64
+PER_SEQUENCE_MIN_LENGTH = 64
 
 
-def default_attention_kernel(device: torch.device | str) -> str:
+def default_attention_kernel(device: torch.device | str, compiled: bool | None = None) -> str:
     """The unpadded path's attention on `device`: auto on a CPU (per-sequence SDPA or masked, measured fastest, see
-    _KERNELS), nested tensors (flash varlen) on a GPU; under torch.compile, masked."""
-    if torch.compiler.is_compiling():
+    _KERNELS), nested tensors (flash varlen) on a GPU; under torch.compile (`compiled`, default: whether this runs
+    under it), masked."""
+    if torch.compiler.is_compiling() if compiled is None else compiled:
         return "masked"
     return "auto" if torch.device(device).type == "cpu" else "nested"
 

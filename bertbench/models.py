@@ -52,7 +52,7 @@ def path_name(unpad: bool, attention_kernel: str | None, device: torch.device | 
     "unpadded/KERNEL" with the attention kernel that runs on `device` (torch.compile's when `compiled`)."""
     if not unpad:
         return "padded"
-    return f"unpadded/{attention_kernel or ('masked' if compiled else modeling.default_attention_kernel(device))}"
+    return f"unpadded/{attention_kernel or modeling.default_attention_kernel(device, compiled)}"
 
 
 def add_model_arguments(parser: FlagParser) -> None:

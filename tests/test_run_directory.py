@@ -28,7 +28,7 @@ def data(tmp_path_factory):
 
 
 def flags(data, out, *extra):
-    return [f"--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
+    return ["--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
             f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
             "--train_batch_size=16", "--learning_rate=2e-3", "--log_step_count_steps=4", "--save_checkpoints_secs=0",
             "--save_checkpoints_steps=8", "--keep_checkpoint_max=3", "--do_train", "--do_eval", f"--output_dir={out}",

@@ -121,7 +121,7 @@ def test_steady_throughput_leaves_out_the_first_steps_saves_and_evaluations():
 
     # A resumed run adds a second segment; a segment saved before real tokens were counted leaves the run without
     # real-token figures rather than with wrong ones.
-    segment = result.segments[0] if result.segments else stats.segment(10, ended="finished")
+    segment = stats.segment(10, ended="finished")
     second = dict(segment, tokens=100, real_tokens=50, seconds=5.0, steady_seconds=4.0,
                   steady_sentences_per_second=2.0, steady_real_tokens_per_second=10.0)
     totals = run_totals([segment, second])

@@ -185,11 +185,11 @@ def test_the_packing_of_a_mask_with_holes():
 
 
 def resolved(kernel, packing):
-    """The kernel a packing runs for a requested one (None: the CPU's default): auto picks by the batch's width."""
+    """The kernel a packing runs for a requested one (None: the CPU's default): auto picks by the longest sequence."""
     kernel = kernel or modeling.default_attention_kernel("cpu")
     if kernel != "auto":
         return kernel
-    return "per-sequence" if packing.width >= modeling.PER_SEQUENCE_MIN_WIDTH else "masked"
+    return "per-sequence" if packing.max_seqlen >= modeling.PER_SEQUENCE_MIN_LENGTH else "masked"
 
 
 def test_auto_runs_per_sequence_attention_from_64_tokens_and_masked_below():

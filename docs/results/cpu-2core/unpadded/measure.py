@@ -6,7 +6,7 @@ throughput --lengths real-text`) or full-length ones. Contenders are `LENGTHS:VA
 variant names (baseline, baseline/padded, baseline/KERNEL, hf, hf-dynamic, ...), plus `full:before`, the modeling
 module of another checkout (--before, e.g. a `git worktree` of the commit before the unpadded path) on full-length
 batches, holding the same weights. Rounds run A B C ..., then ... C B A. Prints a markdown row per contender
-(results.md beside this file) and every time as JSON on stderr.
+(results.md beside this file); --json writes every time.
 
     git worktree add /tmp/before <commit before>
     PYTHONPATH=. python docs/results/cpu-2core/unpadded/measure.py --model base --batch 8 --rounds 7 \\
@@ -35,6 +35,7 @@ parser.add_argument("--warmup", type=int, default=2)
 parser.add_argument("--threads", type=int, default=2)
 parser.add_argument("--contenders", default="full:baseline,real-text:baseline,real-text:baseline/padded")
 parser.add_argument("--before", default=None, help="A checkout whose bertbench/modeling.py is `full:before`.")
+parser.add_argument("--json", default=None, help="Write the settings and every step time here.")
 parser.add_argument("--min_padding_share", type=float, default=None,
                     help="Set modeling.MIN_PADDING_SHARE: 0 runs every batch with padding unpadded.")
 args = parser.parse_args()
@@ -101,4 +102,6 @@ for name, step in steps.items():
     rows.append(row)
     print(f"| {name} | {median:.3f} ({min(seconds):.3f}–{max(seconds):.3f}) | {row['seq_per_s']:.2f} | "
           f"{row['seq_per_s'] / reference_rate:.2f}x | {row['real_tokens_per_s']:,.0f} | {row['tflops']:.3f} |")
-json.dump({"args": vars(args), "rows": rows}, sys.stderr)
+if args.json:
+    with open(args.json, "w", encoding="utf-8") as handle:
+        json.dump({"args": vars(args), "rows": rows}, handle)
