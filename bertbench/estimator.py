@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertbench import modeling
 from bertbench.batches import TrainBatches
 from bertbench.checkpoint import (CheckpointError, SaveTrigger, checkpoint_step, latest_checkpoint, load_checkpoint,
                                   save_checkpoint)
@@ -43,8 +44,8 @@ from bertbench.progress import MetricsLog, ProgressDisplay
 from bertbench.train_state import (CONTINUE, RESUME, RunStart, TrainingCheckpoints, decide_start, load_weights,
                                    read_training_state, seed_everything)
 from bertbench.train_stats import LoopStats, TrainResult
-from bertbench.train_step import TrainStep, autocast
-from bertbench.training_config import RunConfig, TrainConfig
+from bertbench.train_step import TrainStep, autocast, to_device
+from bertbench.training_config import PRECISION_DTYPES, RunConfig, TrainConfig
 
 # What predict/evaluate collect: output field names, or a function (model output, batch) -> {name: tensor}.
 Outputs = Sequence[str] | Callable[[Any, Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
@@ -285,7 +286,7 @@ class Estimator:
         return stats.result(global_step=self.global_step, epoch=batches.epoch, resumed_from=resumed_from,
                             restore_seconds=restore_seconds, interrupted=interrupted,
                             budget_exhausted=budget_exhausted, target_reached=target_reached, skipped=skipped,
-                            last_checkpoint=last_checkpoint, segments=segments)
+                            last_checkpoint=last_checkpoint, segments=segments, execution=step.execution())
 
     def _report(self, window: dict[str, Any], learning_rate: float, metrics: MetricsLog | None,
                 display: ProgressDisplay, step: TrainStep, batches: TrainBatches, skipped: int,
@@ -324,13 +325,18 @@ class Estimator:
                 return {name: getattr(output, name).float() for name in outputs}
         collected: dict[str, list[torch.Tensor]] = defaultdict(list)
         loss_sum = 0.0
+        precision = self.train_config.precision if self.train_config else "fp32"
+        packer = modeling.packer_for(self.model, self.device, PRECISION_DTYPES[precision])
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
                 for start in range(shard.start, shard.stop, batch_size):
                     stop = min(start + batch_size, shard.stop)
-                    batch = {name: tensor[start:stop].to(self.device) for name, tensor in features.items()}
+                    batch = {name: tensor[start:stop] for name, tensor in features.items()}
+                    if packer is not None and "attention_mask" in batch:
+                        batch["packing"] = packer(batch["attention_mask"])  # on the host, from the CPU mask
+                    batch = to_device(batch, self.device)
                     with self._autocast():
                         output = self.model(**batch)
                     for name, value in extract(output, batch).items():

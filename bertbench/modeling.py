@@ -5,15 +5,17 @@ PyTorch's scaled_dot_product_attention. Module attribute names follow HF transfo
 class here has HF's names and HF checkpoints load without a name table. No training code lives here; activation
 checkpointing is applied from outside by `bertbench.recompute`.
 
-A batch with padding runs unpadded by default (MosaicBERT's unpadding): BertModel packs its real tokens into rows
-once (Packing), the embeddings and blocks run on those rows only, attention runs per sequence by one of
-ATTENTION_KERNELS, and the heads get the padded layout back. `set_unpadding(model, False)` gives the padded path of
-Google's and NVIDIA's code, where every sequence is computed at the batch's length.
+A batch with padding runs unpadded by default (MosaicBERT's unpadding): its real tokens are packed into rows once
+(bertbench.packing.Packing, made on the host by the model's Packer before the batch reaches the device, or here from
+a device mask), the embeddings and blocks run on those rows only, attention runs per sequence by one of
+attention.ATTENTION_KERNELS (on a GPU flash attention's variable-length kernel), and the heads get the padded layout
+back. Which path and kernel a batch takes is attention.path_rule's measured choice for the device and model.
+`set_unpadding(model, False)` gives the padded path of Google's and NVIDIA's code, where every sequence is computed
+at the batch's length.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from functools import partial
 
@@ -21,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertbench.attention import ATTENTION_KERNELS, PathRule, attention, path_rule
 from bertbench.config import IGNORE_INDEX, BertConfig
+from bertbench.packing import Packer, Packing
 
 _ACTIVATIONS = {
     "gelu": nn.GELU,
@@ -82,7 +86,7 @@ class BertSelfAttention(nn.Module):
         dropout_p = self.dropout_prob if self.training else 0.0
         projected = (proj(hidden) for proj in (self.query, self.key, self.value))
         if isinstance(attention_mask, Packing):
-            return attention_mask.attention(*projected, self.num_heads, dropout_p)
+            return attention(attention_mask, *projected, self.num_heads, dropout_p)
         query, key, value = (self._split_heads(x) for x in projected)
         context = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout_p)
         batch, _, seq_length, _ = context.shape
@@ -172,176 +176,58 @@ def init_weights(module: nn.Module, initializer_range: float) -> None:
             nn.init.zeros_(sub.bias)
 
 
-def sdpa_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+def sdpa_padding_mask(attention_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor | None:
     """[batch, seq] 1/0 padding mask -> [batch, 1, 1, seq] boolean mask that broadcasts over heads and queries, or
     None when nothing is padded: SDPA then skips a pass over every score matrix (and on a GPU may use flash
-    attention), as HF does. The check costs a host sync on a GPU, far less than the masked attention it saves; under
-    torch.compile the mask is always applied, since a value-dependent branch would break the graph at every call."""
+    attention), as HF does. A host-made `packing` says so without a look at the mask; otherwise the check costs a
+    host sync on a GPU, far less than the masked attention it saves. Under torch.compile the mask is always applied:
+    a branch on the batch would make a graph for each side of it (or break the graph at every call)."""
     if attention_mask is None:
         return None
-    if not torch.compiler.is_compiling() and bool(attention_mask.all()):
-        return None
+    if not torch.compiler.is_compiling():
+        if packing is not None and packing.padding_share == 0:
+            return None
+        if packing is None and bool(attention_mask.all()):
+            return None
     return attention_mask.bool()[:, None, None, :]
-
-
-class Packing:
-    """The real tokens of a padded [batch, seq] batch packed into [tokens] rows: the unpadded path's layout
-    (MosaicBERT's unpadding, the packed input of NVIDIA's MLPerf FMHA). Embeddings, dense layers, LayerNorms, GELU
-    and dropout run on these rows only; `attention` runs each sequence's attention over its own tokens. The mask may
-    have any shape (each row's real tokens are found, not assumed to come first)."""
-
-    def __init__(self, attention_mask: torch.Tensor, kernel: str):
-        self.mask = attention_mask.bool()
-        self.batch, self.seq_length = self.mask.shape
-        self.indices = self.mask.flatten().nonzero().squeeze(1)  # [tokens]: sequence by sequence, in order
-        self.positions = self.indices % self.seq_length  # each token's position in its sequence
-        self.lengths = self.mask.sum(1)
-        self.cu_seqlens = F.pad(self.lengths.cumsum(0), (1, 0))  # [batch + 1]: where each sequence's rows start
-        # Host-side sizes, read once here rather than in every layer (a GPU sync each).
-        self.length_list = self.lengths.tolist()
-        self.max_seqlen = max(self.length_list)
-        self.kernel = kernel if kernel != "auto" else \
-            "per-sequence" if self.max_seqlen >= PER_SEQUENCE_MIN_LENGTH else "masked"
-        if self.kernel == "masked":  # its sizes read the mask: computed here, outside torch.compile's graph
-            _ = self.narrow_indices
-
-    @functools.cached_property
-    def width(self) -> int:
-        """The columns up to every sequence's last real token (the masked kernel's batch length)."""
-        return int(self.mask.any(0).nonzero().max()) + 1 if self.max_seqlen else 1
-
-    @functools.cached_property
-    def narrow_mask(self) -> torch.Tensor:
-        return self.mask[:, :self.width].contiguous()  # a view's stride would be one more guard under compile
-
-    @functools.cached_property
-    def narrow_indices(self) -> torch.Tensor:
-        """The packed rows' places in [batch, width]."""
-        return self.narrow_mask.flatten().nonzero().squeeze(1)
-
-    @property
-    def tokens(self) -> int:
-        return len(self.indices)
-
-    def pack(self, padded: torch.Tensor) -> torch.Tensor:
-        """[batch, seq, ...] -> [tokens, ...]"""
-        return padded.flatten(0, 1).index_select(0, self.indices)
-
-    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        """[tokens, ...] -> [batch, seq, ...], zeros at the padding."""
-        flat = packed.new_zeros(self.batch * self.seq_length, *packed.shape[1:]).index_copy(0, self.indices, packed)
-        return flat.view(self.batch, self.seq_length, *packed.shape[1:])
-
-    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int,
-                  dropout_p: float) -> torch.Tensor:
-        """Each sequence's scaled dot-product attention over its own tokens: [tokens, hidden] x 3 -> [tokens,
-        hidden], by this packing's kernel (ATTENTION_KERNELS)."""
-        return _KERNELS[self.kernel](self, query, key, value, num_heads, dropout_p)
-
-
-def _heads(rows: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[..., tokens, hidden] -> [..., heads, tokens, head_dim]"""
-    return rows.unflatten(-1, (num_heads, -1)).transpose(-3, -2)
-
-
-def _merge_heads(context: torch.Tensor) -> torch.Tensor:
-    return context.transpose(-3, -2).flatten(-2)
-
-
-def _per_sequence_attention(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
-    """One SDPA call per sequence, no mask: the fastest on a CPU for sequences of 64 tokens or more (BERT-base, batch
-    8, real-text lengths: its step 1.08x the masked kernel's)."""
-    pieces = zip(*(x.split(packing.length_list) for x in (query, key, value)))
-    return torch.cat([_merge_heads(F.scaled_dot_product_attention(*(_heads(x, num_heads) for x in qkv),
-                                                                   dropout_p=dropout_p)) for qkv in pieces])
-
-
-def _nested_attention(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
-    """SDPA on jagged nested tensors: one call for the batch, which CUDA runs with flash or memory-efficient
-    attention's variable-length kernels, without padding."""
-    offsets = packing.cu_seqlens
-
-    def nested(rows):
-        return torch.nested.nested_tensor_from_jagged(rows.unflatten(-1, (num_heads, -1)), offsets,
-                                                      max_seqlen=packing.max_seqlen).transpose(1, 2)
-
-    context = F.scaled_dot_product_attention(nested(query), nested(key), nested(value), dropout_p=dropout_p)
-    return context.transpose(1, 2).values().flatten(1)
-
-
-def _masked_attention(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
-    """Rows scattered back to [batch, longest sequence], SDPA with the padding mask, packed again (MosaicBERT's
-    path without flash attention): no host-side sizes, so torch.compile traces it as one graph."""
-    rows = packing.batch * packing.width
-
-    def padded(x):
-        flat = x.new_zeros(rows, x.shape[-1]).index_copy(0, packing.narrow_indices, x)
-        return _heads(flat.view(packing.batch, packing.width, -1), num_heads)
-
-    context = F.scaled_dot_product_attention(padded(query), padded(key), padded(value),
-                                             attn_mask=packing.narrow_mask[:, None, None, :], dropout_p=dropout_p)
-    return _merge_heads(context).flatten(0, 1).index_select(0, packing.narrow_indices)
-
-
-def _block_diagonal_attention(packing: Packing, query, key, value, num_heads: int,
-                              dropout_p: float) -> torch.Tensor:
-    """All packed rows as one sequence under a block-diagonal mask: each token attends to its own sequence only."""
-    sequence = torch.repeat_interleave(packing.lengths)
-    mask = sequence[:, None] == sequence[None, :]
-    return _merge_heads(F.scaled_dot_product_attention(*(_heads(x, num_heads) for x in (query, key, value)),
-                                                       attn_mask=mask, dropout_p=dropout_p))
-
-
-_KERNELS = {"per-sequence": _per_sequence_attention, "nested": _nested_attention, "masked": _masked_attention,
-            "block-diagonal": _block_diagonal_attention}
-# "auto": per-sequence for a batch whose longest sequence has at least PER_SEQUENCE_MIN_LENGTH tokens, masked for a
-# shorter one, whose sequences' attention is too small to pay for a call each. On the 2-core CPU (fine-tuning step,
-# docs/results/cpu-2core/unpadded): at 128 tokens per-sequence ran 1.57-1.87x the padded path's seq/s and masked
-# 1.18-1.73x (BERT-tiny to base, batch 8-32); at 48 (the built-in SQuAD's model, batch 32) per-sequence 0.78-0.97x
-# and masked 1.02-1.17x.
-ATTENTION_KERNELS = ("auto", *_KERNELS)
-PER_SEQUENCE_MIN_LENGTH = 64
-
-
-def default_attention_kernel(device: torch.device | str, compiled: bool | None = None) -> str:
-    """The unpadded path's attention on `device`: auto on a CPU (per-sequence SDPA or masked, measured fastest, see
-    _KERNELS), nested tensors (flash varlen) on a GPU; under torch.compile (`compiled`, default: whether this runs
-    under it), masked."""
-    if torch.compiler.is_compiling() if compiled is None else compiled:
-        return "masked"
-    return "auto" if torch.device(device).type == "cpu" else "nested"
-
-
-# Below this share of padding a batch runs padded: packing and per-sequence attention cost more than the padding
-# they skip (measured in docs/results/cpu-2core/unpadded).
-MIN_PADDING_SHARE = 0.1
-
-
-def worth_unpadding(attention_mask: torch.Tensor) -> bool:
-    """Whether a batch with padding gains from the unpadded path. Under torch.compile always (a value-dependent
-    branch would break the graph at every call)."""
-    if torch.compiler.is_compiling():
-        return True
-    return float(attention_mask.sum()) <= (1 - MIN_PADDING_SHARE) * attention_mask.numel()
-
-
-@torch.compiler.disable
-def _packing(attention_mask: torch.Tensor, kernel: str) -> Packing:
-    # Its sizes depend on the mask's values: torch.compile traces the model around it, not through it.
-    return Packing(attention_mask, kernel)
 
 
 def set_unpadding(model: nn.Module, unpad: bool = True, attention_kernel: str | None = None) -> nn.Module:
     """Choose the path of every BertModel in `model`: unpadded (batches with padding run on their real tokens only)
     or padded (every sequence computed at the batch's length, Google's and NVIDIA's path); attention_kernel is the
-    unpadded path's (ATTENTION_KERNELS; None: the device's default). Weights and state-dict names are the same on
-    both paths. Returns the model."""
+    unpadded path's (ATTENTION_KERNELS; None or auto: the device's measured default, attention.path_rule). Weights
+    and state-dict names are the same on both paths. Returns the model."""
     if attention_kernel is not None and attention_kernel not in ATTENTION_KERNELS:
         raise ValueError(f"unknown attention kernel {attention_kernel!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
     for module in model.modules():
         if isinstance(module, BertModel):
             module.unpad, module.attention_kernel = unpad, attention_kernel
     return model
+
+
+def compute_dtype(module: nn.Module, device: torch.device | str) -> torch.dtype:
+    """The dtype a forward of `module` computes its matmuls in here: autocast's, else its weights'."""
+    device_type = torch.device(device).type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return next(module.parameters()).dtype
+
+
+def packer_for(model: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
+               compiled: bool = False, bucketed: bool = False) -> Packer | None:
+    """The Packer that makes the batches' packings on the host for `model` (its first BertModel's path) computing
+    in `dtype` (default: its weights') on `device`; None for a model without a BertModel, which takes no packing."""
+    bert = next((module for module in model.modules() if isinstance(module, BertModel)), None)
+    if bert is None:
+        return None
+    return Packer(bert.path_rule(device, dtype or next(bert.parameters()).dtype, compiled), bucketed)
+
+
+@torch.compiler.disable
+def _packing_on_device(bert: BertModel, attention_mask: torch.Tensor, compiled: bool) -> Packing:
+    # A mask already on the device: its sizes cost a sync, and torch.compile traces the model around this call.
+    device = attention_mask.device
+    return Packer(bert.path_rule(device, compute_dtype(bert, device), compiled))(attention_mask)
 
 
 @dataclass
@@ -372,15 +258,24 @@ class BertModel(nn.Module):
         init_weights(self, config.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> BertModelOutput:
-        mask = sdpa_padding_mask(attention_mask)
-        if mask is None or not self.unpad or not worth_unpadding(attention_mask):
+                attention_mask: torch.Tensor | None = None, packing: Packing | None = None) -> BertModelOutput:
+        """`packing`: the batch's Packing made on the host by this model's packer (bertbench.train_step passes it);
+        without one, a batch with padding is packed here from its mask, at the cost of a host sync."""
+        if packing is None and attention_mask is not None and self.unpad:
+            packing = _packing_on_device(self, attention_mask, torch.compiler.is_compiling())
+        if packing is None or packing.kernel is None or not self.unpad:
+            mask = sdpa_padding_mask(attention_mask, packing)
             sequence_output = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
             return BertModelOutput(sequence_output, self._pool(sequence_output))
-        packing = _packing(attention_mask, self.attention_kernel or default_attention_kernel(input_ids.device))
         packed = self.encoder(self.embeddings(input_ids, token_type_ids, packing), packing)
         sequence_output = packing.unpack(packed)
         return BertModelOutput(sequence_output, self._pool(sequence_output), packing)
+
+    def path_rule(self, device: torch.device | str, dtype: torch.dtype, compiled: bool = False) -> PathRule | None:
+        """The path and kernel this model's batches take on `device` computing in `dtype` (None: always padded)."""
+        if not self.unpad:
+            return None
+        return path_rule(device, self.config.head_dim, dtype, self.attention_kernel, compiled)
 
     def _pool(self, sequence_output: torch.Tensor) -> torch.Tensor | None:
         return None if self.pooler is None else self.pooler(sequence_output)
@@ -442,12 +337,12 @@ class BertForPreTraining(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, masked_lm_positions: torch.Tensor | None = None,
-                masked_lm_labels: torch.Tensor | None = None,
-                next_sentence_labels: torch.Tensor | None = None) -> PreTrainingOutput:
+                masked_lm_labels: torch.Tensor | None = None, next_sentence_labels: torch.Tensor | None = None,
+                packing: Packing | None = None) -> PreTrainingOutput:
         """masked_lm_positions [batch, P] selects the positions to predict (the vocab projection, the largest
         matmul of the head, then runs on P positions, not the whole sequence); masked_lm_labels is [batch, P] with
         positions, else [batch, seq]; IGNORE_INDEX marks padding. next_sentence_labels: 0 = is next, 1 = random."""
-        encoded = self.bert(input_ids, token_type_ids, attention_mask)
+        encoded = self.bert(input_ids, token_type_ids, attention_mask, packing)
         hidden = encoded.sequence_output
         if masked_lm_positions is not None:
             hidden = torch.gather(hidden, 1, masked_lm_positions[..., None].expand(-1, -1, hidden.shape[-1]))
@@ -484,8 +379,9 @@ class BertForSequenceClassification(nn.Module):
         init_weights(self.classifier, config.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
-        pooled = self.bert(input_ids, token_type_ids, attention_mask).pooled_output
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                packing: Packing | None = None) -> ClassifierOutput:
+        pooled = self.bert(input_ids, token_type_ids, attention_mask, packing).pooled_output
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
@@ -515,8 +411,8 @@ class BertForQuestionAnswering(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> QuestionAnsweringOutput:
-        encoded = self.bert(input_ids, token_type_ids, attention_mask)
+                end_positions: torch.Tensor | None = None, packing: Packing | None = None) -> QuestionAnsweringOutput:
+        encoded = self.bert(input_ids, token_type_ids, attention_mask, packing)
         logits = self.qa_outputs(encoded.sequence_output).float()
         if encoded.packing is not None:
             # The padded path's span softmax also spans the padding, whose states this path does not compute; a

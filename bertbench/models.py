@@ -8,9 +8,11 @@ import torch
 from torch import nn
 
 from bertbench import modeling, recompute
+from bertbench.attention import ATTENTION_KERNELS
 from bertbench.config import BertConfig
 from bertbench.errors import UsageError
 from bertbench.flags import FlagParser
+from bertbench.training_config import PRECISION_DTYPES
 
 MODELINGS = ("baseline", "recompute")
 TASKS = {
@@ -47,12 +49,15 @@ def unrunnable(modeling_name: str, attention_kernel: str | None, device: torch.d
     return None
 
 
-def path_name(unpad: bool, attention_kernel: str | None, device: torch.device | str, compiled: bool) -> str:
-    """What a run's batches with padding run on, as train_results.json and the benches name it: "padded", or
-    "unpadded/KERNEL" with the attention kernel that runs on `device` (torch.compile's when `compiled`)."""
-    if not unpad:
-        return "padded"
-    return f"unpadded/{attention_kernel or modeling.default_attention_kernel(device, compiled)}"
+def path_of(model: nn.Module, device: torch.device | str, precision: str, compiled: bool) -> tuple[str, str]:
+    """What a model's batches with padding run on here, as train_results.json and the benches name it ("padded",
+    or "unpadded/KERNEL"; "unpadded/auto" picks per batch by its longest sequence), and why (attention.path_rule)."""
+    packer = modeling.packer_for(model, device, PRECISION_DTYPES[precision], compiled)
+    if packer is None or packer.rule is None:
+        return "padded", "--unpad=false: every sequence computed at the batch's length"
+    rule = packer.rule
+    below = f"; a batch with under {rule.min_padding_share:.0%} padding runs padded" if rule.min_padding_share else ""
+    return f"unpadded/{rule.kernel}", rule.reason + below
 
 
 def add_model_arguments(parser: FlagParser) -> None:
@@ -70,14 +75,17 @@ def add_model_arguments(parser: FlagParser) -> None:
                      "Run batches with padding on their real tokens only (variable-length attention); "
                      "--unpad=false (or --nounpad) computes every sequence at --max_seq_length, as Google's and "
                      "NVIDIA's code. The same weights and maths, but for SQuAD's loss, which gives the padding no "
-                     "probability. A batch with under 10%% padding runs padded either way.")
-    group.add_argument("--attention-kernel", "--attention_kernel", choices=modeling.ATTENTION_KERNELS, default=None,
-                       help="The unpadded path's attention: auto (the CPU's default: per-sequence for a batch "
-                            "whose longest sequence has 64 tokens or more, else masked), per-sequence (SDPA per "
-                            "sequence), nested (jagged nested tensors: flash varlen, a GPU's default), masked (the "
-                            "rows put back in a batch as long as its longest sequence, SDPA with the padding mask: "
-                            "torch.compile's default) or block-diagonal (all rows as one sequence, a block-diagonal "
-                            "mask).")
+                     "probability. Where a batch has too little padding to gain (under 10%% on a CPU) it runs padded "
+                     "either way.")
+    group.add_argument("--attention-kernel", "--attention_kernel", choices=ATTENTION_KERNELS, default=None,
+                       help="The unpadded path's attention (default: the device's measured fastest, see the "
+                            "README): varlen (one call over the packed rows: flash attention's variable-length "
+                            "kernel on a GPU in fp16/bf16, the masked kernel where flash cannot run; a reference "
+                            "implementation on a CPU), per-sequence (SDPA per sequence), masked (the rows put back "
+                            "in a batch as long as its longest sequence, SDPA with the padding mask), nested (SDPA "
+                            "on jagged nested tensors), block-diagonal (all rows as one sequence, a block-diagonal "
+                            "mask) or auto (the default; on a CPU, per-sequence for a batch whose longest "
+                            "sequence has 64 tokens or more, else masked).")
 
 
 def model_from_args(args: argparse.Namespace, task: str, config: BertConfig, **head_kwargs) -> nn.Module:

@@ -33,7 +33,7 @@ from bertbench.durable import write_text_atomically
 from bertbench.errors import UsageError, one_line, run_command, signal_status
 from bertbench.estimator import Estimator, TrainingDivergedError
 from bertbench.flags import FlagName, FlagParser, FrozenNamespace, add_dataclass_flags, build, setting
-from bertbench.models import add_model_arguments, model_from_args, path_name, unrunnable
+from bertbench.models import add_model_arguments, model_from_args, path_of, unrunnable
 from bertbench.run_lock import RunDirectoryBusy, RunLock
 from bertbench.tf_checkpoint import CheckpointError as TFCheckpointError
 from bertbench.tokenization import BertTokenizer, VocabError
@@ -72,7 +72,7 @@ FLAG_NAMES = (
 # and prediction may differ). The modeling flags (models.add_model_arguments), and TrainConfig fields whatever flag
 # sets them (--precision, --amp and --use_fp16 all set precision).
 MODEL_FLAGS = ("modeling", "recompute_policy", "recompute_every", "unpad", "attention_kernel")
-TRAINING_FIELDS = ("precision", "compile")
+TRAINING_FIELDS = ("precision", "compile", "cuda_graphs")
 # TrainConfig fields that are no runner's flag: the steps come from the epochs or the phase's steps; clipping and the
 # steady-state window stay Google's and the loop's.
 NOT_FLAGS = ("num_train_steps", "max_grad_norm", "excluded_steps")
@@ -458,13 +458,14 @@ def report_training(result: TrainResult, command: Command, estimator: Estimator,
     if result.steps == 0 and result.resumed_from is not None:
         log(f"the run is already at its last step {result.global_step}: nothing to train, its figures are kept")
     totals = run_totals(result.segments) if result.segments else {}
+    path, path_reason = path_of(estimator.model, dist.device, config.precision, config.compile)
     steady = totals.get("steady_sentences_per_second")
     summary = {**dataclasses.asdict(result), **totals, "invocation": invocation_figures(result),
                "sentences_per_20_minutes": None if steady is None else steady * 1200,
                "world_size": dist.world_size, "nodes": dist.nodes, "threads": torch.get_num_threads(),
                "device": str(dist.device), "modeling": flags.modeling,
                "recompute_policy": flags.recompute_policy if flags.modeling == "recompute" else None,
-               "path": path_name(flags.unpad, flags.attention_kernel, dist.device, config.compile),
+               "path": path, "path_reason": path_reason,
                "precision": config.precision, "use_xla": config.compile,
                "train_batch_size": command.settings.train_batch_size,
                "num_accumulation_steps": config.gradient_accumulation_steps,

@@ -48,6 +48,7 @@ class TrainResult:
     epoch: float
     # Every segment of the run that trained: the earlier invocations' (from the checkpoint resumed) and this one's.
     segments: list[dict[str, Any]] = field(default_factory=list)
+    execution: dict[str, Any] = field(default_factory=dict)  # how the steps ran (TrainStep.execution)
 
     @property
     def sentences_per_20_minutes(self) -> float | None:
@@ -186,7 +187,8 @@ class LoopStats:
 
     def result(self, *, global_step: int, epoch: float, resumed_from: str | None, restore_seconds: float,
                interrupted: str | None, budget_exhausted: bool, target_reached: bool, skipped: int,
-               last_checkpoint: str | None, segments: list[dict[str, Any]] = ()) -> TrainResult:
+               last_checkpoint: str | None, segments: list[dict[str, Any]] = (),
+               execution: dict[str, Any] | None = None) -> TrainResult:
         """This invocation's figures; `segments`: the run's, as its last checkpoint holds them."""
         this = self.segment(global_step, ended=None)
         if self.window_counted:
@@ -203,7 +205,7 @@ class LoopStats:
             real_tokens_per_second=this["real_tokens"] / max(1e-9, this["seconds"]) if this["steps"] else None,
             steady_real_tokens_per_second=this["steady_real_tokens_per_second"],
             skipped_steps=skipped, final_loss=self.last_loss, last_checkpoint=last_checkpoint, epoch=epoch,
-            segments=list(segments))
+            segments=list(segments), execution=dict(execution or {}))
 
 
 def run_totals(segments: list[dict[str, Any]]) -> dict[str, Any]:

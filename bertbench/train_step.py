@@ -7,6 +7,10 @@ the optimizer and the schedule. An fp16 step whose gradients overflow is skipped
 (NVIDIA's BERT). The Estimator's loop calls it with the run's batch stream; the benches call it with a fixed
 synthetic batch, so a bench figure is the speed of this step.
 
+Each micro-batch is made ready on the host (`prepare`): the model's Packer packs its real tokens from the CPU mask
+(bertbench.packing), and its tensors go to the device pinned and without blocking, so the forward makes no host
+sync. On a CUDA GPU the forward and backward replay from CUDA graphs (bertbench.cuda_graphs) where they can.
+
 The step runs what its TrainConfig says. `runnable_config` is what a run's settings become on its device (fp16 on a
 CPU trains in fp32; compile where torch.compile cannot run trains eagerly), with a note for each change.
 """
@@ -16,13 +20,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
 
-from bertbench import optim
+from bertbench import modeling, optim
+from bertbench.cuda_graphs import GraphedMicroBatches
 from bertbench.distributed import Distributed
-from bertbench.training_config import TrainConfig
+from bertbench.packing import Packer, Packing
+from bertbench.training_config import PRECISION_DTYPES, TrainConfig
 
 
 def autocast(precision: str, device: torch.device | str):
@@ -96,6 +103,35 @@ def wrap_for_training(model: nn.Module, config: TrainConfig, dist: Distributed) 
     return wrapped
 
 
+def graphs_unavailable(model: nn.Module, config: TrainConfig, dist: Distributed, packer: Packer | None) -> str | None:
+    """Why the step cannot replay its micro-batches from CUDA graphs here, None when it can."""
+    if not config.cuda_graphs:
+        return "--cuda_graphs=false"
+    if dist.device.type != "cuda":
+        return f"CUDA graphs need a CUDA GPU (this is {dist.device.type})"
+    if dist.enabled and config.sync_gradients:
+        return "DistributedDataParallel all-reduces the gradients from backward hooks, outside a graph"
+    if getattr(model, "recompute_policy", None):
+        return "activation checkpointing saves the CUDA RNG state in the forward, which a graph capture cannot read"
+    rule = packer.rule if packer is not None else None
+    if rule is not None and rule.kernel != "varlen":
+        return f"the {rule.kernel} kernel's sizes change with every batch (graphs need flash attention's buckets)"
+    return None
+
+
+def to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """The batch's tensors and packing on `device`: to a GPU from pinned memory, without blocking the host."""
+    moved = {}
+    for name, value in batch.items():
+        if isinstance(value, (torch.Tensor, Packing)):
+            on_host = (value if isinstance(value, torch.Tensor) else value.mask).device.type == "cpu"
+            if on_host and device.type == "cuda":
+                value = value.pin_memory()
+            value = value.to(device, non_blocking=True)
+        moved[name] = value
+    return moved
+
+
 @dataclass
 class StepResult:
     """What one step did. `loss` stays on the device (reading it would synchronise every step)."""
@@ -123,24 +159,51 @@ class TrainStep:
         self.schedule = optim.warmup_decay_schedule(self.optimizer, config.num_train_steps - schedule_start_step,
                                                     config.warmup_proportion, config.decay, config.decay_power)
         self.training_model = wrap_for_training(model, config, self.dist)
+        packer = modeling.packer_for(model, self.device, PRECISION_DTYPES[config.precision], config.compile)
+        self.graphs_note = graphs_unavailable(model, config, self.dist, packer)
+        self.graphs = None
+        if self.graphs_note is None:
+            self.graphs = GraphedMicroBatches(model, self.device)
+            packer = None if packer is None else replace(packer, bucketed=True)  # a few sizes, a graph each
+        self.packer = packer  # None: the model takes no packing (HF's, in the benches)
 
-    def forward_loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The loss of one micro-batch under the step's precision, through the module the step trains."""
+    def prepare(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """A micro-batch as the step feeds it to the model: its packing made on the host from its mask (when the
+        model takes one and the batch has none), then on the device."""
+        if self.packer is not None and "attention_mask" in batch and "packing" not in batch:
+            batch = {**batch, "packing": self.packer(batch["attention_mask"])}
+        return to_device(batch, self.device)
+
+    def forward_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The loss of one micro-batch (on the device, see prepare) under the step's precision, through the module
+        the step trains."""
         with autocast(self.config.precision, self.device):
             return self.training_model(**batch).loss
+
+    def _forward_backward(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        loss = self.forward_loss(batch) / self.config.gradient_accumulation_steps
+        self.scaler.scale(loss).backward()
+        return loss.detach()
+
+    def execution(self) -> dict[str, Any]:
+        """How the step ran: CUDA graphs (what they did, or why they did not run)."""
+        if self.graphs is not None:
+            return {"cuda_graphs": self.graphs.summary()}
+        return {"cuda_graphs": None, "cuda_graphs_off": self.graphs_note}
 
     def __call__(self, batches: Iterator[Mapping[str, torch.Tensor]]) -> StepResult:
         """Read gradient_accumulation_steps micro-batches from `batches` and take one optimizer step."""
         accumulation = self.config.gradient_accumulation_steps
         total_loss = torch.zeros((), device=self.device)
         for micro_step in range(accumulation):
-            batch = {name: tensor.to(self.device, non_blocking=True) for name, tensor in next(batches).items()}
+            batch = self.prepare(next(batches))
+            if self.graphs is not None:
+                total_loss += self.graphs(batch, self._forward_backward)
+                continue
             # Gradients are all-reduced once per optimizer step, on the last micro-batch, not on every one.
             defer_sync = micro_step < accumulation - 1 and hasattr(self.training_model, "no_sync")
             with self.training_model.no_sync() if defer_sync else nullcontext():
-                loss = self.forward_loss(batch) / accumulation
-                self.scaler.scale(loss).backward()
-            total_loss += loss.detach()
+                total_loss += self._forward_backward(batch)
         grad_norm = None
         if self.config.max_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
@@ -149,7 +212,8 @@ class TrainStep:
         learning_rate = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        # The graphs add into the same gradient tensors every step: zeroed, not dropped.
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
         skipped = self.scaler.is_enabled() and self.scaler.get_scale() < scale_before
         if not skipped:
             self.schedule.step()

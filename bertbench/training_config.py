@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
+
 from bertbench import optim
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the matmuls' dtype
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,11 @@ class TrainConfig:
     compile: bool = field(default=False, metadata={"help": "Run the training forward/backward through "
                                                            "torch.compile (the original --use_xla); where it cannot "
                                                            "run (no C++ compiler for a CPU) the run trains eagerly."})
+    cuda_graphs: bool = field(default=True, metadata={
+        "help": "On a CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph (one per bucketed "
+                "batch size), so that kernel launches do not hold the GPU back. Applies to the baseline model in one "
+                "process (or independent workers) on the padded path or flash attention's; train_results.json says "
+                "whether it ran and why not."})
     excluded_steps: int = field(default=10, metadata={
         "help": "Steps at the start of each run left out of the steady-state throughput (start-up, compilation)."})
     sync_gradients: bool = field(default=True, metadata={

@@ -174,5 +174,5 @@ class Overflowing(torch.nn.Module):
 
 
 def is_the_packing_skip(reason: str) -> bool:
-    """Whether a graph break's reason is dynamo skipping modeling._packing, the unpadded path's one disabled call."""
-    return "torch.compiler.disable" in reason and "function _packing at" in reason
+    """Whether a graph break's reason is dynamo skipping modeling._packing_on_device, the unpadded path's one disabled call."""
+    return "torch.compiler.disable" in reason and "function _packing_on_device at" in reason

@@ -133,6 +133,7 @@ def test_unknown_model_is_one_line_error(tmp_path, capsys):
     ("aten::scaled_dot_product_attention", "attention"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
     ("aten::_efficient_attention_backward", "attention"), ("aten::_flash_attention_forward", "attention"),
+    ("bertbench::varlen_attention", "attention"), ("bertbench::varlen_attention_backward", "attention"),
     ("aten::native_dropout", "dropout"), ("aten::dropout", "dropout"),
     ("aten::native_layer_norm_backward", "norm_activation"), ("aten::gelu", "norm_activation"),
     ("aten::_fused_adamw_", "optimizer"), ("aten::_foreach_mul_", "optimizer"),

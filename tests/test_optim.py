@@ -148,7 +148,7 @@ def test_train_step_follows_googles_own_trajectory():
     """300 steps of Google's create_optimizer (AdamWeightDecayOptimizer, warm-up + linear decay, clipping at 1.0),
     written by TensorFlow: the same gradients through bertbench's TrainStep give Google's weights, as closely as the
     float64 transcription of Google's rule does (the float32 rounding of Google's own run), and Google's learning
-    rates; with bias correction they do not."""
+    rates, with the multi-tensor step and with the fused one a GPU runs; with bias correction they do not."""
     google = google_trajectory()
     assert list(google.initial) == ["dense.weight", "dense.bias", "LayerNorm.weight", "LayerNorm.bias"]
     assert (google.num_train_steps, google.init_lr, google.num_warmup_steps) == (300, 0.01, 30)
@@ -158,10 +158,12 @@ def test_train_step_follows_googles_own_trajectory():
         return max(float(np.max(np.abs(np.asarray(weights[name]) - google.params[t][name])))
                    for t, weights in enumerate(weights_after_each_step) for name in google.initial)
 
-    def bertbench(bias_correction: bool):
+    def bertbench(bias_correction: bool, fused: bool | None = None):
         model = FedGradients(google.initial)
         train = TrainStep(model, TrainConfig(num_train_steps=steps, learning_rate=0.01, warmup_proportion=0.1,
                                              adam_bias_correction=bias_correction))
+        if fused is not None:  # the one-pass kernel a GPU runs, here on the CPU
+            train.optimizer.fused = fused
         for t in range(steps):
             result = train(iter([{name: torch.from_numpy(grad) for name, grad in google.grads[t].items()}]))
             # TF computes the schedule in float32
@@ -177,6 +179,7 @@ def test_train_step_follows_googles_own_trajectory():
     googles_rounding = largest_difference(transcription())
     assert 0 < googles_rounding < 1e-5  # weights of about 1, 300 float32 steps
     assert largest_difference(bertbench(bias_correction=False)) <= 2 * googles_rounding
+    assert largest_difference(bertbench(bias_correction=False, fused=True)) <= 2 * googles_rounding
     assert largest_difference(bertbench(bias_correction=True)) > 100 * googles_rounding
 
 

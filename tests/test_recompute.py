@@ -46,7 +46,7 @@ def layer_forward_flops(config, only=None, unpad=False):
     layer = modeling.BertLayer(config).train()
     attention_mask = tiny_batch(config, batch=4, seq=32)[2]
     if unpad:
-        mask = modeling.Packing(attention_mask, modeling.default_attention_kernel("cpu"))
+        mask = modeling.packer_for(modeling.BertModel(config), "cpu")(attention_mask)
         hidden = torch.randn(mask.tokens, config.hidden_size, requires_grad=True)
     else:
         mask = attention_mask.bool()[:, None, None, :]

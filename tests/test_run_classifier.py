@@ -145,10 +145,14 @@ def test_each_modeling_module_trains_evaluates_and_predicts(modeling_runs, model
 
 def test_train_results_name_the_path_and_count_real_tokens(modeling_runs):
     """The built-in task's pairs are shorter than --max_seq_length=32: its batches run unpadded by default, padded
-    with --unpad=false, and both runs report the same padding share and real tokens per sentence."""
+    with --unpad=false, and both runs report the same padding share and real tokens per sentence, the path's reason
+    and why no CUDA graphs ran."""
     unpadded, padded = (json.loads((modeling_runs[name] / "train_results.json").read_text())
                         for name in ("baseline", "padded"))
     assert (unpadded["path"], padded["path"]) == ("unpadded/auto", "padded")
+    assert unpadded["path_reason"].startswith("the fastest measured on a CPU: per-sequence attention")
+    assert padded["path_reason"].startswith("--unpad=false")
+    assert unpadded["execution"] == {"cuda_graphs": None, "cuda_graphs_off": "CUDA graphs need a CUDA GPU (this is cpu)"}
     assert unpadded["padding_fraction"] == padded["padding_fraction"] and 0.2 < padded["padding_fraction"] < 0.8
     for train in (unpadded, padded):
         real_per_sentence = train["real_tokens_per_second"] / train["sentences_per_second"]

@@ -1,6 +1,7 @@
-"""The unpadded path (modeling.Packing) against the padded one: the same maths on the real tokens for every head and
-every attention kernel, a mask of any shape, which path a batch takes, weights and state dicts shared by both paths,
-recompute on packed rows, the flags that choose the path, and the FLOPs the padding no longer costs."""
+"""The unpadded path (bertbench.packing, bertbench.attention) against the padded one: the same maths on the real
+tokens for every head and every attention kernel, a mask of any shape, bucketed rows, which path a batch takes,
+weights and state dicts shared by both paths, recompute on packed rows, the flags that choose the path, and the
+FLOPs the padding no longer costs."""
 
 import copy
 import functools
@@ -11,13 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertbench import modeling
+from bertbench import attention, modeling
 from bertbench.models import TASKS, build_model, model_from_args
+from bertbench.packing import Packer, Packing, bucket_rows, filler_slots
 from bertbench.saved_activations import saved_activation_bytes
 from conftest import tiny_batch, tiny_config
 from test_recompute import POLICIES, SAVED_LIMITS, make, parse_model_flags
 
-KERNELS = modeling.ATTENTION_KERNELS
+KERNELS = attention.ATTENTION_KERNELS
 NO_DROPOUT = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 SEQ = 12
 LENGTHS = (12, 1, 7, 4)  # a full-length sequence, a one-token one and two between
@@ -39,7 +41,7 @@ def varied_batch(config, mask):
 def labels(task, mask):
     """The labels of `task` for a 4-sequence batch, every predicted or answer position a real token of `mask`."""
     if task == "classification":
-        values = {"labels": torch.tensor([0, 2, 1, 2])}
+        values = {"labels": torch.tensor([0, 2, 1, 2], device=mask.device)}
     elif task == "pretraining":
         values = {"masked_lm_positions": torch.tensor([[1, 5, 11], [0, 0, 0], [2, 6, 3], [1, 3, 0]]),
                   "masked_lm_labels": torch.tensor([[5, 6, 7], [8, -100, -100], [9, 10, 11], [12, 13, -100]]),
@@ -51,8 +53,8 @@ def labels(task, mask):
     else:
         return {}
     if task != "classification":
-        assert mask.bool()[torch.arange(4)[:, None], positions].all()
-    return values
+        assert mask.cpu().bool()[torch.arange(4)[:, None], positions].all()
+    return {name: value.to(mask.device) for name, value in values.items()}
 
 
 def span_loss_over_real_tokens(start_logits, end_logits, mask, starts, ends):
@@ -72,8 +74,8 @@ def outputs_and_loss(model, task, batch):
     out = model(input_ids, token_type_ids, mask, **given)
     if task == "encoder":
         generator = torch.Generator().manual_seed(2)
-        weights = torch.randn(out.sequence_output.shape, generator=generator).to(out.sequence_output.dtype)
-        pooled_weights = torch.randn(out.pooled_output.shape, generator=generator).to(out.pooled_output.dtype)
+        weights, pooled_weights = (torch.randn(x.shape, generator=generator).to(x.device, x.dtype)
+                                   for x in (out.sequence_output, out.pooled_output))
         pooled = real[:, 0]
         loss = (out.sequence_output * weights)[real].sum() + (out.pooled_output * pooled_weights)[pooled].sum()
         return {"sequence_output": out.sequence_output[real], "pooled_output": out.pooled_output[pooled]}, loss
@@ -170,38 +172,100 @@ def test_a_mask_with_holes_gives_the_padded_paths_real_outputs(kernel):
 
 def test_the_packing_of_a_mask_with_holes():
     mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    packing = modeling.Packing(mask, "per-sequence")
-    assert packing.tokens == 10
+    packing = Packing.of_mask(mask, "per-sequence")
+    assert packing.tokens == packing.rows == 10
     assert packing.indices.tolist() == [0, 1, 3, 6, 7, 10, 11, 12, 13, 14]
     assert packing.positions.tolist() == [0, 1, 3, 1, 2, 0, 1, 2, 3, 4]
-    assert packing.cu_seqlens.tolist() == [0, 3, 5, 10]
-    assert (packing.length_list, packing.max_seqlen, packing.width) == ([3, 2, 5], 5, 5)
+    assert packing.cu_seqlens.tolist() == [0, 3, 5, 10] and packing.cu_seqlens.dtype == torch.int32
+    assert (packing.lengths, packing.max_seqlen, packing.width) == ((3, 2, 5), 5, 5)
     padded = torch.randn(3, 5, 2)
     packed = packing.pack(padded)
     assert torch.equal(packed, padded[mask.bool()])
     assert torch.equal(packing.unpack(packed), padded * mask[..., None])
-    narrow = modeling.Packing(torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 0, 0]]), "per-sequence")
-    assert narrow.width == 3 and narrow.narrow_mask.tolist() == [[True, False, True], [False, True, False]]
+    narrow = Packing.of_mask(torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 0, 0]]), "masked")
+    assert narrow.width == 3 and narrow.narrow_indices().tolist() == [0, 2, 4]
+    assert narrow.sequence_ids().tolist() == [0, 0, 1]
+
+
+def test_bucketed_rows_are_few_sizes_with_filler_sequences_that_nothing_reads():
+    """Bucketing (for CUDA graphs) rounds the rows up to one of 8 sizes per doubling; the filler rows form
+    sequences of at most the batch's length, in a fixed number of slots per bucket, read a row of zeros and go back
+    to no position of the batch."""
+    assert [bucket_rows(tokens) for tokens in (1, 8, 9, 100, 127, 128, 129, 1000, 1025, 2100)] == \
+        [8, 8, 16, 104, 128, 128, 144, 1024, 1152, 2304]
+    assert all(tokens <= bucket_rows(tokens) < tokens * 9 / 8 + 8 for tokens in range(1, 5000))
+    mask = lengths_mask((12, 1, 7, 4))  # 24 tokens: bucket 24; 25 to 30 in bucket 32
+    mask[3, 4:9] = 1  # 29 tokens
+    packing = Packing.of_mask(mask, "varlen", bucketed=True)
+    assert (packing.tokens, packing.rows, packing.max_seqlen) == (29, 32, SEQ)
+    slots = filler_slots(32, SEQ)
+    assert packing.cu_seqlens.tolist() == [0, 12, 13, 20, 29] + [32] + [32] * (slots - 1)
+    assert packing.indices[29:].tolist() == [4 * SEQ] * 3 and packing.positions[29:].tolist() == [0] * 3
+    padded = torch.randn(4, SEQ, 3)
+    packed = packing.pack(padded)
+    assert torch.equal(packed[:29], padded[mask.bool()]) and torch.equal(packed[29:], torch.zeros(3, 3))
+    assert torch.equal(packing.unpack(packed + 1), (padded + 1) * mask[..., None])
+    long_filler = Packing.of_mask(torch.ones(16, 24, dtype=torch.long).tril(-9)[:, :24], "varlen", bucketed=True)
+    filler = torch.diff(long_filler.cu_seqlens[16:]).tolist()  # the slots after the 16 sequences
+    assert sum(filler) == long_filler.rows - long_filler.tokens and max(filler) <= 24
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_bucket_filler_changes_no_output_and_no_gradient(task):
+    """The same batch packed with and without a bucket's filler rows, through the varlen op's CPU implementation:
+    the same outputs and gradients (the filler is computed and dropped)."""
+    batch = varied_batch(NO_DROPOUT, lengths_mask((12, 1, 7, 9)))  # 29 tokens in a bucket of 32
+    torch.manual_seed(0)
+    model = build_model(task, NO_DROPOUT, attention_kernel="varlen", **HEAD_KWARGS.get(task, {}))
+    bucketed = copy.deepcopy(model)
+    packer = modeling.packer_for(model, "cpu")
+    assert Packer(packer.rule, bucketed=True)(batch[2]).rows == 32
+
+    def run(net, bucket):
+        rule_packer = Packer(packer.rule, bucketed=bucket)
+        original = net.forward
+
+        def forward(*args, **kwargs):
+            return original(*args, packing=rule_packer(batch[2]), **kwargs)
+        net.forward = forward
+        return forward_backward(net, task, batch)
+
+    got, expected = run(bucketed, True), run(model, False)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def resolved(kernel, packing):
     """The kernel a packing runs for a requested one (None: the CPU's default): auto picks by the longest sequence."""
-    kernel = kernel or modeling.default_attention_kernel("cpu")
-    if kernel != "auto":
-        return kernel
-    return "per-sequence" if packing.max_seqlen >= modeling.PER_SEQUENCE_MIN_LENGTH else "masked"
+    return attention.path_rule("cpu", 16, torch.float32, kernel).kernel_for(max(packing.lengths))
 
 
-def test_auto_runs_per_sequence_attention_from_64_tokens_and_masked_below():
+def test_the_cpu_runs_per_sequence_attention_from_64_tokens_and_masked_below():
     """The CPU's default: a call per sequence pays for itself only once the sequences' attention is large enough."""
+    packer = modeling.packer_for(modeling.BertModel(tiny_config()), "cpu")
+
     def kernel(width):
         mask = torch.zeros(2, 80, dtype=torch.long)
         mask[0, :width], mask[1, :3] = 1, 1
-        return modeling.Packing(mask, "auto").kernel
+        return packer(mask).kernel
 
     assert (kernel(63), kernel(64), kernel(80)) == ("masked", "per-sequence", "per-sequence")
-    assert modeling.Packing(torch.ones(1, 8, dtype=torch.long), "nested").kernel == "nested"
-    assert modeling.default_attention_kernel("cpu") == "auto" and modeling.default_attention_kernel("cuda") == "nested"
+    nested = modeling.set_unpadding(modeling.BertModel(tiny_config()), True, "nested")
+    assert modeling.packer_for(nested, "cpu")(lengths_mask((3, 1))).kernel == "nested"
+
+
+def test_path_rules_by_device_and_dtype():
+    """A GPU runs flash attention's varlen kernel where it can, the masked kernel where it cannot (fp32, no flash),
+    saying why; a CPU runs its measured rule; torch.compile on a CPU the masked kernel; a requested kernel runs."""
+    cpu = attention.path_rule("cpu", 64, torch.float32)
+    assert (cpu.kernel, cpu.min_padding_share) == ("auto", 0.1)
+    assert attention.path_rule("cpu", 64, torch.float32, compiled=True).kernel == "masked"
+    assert attention.path_rule("cpu", 64, torch.float32, "varlen").kernel == "varlen"
+    fp32 = attention.path_rule("cuda", 64, torch.float32)
+    assert fp32.kernel == "masked" and "needs fp16 or bf16 (float32 runs here)" in fp32.reason
+    requested = attention.path_rule("cuda", 64, torch.float32, "varlen")
+    assert requested.kernel == "masked" and requested.reason.startswith("--attention_kernel=varlen: flash")
+    assert attention.flash_unavailable("cuda", torch.bfloat16, 64) is not None or torch.cuda.is_available()
 
 
 def test_padding_takes_the_unpadded_path_and_unpad_false_never_does(config):
@@ -225,7 +289,7 @@ def test_a_batch_with_little_padding_runs_padded(config):
     from that share on unpadded, with the same real outputs either way."""
     model = modeling.BertModel(config).eval()
     input_ids, token_type_ids, _ = tiny_batch(config, batch=4, seq=10)
-    least = math.ceil(modeling.MIN_PADDING_SHARE * input_ids.numel())  # the fewest padding tokens worth unpadding
+    least = math.ceil(attention.MIN_PADDING_SHARE["cpu"] * input_ids.numel())  # the fewest padding tokens worth it
     assert 0 < least < input_ids.shape[1]
     for padding, packed in ((least - 1, False), (least, True)):
         mask = torch.ones_like(input_ids)

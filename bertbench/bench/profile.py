@@ -51,6 +51,8 @@ def op_category(name: str) -> str | None:
     for aten::softmax, which is attention's inside SDPA and not elsewhere."""
     if name.startswith("Optimizer."):  # the range torch.optim opens around step() and zero_grad()
         return "optimizer"
+    if name.startswith("bertbench::") and "attention" in name:  # the varlen kernel's custom op, and its backward
+        return "attention"
     if not name.startswith("aten::"):
         return None
     if name in MATMUL_OPS:

@@ -47,21 +47,33 @@ from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, sprea
 from bertbench.batches import ShuffledBatches
 from bertbench.distributed import Distributed
 from bertbench.estimator import Estimator
+from bertbench.flags import parse_bool
 from bertbench.training_config import RunConfig
 
 
 
-def columns(padded: bool) -> list[tuple]:
+def columns(padded: bool, gpu: bool) -> list[tuple]:
     """The table's columns; on batches with padding, the path each variant ran, and the real tokens/s and the
-    padding share in place of tokens/s (which count the padding)."""
+    padding share in place of tokens/s (which count the padding); on a GPU, the host's share of the step time and
+    the CUDA graphs' bucket filler."""
     path = [("path", "path", "")] if padded else []
     tokens = ([("real tokens/s", "real_tokens_per_s", ",.0f"), ("padding", "padding_share", ".1%")] if padded
               else [("tokens/s", "tokens_per_s", ",.0f")])
+    host = [("host / step", "host_share", ".0%"), ("graphs", "graphs_text", "")] if gpu else []
     return [("kind", "kind", ""), ("seq", "seq", "d"), ("precision", "precision", ""), ("variant", "variant", ""),
             *path, ("batch", "batch", "d"), spread_column("step (s): median (min–max, CV)", "step_seconds", ".4f"),
             ("seq/s", "seq_per_s", ".2f"), ("vs first variant", "speed_vs_first_variant", ".3f"), *tokens,
-            ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"),
+            ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"), *host,
             ("saved for backward (MiB)", "saved_mib", ",.1f"), ("step memory (MiB)", "step_memory_mib", ",.0f")]
+
+
+def graphs_text(row: dict) -> str:
+    """The CUDA graphs a row's step replayed, with the share of bucket filler in its packed rows, or why none."""
+    graphs = row.get("cuda_graphs")
+    if not graphs:
+        return "off"
+    filler = f", {graphs['bucket_filler_share']:.1%} filler" if graphs["bucket_rows"] else ""
+    return f"{graphs['graphs']}{filler}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Micro-batches (each of the batch size) per optimizer step.")
     recipe.add_argument("--max_grad_norm", type=float, default=1.0, help="Global-norm clipping; 0 turns it off.")
     recipe.add_argument("--compile", action="store_true", help="torch.compile the step's forward and backward.")
+    recipe.add_argument("--cuda_graphs", type=parse_bool, default=True, metavar="BOOL",
+                        help="On a GPU, replay each micro-batch's forward and backward from CUDA graphs where the "
+                             "step can, as runs train (--cuda_graphs false: every kernel launched from the host).")
     recipe.add_argument("--with_trainer", action="store_true",
                         help="Also train each setting through the Estimator (the loop users run: data stream, "
                              "logging, save checks) for --trainer_rounds rounds interleaved with the bench's "
@@ -119,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 def recipe(args: argparse.Namespace) -> dict:
     """The TrainConfig fields the flags change: the step the bench times is the training step with these."""
     return {"optimizer": args.optimizer, "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "max_grad_norm": args.max_grad_norm or None, "compile": args.compile}
+            "max_grad_norm": args.max_grad_norm or None, "compile": args.compile, "cuda_graphs": args.cuda_graphs}
 
 
 def check_settings(args: argparse.Namespace) -> tuple[list[workload.Variant], workload.Lengths]:
@@ -141,8 +156,11 @@ def check_settings(args: argparse.Namespace) -> tuple[list[workload.Variant], wo
 def measure_memory(step: workload.BenchStep) -> dict:
     """Saved-for-backward bytes, and the memory one step run alone adds at its peak to what was resident before it
     (weights, optimizer state, and the other variants' models, which the sweep keeps): activations, gradients,
-    temporaries."""
+    temporaries. Not for a step that replays CUDA graphs: their memory pool was taken at the capture, and a step
+    adds nothing to it (--cuda_graphs false measures the same step's memory, launched from the host)."""
     device = step.device
+    if step.step.graphs is not None:
+        return {"memory_kind": "not measured: CUDA graphs (their pool was allocated at capture)"}
     step.position = 0  # every variant's memory step on the same examples, the cycle's first
     saved = measure.saved_activation_bytes(step.forward, step.model)[1]  # the graph goes before the step runs
     devices.synchronize(device)
@@ -170,8 +188,11 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], length
                                                                models[variant.name], lengths=lengths,
                                                                steps=args.steps, **recipe(args))
                              for variant in live}
+                    host_times: dict[str, list[float]] = {}
                     try:
-                        times = measure.time_steps(steps, args.warmup, args.steps, device)
+                        for step in steps.values():
+                            step.capture_graphs()
+                        times = measure.time_steps(steps, args.warmup, args.steps, device, host_times)
                     except torch.cuda.OutOfMemoryError:
                         times = time_each_alone(steps, args, device, out_of_memory)
                     # the ratios' reference: the first variant listed that fit (seq/s over its seq/s)
@@ -182,12 +203,17 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], length
                         if variant.name in out_of_memory:
                             rows.append(dict(setting, variant=variant.name, out_of_memory=True))
                             continue
-                        row = figures(times[variant.name], steps[variant.name], config, kind, seq,
-                                      peaks[precision][0])
+                        step = steps[variant.name]
+                        row = figures(times[variant.name], step, config, kind, seq, peaks[precision][0])
                         row["speed_vs_first_variant"] = statistics.median(times[first]) / row["step_seconds"]
+                        if host_times.get(variant.name):
+                            row["host_seconds"] = statistics.median(host_times[variant.name])
+                            row["host_share"] = row["host_seconds"] / row["step_seconds"]
+                        row.update(step.step.execution())
                         if not args.no_memory:
-                            row.update(measure_memory(steps[variant.name]))
-                        rows.append(dict(setting, variant=variant.name, path=variant.path(device, args.compile),
+                            row.update(measure_memory(step))
+                        path, reason = variant.path(step.model, device, precision, args.compile)
+                        rows.append(dict(setting, variant=variant.name, path=path, path_reason=reason,
                                          out_of_memory=False, **row))
                         print(f"  {kind} seq {seq} {precision} {variant.name:<16} batch {batch:>4}: "
                               f"{spread_text(row, 'seq_per_s', '.2f')} seq/s  "
@@ -319,13 +345,14 @@ def warnings(rows: list[dict], compared: list[dict]) -> list[str | None]:
 def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, compared: list[dict],
              lengths: workload.Lengths) -> str:
     done = [dict(row, saved_mib=row.get("saved_bytes", 0) / 2**20 if "saved_bytes" in row else None,
-                 step_memory_mib=row["step_memory_bytes"] / 2**20 if "step_memory_bytes" in row else None)
+                 step_memory_mib=row["step_memory_bytes"] / 2**20 if "step_memory_bytes" in row else None,
+                 graphs_text=graphs_text(row))
             for row in rows if not row["out_of_memory"]]
     lines = [f"# Throughput: {model} on {device}", ""]
     lines += [f"- peak {precision}: {peak / 1e12:.3f} TFLOP/s ({source})" for precision, (peak, source)
               in peaks.items()]
     lines += ["", lengths_line(lengths, sorted({row["seq"] for row in rows})),
-              "", markdown_table(done, columns(not lengths.full)), "",
+              "", markdown_table(done, columns(not lengths.full, device.type == "cuda")), "",
               "step: median of the timed steps (min–max, CV = stdev / mean); the other figures are of the median "
               "step (the JSON has the spread of each). step memory: what one step adds, at its peak, to the memory "
               "resident before it (CUDA allocator on a GPU, process RSS on the CPU): activations, gradients, "
@@ -335,6 +362,15 @@ def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, co
                                "share of the batches' sequence-length slots, what the padded path computes in vain "
                                "(hf-dynamic only up to each batch's longest sequence). TFLOP/s and MFU count each "
                                "sequence's model FLOPs at its real length, for every path.")]
+    if device.type == "cuda":
+        lines += ["", "host / step: the time the host took to issue a step, over the step's time on the GPU's clock "
+                      "(under 100%, the GPU sets the pace). graphs: the CUDA graphs the step replayed its micro-"
+                      "batches from, and the share of the packed rows that were bucket filler (off: no graphs; the "
+                      "JSON says why)."]
+    reasons = {(row["variant"], row["path"]): row["path_reason"] for row in done if row.get("path_reason")}
+    if not lengths.full and reasons:
+        lines += ["", "Why each path: " + "; ".join(f"{variant} ({path}): {reason}"
+                                                     for (variant, path), reason in reasons.items())]
     if compared:
         lines += ["", "## The bench's step and the trainer's loop", "",
                   "Seq/s of the bench's step and the Estimator's steady seq/s on the same setting, in alternating "
@@ -372,12 +408,13 @@ def plots(rows: list[dict]) -> dict:
                                 for key in ("batch", "seq_per_s", "seq_per_s_min", "seq_per_s_max"))
                  for variant in variants}
         result[f"{kind}-seq{seq}-{precision}"] = line_plot(speed, "batch size", "sequences / s", title, log_x=True)
-        if any("saved_bytes" in row for row in group):
-            key, label = (("step_memory_bytes", "CUDA memory a step adds (GiB)") if group[0]["memory_kind"]
+        measured = [row for row in group if "saved_bytes" in row]
+        if measured:
+            key, label = (("step_memory_bytes", "CUDA memory a step adds (GiB)") if measured[0]["memory_kind"]
                           == "CUDA allocated" else ("saved_bytes", "saved for backward (GiB)"))
-            memory = {variant: ([row["batch"] for row in group if row["variant"] == variant],
-                                [row[key] / 2**30 for row in group if row["variant"] == variant])
-                      for variant in variants}
+            memory = {variant: ([row["batch"] for row in measured if row["variant"] == variant],
+                                [row[key] / 2**30 for row in measured if row["variant"] == variant])
+                      for variant in dict.fromkeys(row["variant"] for row in measured)}
             result[f"{kind}-seq{seq}-{precision}-memory"] = line_plot(memory, "batch size", label, title,
                                                                       log_x=True)
     return result

@@ -24,8 +24,8 @@ from torch import nn
 from bertbench.config import IGNORE_INDEX, BertConfig, ConfigError
 from bertbench.synthetic import MODEL_SIZES, synthetic_batch
 from bertbench.distributed import Distributed
-from bertbench.modeling import ATTENTION_KERNELS
-from bertbench.models import build_model, path_name, unrunnable
+from bertbench.attention import ATTENTION_KERNELS
+from bertbench.models import build_model, path_of, unrunnable
 from bertbench.train_step import TrainStep, autocast, fallbacks
 from bertbench.training_config import TrainConfig
 
@@ -47,7 +47,7 @@ class BenchRunFailed(RuntimeError):
 class Variant:
     """A modeling module with its recompute policy, "baseline", "full", "selective" or "every-K", on the unpadded path
     as runs train (batches with padding run on their real tokens only; "/KERNEL" picks its attention kernel, e.g.
-    "baseline/nested", see modeling.ATTENTION_KERNELS), or on the padded path with "/padded" ("baseline/padded":
+    "baseline/nested", see attention.ATTENTION_KERNELS), or on the padded path with "/padded" ("baseline/padded":
     every sequence computed at the batch's length, Google's path); or HF transformers' BERT with
     the baseline's weights (the reference users compare against), trained by the same step: "hf" fed each batch
     padded to the sequence length (run_glue.py's default, pad_to_max_length), "hf-dynamic" fed it cut to its
@@ -101,11 +101,12 @@ class Variant:
             return {"modeling": self.modeling, **path}
         return {"modeling": "recompute", "recompute_policy": self.policy, "recompute_every": self.every_k, **path}
 
-    def path(self, device: torch.device | str, compiled: bool) -> str:
-        """What the variant's batches with padding run on, as the benches name it (models.path_name)."""
+    def path(self, model: nn.Module, device: torch.device | str, precision: str, compiled: bool) -> tuple[str, str]:
+        """What the variant's batches with padding run on, as the benches name it, and why (models.path_of)."""
         if self.modeling == "hf":
-            return "hf dynamic" if self.cut_to_longest else "hf padded to max"
-        return path_name(self.unpad, self.attention_kernel, device, compiled)
+            return ("hf dynamic", "each batch cut to its longest sequence") if self.cut_to_longest else \
+                ("hf padded to max", "every batch at the sequence length")
+        return path_of(model, device, precision, compiled)
 
 
 HF_VARIANTS = ("hf", "hf-dynamic")
@@ -317,10 +318,17 @@ class BenchStep:
 
     def forward(self) -> torch.Tensor:
         """The loss of the micro-batch the next call starts with."""
-        return self.step.forward_loss(self.batches[self.position % len(self.batches)])
+        return self.step.forward_loss(self.step.prepare(self.batches[self.position % len(self.batches)]))
 
     def __call__(self) -> None:
         self.step(iter(self._next_batch, None))
+
+    def capture_graphs(self) -> None:
+        """Go round the cycle once, so that each of its batch sizes has its CUDA graph before the timing starts, as
+        a run's first steps capture its common sizes (nothing when the step replays no graphs)."""
+        if self.step.graphs is not None:
+            for _ in range(len(self.batches) // self.step.config.gradient_accumulation_steps):
+                self()
 
 
 def train_step(config: BertConfig, kind: str, variant: Variant, precision: str, batch: int, seq: int,
@@ -343,6 +351,7 @@ def train_step(config: BertConfig, kind: str, variant: Variant, precision: str, 
     step = TrainStep(model, train, dist)
     micro_batches = 1 if lengths.full else steps * train.gradient_accumulation_steps
     drawn = lengths.draw(micro_batches * batch, seq)
-    batches = [synthetic_batch(config, kind, batch, seq, device, seed=index,
-                               lengths=drawn[index * batch:(index + 1) * batch]) for index in range(micro_batches)]
+    # On the host, as a data set's batches are: the step packs and moves each one as training does.
+    batches = [synthetic_batch(config, kind, batch, seq, seed=index, lengths=drawn[index * batch:(index + 1) * batch])
+               for index in range(micro_batches)]
     return BenchStep(step, [cut_to_longest(each) for each in batches] if variant.cut_to_longest else batches)

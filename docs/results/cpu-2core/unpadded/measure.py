@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bertbench import modeling
+from bertbench import attention
 from bertbench.bench import flops, workload
 
 parser = argparse.ArgumentParser()
@@ -37,11 +37,11 @@ parser.add_argument("--contenders", default="full:baseline,real-text:baseline,re
 parser.add_argument("--before", default=None, help="A checkout whose bertbench/modeling.py is `full:before`.")
 parser.add_argument("--json", default=None, help="Write the settings and every step time here.")
 parser.add_argument("--min_padding_share", type=float, default=None,
-                    help="Set modeling.MIN_PADDING_SHARE: 0 runs every batch with padding unpadded.")
+                    help="Set the CPU's attention.MIN_PADDING_SHARE: 0 runs every batch with padding unpadded.")
 args = parser.parse_args()
 torch.set_num_threads(args.threads)
 if args.min_padding_share is not None:
-    modeling.MIN_PADDING_SHARE = args.min_padding_share
+    attention.MIN_PADDING_SHARE["cpu"] = args.min_padding_share
 config = workload.bert_config(args.model, args.seq)
 masked = 0 if args.kind == "finetuning" else workload.synthetic.masked_positions(args.seq)
 
