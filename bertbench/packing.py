@@ -9,7 +9,7 @@ forward makes no host sync for them; a model called with only a device mask make
 
 `kernel` says how the model runs the batch: an attention kernel of the unpadded path, or None for the padded path
 (every sequence computed at the batch's length), decided on the host by the model's `Packer` from the batch's
-padding (bertbench.attention.choose_path).
+padding (bertbench.attention.path_rule).
 
 With `bucketed`, the rows are padded up to one of a few sizes (NVIDIA's MLPerf code pads its packed token count the
 same way), so that a CUDA graph captured for a size replays for every batch of that bucket: the extra rows form
@@ -104,8 +104,7 @@ class Packing:
             rows = bucket_rows(tokens)
             filler = rows - tokens
             slots = filler_slots(rows, seq_length)
-            filler_lengths = [min(seq_length, filler - seq_length * slot) if filler > seq_length * slot else 0
-                              for slot in range(slots)]
+            filler_lengths = [max(0, min(seq_length, filler - seq_length * slot)) for slot in range(slots)]
             flat_indices = torch.cat([flat_indices, flat_indices.new_full((filler,), batch * seq_length)])
             positions = torch.cat([positions, positions.new_zeros(filler)])
             cu_seqlens = torch.cat([cu_seqlens, tokens + torch.tensor(filler_lengths).cumsum(0)])
