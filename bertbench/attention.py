@@ -277,14 +277,17 @@ def path_rule(device: torch.device | str, head_dim: int, dtype: torch.dtype, req
         if requested == "varlen" and device.type == "cuda":
             reason = flash_unavailable(device, dtype, head_dim)
             if reason is not None:
-                return PathRule("masked", 0.0, f"--attention_kernel=varlen: {reason}, so the masked kernel runs")
+                return PathRule("masked", MIN_PADDING_SHARE["cuda"],
+                                f"--attention_kernel=varlen: {reason}, so the masked kernel runs")
         return PathRule(requested, MIN_PADDING_SHARE.get(device.type, MIN_PADDING_SHARE["cpu"]), "--attention_kernel")
     if device.type == "cuda":
         reason = flash_unavailable(device, dtype, head_dim)
         if reason is None:
-            return PathRule("varlen", 0.0, "the fastest measured on a GPU: flash attention's variable-length "
-                                           "kernel on the packed rows, any padding")
-        return PathRule("masked", 0.0, f"the fastest measured on a GPU without flash attention ({reason})")
+            return PathRule("varlen", MIN_PADDING_SHARE["cuda"], "the fastest measured on a GPU: flash attention's "
+                                                                 "variable-length kernel on the packed rows, any "
+                                                                 "padding")
+        return PathRule("masked", MIN_PADDING_SHARE["cuda"],
+                        f"the fastest measured on a GPU without flash attention ({reason})")
     if compiled:
         return PathRule("masked", MIN_PADDING_SHARE["cpu"], "under torch.compile on a CPU: no host-side sizes "
                                                             "in the graph")

@@ -129,8 +129,13 @@ class Estimator:
         """Several processes training without all-reduce (TrainConfig.sync_gradients False)."""
         return self.dist.enabled and self.train_config is not None and not self.train_config.sync_gradients
 
+    @property
+    def precision(self) -> str:
+        """What the forwards compute in: the training config's precision, fp32 without one."""
+        return self.train_config.precision if self.train_config else "fp32"
+
     def _autocast(self):
-        return autocast(self.train_config.precision if self.train_config else "fp32", self.device)
+        return autocast(self.precision, self.device)
 
     def decide_start(self, init_checkpoint: str | None = None, continue_phase: bool = False,
                      training: bool = True) -> RunStart:
@@ -325,8 +330,7 @@ class Estimator:
                 return {name: getattr(output, name).float() for name in outputs}
         collected: dict[str, list[torch.Tensor]] = defaultdict(list)
         loss_sum = 0.0
-        precision = self.train_config.precision if self.train_config else "fp32"
-        packer = modeling.packer_for(self.model, self.device, PRECISION_DTYPES[precision])
+        packer = modeling.packer_for(self.model, self.device, PRECISION_DTYPES[self.precision])
         was_training = self.model.training
         self.model.eval()
         try:

@@ -75,6 +75,10 @@ class Packing:
         return self.tokens if self.indices is None else len(self.indices)
 
     @property
+    def device(self) -> torch.device:
+        return self.mask.device
+
+    @property
     def padding_share(self) -> float:
         return 1 - self.tokens / (self.batch * self.seq_length)
 
@@ -86,13 +90,15 @@ class Packing:
         return cls(batch, seq_length, tokens, None, mask=mask.bool())
 
     @classmethod
-    def of_mask(cls, mask: torch.Tensor, kernel: str, bucketed: bool = False) -> "Packing":
+    def of_mask(cls, mask: torch.Tensor, kernel: str, bucketed: bool = False,
+                lengths: torch.Tensor | None = None) -> "Packing":
         """The packing of a [batch, seq] 0/1 mask of any shape (each row's real tokens are found, not assumed to
-        come first), for `kernel`. On a CPU mask this is host work; on a device mask it costs a sync."""
+        come first), for `kernel`; `lengths`: its real tokens per row, when already counted. On a CPU mask this is
+        host work; on a device mask it costs a sync."""
         mask = mask.bool()
         batch, seq_length = mask.shape
         flat_indices = mask.flatten().nonzero().squeeze(1)
-        lengths = mask.sum(1)
+        lengths = mask.sum(1) if lengths is None else lengths
         length_list = tuple(lengths.tolist())
         tokens = sum(length_list)
         positions = flat_indices % seq_length
@@ -163,4 +169,4 @@ class Packer:
         if self.rule is None or tokens == mask.numel() or tokens > (1 - self.rule.min_padding_share) * mask.numel():
             return Packing.padded(mask, tokens)
         kernel = self.rule.kernel_for(int(lengths.max()))
-        return Packing.of_mask(mask, kernel, self.bucketed and kernel == "varlen")
+        return Packing.of_mask(mask, kernel, self.bucketed and kernel == "varlen", lengths)

@@ -36,7 +36,7 @@ def autocast(precision: str, device: torch.device | str):
     """The forward's precision context: none for fp32, autocast to fp16 or bf16 otherwise."""
     if precision == "fp32":
         return nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
+    return torch.autocast(torch.device(device).type, dtype=PRECISION_DTYPES[precision])
 
 
 def compile_unavailable(device: torch.device | str) -> str | None:
@@ -124,8 +124,7 @@ def to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
     moved = {}
     for name, value in batch.items():
         if isinstance(value, (torch.Tensor, Packing)):
-            on_host = (value if isinstance(value, torch.Tensor) else value.mask).device.type == "cpu"
-            if on_host and device.type == "cuda":
+            if value.device.type == "cpu" and device.type == "cuda":
                 value = value.pin_memory()
             value = value.to(device, non_blocking=True)
         moved[name] = value

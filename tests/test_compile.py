@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 
 from bertbench.models import build_model
 from bertbench.run_classifier import main
-from bertbench.synthetic import write_glue_task
+from bertbench.synthetic import synthetic_batch, write_glue_task
 from bertbench.train_step import TrainStep, runnable_config
 from bertbench.training_config import TrainConfig
 from conftest import is_the_packing_skip, tiny_batch, tiny_config, write_bert_dir
@@ -116,10 +116,7 @@ def test_bucketed_varlen_packings_trace_through_batch_and_bucket_changes(traced_
                      TrainConfig(num_train_steps=10, compile=True))
     step.packer = dataclasses.replace(step.packer, bucketed=True)
     for lengths in ((16, 9), (5, 12), (16, 3, 7, 11), (2, 13, 16)):
-        mask = (torch.arange(16)[None, :] < torch.tensor(lengths)[:, None]).long()
-        values = {"input_ids": tiny_batch(CONFIG, batch=len(lengths), seq=16)[0] * mask,
-                  "token_type_ids": torch.zeros_like(mask), "attention_mask": mask,
-                  "labels": torch.zeros(len(lengths), dtype=torch.long)}
+        values = synthetic_batch(CONFIG, "finetuning", len(lengths), 16, lengths=lengths)
         assert step.prepare(values)["packing"].bucketed
         assert torch.isfinite(step(iter([values])).loss)
     assert dict(counters["graph_break"]) == {}

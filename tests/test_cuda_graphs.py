@@ -13,6 +13,7 @@ from bertbench.cuda_graphs import GraphedMicroBatches, batch_signature
 from bertbench.distributed import Distributed
 from bertbench.models import build_model
 from bertbench.packing import Packer
+from bertbench.synthetic import synthetic_batch
 from bertbench.train_step import TrainStep, graphs_unavailable
 from bertbench.training_config import TrainConfig
 from conftest import tiny_config
@@ -27,12 +28,9 @@ def replay_by_running(run, inputs, pool):
 
 def batches(count, seed=0, batch=4, seq=24):
     generator = torch.Generator().manual_seed(seed)
-    for _ in range(count):
-        lengths = torch.randint(3, seq + 1, (batch,), generator=generator)
-        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-        yield {"input_ids": torch.randint(1, CONFIG.vocab_size, (batch, seq), generator=generator) * mask,
-               "token_type_ids": torch.zeros_like(mask), "attention_mask": mask,
-               "labels": torch.randint(0, 2, (batch,), generator=generator)}
+    for index in range(count):
+        lengths = torch.randint(3, seq + 1, (batch,), generator=generator).tolist()
+        yield synthetic_batch(CONFIG, "finetuning", batch, seq, seed=index, lengths=lengths)
 
 
 def training(graphed, steps=3, accumulation=2, max_graphs=32, drop_grads=False):
@@ -86,9 +84,7 @@ def test_gradients_dropped_between_steps_come_back_in_the_captured_tensors():
 def batch_of(tokens, batch=4, seq=24):
     """A batch whose sequences hold `tokens` real tokens in all."""
     lengths = [tokens // batch + (row < tokens % batch) for row in range(batch)]
-    mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
-    return {"input_ids": mask * 5, "token_type_ids": torch.zeros_like(mask), "attention_mask": mask,
-            "labels": torch.zeros(batch, dtype=torch.long)}
+    return synthetic_batch(CONFIG, "finetuning", batch, seq, lengths=lengths)
 
 
 def test_one_signature_per_bucket_and_path():

@@ -13,6 +13,7 @@ from bertbench import attention
 from bertbench.distributed import Distributed
 from bertbench.models import TASKS, build_model
 from bertbench.packing import Packer
+from bertbench.synthetic import synthetic_batch
 from bertbench.train_step import TrainStep
 from bertbench.training_config import PRECISION_DTYPES, TrainConfig
 from conftest import tiny_config
@@ -151,14 +152,11 @@ def test_recompute_replays_the_flash_dropout_masks(policy, every_k):
 
 
 def training_batches(seed, count, batch=16, seq=64):
-    """`count` CPU batches of real-text-like lengths, as a data set gives them."""
+    """`count` CPU batches of varied lengths, as a data set gives them."""
     generator = torch.Generator().manual_seed(seed)
-    for _ in range(count):
-        lengths = torch.randint(8, seq + 1, (batch,), generator=generator)
-        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-        yield {"input_ids": torch.randint(1, DROPOUT.vocab_size, (batch, seq), generator=generator) * mask,
-               "token_type_ids": torch.zeros_like(mask), "attention_mask": mask,
-               "labels": torch.randint(0, 2, (batch,), generator=generator)}
+    for index in range(count):
+        lengths = torch.randint(8, seq + 1, (batch,), generator=generator).tolist()
+        yield synthetic_batch(DROPOUT, "finetuning", batch, seq, seed=seed * count + index, lengths=lengths)
 
 
 def trained(cuda_graphs, steps=4, accumulation=2, compile=False):

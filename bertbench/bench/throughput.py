@@ -48,7 +48,7 @@ from bertbench.batches import ShuffledBatches
 from bertbench.distributed import Distributed
 from bertbench.estimator import Estimator
 from bertbench.flags import parse_bool
-from bertbench.training_config import RunConfig
+from bertbench.training_config import PRECISION_DTYPES, RunConfig
 
 
 
@@ -318,7 +318,7 @@ def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, t
         try:
             peaks[precision] = flops.peak_flops(device, precision)
         except ValueError:
-            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+            dtype = PRECISION_DTYPES[precision]
             size = 4096 if device.type == "cuda" else 2048
             measured = measure.matmul_flops_per_second(size, dtype, str(device))
             peaks[precision] = flops.peak_flops(device, precision, measured)
