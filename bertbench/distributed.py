@@ -85,30 +85,59 @@ class Distributed:
         return tuple(bool(value) for value in values.tolist())
 
 
-def resolve_device(name: str | None) -> torch.device:
-    """`name` as a device, or CUDA when it is available, else the CPU. A name that is no device, or CUDA where there
-    is none, is a UsageError."""
-    if name:
-        try:
-            device = torch.device(name)
-        except RuntimeError as error:
-            raise UsageError(f"device {name!r} is not a device ({error})") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UsageError(f"device {name!r} requested but CUDA is not available")
+def parse_device(name: str | None, local_rank: int | None = None) -> torch.device:
+    """--device (`name`; None: CUDA when available, else the CPU) as the device this process computes on, with its
+    index: "cuda" is the current GPU; under torchrun (`local_rank` given) a GPU is LOCAL_RANK's, one per process. A
+    name that is no device, CUDA where there is none, a GPU the machine lacks, or an index under torchrun (which
+    picks the GPUs) is a UsageError naming --device. Nothing is set: see resolve_device."""
+    try:
+        device = torch.device(name) if name else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {name!r} is not a device: use cpu, cuda or cuda:N")
+    if device.type == "cpu":
         return device
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {name!r} requested but CUDA is not available")
+    count = torch.cuda.device_count()
+    if local_rank is None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= count:
+            raise UsageError(f"--device {name!r}: this machine has {count} CUDA device(s), cuda:0 to "
+                             f"cuda:{count - 1}")
+        return torch.device("cuda", index)
+    if device.index is not None:
+        raise UsageError(f"--device {name!r}: under torchrun each process takes the GPU of its LOCAL_RANK; "
+                         "use --device cuda")
+    if local_rank >= count:
+        raise UsageError(f"--device {name or 'cuda'!r}: {local_rank + 1} processes on a node need a GPU each, and "
+                         f"this machine has {count}: start at most {count} per node (or use --device cpu)")
+    return torch.device("cuda", local_rank)
+
+
+def resolve_device(name: str | None, local_rank: int | None = None) -> torch.device:
+    """parse_device's device, made the current CUDA device when it is a GPU: autocast, streams, CUDA graphs, events,
+    memory statistics and NCCL use the current device, which would otherwise stay cuda:0 under work on cuda:N."""
+    device = parse_device(name, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def check_processes(name: str | None, processes: int) -> None:
+    """Refuse, before a torchrun job of `processes` processes per node is started, a --device that its processes
+    would refuse (parse_device): more processes than GPUs, an indexed GPU for several processes."""
+    parse_device(name, processes - 1 if processes > 1 else None)
 
 
 def init_from_environment(device: str | None = None) -> Distributed:
     """Join the process group the launcher describes (if any) and pick this process's device."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    chosen = resolve_device(device)
     if world_size <= 1:
-        return Distributed(device=chosen)
+        return Distributed(device=resolve_device(device))
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if chosen.type == "cuda":
-        chosen = torch.device("cuda", local_rank)
-        torch.cuda.set_device(chosen)
+    chosen = resolve_device(device, local_rank)
     if not dist.is_initialized():
         backend = "nccl" if chosen.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=chosen if chosen.type == "cuda" else None,

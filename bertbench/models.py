@@ -68,7 +68,7 @@ def add_model_arguments(parser: FlagParser) -> None:
                             "(modeling_v2). Both have the same weights and checkpoints.")
     group.add_argument("--recompute-policy", "--recompute_policy", choices=recompute.POLICIES, default="full",
                        help="With --modeling recompute: full (every block), every-k (every k-th block), selective "
-                            "(keep dense-layer outputs, recompute attention core and element-wise ops).")
+                            "(every block keeps all but its GELU output, recomputed in backward).")
     group.add_argument("--recompute-every", "--recompute_every", type=int, default=2, metavar="K",
                        help="k of the every-k policy.")
     parser.bool_flag(group, "unpad", True,

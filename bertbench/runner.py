@@ -480,7 +480,8 @@ def report_training(result: TrainResult, command: Command, estimator: Estimator,
     log(f"  steps {result.steps} (global step {result.global_step}), {result.sentences} sentences in "
         f"{result.seconds:.1f} s, {result.checkpoint_saves} checkpoint saves ({result.checkpoint_seconds:.2f} s)")
     if result.steps:
-        log(f"  throughput with overhead: {result.sentences_per_second:.1f} sentences/s")
+        log(f"  throughput with overhead: {result.sentences_per_second:.1f} sentences/s; the first step took "
+            f"{result.first_step_seconds:.2f} s (start-up: compilation, CUDA graph captures, the first batch)")
     if result.steady_sentences_per_second is not None:
         log(f"  throughput (steady, {result.steady_steps} steps, no checkpoint saves): "
             f"{result.steady_sentences_per_second:.1f} sentences/s = {result.sentences_per_20_minutes:,.0f} "

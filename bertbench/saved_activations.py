@@ -7,15 +7,15 @@ from typing import Callable, TypeVar
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from bertbench.recompute import listen_to_cached_outputs
+from bertbench.recompute import listen_to_kept_tensors
 
 T = TypeVar("T")
 
 
 def saved_activation_bytes(forward: Callable[[], T], model: nn.Module) -> tuple[T, int]:
     """Run `forward` and return its result and the bytes autograd saved for backward, excluding the model's own
-    parameters. Each storage counts once however many views of it were saved; the outputs that the selective
-    recompute policy caches (outside autograd's hooks) are added."""
+    parameters. Each storage counts once however many views of it were saved; the tensors that the selective
+    recompute policy keeps under its own saved-tensor hook, which hides them from this one, are counted too."""
     # Storages are told apart by their C++ object (_cdata), not their data pointer: tensors on the meta device,
     # which count bytes without allocating them, all have data pointer 0.
     parameter_storages = {p.untyped_storage()._cdata for p in model.parameters()}
@@ -27,7 +27,6 @@ def saved_activation_bytes(forward: Callable[[], T], model: nn.Module) -> tuple[
             saved[storage._cdata] = storage.nbytes()
         return tensor
 
-    cached: list[int] = []
-    with saved_tensors_hooks(pack, lambda tensor: tensor), listen_to_cached_outputs(cached.append):
+    with saved_tensors_hooks(pack, lambda tensor: tensor), listen_to_kept_tensors(pack):
         result = forward()
-    return result, sum(saved.values()) + sum(cached)
+    return result, sum(saved.values())

@@ -49,6 +49,9 @@ class TrainResult:
     # Every segment of the run that trained: the earlier invocations' (from the checkpoint resumed) and this one's.
     segments: list[dict[str, Any]] = field(default_factory=list)
     execution: dict[str, Any] = field(default_factory=dict)  # how the steps ran (TrainStep.execution)
+    # This call's first step, from the loop's start: what a run pays once (torch.compile's compilation, CUDA graph
+    # captures, the first batch read) shows as its excess over the steady step.
+    first_step_seconds: float | None = None
 
     @property
     def sentences_per_20_minutes(self) -> float | None:
@@ -81,6 +84,7 @@ class LoopStats:
         self.saves, self.save_seconds, self.steady_pause_seconds = 0, 0.0, 0.0
         self.evaluation_seconds = 0.0
         self.last_loss: float | None = None
+        self.first_step_seconds: float | None = None
 
     def counted(self, batches: Iterator[Mapping[str, torch.Tensor]]) -> "CountedBatches":
         """`batches`, counting each batch taken from it."""
@@ -98,6 +102,9 @@ class LoopStats:
 
     def after_step(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, skipped: bool) -> None:
         self.steps += 1
+        if self.steps == 1:
+            synchronize(self.device)
+            self.first_step_seconds = self.clock() - self.started
         self.consecutive_skipped = self.consecutive_skipped + 1 if skipped else 0
         if not skipped:
             self.window_loss += loss
@@ -205,7 +212,7 @@ class LoopStats:
             real_tokens_per_second=this["real_tokens"] / max(1e-9, this["seconds"]) if this["steps"] else None,
             steady_real_tokens_per_second=this["steady_real_tokens_per_second"],
             skipped_steps=skipped, final_loss=self.last_loss, last_checkpoint=last_checkpoint, epoch=epoch,
-            segments=list(segments), execution=dict(execution or {}))
+            segments=list(segments), execution=dict(execution or {}), first_step_seconds=self.first_step_seconds)
 
 
 def run_totals(segments: list[dict[str, Any]]) -> dict[str, Any]:

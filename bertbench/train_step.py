@@ -2,10 +2,11 @@
 
 `TrainStep` owns the optimizer, the learning-rate schedule and the fp16 loss scaler of one model, and runs a step:
 gradient_accumulation_steps micro-batches of forward and backward under the run's precision (gradients all-reduced
-once, on the last micro-batch, under DDP), global-norm clipping (Google's and apex's: optim.clip_by_global_norm),
-the optimizer and the schedule. An fp16 step whose gradients overflow is skipped and does not advance the schedule
-(NVIDIA's BERT). The Estimator's loop calls it with the run's batch stream; the benches call it with a fixed
-synthetic batch, so a bench figure is the speed of this step.
+once, on the last micro-batch, under DDP), global-norm clipping (Google's and apex's) with the optimizer
+(optim.clip_and_step, which folds the clipping into a fused optimizer's pass), and the schedule. An fp16 step whose
+gradients overflow is skipped and does not advance the schedule (NVIDIA's BERT). The Estimator's loop calls it with
+the run's batch stream; the benches call it with a fixed synthetic batch, so a bench figure is the speed of this
+step.
 
 Each micro-batch is made ready on the host (`prepare`): the model's Packer packs its real tokens from the CPU mask
 (bertbench.packing), and its tensors go to the device pinned and without blocking, so the forward makes no host
@@ -111,7 +112,10 @@ def graphs_unavailable(model: nn.Module, config: TrainConfig, dist: Distributed,
         return f"CUDA graphs need a CUDA GPU (this is {dist.device.type})"
     if dist.enabled and config.sync_gradients:
         return "DistributedDataParallel all-reduces the gradients from backward hooks, outside a graph"
-    if getattr(model, "recompute_policy", None):
+    policy = getattr(model, "recompute_policy", None)
+    # Selective recompute runs no checkpoint eagerly (a saved-tensor hook recomputes GELU), so its step is captured
+    # as the baseline's is; compiled, it runs under torch's checkpoint as the other policies always do.
+    if policy and (policy != "selective" or config.compile):
         return "activation checkpointing saves the CUDA RNG state in the forward, which a graph capture cannot read"
     rule = packer.rule if packer is not None else None
     if rule is not None and rule.kernel != "varlen":
@@ -203,13 +207,10 @@ class TrainStep:
             defer_sync = micro_step < accumulation - 1 and hasattr(self.training_model, "no_sync")
             with self.training_model.no_sync() if defer_sync else nullcontext():
                 total_loss += self._forward_backward(batch)
-        grad_norm = None
-        if self.config.max_grad_norm is not None:
-            self.scaler.unscale_(self.optimizer)
-            grad_norm = optim.clip_by_global_norm(self.model.parameters(), self.config.max_grad_norm)
         scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
         learning_rate = self.optimizer.param_groups[0]["lr"]
-        self.scaler.step(self.optimizer)
+        grad_norm = optim.clip_and_step(self.optimizer, self.model.parameters(), self.config.max_grad_norm,
+                                        self.scaler)
         self.scaler.update()
         # The graphs add into the same gradient tensors every step: zeroed, not dropped.
         self.optimizer.zero_grad(set_to_none=self.graphs is None)

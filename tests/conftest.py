@@ -176,3 +176,39 @@ class Overflowing(torch.nn.Module):
 def is_the_packing_skip(reason: str) -> bool:
     """Whether a graph break's reason is dynamo skipping modeling._packing_on_device, the unpadded path's one disabled call."""
     return "torch.compiler.disable" in reason and "function _packing_on_device at" in reason
+
+
+@pytest.fixture(scope="module")
+def runner_inputs(tmp_path_factory) -> Path:
+    """Small valid inputs of the three runners: glue/MRPC, squad/ (v1.1), shards/ and eval/ (NVIDIA's layout) and
+    bert/ (TINY_BERT, the built-in vocabulary)."""
+    from bertbench.synthetic import write_glue_task, write_squad
+
+    root = tmp_path_factory.mktemp("runner_inputs")
+    write_glue_task(root / "glue", "MRPC", train=64, dev=16, test=8)
+    write_squad(root / "squad", "1.1", train=8, dev=2)
+    write_bert_dir(root / "bert")
+    for name, count in (("shards", 64), ("eval", 16)):
+        (root / name).mkdir()
+        write_nvidia_shard(root / name / "part_0.hdf5", count=count, seed=count)
+    return root
+
+
+def runner_command(runner: str, inputs: Path, out: Path, *extra: str) -> tuple:
+    """(main, argv) of a short training of `runner` (classifier, squad or pretraining) on runner_inputs into `out`:
+    a few steps of batch 8 (2; SQuAD's windows 4), a checkpoint only at the end; later flags in `extra` win."""
+    from bertbench import run_classifier, run_pretraining, run_squad
+
+    common = [f"--bert_config_file={inputs / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
+              "--train_batch_size=8", "--do_train", "--save_checkpoints_secs=0", "--log_step_count_steps=1000",
+              f"--output_dir={out}"]
+    vocab = f"--vocab_file={inputs / 'bert' / 'vocab.txt'}"
+    own = {"classifier": (run_classifier.main, ["--task_name=MRPC", f"--data_dir={inputs / 'glue' / 'MRPC'}", vocab,
+                                                "--max_train_samples=16", "--num_train_epochs=1"]),
+           "squad": (run_squad.main, [f"--train_file={inputs / 'squad' / 'train-v1.1.json'}", vocab,
+                                      "--max_query_length=8", "--doc_stride=8", "--max_train_samples=16",
+                                      "--num_train_epochs=1"]),
+           "pretraining": (run_pretraining.main, [f"--input_dir={inputs / 'shards'}", "--max_predictions_per_seq=5",
+                                                  "--num_train_steps=2"])}
+    main, flags = own[runner]
+    return main, [*flags, *common, *extra]

@@ -10,7 +10,8 @@ from bertbench.bench import budget
 from bertbench.synthetic import write_glue_task
 from conftest import write_bert_dir
 
-TINY = ["--hidden=32", "--layers=1", "--max_seq_length=32", "--log_step_count_steps=1", "--threads_per_process=1"]
+TINY = ["--hidden=32", "--layers=1", "--max_seq_length=32", "--log_step_count_steps=1", "--threads_per_process=1",
+        "--device=cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_each_contender_trains_until_the_budget_then_is_scored(race):
 @pytest.mark.slow
 def test_a_second_run_on_the_same_directory_is_refused(race, error_line):
     before = (race / "budget.json").read_bytes()
-    assert budget.main(["--minutes=0.02", f"--output_dir={race}"]) == 2
+    assert budget.main(["--minutes=0.02", "--device=cpu", f"--output_dir={race}"]) == 2
     assert "exists: choose another --output_dir or pass --overwrite" in error_line()
     assert (race / "budget.json").read_bytes() == before
 

@@ -10,7 +10,7 @@ from bertbench.bench import plan, report, scaling
 def test_one_and_two_processes_under_torchrun(tmp_path):
     assert scaling.main(["--model", "tiny", "--seq_length", "32", "--batch_per_process", "16", "--steps", "6",
                          "--excluded_steps", "2", "--allreduce_rounds", "2", "--allreduce_repeats", "2",
-                         "--output_dir", str(tmp_path)]) == 0
+                         "--device", "cpu", "--output_dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "scaling.json").read_text())
     (model,) = report["models"]
     one, two = model["rows"]
@@ -102,7 +102,8 @@ def test_local_jobs_with_more_threads_than_cores_are_flagged(tmp_path, monkeypat
 
     monkeypatch.setattr(scaling, "run_job", job)
     monkeypatch.setattr(scaling, "available_cores", lambda: 2)
-    assert scaling.main(["--model", "tiny", "--processes", "1,2,4", "--output_dir", str(tmp_path)]) == 0
+    assert scaling.main(["--model", "tiny", "--processes", "1,2,4", "--device", "cpu",
+                         "--output_dir", str(tmp_path)]) == 0
     warnings = json.loads((tmp_path / "scaling.json").read_text())["warnings"]
     assert [warning for warning in warnings if "more threads" in warning] == [
         "the 4-process job(s) ran more threads (processes x 1 per process) than the 2 core(s) available: the "

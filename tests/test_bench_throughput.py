@@ -253,12 +253,12 @@ def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, f
 def test_the_bench_command_lists_every_kind(capsys, error_line):
     assert bertbench_cli.main(["bench"]) == 0
     usage = capsys.readouterr().out
-    for kind in ("throughput", "memory", "scaling", "budget", "profile", "plan", "finetuning", "squad-data",
-                 "pretraining-data"):
+    for kind in ("suite", "throughput", "memory", "optimizer", "scaling", "budget", "profile", "plan", "finetuning",
+                 "squad-data", "pretraining-data"):
         assert f"  {kind} " in usage
     assert bertbench_cli.main(["bench", "speed"]) == 2
-    assert error_line() == ("bertbench bench: error: unknown bench 'speed': use throughput, memory, scaling, "
-                            "budget, finetuning, profile, plan, squad-data, pretraining-data")
+    assert error_line() == ("bertbench bench: error: unknown bench 'speed': use suite, throughput, memory, optimizer, "
+                            "scaling, budget, finetuning, profile, plan, squad-data, pretraining-data")
 
 
 @pytest.mark.gpu

@@ -33,10 +33,10 @@ def batches(count, seed=0, batch=4, seq=24):
         yield synthetic_batch(CONFIG, "finetuning", batch, seq, seed=index, lengths=lengths)
 
 
-def training(graphed, steps=3, accumulation=2, max_graphs=32, drop_grads=False):
+def training(graphed, steps=3, accumulation=2, max_graphs=32, drop_grads=False, modeling=("baseline", "full")):
     """A step on bucketed varlen packings (the op's CPU implementation), eager or through the fake graphs."""
     torch.manual_seed(0)
-    model = build_model("classification", CONFIG, attention_kernel="varlen", num_labels=2)
+    model = build_model("classification", CONFIG, *modeling, attention_kernel="varlen", num_labels=2)
     step = TrainStep(model, TrainConfig(num_train_steps=100, gradient_accumulation_steps=accumulation))
     step.packer = dataclasses.replace(step.packer, bucketed=True)
     if graphed:
@@ -67,6 +67,13 @@ def test_replayed_micro_batches_train_exactly_as_eager_ones():
     assert summary["replays"] == 6 and summary["eager_calls"] == 0
     assert summary["captures"] == summary["graphs"] == len(summary["bucket_rows"]) >= 2
     assert 0 < summary["bucket_filler_share"] < 1 / 8
+
+
+def test_selective_recompute_is_replayed_as_the_baseline_is():
+    """Selective recompute's GELU, recomputed from a saved-tensor hook, is part of what a graph captures."""
+    graphed = training(True, modeling=("recompute", "selective"))
+    assert_same_training(graphed, training(False, modeling=("recompute", "selective")))
+    assert graphed[0].execution()["cuda_graphs"]["replays"] == 6
 
 
 def test_beyond_the_limit_batches_run_eagerly_and_are_counted():
@@ -105,12 +112,16 @@ def test_one_signature_per_bucket_and_path():
     ({"world_size": 2}, "DistributedDataParallel all-reduces"),
     ({"world_size": 2, "sync_gradients": False}, None),  # independent workers: no all-reduce
     ({"modeling": "recompute"}, "activation checkpointing saves the CUDA RNG state"),
+    ({"modeling": "recompute", "policy": "every-k"}, "activation checkpointing saves the CUDA RNG state"),
+    ({"modeling": "recompute", "policy": "selective"}, None),  # a saved-tensor hook, no checkpoint
+    ({"modeling": "recompute", "policy": "selective", "compile": True}, "activation checkpointing saves"),
     ({"kernel": "masked"}, "the masked kernel's sizes change with every batch"),
     ({}, None)])
 def test_when_a_step_replays_no_graphs_it_says_why(change, reason):
-    model = build_model("classification", CONFIG, change.get("modeling", "baseline"), num_labels=2)
+    model = build_model("classification", CONFIG, change.get("modeling", "baseline"), change.get("policy", "full"),
+                        num_labels=2)
     config = TrainConfig(num_train_steps=1, precision="bf16", cuda_graphs=change.get("cuda_graphs", True),
-                         sync_gradients=change.get("sync_gradients", True))
+                         sync_gradients=change.get("sync_gradients", True), compile=change.get("compile", False))
     dist = Distributed(world_size=change.get("world_size", 1), device=torch.device(change.get("device", "cuda")))
     rule = dataclasses.replace(model.bert.path_rule("cpu", torch.float32), kernel=change.get("kernel", "varlen"))
     got = graphs_unavailable(model, config, dist, Packer(rule))

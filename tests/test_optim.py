@@ -2,6 +2,7 @@
 (optimizer_references: Google's AdamWeightDecayOptimizer, torch's AdamW, apex's FusedLAMB), through the real
 TrainStep with clipping engaged, and against the trajectory Google's own code wrote (fixtures/google_bert)."""
 
+import copy
 import io
 import math
 
@@ -94,13 +95,19 @@ def test_each_rule_follows_its_source_step_by_step(name, bias_correction):
     assert not np.allclose(parameters["LayerNorm.weight"].detach().numpy(), 1.0, atol=1e-3)
 
 
-@pytest.mark.parametrize("name, bias_correction", RULES)
-def test_train_step_clips_then_steps_as_the_source(name, bias_correction):
-    """The real step: TrainStep's clipping at 1.0 (Google's and apex's formula), the optimizer, the schedule."""
+@pytest.mark.parametrize("name, bias_correction, fused",
+                         [(*rule, None) for rule in RULES] + [("adamw", False, True), ("lamb", False, True),
+                                                              ("nvlamb", False, True)])
+def test_train_step_clips_then_steps_as_the_source(name, bias_correction, fused):
+    """The real step: TrainStep's clipping at 1.0 (Google's and apex's formula), the optimizer, the schedule; also
+    with the fused rules a GPU runs, forced on the CPU, which take the clipping into their own pass (torch's AdamW
+    does so on the CPU too)."""
     initial = initial_values(seed=2)
     model = FedGradients(initial)
     step = TrainStep(model, TrainConfig(num_train_steps=60, learning_rate=1e-2 if name == "adamw" else 5e-2,
                                         optimizer=name, adam_bias_correction=bias_correction))
+    if fused is not None:
+        step.optimizer.fused = fused
     reference, reference_step = reference_for(name, bias_correction, initial, max_grad_norm=1.0)
     clipped = 0
     for index, grads in enumerate(gradient_stream(initial, 60, seed=3)):
@@ -285,3 +292,70 @@ def test_bias_corrected_adamw_is_torchs_fused_and_unknown_names_fail():
         optim.build_optimizer(model, "sgd", 1e-3)
     with pytest.raises(ValueError, match="invalid LAMB"):
         optim.Lamb(model.parameters(), lr=-1.0)
+
+
+
+@pytest.mark.parametrize("name", ["lamb", "nvlamb"])
+def test_fused_lamb_is_the_eager_rule_and_compiles_once_per_group(name):
+    """The compiled LAMB a GPU runs, forced on the CPU, against the eager rule: equal up to float rounding after six
+    steps of both groups, with the clipping folded into the step (clip_and_step) and a parameter whose gradient is
+    missing every other step; the learning rate and step count change every step and compile nothing new."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    model = modeling.BertForSequenceClassification(tiny_config(), num_labels=2)
+    twins = {fused: copy.deepcopy(model) for fused in (False, True)}
+    optimizers = {fused: optim.build_optimizer(twins[fused], name, 1e-2, fused=fused) for fused in twins}
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for step in range(6):
+        grads = {key: (step + 1) * torch.randn_like(parameter) for key, parameter in model.named_parameters()}
+        for fused, twin in twins.items():
+            for key, parameter in twin.named_parameters():
+                parameter.grad = None if key == "bert.pooler.dense.bias" and step % 2 else grads[key].clone()
+            for group in optimizers[fused].param_groups:
+                group["lr"] = 1e-2 * (step + 1)
+            assert optim.clip_and_step(optimizers[fused], twin.parameters(), 1.0, scaler).item() > 1.0  # clipped
+    eager, fused = (dict(twins[key].named_parameters()) for key in (False, True))
+    eager_state, fused_state = (optimizers[key].state_dict()["state"] for key in (False, True))
+    for key in eager:
+        assert not torch.equal(eager[key], model.get_parameter(key)), key
+        torch.testing.assert_close(fused[key], eager[key], rtol=1e-6, atol=1e-7, msg=key)
+    for index in eager_state:
+        assert fused_state[index]["step"] == eager_state[index]["step"]
+        for moment in ("exp_avg", "exp_avg_sq"):  # m cancels towards 0: rounding relative to the largest entry
+            expected = eager_state[index][moment]
+            torch.testing.assert_close(fused_state[index][moment], expected, rtol=0,
+                                       atol=1e-6 * expected.abs().max().item())
+    # a graph for each group, and one for the undecayed group a tensor short (the missing gradient); none per step
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 3
+
+
+def test_fused_lamb_that_cannot_compile_steps_eagerly_clipped_and_says_so(monkeypatch):
+    """Inductor failing on a machine (no working Triton, a compiler error) must not stop a run: the step that found
+    it takes the eager rule, with the clipping the fused pass would have folded in, and warns once."""
+    def failing():
+        def compiled(*args):
+            raise torch._dynamo.exc.BackendCompilerFailed(lambda *a: None, RuntimeError("triton missing"), None)
+        return compiled
+
+    monkeypatch.setattr(optim, "_compiled_lamb_update", failing)
+    torch.manual_seed(0)
+    model = modeling.BertForSequenceClassification(tiny_config(), num_labels=2)
+    twins = {fused: copy.deepcopy(model) for fused in (False, True)}
+    optimizers = {fused: optim.build_optimizer(twins[fused], "lamb", 1e-2, fused=fused) for fused in twins}
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    for step in range(2):
+        grads = {key: 5 * torch.randn_like(parameter) for key, parameter in model.named_parameters()}
+        for fused, twin in twins.items():
+            for key, parameter in twin.named_parameters():
+                parameter.grad = grads[key].clone()
+            if fused and step == 0:
+                with pytest.warns(RuntimeWarning, match="fused LAMB could not be compiled here .*triton missing"):
+                    optim.clip_and_step(optimizers[fused], twin.parameters(), 1.0, scaler)
+            else:
+                optim.clip_and_step(optimizers[fused], twin.parameters(), 1.0, scaler)
+    assert optimizers[True].fused is False
+    for (key, eager), (_, fallen_back) in zip(twins[False].named_parameters(), twins[True].named_parameters()):
+        assert not torch.equal(eager, model.get_parameter(key)), key
+        # clipped by dividing by the fused pass's grad_scale, where the eager clip multiplies by its inverse
+        torch.testing.assert_close(fallen_back, eager, rtol=1e-6, atol=1e-7, msg=key)

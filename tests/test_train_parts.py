@@ -132,6 +132,18 @@ def test_steady_throughput_leaves_out_the_first_steps_saves_and_evaluations():
     assert run_totals([older, second])["real_tokens_per_second"] is None
 
 
+def test_the_first_step_is_timed_from_the_loops_start():
+    clock = FakeClock()
+    stats = LoopStats(start_step=0, num_train_steps=4, excluded_steps=1, max_train_seconds=None, clock=clock)
+    for seconds in (7.5, 1.0, 1.0):  # a first step that compiles, then steady ones
+        stats.count_batch(batch(count=2, seq=4))
+        clock.now += seconds
+        stats.after_step(torch.tensor(0.5), None, skipped=False)
+    result = stats.result(global_step=3, epoch=1.0, resumed_from=None, restore_seconds=0.0, interrupted=None,
+                          budget_exhausted=False, target_reached=False, skipped=0, last_checkpoint=None)
+    assert result.first_step_seconds == 7.5 and result.steady_sentences_per_second == 2.0
+
+
 def test_budget_and_eta_follow_the_clock():
     clock = FakeClock()
     stats = LoopStats(start_step=20, num_train_steps=120, excluded_steps=10, max_train_seconds=60.0, clock=clock)

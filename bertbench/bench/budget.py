@@ -39,6 +39,7 @@ from bertbench.bench.output import BenchOutput, markdown_table, spread_column
 from bertbench.noise import LoadWatch, noisy_warning, spread, spread_fields
 from bertbench.progress import read_metrics, window_rates
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
+from bertbench.distributed import check_processes
 from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
 from bertbench import runner
 from bertbench.tasks.glue import get_processor
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     race.add_argument("--threads_per_process", type=cli.positive_int, default=None,
                       help="OMP_NUM_THREADS of every process; None: the cores available / the contender's "
                            "processes.")
+    race.add_argument("--device", default=None, help="cpu or cuda: one GPU per process (default: CUDA when "
+                                                     "available); cuda:N for contenders of one process.")
     race.add_argument("--max_epochs", type=float, default=1000.0,
                       help="num_train_epochs: the length of the learning-rate schedule, to be far more than the "
                            "budget holds.")
@@ -142,6 +145,7 @@ def check_settings(args: argparse.Namespace) -> list[Contender]:
     names = [contender.run_name for contender in contenders]
     if len(set(names)) != len(names):
         raise BenchError(f"--contenders names a contender twice: {args.contenders}")
+    check_processes(args.device, max(contender.processes for contender in contenders))
     given = [name for name in USER_DATA if getattr(args, name)]
     if (given and len(given) < len(USER_DATA)) or ((args.init_checkpoint or args.cased) and not given):
         missing = [f"--{name}" for name in USER_DATA if name not in given]
@@ -178,6 +182,8 @@ def classifier_flags(args: argparse.Namespace, data: dict[str, str], learning_ra
     flags = [f"--{name}={value}" for name, value in data.items()]
     if args.init_checkpoint:
         flags.append(f"--init_checkpoint={args.init_checkpoint}")
+    if args.device:
+        flags.append(f"--device={args.device}")
     return flags + [
         "--do_train", "--do_eval", f"--do_lower_case={not args.cased}", f"--max_seq_length={args.max_seq_length}",
         f"--train_batch_size={args.train_batch_size}", "--eval_batch_size=64", f"--learning_rate={learning_rate}",

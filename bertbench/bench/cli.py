@@ -17,10 +17,15 @@ from bertbench.bench.workload import BenchError, BenchRunFailed
 from bertbench.errors import ArgumentParser, run_command
 
 BENCHES = {
+    "suite": ("bertbench.bench.suite", "the standard figures of a machine in one command (pre-training MFU and vs "
+                                       "HF, real-text fine-tuning, recompute, largest batch, optimizer, compile): "
+                                       "one report"),
     "throughput": ("bertbench.bench.throughput", "seq/s, tokens/s, TFLOP/s, MFU and memory over batch sizes, "
                                                  "sequence lengths, variants and precisions"),
     "memory": ("bertbench.bench.memory", "largest batch under a memory cap for each recompute policy, and the "
                                          "slowdown at equal batch"),
+    "optimizer": ("bertbench.bench.optimizer", "clip + optimizer step of each rule, fused and eager, against the "
+                                               "device's memory-bandwidth floor"),
     "scaling": ("bertbench.bench.scaling", "1..N processes under torchrun (or runs of the job templates): speedup "
                                            "and efficiency"),
     "budget": ("bertbench.bench.budget", "train for a fixed wall-clock budget, then evaluate: baseline on 1 worker "
@@ -101,11 +106,9 @@ def positive_int(text: str) -> int:
 
 
 def device(name: str | None) -> torch.device:
-    """--device as a torch device (default: CUDA when available); an unusable one is a BenchError."""
-    try:
-        return resolve_device(name)
-    except (ValueError, RuntimeError) as error:
-        raise BenchError(f"--device {name}: {error}") from None
+    """--device as the torch device the bench runs on, with its index, made the current one (default: CUDA when
+    available); an unusable one is a UsageError naming --device (distributed.resolve_device)."""
+    return resolve_device(name)
 
 
 def run(program: str, body: Callable[[], int | None]) -> int:

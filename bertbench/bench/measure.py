@@ -53,12 +53,13 @@ def time_call(call: Callable[[], object], device: torch.device | str = "cpu",
     device = torch.device(device)
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        stream = torch.cuda.current_stream(device)  # `device`'s, whichever GPU is the current one
         torch.cuda.synchronize(device)
-        start.record()
+        start.record(stream)
         issued = time.perf_counter()
         call()
         issued = time.perf_counter() - issued
-        end.record()
+        end.record(stream)
         torch.cuda.synchronize(device)
         if host_seconds is not None:
             host_seconds.append(issued)

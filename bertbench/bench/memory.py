@@ -283,8 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
             cap = min(total, int(args.cap_gib * 2**30)) if args.cap_gib else total
-            # The index: "cuda" alone names no device here, and torch takes only an indexed one.
-            torch.cuda.set_per_process_memory_fraction(cap / total, device.index or torch.cuda.current_device())
+            torch.cuda.set_per_process_memory_fraction(cap / total, device.index)  # cli.device gives an index
         else:
             cap = int((args.cap_gib or 8) * 2**30)
         load = LoadWatch()

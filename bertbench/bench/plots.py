@@ -88,3 +88,29 @@ def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: s
     axes.legend(fontsize=8)
     figure.tight_layout()
     return figure
+
+
+def bar_plot(groups: Mapping[str, Mapping[str, float]], ylabel: str, title: str,
+             reference: float | None = None) -> Figure:
+    """Grouped bars: a colour per group (label -> {category: value}), the categories along the x axis; `reference`
+    is a dashed horizontal line (1.0 for ratios)."""
+    figure = Figure(figsize=(7.2, 4.2))
+    axes = figure.add_subplot()
+    categories = list(dict.fromkeys(category for values in groups.values() for category in values))
+    width = 0.8 / max(1, len(groups))
+    others = itertools.cycle(OTHER_COLOURS)
+    for index, (label, values) in enumerate(groups.items()):
+        positions = [number + (index - (len(groups) - 1) / 2) * width for number, category in enumerate(categories)
+                     if category in values]
+        heights = [values[category] for category in categories if category in values]
+        bars = axes.bar(positions, heights, width, label=label, color=variant_colour(label) or next(others))
+        axes.bar_label(bars, fmt="%.2f", fontsize=7)
+    if reference is not None:
+        axes.axhline(reference, linestyle="--", color="grey", linewidth=1)
+    axes.set_xticks(range(len(categories)), categories, rotation=20, ha="right", fontsize=8)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title, fontsize=10)
+    axes.grid(True, axis="y", alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    return figure

@@ -40,7 +40,7 @@ from bertbench.bench.plots import line_plot
 from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning, spread_column,
                                     superlinear_warning)
 from bertbench.noise import LoadWatch, available_cores, noisy_warning, rate_spread, spread, spread_fields, spread_text
-from bertbench.distributed import job_from_environment
+from bertbench.distributed import check_processes, job_from_environment
 from bertbench.batches import ShuffledBatches
 from bertbench.estimator import Estimator
 from bertbench.training_config import RunConfig, TrainConfig
@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--allreduce_repeats", type=cli.positive_int, default=10, help="Timed all-reduces per size.")
     local.add_argument("--threads_per_process", type=cli.positive_int, default=1,
                        help="CPU threads of each process (OMP_NUM_THREADS).")
-    local.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available; NCCL then).")
+    local.add_argument("--device", default=None, help="cpu or cuda: one GPU per process, NCCL (default: CUDA when "
+                                                      "available); cuda:N for jobs of one process.")
     runs = parser.add_argument_group("runs mode: results of the job templates")
     runs.add_argument("--runs", nargs="+", metavar="DIR", help="Run directories holding train_results.json.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # inside a torchrun job: write findings here
@@ -212,7 +213,7 @@ def with_speedup(rows: list[dict]) -> list[dict]:
 
 def local_mode(args: argparse.Namespace) -> tuple[dict, str, list[str | None]]:
     workload.bert_config(args.model, args.seq_length)
-    cli.device(args.device)
+    check_processes(args.device, max(args.processes))
     if args.excluded_steps < 0:
         raise workload.BenchError(f"--excluded_steps must be 0 or more, got {args.excluded_steps}")
     load = LoadWatch()

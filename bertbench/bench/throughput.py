@@ -35,6 +35,7 @@ import dataclasses
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 
 import torch
@@ -52,10 +53,10 @@ from bertbench.training_config import PRECISION_DTYPES, RunConfig
 
 
 
-def columns(padded: bool, gpu: bool) -> list[tuple]:
+def columns(padded: bool, gpu: bool, compiled: bool = False) -> list[tuple]:
     """The table's columns; on batches with padding, the path each variant ran, and the real tokens/s and the
     padding share in place of tokens/s (which count the padding); on a GPU, the host's share of the step time and
-    the CUDA graphs' bucket filler."""
+    the CUDA graphs' bucket filler; with compiled variants, the seconds compiling added to the first step."""
     path = [("path", "path", "")] if padded else []
     tokens = ([("real tokens/s", "real_tokens_per_s", ",.0f"), ("padding", "padding_share", ".1%")] if padded
               else [("tokens/s", "tokens_per_s", ",.0f")])
@@ -64,6 +65,7 @@ def columns(padded: bool, gpu: bool) -> list[tuple]:
             *path, ("batch", "batch", "d"), spread_column("step (s): median (min–max, CV)", "step_seconds", ".4f"),
             ("seq/s", "seq_per_s", ".2f"), ("vs first variant", "speed_vs_first_variant", ".3f"), *tokens,
             ("TFLOP/s", "model_tflops_per_s", ".3f"), ("MFU", "mfu", ".1%"), *host,
+            *([("compile (s)", "compile_seconds", ".1f")] if compiled else []),
             ("saved for backward (MiB)", "saved_mib", ",.1f"), ("step memory (MiB)", "step_memory_mib", ",.0f")]
 
 
@@ -90,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "with /KERNEL on the unpadded path with that attention kernel (baseline/masked); "
                             "hf and hf-dynamic: HF transformers' BERT, same weights and step (needs transformers), "
                             "fed each batch padded to the sequence length (run_glue.py's default) or cut to its "
-                            "longest sequence (the Trainer's dynamic padding).")
+                            "longest sequence (the Trainer's dynamic padding). A bertbench variant with +compile "
+                            "(baseline+compile) is its step under torch.compile, timed interleaved with the eager "
+                            "ones; its row gives the seconds compiling added to the first step.")
     sweep.add_argument("--precisions", type=cli.comma_list(str), default=["fp32"],
                        help="fp32, bf16 (autocast), fp16 (autocast + loss scaling).")
     sweep.add_argument("--batch_sizes", type=cli.comma_list(cli.positive_int), default=[1, 2, 4, 8],
@@ -131,10 +135,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def recipe(args: argparse.Namespace) -> dict:
-    """The TrainConfig fields the flags change: the step the bench times is the training step with these."""
+def recipe(args: argparse.Namespace, variant: workload.Variant | None = None) -> dict:
+    """The TrainConfig fields the flags (and a "+compile" variant) change: the step the bench times is the training
+    step with these."""
     return {"optimizer": args.optimizer, "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "max_grad_norm": args.max_grad_norm or None, "compile": args.compile, "cuda_graphs": args.cuda_graphs}
+            "max_grad_norm": args.max_grad_norm or None, "compile": compiled(args, variant),
+            "cuda_graphs": args.cuda_graphs}
+
+
+def compiled(args: argparse.Namespace, variant: workload.Variant | None) -> bool:
+    return args.compile or (variant is not None and variant.compiled)
+
+
+def first_calls(steps: dict[str, workload.BenchStep], device: torch.device) -> dict[str, float]:
+    """Each step's first call, timed on the wall clock: it pays once what a run pays at its start (torch.compile's
+    compilation, the first CUDA graph capture, the allocator's first requests). It counts as a warm-up step."""
+    seconds = {}
+    for name, step in steps.items():
+        devices.synchronize(device)
+        started = time.perf_counter()
+        step()
+        devices.synchronize(device)
+        seconds[name] = time.perf_counter() - started
+    return seconds
 
 
 def check_settings(args: argparse.Namespace) -> tuple[list[workload.Variant], workload.Lengths]:
@@ -146,7 +169,7 @@ def check_settings(args: argparse.Namespace) -> tuple[list[workload.Variant], wo
             raise workload.BenchError(f"unknown precision {precision!r}: use {', '.join(workload.PRECISIONS)}")
     if args.warmup < 0:
         raise workload.BenchError(f"--warmup must be 0 or more, got {args.warmup}")
-    variants = [workload.Variant.parse(name, hf=True) for name in args.variants]
+    variants = [workload.Variant.parse(name, hf=True, compiled=True) for name in args.variants]
     if args.with_trainer and any(variant.cut_to_longest for variant in variants):
         raise workload.BenchError("--with_trainer does not take hf-dynamic: the trainer's loop feeds every batch at "
                                   "the sequence length")
@@ -186,13 +209,16 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], length
                     live = [variant for variant in variants if variant.name not in out_of_memory]
                     steps = {variant.name: workload.train_step(config, kind, variant, precision, batch, seq, device,
                                                                models[variant.name], lengths=lengths,
-                                                               steps=args.steps, **recipe(args))
+                                                               steps=args.steps, **recipe(args, variant))
                              for variant in live}
                     host_times: dict[str, list[float]] = {}
+                    first_call: dict[str, float] = {}
                     try:
+                        if args.warmup:
+                            first_call = first_calls(steps, device)
                         for step in steps.values():
                             step.capture_graphs()
-                        times = measure.time_steps(steps, args.warmup, args.steps, device, host_times)
+                        times = measure.time_steps(steps, max(0, args.warmup - 1), args.steps, device, host_times)
                     except torch.cuda.OutOfMemoryError:
                         times = time_each_alone(steps, args, device, out_of_memory)
                     # the ratios' reference: the first variant listed that fit (seq/s over its seq/s)
@@ -210,9 +236,13 @@ def sweep(args: argparse.Namespace, variants: Sequence[workload.Variant], length
                             row["host_seconds"] = statistics.median(host_times[variant.name])
                             row["host_share"] = row["host_seconds"] / row["step_seconds"]
                         row.update(step.step.execution())
+                        if variant.name in first_call:
+                            row["first_step_seconds"] = first_call[variant.name]
+                            if compiled(args, variant):  # what compiling added to the first step
+                                row["compile_seconds"] = max(0.0, first_call[variant.name] - row["step_seconds"])
                         if not args.no_memory:
                             row.update(measure_memory(step))
-                        path, reason = variant.path(step.model, device, precision, args.compile)
+                        path, reason = variant.path(step.model, device, precision, compiled(args, variant))
                         rows.append(dict(setting, variant=variant.name, path=path, path_reason=reason,
                                          out_of_memory=False, **row))
                         print(f"  {kind} seq {seq} {precision} {variant.name:<16} batch {batch:>4}: "
@@ -240,7 +270,7 @@ def bench_vs_trainer(args: argparse.Namespace, config, kind: str, variant: workl
     (drawn from the same distribution) and reports its steady figure (the first --warmup steps and the checkpoint
     save left out). Each round's figure is sequences over the summed step time, so both are rates over the same
     steps."""
-    train = recipe(args)
+    train = recipe(args, variant)
     features = synthetic.synthetic_batch(config, kind, batch * 8, seq, seed=1, lengths=lengths.draw(batch * 8, seq))
 
     def bench_round() -> float:
@@ -352,7 +382,8 @@ def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, co
     lines += [f"- peak {precision}: {peak / 1e12:.3f} TFLOP/s ({source})" for precision, (peak, source)
               in peaks.items()]
     lines += ["", lengths_line(lengths, sorted({row["seq"] for row in rows})),
-              "", markdown_table(done, columns(not lengths.full, device.type == "cuda")), "",
+              "", markdown_table(done, columns(not lengths.full, device.type == "cuda",
+                                               any("compile_seconds" in row for row in done))), "",
               "step: median of the timed steps (min–max, CV = stdev / mean); the other figures are of the median "
               "step (the JSON has the spread of each). step memory: what one step adds, at its peak, to the memory "
               "resident before it (CUDA allocator on a GPU, process RSS on the CPU): activations, gradients, "
@@ -367,6 +398,11 @@ def markdown(rows: list[dict], peaks: dict, model: str, device: torch.device, co
                       "(under 100%, the GPU sets the pace). graphs: the CUDA graphs the step replayed its micro-"
                       "batches from, and the share of the packed rows that were bucket filler (off: no graphs; the "
                       "JSON says why)."]
+    if any("compile_seconds" in row for row in done):
+        lines += ["", "compile (s): the first step's wall time less the median step's, what torch.compile added to "
+                      "the run's start (with `+compile`, or --compile). Inductor keeps what it compiled in its "
+                      "cache (TORCHINDUCTOR_CACHE_DIR, default under /tmp), so a later run on the same node "
+                      "compiles faster: point it at shared storage on a cluster."]
     reasons = {(row["variant"], row["path"]): row["path_reason"] for row in done if row.get("path_reason")}
     if not lengths.full and reasons:
         lines += ["", "Why each path: " + "; ".join(f"{variant} ({path}): {reason}"
@@ -431,8 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         device = cli.device(args.device)
+        any_compiled = args.compile or any(variant.compiled for variant in variants)
         for precision in args.precisions:  # before the peaks are measured (a CPU's fp16 matmul takes minutes)
-            workload.check_runnable(workload.train_config(precision, compile=args.compile), device)
+            workload.check_runnable(workload.train_config(precision, compile=any_compiled), device)
         load = LoadWatch()
         peaks = device_peaks(args.precisions, device)
         rows = sweep(args, variants, lengths, device, peaks)

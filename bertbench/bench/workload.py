@@ -15,6 +15,7 @@ import pathlib
 import random
 import statistics
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from importlib import resources
 
@@ -60,11 +61,18 @@ class Variant:
     unpad: bool = True
     attention_kernel: str | None = None  # the unpadded path's; None: the device's default
     cut_to_longest: bool = False
+    compiled: bool = False  # its step under torch.compile ("+compile"), beside the others in the same sweep
 
     @classmethod
-    def parse(cls, text: str, hf: bool = False) -> "Variant":
+    def parse(cls, text: str, hf: bool = False, compiled: bool = False) -> "Variant":
         """A variant by name; `hf` and `hf-dynamic` only where the bench takes them (the HF model has no runner,
-        no recompute)."""
+        no recompute), and a bertbench variant with "+compile" (its step compiled) only where `compiled`."""
+        if text.endswith(COMPILE_SUFFIX) and text != COMPILE_SUFFIX:
+            eager = text[:-len(COMPILE_SUFFIX)]
+            if not compiled or eager in HF_VARIANTS:
+                raise BenchError(f"unknown variant {text!r}: a compiled variant (VARIANT{COMPILE_SUFFIX}) is a "
+                                 "bertbench variant in `bertbench bench throughput`")
+            return dataclasses.replace(cls.parse(eager), name=text, compiled=True)
         if text in HF_VARIANTS:
             if not hf:
                 raise BenchError(f"variant {text} is HF transformers' model: compare with it in `bertbench bench "
@@ -110,6 +118,7 @@ class Variant:
 
 
 HF_VARIANTS = ("hf", "hf-dynamic")
+COMPILE_SUFFIX = "+compile"
 ALL_VARIANTS = ("baseline", "full", "selective", "every-2")
 # The schedule length of a bench step: long enough that the learning rate never decays noticeably while timed.
 BENCH_STEPS = 10**9

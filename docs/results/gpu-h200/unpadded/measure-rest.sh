@@ -5,19 +5,7 @@
 # logs and reports under $OUT (default gpu-out), then one tarball beside summary.txt.
 #
 #   OUT=/tmp/out bash docs/results/gpu-h200/unpadded/measure-rest.sh
-set -u
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-summary="$OUT/summary.txt"
-stage() {  # stage NAME SECONDS COMMAND...: the command's output in NAME.log, its status in the summary
-  local name=$1 limit=$2
-  shift 2
-  local started=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name: exit $? in $((SECONDS - started)) s" | tee -a "$summary"
-}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
+source "$(dirname "$0")/../common.sh"
 
 bench="python3 -m bertbench bench throughput --kinds finetuning --precisions bf16 --lengths real-text --steps 10
   --warmup 2 --no_memory --device cuda"
@@ -35,6 +23,4 @@ stage squad 40 python3 -m bertbench bench finetuning --task squad --variants bas
   --device cuda --output_dir "$OUT/squad"
 grep -h "seq/s" "$OUT"/*-eager.log "$OUT"/large-compiled.log | tee -a "$summary"
 grep -h -A4 "^| variant" "$OUT"/glue-seed*/finetuning.md "$OUT"/squad/finetuning.md | tee -a "$summary"
-archive=$(mktemp -d)/results.tgz
-tar czf "$archive" -C "$OUT" --exclude summary.txt . && \
-  find "$OUT" -mindepth 1 -maxdepth 1 ! -name summary.txt -exec rm -rf {} + && mv "$archive" "$OUT/"
+pack

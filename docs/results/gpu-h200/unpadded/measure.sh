@@ -7,19 +7,7 @@
 #   padded. Logs and reports go under $OUT (default gpu-out), then into one tarball beside summary.txt.
 #
 #   OUT=/tmp/out bash docs/results/gpu-h200/unpadded/measure.sh
-set -u
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-summary="$OUT/summary.txt"
-stage() {  # stage NAME SECONDS COMMAND...: the command's output in NAME.log, its status in the summary
-  local name=$1 limit=$2
-  shift 2
-  local started=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name: exit $? in $((SECONDS - started)) s" | tee -a "$summary"
-}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$summary"
+source "$(dirname "$0")/../common.sh"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$summary"
 
 pytest_gpu="python3 -m pytest -m gpu -n 0 -q -p no:cacheprovider"
@@ -38,6 +26,4 @@ stage large-eager 70 $bench --model large --batch_sizes 32 --variants baseline,b
 stage base-compiled 120 $bench --model base --batch_sizes 128,32 --variants baseline,baseline/padded --compile \
   --output_dir "$OUT/base-compiled"
 grep -h "seq/s" "$OUT"/base-eager.log "$OUT"/large-eager.log "$OUT"/base-compiled.log | tee -a "$summary"
-archive=$(mktemp -d)/results.tgz
-tar czf "$archive" -C "$OUT" --exclude summary.txt . && \
-  find "$OUT" -mindepth 1 -maxdepth 1 ! -name summary.txt -exec rm -rf {} + && mv "$archive" "$OUT/"
+pack
