@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 from bertbench.errors import INPUT_ERROR, run_command
@@ -10,6 +11,8 @@ from bertbench.errors import INPUT_ERROR, run_command
 # sub-command -> (module with main(argv), one-line help); modules are imported only when their command runs.
 COMMANDS = {
     "demo": ("bertbench.demo.run", "train a tiny BERT on built-in data, baseline vs recompute (no network)"),
+    "example-data": ("bertbench.example_data", "write a tiny BERT (TF1 checkpoint + HF directory), GLUE, SQuAD and "
+                                               "pre-training data: every runner runs without downloads"),
     "classify": ("bertbench.run_classifier", "fine-tune / evaluate / predict a GLUE task (Google's run_classifier "
                                              "flags)"),
     "squad": ("bertbench.run_squad", "fine-tune / predict SQuAD v1.1 or v2.0 (Google's run_squad flags)"),
@@ -19,33 +22,56 @@ COMMANDS = {
                                                                      "NVIDIA's layout, optionally in length bins"),
     "evaluate-squad": ("bertbench.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
     "launch": ("bertbench.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
-    "bench": ("bertbench.bench.cli", "benchmarks: throughput, memory, scaling, budget, profile, plan, "
-                                     "finetuning, squad-data, pretraining-data (JSON, markdown, PNG)"),
+    "bench": ("bertbench.bench.cli", "benchmarks: suite, throughput, memory, optimizer, scaling, budget, profile, "
+                                     "plan, finetuning, squad-data, pretraining-data (JSON, markdown, PNG)"),
     "report": ("bertbench.bench.report", "merge bench results of several runs into one comparison"),
     "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
+    "export": ("bertbench.export", "a run, a bertbench checkpoint or a TF1 checkpoint -> an HF directory (weights, "
+                                   "config, tokenizer) that transformers loads"),
 }
 
 
+# Options of `bertbench` itself, before the command: how much the run's log says (bertbench.progress.LEVELS).
+VERBOSITY_OPTIONS = {"-q": "quiet", "--quiet": "quiet", "-v": "verbose", "--verbose": "verbose"}
+
+
 def _usage() -> str:
-    lines = ["usage: bertbench COMMAND [options]   (bertbench COMMAND --help for its options)", "", "commands:"]
+    lines = ["usage: bertbench [-q | -v] COMMAND [options]   (bertbench COMMAND --help for its options)", "",
+             "options:", "  -q, --quiet              warnings and errors only: no log lines, no progress bars",
+             "  -v, --verbose            debug lines too, and an error's traceback above its one line",
+             "  -V, --version            the version", "", "commands:"]
     lines += [f"  {name:<24} {help_text}" for name, (_, help_text) in COMMANDS.items()]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0
-    if argv[0] in ("-V", "--version"):
+    verbosity = "normal"
+    while argv and argv[0] in VERBOSITY_OPTIONS:
+        verbosity, argv = VERBOSITY_OPTIONS[argv[0]], argv[1:]
+    if argv and argv[0] in ("-h", "--help"):
+        return run_command("bertbench", lambda: print(_usage()))
+    if argv and argv[0] in ("-V", "--version"):
         from bertbench import __version__
-        print(f"bertbench {__version__}")
-        return 0
-    if argv[0] not in COMMANDS:  # a usage error: one line, status 2 (bertbench.errors)
+        return run_command("bertbench", lambda: print(f"bertbench {__version__}"))
+    # A usage error: one line, status 2 (bertbench.errors)
+    if not argv:
+        print("bertbench: error: no command given; `bertbench --help` lists them", file=sys.stderr)
+        return INPUT_ERROR
+    if argv[0] not in COMMANDS:
         print(f"bertbench: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return INPUT_ERROR
     # Under run_command from the start, so that a signal while torch is imported is one line too.
-    return run_command("bertbench", lambda: importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]))
+    return run_command("bertbench", lambda: _run(argv[0], argv[1:], verbosity))
+
+
+def _run(name: str, argv: list[str], verbosity: str) -> int:
+    from bertbench.progress import verbosity as log_level
+    command = importlib.import_module(COMMANDS[name][0]).main
+    # A command that names itself (its --help's usage line, its errors) is named as typed here.
+    named = {"prog": f"bertbench {name}"} if "prog" in inspect.signature(command).parameters else {}
+    with log_level(verbosity):
+        return command(argv, **named)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ r"""`bertbench convert`: a Google or NVIDIA TensorFlow BERT checkpoint to an HF-
         --vocab_file uncased_L-12_H-768_A-12/vocab.txt
 
 The flags are spelled as every other bertbench command spells them (underscores, `--output_dir`). The spellings of
-earlier releases (`--tf-checkpoint`, `--bert-config`, `--output`, `--vocab-file`, `--pytorch-bin`) and those of HF's
-`convert_tf_checkpoint_to_pytorch.py` (`--tf_checkpoint_path`, `--pytorch_dump_path`) are kept as aliases.
+earlier releases (`--tf-checkpoint`, `--bert-config`, `--output`, `--vocab-file`, `--pytorch-bin`) are kept as
+aliases, and HF's `convert_bert_original_tf_checkpoint_to_pytorch.py` command line works as it does there:
+`--tf_checkpoint_path`, `--bert_config_file`, and `--pytorch_dump_path FILE`, which writes the one file FILE (a
+torch.save'd state dict, pytorch_model.bin's format), not a directory.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import argparse
 import sys
 
 from bertbench.config import ConfigError
+from bertbench.errors import ArgumentParser, UsageError, run_command
+from bertbench.flags import parse_bool
 from bertbench.tf_checkpoint import CheckpointError
-from bertbench.errors import ArgumentParser, run_command
+from bertbench.tokenization import VocabError
 from bertbench.weights import WeightsError, convert_tf_checkpoint
 
 PROG = "bertbench convert"
@@ -30,11 +34,23 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint prefix (bert_model.ckpt), its .index file, or a directory holding one")
     parser.add_argument("--bert_config_file", "--bert-config", dest="bert_config_file", required=True,
                         metavar="JSON", help="the checkpoint's bert_config.json")
-    parser.add_argument("--output_dir", "--output", "--pytorch_dump_path", dest="output_dir", required=True,
-                        metavar="DIR", help="directory to write (must not exist, or be empty, unless --overwrite)")
+    output = parser.add_mutually_exclusive_group(required=True)
+    output.add_argument("--output_dir", "--output", dest="output_dir", metavar="DIR",
+                        help="directory to write: config.json, weights and, with --vocab_file, the tokenizer files "
+                             "(must not exist, or be empty, unless --overwrite)")
+    output.add_argument("--pytorch_dump_path", dest="pytorch_dump_path", metavar="FILE",
+                        help="HF's flag: write the weights alone to the file FILE, as HF's "
+                             "convert_bert_original_tf_checkpoint_to_pytorch.py does (must not exist unless "
+                             "--overwrite)")
     parser.add_argument("--vocab_file", "--vocab-file", dest="vocab_file", metavar="TXT",
-                        help="vocab.txt to copy into the output directory")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+                        help="the checkpoint's vocab.txt (or tokenizer.json): the output directory gets the "
+                             "tokenizer files AutoTokenizer loads")
+    parser.add_argument("--do_lower_case", type=parse_bool, nargs="?", const=True, default=True, metavar="BOOL",
+                        help="the tokenizer lower-cases and strips accents (uncased models; default true); written "
+                             "into tokenizer_config.json")
+    parser.add_argument("--nodo_lower_case", dest="do_lower_case", action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory or an "
+                                                                 "existing --pytorch_dump_path file")
     parser.add_argument("--pytorch_bin", "--pytorch-bin", dest="pytorch_bin", action="store_true",
                         help="write pytorch_model.bin instead of model.safetensors")
     return parser
@@ -43,11 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         args = build_parser().parse_args(argv)
+        if args.pytorch_dump_path is not None and args.vocab_file is not None:
+            raise UsageError("--vocab_file: --pytorch_dump_path writes one weights file, with no place for the "
+                             "tokenizer; use --output_dir for a directory that holds both")
         mapping = convert_tf_checkpoint(args.tf_checkpoint, args.bert_config_file, args.output_dir,
                                         vocab_file=args.vocab_file, overwrite=args.overwrite,
-                                        safe_serialization=not args.pytorch_bin)
-        print(f"{PROG}: wrote {args.output_dir}: {mapping.summary()}")
-    return run_command(PROG, body, input_errors=(CheckpointError, ConfigError, WeightsError))
+                                        safe_serialization=not args.pytorch_bin, do_lower_case=args.do_lower_case,
+                                        weights_file=args.pytorch_dump_path)
+        print(f"{PROG}: wrote {args.output_dir or args.pytorch_dump_path}: {mapping.summary()}")
+    return run_command(PROG, body, input_errors=(CheckpointError, ConfigError, VocabError, WeightsError))
 
 
 if __name__ == "__main__":

@@ -45,9 +45,9 @@ import numpy as np
 
 from bertbench.devices import peak_memory_bytes
 from bertbench.durable import fsync_path
-from bertbench.errors import run_command, signal_status
+from bertbench.errors import description, run_command, signal_status
 from bertbench.flags import FlagParser, add_dataclass_flags, setting
-from bertbench.progress import format_duration
+from bertbench.progress import format_duration, log, progress_bar
 from bertbench.tasks.pretraining import NVIDIA_DTYPES, SHARD_KEYS, check_length_bins, parse_length_bins
 from bertbench.tokenization import BertTokenizer, VocabError, truncated_pair_lengths
 
@@ -60,6 +60,10 @@ CHUNK_TOKENS = 65536
 # (offsets and strings besides the ids) stay small.
 TOKENIZE_BATCH = 8192
 GZIP_LEVEL = 4  # h5py's default, and so NVIDIA's
+
+
+# Google's names for its TFRecord output: refused, since the shards written are HDF5 (a .tfrecord name would hide it).
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tf_record")
 
 
 class DataError(ValueError):
@@ -125,6 +129,10 @@ class DataSettings:
             raise DataError(f"--shard_prefix must be a file name, got {self.shard_prefix!r}")
         if self.output_file is not None and (self.num_shards != 1 or self.length_bins):
             raise DataError("--output_file writes one shard: use --output_dir for --num_shards or --length_bins")
+        if self.output_file is not None and self.output_file.lower().endswith(TFRECORD_SUFFIXES):
+            stem = os.path.splitext(self.output_file)[0]
+            raise DataError(f"--output_file={self.output_file}: this writes NVIDIA's HDF5 layout, not Google's "
+                            f"TFRecords (run_pretraining reads HDF5); name it {stem}.hdf5")
         if self.length_bins is not None:
             try:
                 check_length_bins(self.length_bins, self.max_seq_length)
@@ -603,38 +611,33 @@ class OutputLayout:
 # The run.
 
 class _Progress:
-    """A line redrawn in place on a terminal; elsewhere a log line every 10 seconds."""
+    """A progress bar over the input's bytes on a terminal (progress.progress_bar); elsewhere a log line every 10
+    seconds."""
 
     def __init__(self, total_bytes: int, log: Callable[[str], None]):
         self.total_mb, self.log = total_bytes / 1e6, log
-        self.tty = sys.stderr.isatty()
-        self.interval = 0.25 if self.tty else 10.0
+        self.bar = progress_bar(total_bytes, unit="B", unit_scale=True)
         self.started = self.last = time.monotonic()
-        self.drawn = 0  # the longest line drawn on the terminal
 
     def show(self, reader: CorpusReader, instances: int) -> None:
+        if not self.bar.disable:
+            self.bar.set_postfix_str(f"{instances:,} instances", refresh=False)
+            self.bar.update(reader.bytes_read - self.bar.n)
+            return
         now = time.monotonic()
-        if now - self.last < self.interval:
+        if now - self.last < 10.0:
             return
         self.last = now
         elapsed = now - self.started
-        line = (f"{reader.bytes_read / 1e6:,.1f}/{self.total_mb:,.1f} MB read, "
-                f"{reader.sentences / elapsed:,.0f} sentences/s, {instances:,} instances written, "
-                f"{format_duration(elapsed)}")
-        if self.tty:
-            sys.stderr.write(f"\r{line.ljust(self.drawn)}")  # spaces over the end of a longer line before
-            sys.stderr.flush()
-            self.drawn = max(self.drawn, len(line))
-        else:
-            self.log(line)
+        self.log(f"{reader.bytes_read / 1e6:,.1f}/{self.total_mb:,.1f} MB read, "
+                 f"{reader.sentences / elapsed:,.0f} sentences/s, {instances:,} instances written, "
+                 f"{format_duration(elapsed)}")
 
     def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self.bar.close()
 
 
-def create_pretraining_data(settings: DataSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
+def create_pretraining_data(settings: DataSettings, log: Callable[[str], None] = log) -> dict[str, Any]:
     """Read `settings.input_file`, write the shards and the statistics file; returns the statistics. Raises
     DataError, VocabError or OSError for input or output a user can fix; nothing is written then."""
     started = time.monotonic()
@@ -757,7 +760,7 @@ def _summary(stats: dict[str, Any], layout: OutputLayout) -> str:
 
 def build_parser(prog: str = PROGRAM) -> FlagParser:
     """The flags, one per DataSettings field, with its help text and default."""
-    parser = FlagParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = FlagParser(prog=prog, description=description(__doc__))
     add_dataclass_flags(parser, DataSettings, one_of=("output_dir", "output_file"))
     return parser
 

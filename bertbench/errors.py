@@ -7,6 +7,8 @@
 - 128 + N: stopped by signal N (SIGINT 130, SIGTERM 143). In training, after saving what resumes the run; in any
   other phase (start-up, evaluation, prediction) at once. Either way every file written is whole: results and
   checkpoints are written to a temporary name and renamed, so a stop leaves the old file or the new one.
+- 141 (128 + SIGPIPE): stdout was closed before the command was done printing (`bertbench ... | head`), without a
+  word. A training run is not stopped by it: its log lines go to /dev/null from then on, and it trains and saves.
 
 Commands report every error they expect in one line, `program: error: message`, never as a traceback; a signal is
 one line too, `program: stopped by SIGTERM ...`.
@@ -16,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
+import os
+import select
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 
 INPUT_ERROR = 2
@@ -69,22 +75,49 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def stdout_closed() -> bool:
+    """Whether the reader of stdout has gone (`bertbench ... | head` after head's last line)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's StringIO), or no poll
+        return False
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, as Python's documentation advises after a BrokenPipeError (signal.SIGPIPE's
+    note): a later line, and the flush at exit, then write nowhere instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 def run_command(program: str, body: Callable[[], int | None], input_errors: tuple[type[BaseException], ...] = (),
                 runtime_errors: tuple[type[BaseException], ...] = ()) -> int:
-    """Run a command's body and map what it raises onto the exit-code policy, each error in one line. Input errors
-    are INPUT_ERRORS plus the command's own (`input_errors`, e.g. a task's data error); runtime failures are
-    `runtime_errors` and any other OSError (a full disk, a lost mount)."""
+    """Run a command's body and map what it raises onto the exit-code policy, each error in one line (with
+    `bertbench --verbose`, its traceback above it). Input errors are INPUT_ERRORS plus the command's own
+    (`input_errors`, e.g. a task's data error); runtime failures are `runtime_errors` and any other OSError (a full
+    disk, a lost mount). A closed stdout ends the command quietly with 141."""
     try:
         with stop_on_sigterm():
-            return body() or 0
-    except SystemExit as stop:  # argparse: --help (0), or a bad flag already reported in one line (2)
-        return stop.code or 0
+            try:
+                status = body() or 0
+            except SystemExit as stop:  # argparse: --help (0), or a bad flag already reported in one line (2)
+                status = stop.code or 0
+            sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
+            return status
+    except BrokenPipeError as error:
+        if not stdout_closed():  # another pipe than stdout (a worker's, a socket's): a runtime failure
+            return _failed(program, error, RUNTIME_FAILURE)
+        silence_stdout()
+        return signal_status("SIGPIPE")
     except INPUT_ERRORS + input_errors as error:
-        print(f"{program}: error: {one_line(error)}", file=sys.stderr)
-        return INPUT_ERROR
+        return _failed(program, error, INPUT_ERROR)
     except runtime_errors + (OSError, MemoryError) as error:
-        print(f"{program}: error: {one_line(error)}", file=sys.stderr)
-        return RUNTIME_FAILURE
+        return _failed(program, error, RUNTIME_FAILURE)
     except (KeyboardInterrupt, Stopped) as stop:
         name = stop.signal_name if isinstance(stop, Stopped) else "SIGINT"
         print(f"{program}: stopped by {name}; every file already written is whole, none half-written",
@@ -92,13 +125,45 @@ def run_command(program: str, body: Callable[[], int | None], input_errors: tupl
         return signal_status(name)
 
 
+def _failed(program: str, error: BaseException, status: int) -> int:
+    if logging.getLogger("bertbench.run").isEnabledFor(logging.DEBUG):  # `bertbench --verbose` (progress.LOGGER)
+        traceback.print_exception(error, file=sys.stderr)
+    print(f"{program}: error: {one_line(error)}", file=sys.stderr)
+    return status
+
+
+def help_with_default(help: str, default) -> str:
+    """An option's --help text with its default once: added after the text unless the text gives it already (a
+    default said in words) or there is none (None). A list reads as typed, 1,2,4. Escaped for argparse's %-format."""
+    if default is None or default is argparse.SUPPRESS or "(default" in help or "%(default)" in help:
+        return help
+    shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+    return f"{help} (default: {shown.replace('%', '%%')})"
+
+
+def description(doc: str) -> str:
+    """A command's --help description: its module docstring's first paragraph (a first line alone may stop
+    mid-sentence)."""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every bertbench --help: each default shown once (help_with_default), none for an on/off switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        return help if action.nargs == 0 else help_with_default(help, action.default)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the flag (no usage block above it), with exit status 2. A flag
-    must be spelled out: argparse would take `--learning_rat` for `--learning_rate`, absl refuses it, and a typo
-    that silently picks some flag is worse than an error."""
+    """argparse whose errors are one line naming the flag (no usage block above it), with exit status 2, and whose
+    --help shows each default once (HelpFormatter). A flag must be spelled out: argparse would take
+    `--learning_rat` for `--learning_rate`, absl refuses it, and a typo that silently picks some flag is worse than
+    an error."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):

@@ -40,7 +40,7 @@ from bertbench.checkpoint import (CheckpointError, SaveTrigger, checkpoint_step,
                                   save_checkpoint)
 from bertbench.devices import peak_memory_bytes
 from bertbench.distributed import Distributed
-from bertbench.progress import MetricsLog, ProgressDisplay
+from bertbench.progress import MetricsLog, ProgressDisplay, log as log_line
 from bertbench.train_state import (CONTINUE, RESUME, RunStart, TrainingCheckpoints, decide_start, load_weights,
                                    read_training_state, seed_everything)
 from bertbench.train_stats import LoopStats, TrainResult
@@ -118,7 +118,7 @@ class Estimator:
         self.global_step = 0
         # False once independent workers have trained apart: inference must then not be split across ranks.
         self._same_weights_on_every_rank = True
-        self._log = log if log is not None else (lambda line: print(line, flush=True))
+        self._log = log if log is not None else log_line
 
     def log(self, line: str) -> None:
         if self.dist.is_main:
@@ -223,7 +223,8 @@ class Estimator:
             os.makedirs(run.model_dir, exist_ok=True)
         metrics = MetricsLog(f"{run.model_dir}/metrics.jsonl", self.global_step if resumed_from else None, self.log) \
             if self.dist.is_main else None
-        display = ProgressDisplay(config.num_train_steps, enabled=None if self.dist.is_main else False)
+        display = ProgressDisplay(config.num_train_steps, self.global_step,
+                                  enabled=None if self.dist.is_main else False)
         trigger = SaveTrigger(run.save_checkpoints_secs, run.save_checkpoints_steps)
         trigger.start(self.global_step)
         stats = LoopStats(start_step=self.global_step, num_train_steps=config.num_train_steps,
@@ -233,9 +234,20 @@ class Estimator:
         last_checkpoint = resumed_from
         segments = earlier_segments
         out_of_time = target_reached = False
+        compiling = config.compile and self.global_step < config.num_train_steps
+        if compiling and self.device.type == "cpu":
+            self.log("note: torch.compile on a CPU takes minutes before the first step, and on this project's CPU it "
+                     "made training no faster (docs/results/cpu-2core/compile); --use_xla=false trains eagerly")
         with StopSignals() as signals:
             while self.global_step < config.num_train_steps:
+                if compiling:
+                    self.log(f"step {self.global_step + 1}: compiling the model (torch.compile) ...")
+                    compile_started = time.perf_counter()
                 outcome = step(counted)
+                if compiling:
+                    self.log(f"step {self.global_step + 1}: compiled and trained in "
+                             f"{time.perf_counter() - compile_started:.1f} s")
+                    compiling = False
                 skipped += outcome.skipped
                 self.global_step += not outcome.skipped
                 stats.after_step(outcome.loss, outcome.grad_norm, outcome.skipped)
@@ -274,7 +286,7 @@ class Estimator:
                     trigger.saved(self.global_step)
                 if stop or out_of_time or target_reached:
                     break
-        display.clear()
+        display.close()
         unfinished = self.global_step < config.num_train_steps
         interrupted = signals.received if unfinished else None
         budget_exhausted = unfinished and out_of_time and not interrupted
@@ -307,7 +319,6 @@ class Estimator:
                   "checkpoint_step": None if last_checkpoint is None else checkpoint_step(last_checkpoint)}
         if metrics is not None:
             metrics.write(record)
-        display.clear()
         self.log(f"step {self.global_step}/{self.train_config.num_train_steps}  loss {window['loss']:.4f}  "
                  f"lr {record['lr']:.3g}  {window['seq_per_s']:.1f} seq/s  {window['tokens_per_s']:.0f} tokens/s"
                  + (f"  skipped {skipped}" if skipped else ""))

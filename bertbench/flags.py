@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from bertbench.errors import ArgumentParser, UsageError
+from bertbench.errors import ArgumentParser, UsageError, help_with_default
 
 
 def setting(help: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
@@ -63,6 +63,28 @@ class FlagName:
     note: str = ""  # how the flag reads, after the field's help
 
 
+@dataclasses.dataclass(frozen=True)
+class IgnoredFlag:
+    """A flag of another project's script that means nothing here (NVIDIA's --local_rank: torchrun places the
+    processes), accepted so that its commands run as they are and never silently: a command that gives it is told
+    `note`, why it is ignored. `refuse(value)` says why a value cannot be ignored (Google's --use_tpu=true), None when
+    it can. `runners`: the runners that take it (bertbench_run.json's names), empty for every runner."""
+
+    flag: str
+    note: str
+    type: type = str  # bool: an absl boolean (--flag, --flag=false, --noflag)
+    aliases: tuple[str, ...] = ()
+    refuse: Callable[[Any], str | None] | None = None
+    runners: tuple[str, ...] = ()
+
+    def check(self, value: Any) -> str:
+        """The note a command giving `value` gets; a UsageError for a value that cannot be ignored."""
+        refusal = self.refuse(value) if self.refuse is not None else None
+        if refusal:
+            raise UsageError(f"--{self.flag}={_spelt(value)}: {refusal}")
+        return f"--{self.flag} is ignored: {self.note}"
+
+
 class FlagParser(ArgumentParser):
     """argparse that only records the flags a command gives (defaults live in `defaults`, so a run directory's
     record can fill the others) and takes absl booleans: --do_train, --do_train=false, --nodo_train."""
@@ -72,21 +94,43 @@ class FlagParser(ArgumentParser):
         self.defaults: dict[str, Any] = {}
         self.names: dict[str, FlagName] = {}  # the flags add_dataclass_flags made: the field each one sets
         self.fields: dict[str, dataclasses.Field] = {}  # ... and that field, whose metadata describes the flag
+        self.ignored: dict[str, IgnoredFlag] = {}  # other projects' flags that set nothing (ignored_flags)
 
     def flag(self, group, name: str, default: Any, help: str, aliases: Sequence[str] = (), **kwargs) -> None:
         """--name (and --alias ...: other projects' names for the same flag)."""
-        self.defaults[name] = default
-        shown = "" if default is None else f" (default: {default})"
-        group.add_argument(f"--{name}", *(f"--{alias}" for alias in aliases), help=help + shown, **kwargs)
+        self.defaults[name] = default  # argparse's is SUPPRESS (nothing given): the help shows this one
+        group.add_argument(f"--{name}", *(f"--{alias}" for alias in aliases), help=help_with_default(help, default),
+                           **kwargs)
 
     def bool_flag(self, group, name: str, default: bool, help: str, aliases: Sequence[str] = ()) -> None:
         self.flag(group, name, default, help, aliases, nargs="?", const=True, type=parse_bool, metavar="BOOL")
         group.add_argument(f"--no{name}", f"--no_{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
 
+    def ignored_flags(self, flags: Sequence[IgnoredFlag], title: str) -> None:
+        """Accept `flags` in a group of their own; they have no default, so only a command that gives one holds
+        it (see notes)."""
+        group = self.add_argument_group(title)
+        for ignored in flags:
+            self.ignored[ignored.flag] = ignored
+            names = [f"--{name}" for name in (ignored.flag, *ignored.aliases)]
+            help_text = f"Ignored: {ignored.note}"
+            if ignored.type is bool:
+                group.add_argument(*names, dest=ignored.flag, nargs="?", const=True, type=parse_bool, metavar="BOOL",
+                                   help=help_text)
+                group.add_argument(f"--no{ignored.flag}", dest=ignored.flag, action="store_false",
+                                   help=argparse.SUPPRESS)
+            else:
+                group.add_argument(*names, dest=ignored.flag, type=ignored.type, help=help_text)
+
+    def notes(self, given: dict[str, Any]) -> list[str]:
+        """Take the ignored flags out of `given` (what a command gave, by flag name): the note each one gets, or a
+        UsageError for a value that cannot be ignored."""
+        return [self.ignored[name].check(given.pop(name)) for name in list(given) if name in self.ignored]
+
     def field_values(self, cls: type, flags: Mapping[str, Any]) -> dict[str, Any]:
         """The fields of `cls` that `flags` (values by flag name) set, each value translated by its FlagName. Of
         several flags for one field, those at their default say nothing and the others must agree; a field none of
-        them sets keeps the dataclass's default."""
+        them sets takes their common default, or the dataclass's when they have none (--precision, --amp)."""
         by_field = defaultdict(list)
         for name in self.names.values():
             if name.owner is cls and name.flag in flags:
@@ -98,8 +142,11 @@ class FlagParser(ArgumentParser):
             if len(set(said.values())) > 1:
                 raise UsageError(" and ".join(f"--{flag}={_spelt(flags[flag])}" for flag in said)
                                  + f" contradict each other: {field} {' or '.join(map(str, said.values()))}")
+            at_default = {name.value(flags[name.flag]) for name in names}
             if said:
                 values[field] = next(iter(said.values()))
+            elif len(at_default) == 1 and None not in at_default:  # --num_accumulation_steps/--gradient_...
+                values[field] = at_default.pop()
         return values
 
 

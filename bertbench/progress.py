@@ -1,17 +1,81 @@
-"""What a training run shows while it runs: a live progress bar on a terminal, log lines elsewhere, and a JSONL
-metrics log (one JSON object per logged step, so `pandas.read_json(path, lines=True)` reads it)."""
+"""What a run shows while it runs: its log lines on stdout (`log`, through the `logging` logger "bertbench", whose
+level `bertbench --quiet` / `--verbose` set), a progress bar on a terminal (tqdm), and a training run's JSONL metrics
+log (one JSON object per logged step, so `pandas.read_json(path, lines=True)` reads it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from tqdm import tqdm
+
 from bertbench.durable import write_failure, write_text_atomically
+from bertbench.errors import silence_stdout
+
+# The run's own log, not the modules' loggers (bertbench.weights ...), which propagate to the root logger as a
+# library's should: only this one writes to stdout.
+LOGGER = logging.getLogger("bertbench.run")
+# `bertbench --quiet`: warnings only, no progress bars; `--verbose`: debug lines too, and an error's traceback above
+# its one line (errors.run_command). Set in the environment as well, so that the processes torchrun starts inherit it.
+LEVELS = {"quiet": logging.WARNING, "normal": logging.INFO, "verbose": logging.DEBUG}
+VERBOSITY_VARIABLE = "BERTBENCH_VERBOSITY"
+
+
+class _StdoutHandler(logging.Handler):
+    """Each line to the stdout of the moment (a test's capture, run_values' redirect), flushed, above any progress
+    bar. When stdout's reader has gone (`| head`) the lines go to /dev/null from then on: the run goes on."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            with tqdm.external_write_mode(sys.stdout):
+                sys.stdout.write(self.format(record) + "\n")
+                sys.stdout.flush()
+        except BrokenPipeError:
+            silence_stdout()
+        except Exception:
+            self.handleError(record)
+
+
+LOGGER.addHandler(_StdoutHandler())
+LOGGER.propagate = False  # the command's own output, not a library's log for an application to route
+LOGGER.setLevel(LEVELS.get(os.environ.get(VERBOSITY_VARIABLE, "normal"), logging.INFO))
+
+
+def log(line: str) -> None:
+    """A line of the run's log: a warning ("warning: ...") even under --quiet, any other line unless --quiet."""
+    LOGGER.log(logging.WARNING if line.startswith("warning") else logging.INFO, line)
+
+
+@contextlib.contextmanager
+def verbosity(name: str) -> Iterator[None]:
+    """The log's level (a key of LEVELS) for this process and those it starts, while active."""
+    level, variable = LOGGER.level, os.environ.get(VERBOSITY_VARIABLE)
+    LOGGER.setLevel(LEVELS[name])
+    os.environ[VERBOSITY_VARIABLE] = name
+    try:
+        yield
+    finally:
+        LOGGER.setLevel(level)
+        if variable is None:
+            os.environ.pop(VERBOSITY_VARIABLE, None)
+        else:
+            os.environ[VERBOSITY_VARIABLE] = variable
+
+
+def progress_bar(total: float, stream: IO[str] | None = None, enabled: bool | None = None, **options: Any) -> tqdm:
+    """A tqdm bar on stderr, shown only while that is a terminal and the log is not --quiet (a batch job's output
+    file or a pipe gets the log lines alone, which say the same); removed when closed, leaving the log lines."""
+    stream = stream if stream is not None else sys.stderr
+    if enabled is None:
+        enabled = stream.isatty() and LOGGER.isEnabledFor(logging.INFO)
+    return tqdm(total=total, file=stream, disable=not enabled, leave=False, dynamic_ncols=True, **options)
 
 
 class MetricsLog:
@@ -85,32 +149,26 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressDisplay:
-    """A one-line bar redrawn in place (at most every `refresh_secs`) when `stream` is a terminal; otherwise
-    nothing, since the plain log lines say the same thing in a form that reads well in a batch job's output file."""
+    """A training run's progress bar (progress_bar), redrawn at most every `refresh_secs`: the loop asks `due()`
+    before it reads the figures, which costs a device synchronisation."""
 
-    def __init__(self, total_steps: int, stream: IO[str] | None = None, refresh_secs: float = 0.25,
-                 enabled: bool | None = None):
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.total_steps, self.refresh_secs = total_steps, refresh_secs
+    def __init__(self, total_steps: int, start_step: int = 0, stream: IO[str] | None = None,
+                 refresh_secs: float = 0.25, enabled: bool | None = None):
+        # Time left is the loop's own figure (it knows the time budget), not tqdm's.
+        self.bar = progress_bar(total_steps, stream, enabled, initial=start_step, unit="step",
+                                bar_format="step {n}/{total} |{bar}| {elapsed}{postfix}")
+        self.enabled, self.refresh_secs = not self.bar.disable, refresh_secs
         self._last_draw = -math.inf
-        self._drawn = False
 
     def due(self) -> bool:
         return self.enabled and time.monotonic() - self._last_draw >= self.refresh_secs
 
     def draw(self, step: int, loss: float, seq_per_s: float, eta_s: float) -> None:
-        width = 24
-        filled = int(width * step / max(1, self.total_steps))
-        bar = "#" * filled + "." * (width - filled)
-        self.stream.write(f"\rstep {step}/{self.total_steps} [{bar}] loss {loss:.4f}  {seq_per_s:.1f} seq/s  "
-                          f"eta {format_duration(eta_s)}  ")
-        self.stream.flush()
-        self._last_draw, self._drawn = time.monotonic(), True
+        self.bar.n = step
+        self.bar.set_postfix_str(f"eta {format_duration(eta_s)}, loss {loss:.4f}, {seq_per_s:.1f} seq/s",
+                                 refresh=False)
+        self.bar.refresh()
+        self._last_draw = time.monotonic()
 
-    def clear(self) -> None:
-        """End the bar's line so that the next log line starts on its own."""
-        if self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._drawn = False
+    def close(self) -> None:
+        self.bar.close()

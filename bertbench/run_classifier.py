@@ -17,17 +17,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from bertbench import runner
+from bertbench.durable import write_text_atomically
 from bertbench.flags import setting
 from bertbench.tasks.glue import GlueDataError, GlueProcessor, InputExample, compute_metrics, encode_examples, \
     get_processor, submission_file_name, write_submission
 from bertbench.tokenization import BertTokenizer
 
 PROGRAM = "run_classifier"
+GOOGLE_TEST_RESULTS = "test_results.tsv"  # Google's run_classifier --do_predict output
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,30 +92,47 @@ def worker_score(settings: GlueSettings, data: GlueData) -> runner.WorkerScore:
     return runner.WorkerScore(f"{set_name}_{processor.main_metric}", score)
 
 
-def infer(settings: GlueSettings, estimator, data: GlueData, is_main: bool, log) -> None:
+def infer(settings: GlueSettings, estimator, data: GlueData, is_main: bool, log) -> dict[str, float]:
+    """Evaluate and predict; returns what NVIDIA's run_glue logs of them (its exact_match is the accuracy)."""
+    figures = {}
     if settings.do_eval:
-        evaluate(settings, estimator, data, is_main, log)
+        started = time.perf_counter()
+        results = evaluate(settings, estimator, data, is_main, log)
+        seconds = time.perf_counter() - started
+        first = next(iter(data.dev_sets))
+        figures = {"e2e_inference_time": seconds,
+                   "inference_sequences_per_second": sum(len(features["labels"]) for features in
+                                                         data.dev_sets.values()) / max(seconds, 1e-9),
+                   **{name: results[f"{first}_{key}"] for name, key in (("exact_match", "acc"), ("F1", "f1"))
+                      if f"{first}_{key}" in results}}
     if settings.do_predict:
         predict(settings, estimator, data, is_main, log)
+    return figures
 
 
 def evaluate(settings: GlueSettings, estimator, data: GlueData, is_main: bool, log) -> dict[str, float]:
     """Every dev set of the task; results keyed `<dev set>_<metric>` (dev_acc, dev_matched_acc, ...)."""
     processor = data.processor
     results: dict[str, float] = {"global_step": estimator.global_step}
-    for set_name, features in data.dev_sets.items():
+    for index, (set_name, features) in enumerate(data.dev_sets.items()):
         labels = features["labels"]
         scores = estimator.evaluate(features, settings.eval_batch_size,
                                     metric_fn=lambda outputs: compute_metrics(processor, outputs["logits"], labels))
         results.update({f"{set_name}_{key}": value for key, value in scores.items() if key != "global_step"})
         results[f"{set_name}_examples"] = len(labels)
+        if index == 0:  # Google's keys too, of the first dev set (the only one Google scores)
+            results.update({"eval_loss": scores["loss"], "loss": scores["loss"]})
+            if "acc" in scores:
+                results["eval_accuracy"] = scores["acc"]
     runner.report_eval(estimator.run_config.model_dir, f"{processor.name}, step {estimator.global_step}", results,
                        {"task": processor.name}, is_main, log)
     return results
 
 
 def predict(settings: GlueSettings, estimator, data: GlueData, is_main: bool, log) -> list[str]:
-    """The GLUE leaderboard file of every test set (MNLI-m.tsv and MNLI-mm.tsv for MNLI)."""
+    """The GLUE leaderboard file of every test set (MNLI-m.tsv and MNLI-mm.tsv for MNLI), and Google's
+    test_results.tsv of the first (the one Google predicts): a line per example, its class probabilities
+    tab-separated (STS-B: its score), no header."""
     processor, output_dir = data.processor, estimator.run_config.model_dir
     written = []
     for set_name, examples in data.test_sets.items():
@@ -124,6 +144,12 @@ def predict(settings: GlueSettings, estimator, data: GlueData, is_main: bool, lo
             os.makedirs(output_dir, exist_ok=True)
             write_submission(path, processor, [example.guid for example in examples], logits)
             log(f"predictions for {len(examples)} {set_name} examples written to {path}")
+            if not written:
+                google = os.path.join(output_dir, GOOGLE_TEST_RESULTS)
+                values = logits.float() if processor.is_regression else torch.softmax(logits.float(), dim=-1)
+                write_text_atomically(google, "".join("\t".join(str(value) for value in row) + "\n"
+                                                      for row in values.reshape(len(examples), -1).numpy()))
+                log(f"class probabilities written to {google} (Google's file)")
         written.append(path)
     return written
 

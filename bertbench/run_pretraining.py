@@ -23,6 +23,7 @@ eval_results.txt/.json. Under torchrun each process reads whole shards of its ow
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import os
 import sys
@@ -42,6 +43,7 @@ from bertbench.train_state import CONTINUE, RESUME, RunStart
 PROGRAM = "run_pretraining"
 # MLPerf BERT's quality target: masked-LM accuracy on its 10,000 eval sequences.
 MLPERF_TARGET_MLM_ACCURACY = 0.720
+GOOGLE_MAX_EVAL_STEPS = 100  # Google's --max_eval_steps default: batches scored of --input_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +69,15 @@ class PretrainingSettings(runner.RunnerSettings):
                                           "(or a resumed phase 2's record), which says it anyway.", None)
     do_eval: bool = setting("Score --eval_dir after training (or the run's checkpoint without --do_train).", False,
                             per_command=True)
-    eval_dir: str | None = setting("Evaluation shards (same forms as --input_dir).", None)
+    eval_dir: str | None = setting("Evaluation shards (same forms as --input_dir). Without it, --do_eval scores "
+                                   "the training shards, as Google's run_pretraining does (its first "
+                                   "--max_eval_steps batches).", None)
     eval_batch_size: int = setting("Sequences per evaluation batch.", 32, positive=True)
     num_eval_examples: int | None = setting("Score the first N eval sequences only (MLPerf: 10000).", None,
                                             positive=True)
+    max_eval_steps: int | None = setting("Score the first N eval batches only (Google's flag; default "
+                                         f"{GOOGLE_MAX_EVAL_STEPS} when --do_eval scores the training shards).", None,
+                                         positive=True)
     eval_iter_samples: int | None = setting("Also evaluate during training, every this many training sequences "
                                             "(rounded up to whole steps).", None, positive=True)
     eval_iter_start_samples: int | None = setting("First evaluation after this many training sequences (default: "
@@ -86,8 +93,11 @@ class PretrainingSettings(runner.RunnerSettings):
             raise runner.UsageError("--do_train needs --input_dir (or --input_file): the training shards")
         if self.do_train and self.num_train_steps is None:
             raise runner.UsageError("--do_train needs --num_train_steps (or --max_steps)")
-        if (self.do_eval or self.eval_iter_samples or self.target_mlm_accuracy) and not self.eval_dir:
-            raise runner.UsageError("evaluation needs --eval_dir: the evaluation shards")
+        if (self.eval_iter_samples or self.target_mlm_accuracy) and not self.eval_dir:
+            raise runner.UsageError("evaluation during training needs --eval_dir: the evaluation shards")
+        if self.do_eval and not (self.eval_dir or self.input_dir):
+            raise runner.UsageError("--do_eval needs --eval_dir, or --input_file (Google's run_pretraining scores "
+                                    "its training shards)")
         if self.target_mlm_accuracy is not None and not self.eval_iter_samples:
             raise runner.UsageError("--target_mlm_accuracy is checked at the evaluations during training: give "
                                     "--eval_iter_samples")
@@ -189,6 +199,7 @@ def evaluation_schedule(settings: PretrainingSettings, evaluation: MlmEvaluation
 # those in the fine-tuning skeleton would make that skeleton harder to read than this function.
 def run(command: runner.Command, record: runner.RunRecord | None) -> int:
     settings = command.settings
+    summary = runner.JsonSummary(command)  # NVIDIA's e2e_train_time runs from the command's start
     config = runner.load_config(settings)
     try:
         bins = parse_length_bins(settings.length_bins, settings.max_seq_length)
@@ -200,16 +211,33 @@ def run(command: runner.Command, record: runner.RunRecord | None) -> int:
     # surface hours into a run.
     train_files = find_shards(settings.input_dir) if settings.do_train else []
     train_sequences = sum(check_layout(path, limits) for path in train_files)
-    eval_features = read_eval_set(find_shards(settings.eval_dir), limits, settings.num_eval_examples) \
-        if settings.eval_dir else None
+    eval_dir, eval_limit = eval_set(settings)
+    eval_features = read_eval_set(find_shards(eval_dir), limits, eval_limit) if eval_dir else None
 
     with job_from_environment(settings.device) as dist:
         runner.check_record(record, config, command, dist)
         log = runner.main_process_log(dist)
+        runner.log_notes(command, log)
+        if eval_dir != settings.eval_dir:
+            log(f"note: --do_eval without --eval_dir scores the training shards ({eval_dir}), as Google's "
+                f"run_pretraining does: their first {eval_limit} sequences")
         check_shard_values(train_files, limits, dist, log)
         with runner.hold_run_directory(command, record, dist, log):
             return run_in_directory(command, record, config, dist, log, train_files, train_sequences, limits, bins,
-                                    eval_features)
+                                    eval_features, summary)
+
+
+def eval_set(settings: PretrainingSettings) -> tuple[str | None, int | None]:
+    """The evaluation shards and how many of their sequences to score: --eval_dir's, or (--do_eval alone) the
+    training shards', Google's --max_eval_steps batches of them."""
+    if settings.eval_dir:
+        steps = settings.max_eval_steps
+    elif settings.do_eval:
+        steps = settings.max_eval_steps or GOOGLE_MAX_EVAL_STEPS
+    else:
+        return None, None
+    limit = settings.num_eval_examples or (steps * settings.eval_batch_size if steps else None)
+    return settings.eval_dir or settings.input_dir, limit
 
 
 def check_shard_values(files: Sequence[str], limits: ShardLimits, dist: Distributed, log) -> None:
@@ -233,7 +261,8 @@ def check_shard_values(files: Sequence[str], limits: ShardLimits, dist: Distribu
 
 
 def run_in_directory(command: runner.Command, record: runner.RunRecord | None, config, dist: Distributed, log,
-                     train_files, train_sequences: int, limits: ShardLimits, bins, eval_features) -> int:
+                     train_files, train_sequences: int, limits: ShardLimits, bins, eval_features,
+                     summary: runner.JsonSummary) -> int:
     """run()'s part inside the run directory: where the run starts, training, the final evaluation."""
     settings = command.settings
     # Phase 2's weights come with the rest of phase 1's state, through Estimator.train.
@@ -253,7 +282,7 @@ def run_in_directory(command: runner.Command, record: runner.RunRecord | None, c
         runner.write_record(record, PROGRAM, command, config, dist,
                             {"phase1_end_step": start_step} if settings.phase2 else None)
         status = train(command, dist, estimator, train_files, train_sequences, limits, bins, start, start_step,
-                       evaluation, log)
+                       evaluation, log, summary)
         if status is not None:
             return status
     else:
@@ -261,13 +290,16 @@ def run_in_directory(command: runner.Command, record: runner.RunRecord | None, c
     if settings.do_eval:  # the evaluation at the last step, if one ran there
         results = {"global_step": estimator.global_step, **evaluation.score()}
         runner.report_eval(command.run.model_dir, f"pre-training, step {estimator.global_step}", results,
-                           {"eval_dir": settings.eval_dir}, dist.is_main, log)
+                           {"eval_dir": settings.eval_dir or settings.input_dir}, dist.is_main, log)
+    summary.write(dist.is_main)
     return 0
 
 
 def train(command: runner.Command, dist: Distributed, estimator: Estimator, files, sequences: int, limits, bins,
-          start: RunStart, start_step: int, evaluation: MlmEvaluation | None, log) -> int | None:
-    """Train on the shards (resuming the run, or continuing phase 1) and write train_results.json."""
+          start: RunStart, start_step: int, evaluation: MlmEvaluation | None, log,
+          summary: runner.JsonSummary) -> int | None:
+    """Train on the shards (resuming the run, or continuing phase 1) and write train_results.json; the figures
+    NVIDIA's run_pretraining logs go to `summary`."""
     settings, config = command.settings, estimator.train_config
     batches = PretrainingBatches(files, settings.train_batch_size, command.run.seed, limits, dist.rank,
                                  dist.world_size, bins)
@@ -289,6 +321,11 @@ def train(command: runner.Command, dist: Distributed, estimator: Estimator, file
     runner.report_training(result, command, estimator, dist, log, extra)
     if result.padding_fraction is not None:
         log(f"  padding: {result.padding_fraction:.1%} of the tokens trained")
+    if result.steps:  # NVIDIA's raw time and rate leave out the start-up steps; here also saves and evaluations
+        summary.log([], {"e2e_train_time": (datetime.datetime.now() - summary.started).total_seconds(),
+                         "training_sequences_per_second": result.steady_sentences_per_second
+                         or result.sentences_per_second, "final_loss": result.final_loss,
+                         "raw_train_time": result.seconds - result.checkpoint_seconds - result.evaluation_seconds})
     return runner.interrupted_status(result)
 
 

@@ -54,11 +54,16 @@ class SquadSettings(runner.FineTuningSettings):
                                "characters align, else the whole words), so predictions files match the original's; "
                                "context: the exact characters of the context the span's tokens cover.", "google",
                                choices=ANSWER_TEXTS)
+    do_eval: bool = setting("Score the predictions against --predict_file's answers (NVIDIA's flag: a file with "
+                            "answers is scored anyway); a file without answers is then an error.", False,
+                            per_command=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not (self.do_train or self.do_predict):
             raise runner.UsageError("at least one of --do_train or --do_predict must be true")
+        if self.do_eval and not self.do_predict:
+            raise runner.UsageError("--do_eval scores the predictions: it needs --do_predict")
         for action, name in (("do_train", "train_file"), ("do_predict", "predict_file")):
             if getattr(self, action) and not getattr(self, name):
                 raise runner.UsageError(f"--{action} needs --{name}")
@@ -106,6 +111,9 @@ def read(settings: SquadSettings, tokenizer: BertTokenizer, log: Callable[[str],
         examples = read_examples(settings.predict_file, training=False, version_2=settings.version_2_with_negative)
         features = make_features(settings.predict_file, examples, tokenizer, settings, False, log)
         questions, file_is_version_2 = read_questions(settings.predict_file)
+        if settings.do_eval and not any(question.has_answer for question in questions):
+            raise SquadDataError(f"{settings.predict_file}: no answers to score (--do_eval); predict it without "
+                                 "--do_eval, or give a dev file")
     return SquadData(train=train, description=description, examples=examples, features=features,
                      questions=questions, file_is_version_2=file_is_version_2,
                      answer_text=GoogleAnswerText(tokenizer) if settings.answer_text == "google" else None)
@@ -147,13 +155,17 @@ def official_scores(settings: SquadSettings, questions: list[ScoredQuestion], fi
 
 
 def predict(settings: SquadSettings, estimator: Estimator, data: SquadData, is_main: bool,
-            log: Callable[[str], None]) -> dict[str, float] | None:
+            log: Callable[[str], None]) -> dict[str, float]:
     """Write predictions.json, nbest_predictions.json and (v2.0) null_odds.json; score them when the predict file
-    has answers. Returns the figures, or None for a file without answers."""
+    has answers. Returns what NVIDIA's run_squad logs of them: the prediction's time and windows/s, and the
+    official exact match and F1 when scored."""
     if not settings.do_predict:
-        return None
+        return {}
     output_dir = estimator.run_config.model_dir
+    started = time.perf_counter()
     predictions = answer(settings, data, estimator, log)
+    seconds = time.perf_counter() - started
+    figures = {"e2e_inference_time": seconds, "inference_sequences_per_second": len(data.features) / max(seconds, 1e-9)}
     outputs = {"predictions.json": predictions.answers, "nbest_predictions.json": predictions.nbest}
     if predictions.null_odds is not None:
         outputs["null_odds.json"] = predictions.null_odds
@@ -164,13 +176,13 @@ def predict(settings: SquadSettings, estimator: Estimator, data: SquadData, is_m
         log(f"{', '.join(outputs)} written to {output_dir}")
 
     if not any(question.has_answer for question in data.questions):
-        return None
-    figures = official_scores(settings, data.questions, data.file_is_version_2, predictions, log)
-    results = {**figures, "global_step": estimator.global_step, "questions": len(data.examples),
+        return figures
+    scores = official_scores(settings, data.questions, data.file_is_version_2, predictions, log)
+    results = {**scores, "global_step": estimator.global_step, "questions": len(data.examples),
                "windows": len(data.features)}
     runner.report_eval(output_dir, f"{os.path.basename(settings.predict_file)}, step {estimator.global_step}",
                        results, {"predict_file": settings.predict_file}, is_main, log)
-    return results
+    return {**figures, "exact_match": scores.get("exact_match", scores.get("exact")), "F1": scores["f1"]}
 
 
 SPEC = runner.TaskSpec(name=PROGRAM, description=__doc__.splitlines()[0], settings=SquadSettings,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -23,25 +24,27 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from bertbench import __version__, optim
+from bertbench import __version__, optim, progress
 from bertbench.batches import ShuffledBatches
-from bertbench.checkpoint import CheckpointError, holds_training_state, remove_temporary_files
+from bertbench.checkpoint import (CheckpointError, checkpoint_step, holds_training_state, latest_checkpoint,
+                                  remove_temporary_files)
 from bertbench.config import BertConfig, ConfigError
 from bertbench.devices import physical_memory_bytes
 from bertbench.distributed import Distributed, job_from_environment
 from bertbench.durable import write_text_atomically
 from bertbench.errors import UsageError, one_line, run_command, signal_status
 from bertbench.estimator import Estimator, TrainingDivergedError
-from bertbench.flags import FlagName, FlagParser, FrozenNamespace, add_dataclass_flags, build, setting
+from bertbench.flags import FlagName, FlagParser, FrozenNamespace, IgnoredFlag, add_dataclass_flags, build, setting
 from bertbench.models import add_model_arguments, model_from_args, path_of, unrunnable
 from bertbench.run_lock import RunDirectoryBusy, RunLock
 from bertbench.tf_checkpoint import CheckpointError as TFCheckpointError
+from bertbench.tf_checkpoint import TFCheckpoint
 from bertbench.tokenization import BertTokenizer, VocabError
 from bertbench.train_state import RESTORE, WARM_START, RunStart, decide_start, seed_everything
 from bertbench.train_stats import TrainResult, run_totals
 from bertbench.train_step import runnable_config
 from bertbench.training_config import RunConfig, TrainConfig
-from bertbench.weights import WeightsError, load_pretrained
+from bertbench.weights import WeightsError, flags_from_hf_directory, load_pretrained
 
 RUN_RECORD = "bertbench_run.json"
 # --lr_scaling: the factor on --learning_rate for a number of processes.
@@ -55,18 +58,68 @@ OPTIMIZER_TYPES = {"adam": "adamw", "adamw": "adamw", "lamb": "lamb", "nvlamb": 
 FLAG_NAMES = (
     FlagName("output_dir", RunConfig, "model_dir"),
     FlagName("save_checkpoints_secs", RunConfig, "save_checkpoints_secs", value=lambda secs: secs if secs > 0 else None),
+    FlagName("save_checkpoints_steps", RunConfig, "save_checkpoints_steps", aliases=("num_steps_per_checkpoint",)),
+    FlagName("log_step_count_steps", RunConfig, "log_step_count_steps", aliases=("log_freq",)),
     FlagName("num_accumulation_steps", TrainConfig, "gradient_accumulation_steps"),
+    FlagName("gradient_accumulation_steps", TrainConfig, "gradient_accumulation_steps",
+             note="NVIDIA's PyTorch name, with its meaning of --train_batch_size: the batch of one optimizer step, "
+                  "cut into this many micro-batches (it must divide it)."),
     FlagName("optimizer_type", TrainConfig, "optimizer", value=OPTIMIZER_TYPES.__getitem__,
              choices=tuple(OPTIMIZER_TYPES), default="adam", note="adam is AdamW (NVIDIA's names)."),
     FlagName("poly_power", TrainConfig, "decay_power"),
     FlagName("use_xla", TrainConfig, "compile"),
     FlagName("precision", TrainConfig, "precision", default=None, note="Default fp32, or fp16 with --amp."),
     FlagName("amp", TrainConfig, "precision", value=lambda on: "fp16" if on else "fp32", type=bool, default=False,
-             note="Mixed precision: --precision=fp16 (NVIDIA's flag)."),
+             aliases=("fp16",), note="Mixed precision: --precision=fp16 (NVIDIA's flag; also --fp16)."),
     FlagName("use_fp16", TrainConfig, "precision", value=lambda on: "fp16" if on else "fp32", type=bool,
              default=False, note="Same as --amp (older NVIDIA scripts)."),
     FlagName("sync_gradients", TrainConfig, "sync_gradients",
              note="With --no_sync_gradients the runners keep the worker with the best dev metric."),
+)
+# Google's and NVIDIA's flags that mean nothing here: a command that gives one runs, and is told why it is ignored.
+_NO_TPU = "there is no TPU here: bertbench runs on CPUs and CUDA GPUs (--device)"
+_SQUAD, _PRETRAINING = ("run_squad",), ("run_pretraining",)
+IGNORED_FLAGS = (
+    IgnoredFlag("use_tpu", _NO_TPU, bool, refuse=lambda on: "bertbench runs on CPUs and CUDA GPUs, not TPUs; leave "
+                                                              "the flag out or give --use_tpu=false" if on else None),
+    *(IgnoredFlag(name, f"{_NO_TPU} (Google's TPU settings)", kind)
+      for name, kind in (("tpu_name", str), ("tpu_zone", str), ("gcp_project", str), ("master", str),
+                         ("num_tpu_cores", int))),
+    IgnoredFlag("iterations_per_loop", "TPUEstimator's steps per host call; here every step is one call, logged "
+                                       "every --log_step_count_steps", int),
+    IgnoredFlag("bert_model", "NVIDIA's scripts name the model for their feature cache only; the model is "
+                              "--bert_config_file (--config_file) and --init_checkpoint"),
+    IgnoredFlag("local_rank", "torchrun (bertbench launch) gives each process its LOCAL_RANK in the environment, "
+                              "where bertbench reads it", int),
+    IgnoredFlag("use_env", "the local rank is always read from the environment (torchrun)", bool),
+    IgnoredFlag("loss_scale", "fp16 scales the loss dynamically (NVIDIA's default, 0)", float),
+    IgnoredFlag("init_loss_scale", "the dynamic loss scale starts at torch.amp's 2**16", int, runners=_PRETRAINING),
+    IgnoredFlag("skip_checkpoint", "a run resumes from its checkpoints, so they are always written "
+                                   "(--save_checkpoints_steps/--save_checkpoints_secs say when)", bool),
+    IgnoredFlag("disable_progress_bar", "the progress bar is drawn only on a terminal; a batch job's output gets one "
+                                        "plain line every --log_step_count_steps", bool,
+                aliases=("disable-progress-bar",)),
+    IgnoredFlag("verbose_logging", "the windows' answer-alignment warnings are not printed", bool, runners=_SQUAD),
+    IgnoredFlag("skip_cache", "the features are made in memory at each start, not cached", bool, runners=_SQUAD),
+    IgnoredFlag("cache_dir", "the features are made in memory at each start, not cached", runners=_SQUAD),
+    IgnoredFlag("eval_script", "the predictions are scored by bertbench's copy of the official evaluate-v1.1.py / "
+                               "evaluate-v2.0.py (bertbench evaluate-squad)", runners=_SQUAD),
+    IgnoredFlag("allreduce_post_accumulation", "DDP all-reduces the gradients once per optimizer step already (the "
+                                               "other micro-batches run under no_sync)", bool, runners=_PRETRAINING),
+    IgnoredFlag("allreduce_post_accumulation_fp16", "DDP all-reduces the gradients once per optimizer step, in "
+                                                    "their own dtype (fp32 under autocast)", bool,
+                runners=_PRETRAINING),
+    IgnoredFlag("resume_from_checkpoint", "a run always resumes output_dir's newest intact checkpoint when there is "
+                                          "one", bool, runners=_PRETRAINING),
+    IgnoredFlag("resume_step", "a run resumes output_dir's newest intact checkpoint", int, runners=_PRETRAINING),
+    IgnoredFlag("num_workers", "each process reads its own shards, the next one in the background", int,
+                runners=_PRETRAINING),
+    IgnoredFlag("vocab_file", "the shards hold token ids; the vocabulary's size is --bert_config_file's vocab_size",
+                runners=_PRETRAINING),
+    IgnoredFlag("steps_this_run", "this invocation trains on to --num_train_steps (--max_steps)", int,
+                refuse=lambda steps: "bertbench stops a run part-way by time, not steps: give --max_train_seconds "
+                                     "(the same command then resumes it)" if steps > 0 else None,
+                runners=_PRETRAINING),
 )
 # What changes how the training steps run, and so what a run measures: a resumed training keeps them (evaluation
 # and prediction may differ). The modeling flags (models.add_model_arguments), and TrainConfig fields whatever flag
@@ -90,7 +143,7 @@ class RunnerSettings:
     """The model, the run's actions, sizes and processes (Google's and NVIDIA's flags)."""
 
     bert_config_file: str | None = setting("bert_config.json of the pre-trained model (Google or HF format).", None,
-                                           required=True)
+                                           required=True, aliases=("config_file",))
     init_checkpoint: str | None = setting("Warm-start weights: a TF1 bert_model.ckpt, an HF directory or file, or a "
                                           "bertbench checkpoint or run directory. Ignored when output_dir holds a "
                                           "checkpoint: that run resumes.", None)
@@ -103,6 +156,10 @@ class RunnerSettings:
     lr_scaling: str = setting("Multiply --learning_rate by the number of processes N: none, linear (x N, as the "
                               "original's Horovod runs) or sqrt (x sqrt(N)).", "none", choices=tuple(LR_SCALINGS),
                               defines_run=True)
+    json_summary: str | None = setting("Also write the final figures NVIDIA's scripts log (training and inference "
+                                       "time and sequences/s, final loss, scores) to this file, in dllogger's JSON "
+                                       "lines (NVIDIA's --json-summary).", None, aliases=("json-summary",),
+                                       per_command=True)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -111,6 +168,8 @@ class RunnerSettings:
                 raise UsageError(f"--{field.name} is required")
             if value is not None and field.metadata.get("positive") and not value > 0:  # NaN too
                 raise UsageError(f"--{field.name} must be positive, got {value}")
+        if self.json_summary is not None and os.path.isdir(self.json_summary):
+            raise UsageError(f"--json_summary {self.json_summary}: is a directory; give the file to write")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +184,14 @@ class FineTuningSettings(RunnerSettings):
     num_train_epochs: float = setting("Epochs of training data.", 3.0, positive=True, defines_run=True)
     max_train_samples: int | None = setting("Train on the first N examples only, for quick runs.", None,
                                             positive=True, defines_run=True)
+    max_steps: float | None = setting("Train this many optimizer steps at most, the schedule spanning them, instead "
+                                      "of the epochs' count (NVIDIA's flag; -1, its default: the epochs decide).",
+                                      None, defines_run=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_steps is not None and self.max_steps > 0 and self.max_steps != int(self.max_steps):
+            raise UsageError(f"--max_steps must be a whole number of steps, got {self.max_steps}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,6 +222,7 @@ class Command:
     train: Mapping[str, Any]
     flags: FrozenNamespace
     per_command: frozenset[str]
+    notes: tuple[str, ...] = ()  # what the log tells the command: the flags it gives that are ignored, and why
 
 
 def build_parser(spec: RunnerSpec, prog: str | None = None) -> FlagParser:
@@ -164,6 +232,8 @@ def build_parser(spec: RunnerSpec, prog: str | None = None) -> FlagParser:
     add_dataclass_flags(parser, TrainConfig, FLAG_NAMES, NOT_FLAGS + spec.omit, spec.defaults)
     add_dataclass_flags(parser, RunConfig, FLAG_NAMES)
     add_model_arguments(parser)  # --modeling, --recompute-policy, --recompute-every: these keep real defaults
+    parser.ignored_flags([flag for flag in IGNORED_FLAGS if not flag.runners or spec.name in flag.runners],
+                         "Google's and NVIDIA's flags that mean nothing here (accepted, with a note)")
     return parser
 
 
@@ -184,6 +254,8 @@ def command_from_values(spec: RunnerSpec, values: Mapping[str, Any]) -> tuple[Co
 
 def resolve_command(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]
                     ) -> tuple[Command, RunRecord | None]:
+    given = dict(given)
+    notes = parser.notes(given)
     record = RunRecord.read(given["output_dir"])
     recorded = {}
     if record is not None:
@@ -198,6 +270,10 @@ def resolve_command(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, An
                                  "the run")
         recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
     values = {**parser.defaults, **recorded, **given}
+    # An HF directory as --init_checkpoint says the model config, vocabulary and lower-casing the flags leave out.
+    taken, note = flags_from_hf_directory(values["init_checkpoint"], {**recorded, **given}, parser.defaults)
+    values.update(taken)
+    notes.extend([note] if note else [])
     train_fields = parser.field_values(TrainConfig, values)
     if record is not None and values["do_train"]:  # how the steps run: an evaluation may use another precision
         defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
@@ -209,11 +285,21 @@ def resolve_command(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, An
                                  f"{now[name]}; use a new --output_dir, or leave the flag out to continue the run")
     if values["do_train"]:  # every training flag checked now, before any file is read; the steps come later
         build(TrainConfig, FLAG_NAMES, **{**train_fields, "num_train_steps": 1})
+    settings = parser.field_values(spec.settings, values)
+    cut = values.get("gradient_accumulation_steps", 1)
+    if cut > 1:  # NVIDIA's PyTorch scripts: --train_batch_size is the batch of one optimizer step
+        if settings["train_batch_size"] % cut:
+            raise UsageError(f"--train_batch_size {settings['train_batch_size']} is the batch of one optimizer step "
+                             f"with --gradient_accumulation_steps (NVIDIA's meaning), so it must divide by {cut}")
+        settings["train_batch_size"] //= cut
+        notes.append(f"--train_batch_size={values['train_batch_size']} with --gradient_accumulation_steps={cut} "
+                     f"(NVIDIA's meaning): micro-batches of {settings['train_batch_size']} sequences")
     command = Command(
-        settings=build(spec.settings, **parser.field_values(spec.settings, values)),
+        settings=build(spec.settings, **settings),
         run=build(RunConfig, FLAG_NAMES, **parser.field_values(RunConfig, values)),
         train=MappingProxyType(train_fields), flags=FrozenNamespace(**values),
-        per_command=frozenset(name for name, field in parser.fields.items() if field.metadata.get("per_command")))
+        per_command=frozenset(name for name, field in parser.fields.items() if field.metadata.get("per_command")),
+        notes=tuple(notes))
     return command, record
 
 
@@ -362,8 +448,8 @@ def load_config_and_tokenizer(settings: FineTuningSettings) -> tuple[BertConfig,
 
 
 def main_process_log(dist: Distributed) -> Log:
-    """print on rank 0, nothing elsewhere: one copy of each line however many processes run."""
-    return (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
+    """The log (progress.log) on rank 0, nothing elsewhere: one copy of each line however many processes run."""
+    return progress.log if dist.is_main else (lambda line: None)
 
 
 def build_model(command: Command, task: str, config: BertConfig, dist: Distributed, log: Log,
@@ -390,9 +476,26 @@ def build_model(command: Command, task: str, config: BertConfig, dist: Distribut
 
 
 def restore_for_inference(estimator: Estimator, start: RunStart) -> None:
-    """Without training, evaluation and prediction score the run's checkpoint (or the warm start's weights)."""
+    """Without training, evaluation and prediction score the run's checkpoint (or the warm start's weights, at the
+    step they were saved at, when they say it)."""
     if start.kind == RESTORE:
         estimator.restore(start.checkpoint, verify=False)  # decide_start verified it
+    elif start.kind == WARM_START:
+        estimator.global_step = saved_step(start.checkpoint) or 0
+
+
+def saved_step(path: str) -> int | None:
+    """The training step of warm-start weights: a bertbench checkpoint's (a run directory: its newest), a TF1
+    checkpoint's global_step (a fine-tuned model.ckpt-1000); None for weights that do not say (HF, a TF1 checkpoint
+    without one)."""
+    newest = latest_checkpoint(path) if os.path.isdir(path) else path if path.endswith(".pt") else None
+    if newest is not None:
+        return checkpoint_step(newest)
+    with contextlib.suppress(TFCheckpointError, OSError):
+        checkpoint = TFCheckpoint(path)
+        if "global_step" in checkpoint.entries:
+            return int(checkpoint.read("global_step"))
+    return None
 
 
 def build_estimator(command: Command, model: nn.Module, dist: Distributed, num_train_steps: int | None,
@@ -423,6 +526,8 @@ def num_train_steps(num_sequences: int, command: Command, dist: Distributed) -> 
     settings, accumulation = command.settings, command.train["gradient_accumulation_steps"]
     global_batch = settings.train_batch_size * accumulation * dist.world_size
     steps = int(num_sequences / global_batch * settings.num_train_epochs)
+    if settings.max_steps is not None and settings.max_steps > 0:
+        steps = min(steps, int(settings.max_steps))
     if steps < 1:
         raise UsageError(f"{num_sequences} training sequences make no full step of {global_batch} sequences "
                          f"({settings.train_batch_size} x {accumulation} accumulation x {dist.world_size} processes) "
@@ -521,6 +626,47 @@ def report_eval(output_dir: str, title: str, results: Mapping[str, Any], header:
         write_json(os.path.join(output_dir, "eval_results.json"), {**header, **results})
 
 
+# The final figures NVIDIA's scripts log through dllogger (--json-summary), with the units they declare.
+SUMMARY_UNITS = {"e2e_train_time": "s", "training_sequences_per_second": "sequences/s", "final_loss": None,
+                 "raw_train_time": "s", "e2e_inference_time": "s", "inference_sequences_per_second": "sequences/s",
+                 "exact_match": None, "F1": None}
+
+
+class JsonSummary:
+    """NVIDIA's --json-summary file, as dllogger's JSONStreamBackend writes it, so that NVIDIA's tooling reads it:
+    one `DLLL {json}` line per record, each with timestamp, datetime and elapsedtime (seconds since the command
+    started); METADATA records give each figure's unit, a PARAMETER record the command's flags, and LOG records whose
+    step is [] (dllogger's step=tuple()) the final figures. Rank 0 writes it when the command ends, whole or not at
+    all; nothing is written without --json_summary."""
+
+    def __init__(self, command: Command):
+        self.path, self.started, self.lines = command.settings.json_summary, datetime.datetime.now(), []
+        for metric, unit in SUMMARY_UNITS.items():
+            self._add(type="METADATA", metric=metric, metadata={"unit": unit})
+        self.log("PARAMETER", {"Config": [str(command.flags)]})
+
+    def _add(self, **record: Any) -> None:
+        now = datetime.datetime.now()
+        stamp = {"timestamp": str(now.timestamp()), "datetime": str(now.astimezone()),
+                 "elapsedtime": str((now - self.started).total_seconds())}
+        self.lines.append("DLLL " + json.dumps({**stamp, **record}) + "\n")
+
+    def log(self, step: str | list, data: Mapping[str, Any]) -> None:
+        if data:
+            self._add(type="LOG", step=step, data=dict(data))
+
+    def training(self, result: TrainResult) -> None:
+        """run_squad's and run_glue's training figures: the loop's time and sequences/s, the last loss."""
+        if result.steps:
+            self.log([], {"e2e_train_time": result.seconds, "training_sequences_per_second":
+                          result.sentences_per_second, "final_loss": result.final_loss})
+
+    def write(self, is_main: bool) -> None:
+        if self.path is not None and is_main:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            write_text_atomically(self.path, "".join(self.lines))
+
+
 def run_main(spec: RunnerSpec, argv: Sequence[str] | None, prog: str | None = None) -> int:
     """A runner's main: parse the command (see parse_command) and run it."""
     return _run(spec, prog or spec.name, lambda: parse_command(spec, argv, prog))
@@ -563,13 +709,13 @@ class TaskSpec(RunnerSpec):
     chooses among independent workers (`scored_by`), and its functions: `read(settings, tokenizer, log)` every file
     the command needs; `worker_score(settings, data)` that dev figure (asked for independent workers only, a
     UsageError if the data has none); `infer(settings, estimator, data, is_main, log)` evaluation and predictions
-    after training."""
+    after training, returning the figures NVIDIA's scripts log for them (JsonSummary)."""
 
     model_task: str
     scored_by: str
     read: Callable[[Any, BertTokenizer, Log], TaskData]
     worker_score: Callable[[Any, TaskData], WorkerScore]
-    infer: Callable[[Any, Estimator, TaskData, bool, Log], None]
+    infer: Callable[[Any, Estimator, TaskData, bool, Log], Mapping[str, float]]
 
     def execute(self, command: Command, record: RunRecord | None) -> int:
         return fine_tune(self, command, record)
@@ -583,8 +729,10 @@ def fine_tune(task: TaskSpec, command: Command, record: RunRecord | None) -> int
     if independent and not getattr(settings, task.scored_by):
         raise UsageError(f"--no_sync_gradients keeps the worker with the best dev metric: it needs --{task.scored_by}")
     config, tokenizer = load_config_and_tokenizer(settings)
+    summary = JsonSummary(command)
     with job_from_environment(settings.device) as dist:
         log = main_process_log(dist)
+        log_notes(command, log)
         data = task.read(settings, tokenizer, log)
         worker_score = task.worker_score(settings, data) if independent else None
         check_record(record, config, command, dist)
@@ -597,10 +745,18 @@ def fine_tune(task: TaskSpec, command: Command, record: RunRecord | None) -> int
                 result = train(estimator, command, dist, data, log, start, worker_score)
                 if result.interrupted_by is not None:
                     return interrupted_status(result)
+                summary.training(result)
             else:
                 restore_for_inference(estimator, start)
-            task.infer(settings, estimator, data, dist.is_main, log)
+            summary.log([], task.infer(settings, estimator, data, dist.is_main, log))
+            summary.write(dist.is_main)
         return 0
+
+
+def log_notes(command: Command, log: Log) -> None:
+    """What the command should know before it runs: the flags it gives that are ignored, and why."""
+    for note in command.notes:
+        log(f"note: {note}")
 
 
 def train(estimator: Estimator, command: Command, dist: Distributed, data: TaskData, log: Log, start: RunStart,

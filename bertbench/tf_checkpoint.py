@@ -1,4 +1,5 @@
-"""Reads TensorFlow tensor-bundle checkpoints (PREFIX.index + PREFIX.data-NNNNN-of-NNNNN) without TensorFlow.
+"""Reads and writes TensorFlow tensor-bundle checkpoints (PREFIX.index + PREFIX.data-NNNNN-of-NNNNN) without
+TensorFlow.
 
 This is the format of every TF1 `tf.train.Saver` (V2) and TF2 `tf.train.Checkpoint` checkpoint, Google's and NVIDIA's
 BERT releases included. PREFIX.index is a LevelDB-style table: sorted keys, each a tensor name whose value is a
@@ -6,7 +7,11 @@ BundleEntryProto saying where the tensor's raw little-endian bytes lie in which 
 BundleHeaderProto. Every block and every tensor carries a masked CRC32C, and both are checked, so a damaged download
 fails here with the file's name instead of training from garbage.
 
-References: tensorflow/core/util/tensor_bundle/tensor_bundle.{proto,cc}, tensorflow/core/lib/io/{format,block}.cc.
+The writer makes what a TF1 `tf.train.Saver` makes of float, int and bool variables (one data shard, TensorFlow's
+table layout), so that example models can be shipped as Google ships BERT.
+
+References: tensorflow/core/util/tensor_bundle/tensor_bundle.{proto,cc}, tensorflow/core/lib/io/{format,block,
+block_builder,table_builder}.cc.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import glob
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import google_crc32c
 import numpy as np
@@ -279,3 +284,141 @@ def read_tf_checkpoint(path: str | os.PathLike, names: Iterable[str] | None = No
     if names is None:
         names = [name for name in checkpoint.entries if name != _OBJECT_GRAPH_KEY]
     return {name: checkpoint.read(name) for name in names}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writing.
+
+_DTYPE_ENUMS = {name: number for number, name in _DTYPE_NAMES.items()}
+_BLOCK_SIZE = 262144  # TensorFlow's table::Options: a data block is closed once it is this large
+_RESTART_INTERVAL = 16  # keys between restart points (full keys) within a block, as LevelDB writes them
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, value: int | bytes, fixed32: bool = False) -> bytes:
+    """One protobuf field: a varint, a fixed32 (`fixed32`), or length-delimited bytes."""
+    if isinstance(value, bytes):
+        return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
+    if fixed32:
+        return _encode_varint(number << 3 | 5) + value.to_bytes(4, "little")
+    return _encode_varint(number << 3) + _encode_varint(value)
+
+
+def _encode_entry(dtype: str, shape: tuple[int, ...], offset: int, size: int, crc: int) -> bytes:
+    """A BundleEntryProto of shard 0; proto3 leaves zero scalars out, as TensorFlow's serializer does."""
+    dims = b"".join(_field(2, _field(1, dim) if dim else b"") for dim in shape)
+    entry = _field(1, _DTYPE_ENUMS[dtype]) + _field(2, dims)
+    entry += (_field(4, offset) if offset else b"") + (_field(5, size) if size else b"")
+    return entry + _field(6, crc, fixed32=True)
+
+
+class _BlockBuilder:
+    """A table block: prefix-compressed entries, then the restart offsets and their count (fixed32 each)."""
+
+    def __init__(self) -> None:
+        self.buffer, self.restarts, self.first, self.last, self.count = bytearray(), [0], b"", b"", 0
+
+    def add(self, key: bytes, value: bytes) -> None:
+        shared = 0
+        if self.count % _RESTART_INTERVAL:
+            limit = min(len(key), len(self.last))
+            while shared < limit and key[shared] == self.last[shared]:
+                shared += 1
+        elif self.count:
+            self.restarts.append(len(self.buffer))
+        self.buffer += _encode_varint(shared) + _encode_varint(len(key) - shared) + _encode_varint(len(value))
+        self.buffer += key[shared:] + value
+        self.first = self.first if self.count else key
+        self.last, self.count = key, self.count + 1
+
+    def size(self) -> int:
+        return len(self.buffer) + 4 * len(self.restarts) + 4
+
+    def finish(self) -> bytes:
+        restarts = b"".join(offset.to_bytes(4, "little") for offset in self.restarts)
+        return bytes(self.buffer) + restarts + len(self.restarts).to_bytes(4, "little")
+
+
+def _separator(start: bytes, limit: bytes) -> bytes:
+    """LevelDB's FindShortestSeparator: a short key >= start and < limit, for the index block."""
+    common = 0
+    while common < min(len(start), len(limit)) and start[common] == limit[common]:
+        common += 1
+    if common < min(len(start), len(limit)) and start[common] < 0xFF and start[common] + 1 < limit[common]:
+        return start[:common] + bytes([start[common] + 1])
+    return start
+
+
+def _successor(key: bytes) -> bytes:
+    """LevelDB's FindShortSuccessor: a short key >= key, for the last data block."""
+    for position, byte in enumerate(key):
+        if byte != 0xFF:
+            return key[:position] + bytes([byte + 1])
+    return key
+
+
+def _table(entries: list[tuple[bytes, bytes]]) -> bytes:
+    """An SSTable of sorted (key, value) entries as TensorFlow's TableBuilder writes it: data blocks, an empty
+    metaindex block, the index block (a short key separating each data block from the next, with its handle) and
+    the footer."""
+    out = bytearray()
+
+    def add_block(contents: bytes) -> bytes:
+        handle = _encode_varint(len(out)) + _encode_varint(len(contents))
+        trailer = bytes([_NO_COMPRESSION])
+        out.extend(contents + trailer + masked_crc32c(contents + trailer).to_bytes(4, "little"))
+        return handle
+
+    blocks, block = [], _BlockBuilder()
+    for key, value in entries:
+        block.add(key, value)
+        if block.size() >= _BLOCK_SIZE:  # TableBuilder's check, after each entry
+            blocks.append(block)
+            block = _BlockBuilder()
+    blocks += [block] if block.count else []
+    index = _BlockBuilder()
+    for number, block in enumerate(blocks):
+        key = _separator(block.last, blocks[number + 1].first) if number + 1 < len(blocks) else _successor(block.last)
+        index.add(key, add_block(block.finish()))
+    metaindex = add_block(_BlockBuilder().finish())
+    handles = metaindex + add_block(index.finish())
+    out += handles + bytes(_FOOTER_SIZE - 8 - len(handles)) + _TABLE_MAGIC.to_bytes(8, "little")
+    return bytes(out)
+
+
+def write_tf_checkpoint(prefix: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> str:
+    """Writes `tensors` ({variable name: array}) as PREFIX.index and PREFIX.data-00000-of-00001, the checkpoint a
+    TF1 Saver writes, and returns PREFIX. Arrays are stored little-endian in name order; float32, float64, float16,
+    int32, int64 and bool are supported. Each file is written under a temporary name and renamed, data first, so
+    a reader never finds an index without its data."""
+    prefix = os.fspath(prefix)
+    writable = {dtype: name for name, dtype in _NUMPY_DTYPES.items() if name != "bfloat16"}
+    data, entries = bytearray(), []
+    for name in sorted(tensors):
+        array = np.asarray(tensors[name])
+        dtype = writable.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
+        if dtype is None or not name:
+            raise CheckpointError(f"{prefix}: cannot write tensor {name!r} of dtype {array.dtype} (supported: "
+                                  f"{', '.join(writable.values())}; names must not be empty)")
+        raw = np.ascontiguousarray(array, dtype=_NUMPY_DTYPES[dtype]).tobytes()
+        entries.append((name.encode("utf-8"), _encode_entry(dtype, array.shape, len(data), len(raw),
+                                                            masked_crc32c(raw))))
+        data += raw
+    header = _field(1, 1) + _field(3, _field(1, 1))  # one shard, little-endian (0, left out), format version 1
+    index = _table([(b"", header)] + entries)
+    for path, contents in ((f"{prefix}.data-00000-of-00001", data), (f"{prefix}.index", index)):
+        with open(path + ".tmp", "wb") as handle:
+            handle.write(contents)
+        os.replace(path + ".tmp", path)
+    return prefix

@@ -1,4 +1,5 @@
-"""BERT WordPiece tokenization from a Google vocab.txt, run by HF `tokenizers` (Rust, with character offsets).
+"""BERT WordPiece tokenization from a Google vocab.txt (or an HF tokenizer.json's WordPiece vocabulary), run by HF
+`tokenizers` (Rust, with character offsets), and the tokenizer files of an HF directory read and written.
 
 The pipeline reproduces Google's FullTokenizer (BasicTokenizer + WordpieceTokenizer): clean text, pad CJK
 characters with spaces, lower-case and strip accents (both or neither, as Google's do_lower_case), split on
@@ -16,12 +17,13 @@ whose Unicode category changed between Python's and Rust's Unicode versions foll
 from __future__ import annotations
 
 import codecs
+import json
 import os
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 UNK, CLS, SEP, PAD, MASK = "[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"
 SPECIAL_TOKENS = (UNK, CLS, SEP, PAD, MASK)
@@ -40,20 +42,38 @@ class ModelInputs(NamedTuple):
     attention_mask: list[int] | np.ndarray
 
 
-def load_vocab(path: str | os.PathLike) -> dict[str, int]:
-    """Read a Google vocab.txt (a directory means its vocab.txt): one token per line, the line's index is its id."""
+VOCAB_TXT, TOKENIZER_JSON, TOKENIZER_CONFIG = "vocab.txt", "tokenizer.json", "tokenizer_config.json"
+
+
+def vocab_path(path: str | os.PathLike) -> str:
+    """The vocabulary file `path` names: itself, or for a directory its vocab.txt, else its tokenizer.json (an HF
+    directory written by transformers 5 has only the latter)."""
     path = os.fspath(path)
-    if os.path.isdir(path):
-        path = os.path.join(path, "vocab.txt")
+    if not os.path.isdir(path):
+        return path
+    txt, tokenizer_json = os.path.join(path, VOCAB_TXT), os.path.join(path, TOKENIZER_JSON)
+    return tokenizer_json if not os.path.isfile(txt) and os.path.isfile(tokenizer_json) else txt
+
+
+def load_vocab(path: str | os.PathLike) -> dict[str, int]:
+    """Read a Google vocab.txt (one token per line, the line's index is its id) or the WordPiece vocabulary of an HF
+    tokenizer.json (any file whose text is a JSON object); a directory means its vocab.txt or tokenizer.json."""
+    path = vocab_path(path)
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except FileNotFoundError:
         raise VocabError(f"{path}: no such vocabulary file") from None
+    except IsADirectoryError:
+        raise VocabError(f"{path}: a directory with no vocab.txt or tokenizer.json") from None
     # An editor's byte-order mark would otherwise glue itself to the first token ("\ufeff[PAD]").
     data = data.removeprefix(codecs.BOM_UTF8)
     if not data.strip():
         raise VocabError(f"{path}: empty vocabulary file")
+    if path.endswith(".json") or data.lstrip().startswith(b"{"):
+        document = _json_object(data)
+        if document is not None or path.endswith(".json"):  # a vocab.txt may start with "{", but is no JSON
+            return _check_specials(path, _tokenizer_json(path, document).vocab)
     # Split on "\n" only, like Google's reader, so that no other Unicode line break inside a token shifts the ids.
     lines = data.split(b"\n")
     if lines[-1] == b"":
@@ -71,10 +91,111 @@ def load_vocab(path: str | os.PathLike) -> dict[str, int]:
         if token in vocab:
             raise VocabError(f"{path}:{line_number}: duplicate token {token!r}, first on line {vocab[token] + 1}")
         vocab[token] = index
+    return _check_specials(path, vocab)
+
+
+def _check_specials(path: str, vocab: dict[str, int]) -> dict[str, int]:
     missing = [token for token in SPECIAL_TOKENS if token not in vocab]
     if missing:
         raise VocabError(f"{path}: missing special token{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     return vocab
+
+
+def _json_object(data: bytes) -> dict | None:
+    try:
+        document = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+class TokenizerFile(NamedTuple):
+    """What an HF tokenizer.json says that bertbench uses: the WordPiece vocabulary, and whether its normalizer
+    lower-cases (None: it has no BertNormalizer, so it does not say)."""
+
+    vocab: dict[str, int]
+    do_lower_case: bool | None
+
+
+def read_tokenizer_json(path: str | os.PathLike) -> TokenizerFile:
+    """An HF tokenizer.json's WordPiece vocabulary (model.vocab, token -> id) and lower-casing (its BertNormalizer).
+    Another model type (BPE, Unigram), ids that are not 0..n-1, or lower-casing without accent stripping (or the
+    reverse: Google ties them, and so does bertbench) are a VocabError naming the file."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read().removeprefix(codecs.BOM_UTF8)
+    except FileNotFoundError:
+        raise VocabError(f"{path}: no such tokenizer file") from None
+    return _tokenizer_json(path, _json_object(data))
+
+
+def _tokenizer_json(path: str, document: dict | None) -> TokenizerFile:
+    if document is None:
+        raise VocabError(f"{path}: not a JSON object, so not an HF tokenizer.json")
+    model = document.get("model")
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind != "WordPiece":
+        raise VocabError(f"{path}: model.type is {kind!r}, not 'WordPiece': not a BERT tokenizer")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        raise VocabError(f"{path}: model.vocab is not a non-empty object of token -> id")
+    ids = list(vocab.values())
+    if not all(type(index) is int for index in ids) or sorted(ids) != list(range(len(ids))):
+        raise VocabError(f"{path}: model.vocab's ids are not 0 to {len(vocab) - 1}, each once")
+    return TokenizerFile(dict(sorted(vocab.items(), key=lambda item: item[1])), _lower_case(path, document))
+
+
+def _lower_case(path: str, document: dict) -> bool | None:
+    """A tokenizer.json normalizer's lower-casing: its BertNormalizer's (also inside a Sequence), else None."""
+    normalizer = document.get("normalizer")
+    found = [normalizer] if isinstance(normalizer, dict) else []
+    while found and found[0].get("type") == "Sequence":
+        found = [part for part in found[0].get("normalizers", []) if isinstance(part, dict)] + found[1:]
+    bert = next((part for part in found if part.get("type") == "BertNormalizer"), None)
+    if bert is None:
+        return None
+    lowercase = bool(bert.get("lowercase", True))
+    strip_accents = bert.get("strip_accents")
+    if strip_accents is not None and bool(strip_accents) != lowercase:
+        raise VocabError(f"{path}: the normalizer has lowercase={str(lowercase).lower()} but "
+                         f"strip_accents={str(bool(strip_accents)).lower()}; BERT (Google's and bertbench's) strips "
+                         "accents exactly when it lower-cases")
+    return lowercase
+
+
+class TokenizerSettings(NamedTuple):
+    """The tokenizer an HF directory holds: its vocabulary file, and its lower-casing with the file that says it
+    (None, None when no file does)."""
+
+    vocab_file: str | None
+    do_lower_case: bool | None
+    lower_case_from: str | None
+
+
+def directory_tokenizer(directory: str | os.PathLike) -> TokenizerSettings:
+    """What an HF directory says about its tokenizer: vocab.txt (else tokenizer.json) as the vocabulary; lower-casing
+    from tokenizer_config.json's do_lower_case (what transformers applies), else tokenizer.json's normalizer."""
+    directory = os.fspath(directory)
+    vocab_file = vocab_path(directory)
+    vocab_file = vocab_file if os.path.isfile(vocab_file) else None
+    config_path = os.path.join(directory, TOKENIZER_CONFIG)
+    if os.path.isfile(config_path):
+        with open(config_path, "rb") as handle:
+            settings = _json_object(handle.read())
+        if settings is None:
+            raise VocabError(f"{config_path}: not a JSON object")
+        value = settings.get("do_lower_case")
+        if value is not None:
+            if not isinstance(value, bool):
+                raise VocabError(f"{config_path}: do_lower_case is {value!r}, expected true or false")
+            return TokenizerSettings(vocab_file, value, config_path)
+    tokenizer_json = os.path.join(directory, TOKENIZER_JSON)
+    if os.path.isfile(tokenizer_json):
+        lower = read_tokenizer_json(tokenizer_json).do_lower_case
+        if lower is not None:
+            return TokenizerSettings(vocab_file, lower, tokenizer_json)
+    return TokenizerSettings(vocab_file, None, None)
 
 
 def truncated_pair_lengths(length_a: int, length_b: int, budget: int) -> tuple[int, int]:
@@ -116,6 +237,25 @@ class BertTokenizer:
     def from_vocab_file(cls, path: str | os.PathLike, do_lower_case: bool = True) -> "BertTokenizer":
         """Load vocab.txt; do_lower_case must match the checkpoint (uncased models True, cased False)."""
         return cls(load_vocab(path), do_lower_case=do_lower_case)
+
+    def save_hf_files(self, directory: str | os.PathLike, model_max_length: int) -> None:
+        """The files with which transformers' AutoTokenizer loads this tokenizer offline (BertTokenizer, fast or
+        not): vocab.txt, tokenizer_config.json (do_lower_case kept), special_tokens_map.json and tokenizer.json. In
+        tokenizer.json the special tokens are registered as HF registers them, so that HF never splits a literal
+        "[MASK]" in the text (this tokenizer, as Google's, does); every other text tokenizes the same."""
+        directory = os.fspath(directory)
+        with open(os.path.join(directory, VOCAB_TXT), "w", encoding="utf-8", newline="\n") as handle:
+            handle.writelines(f"{self._id_to_token[index]}\n" for index in range(len(self.vocab)))
+        specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK}
+        _write_json(os.path.join(directory, TOKENIZER_CONFIG), {
+            "tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case, "strip_accents": None,
+            "tokenize_chinese_chars": True, "model_max_length": model_max_length,
+            "clean_up_tokenization_spaces": False, **specials})
+        _write_json(os.path.join(directory, "special_tokens_map.json"), specials)
+        exported = Tokenizer.from_str(self._backend.to_str())
+        exported.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in
+                                     sorted(SPECIAL_TOKENS, key=self.vocab.__getitem__)])
+        exported.save(os.path.join(directory, TOKENIZER_JSON))
 
     @property
     def backend(self) -> Tokenizer:
@@ -204,3 +344,9 @@ class BertTokenizer:
         length_a, length_b = truncated_pair_lengths(len(ids_a), len(ids_b), max_seq_length - 3)
         return ([self.cls_id, *ids_a[:length_a], self.sep_id, *ids_b[:length_b], self.sep_id],
                 [0] * (length_a + 2) + [1] * (length_b + 1))
+
+
+def _write_json(path: str, values: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(values, handle, indent=2, ensure_ascii=False)
+        handle.write("\n")

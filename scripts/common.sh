@@ -93,6 +93,9 @@ resolve_nodes() {
 # run_logged RUN_DIR NUM_GPU MODULE FLAGS...: run the bertbench module on one process, or through torchrun
 # (bertbench.launch) on NUM_GPU processes per node and NNODES nodes (resolve_nodes first); append the command to
 # RUN_DIR/command.log (node 0) and the output to RUN_DIR/train.log (train.node<NODE_RANK>.log on several nodes).
+# A runner that refuses its input (status 2: a missing bert_config.json, a bad flag) has written nothing, and then
+# neither has this: the logs and the directories made for them are removed, so a failed start leaves nothing behind
+# (a run directory that existed before keeps its logs).
 run_logged() {
   local run_dir=$1 num_gpu=$2 module=$3
   shift 3
@@ -107,11 +110,23 @@ run_logged() {
             --max-restarts="${MAX_RESTARTS:-0}" -m "$module")
   fi
   export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-90}
+  local created=""  # the outermost directory that mkdir makes here, if any
+  local missing=$run_dir
+  while [ ! -e "$missing" ]; do
+    created=$missing
+    missing=$(dirname "$missing")
+  done
   mkdir -p "$run_dir"
   if [ "$NODE_RANK" -eq 0 ]; then
     echo "${launch[*]} $*" | tee -a "$run_dir/command.log"
   fi
-  "${launch[@]}" "$@" 2>&1 | tee -a "$log"
+  local status=0
+  "${launch[@]}" "$@" 2>&1 | tee -a "$log" || status=$?
+  if [ "$status" -eq 2 ] && [ -n "$created" ]; then
+    rm -f "$run_dir/command.log" "$log"
+    find "$created" -depth -type d -empty -delete 2>/dev/null || true
+  fi
+  return "$status"
 }
 
 # modeling_tag FLAGS...: the modeling module and recompute policy the runner flags FLAGS choose, for a run directory's

@@ -1,12 +1,25 @@
+import argparse
+import io
+import os
+import re
+
 import pytest
 
-from bertbench import __version__, cli
+from bertbench import __version__, cli, progress
+from bertbench.bench.cli import BENCHES
 
 
 def test_usage_lists_commands(capsys):
-    assert cli.main([]) == 0
+    assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in cli.COMMANDS)
+
+
+@pytest.mark.parametrize("argv, help_command", [([], "bertbench --help"), (["--quiet"], "bertbench --help"),
+                                                (["bench"], "bertbench bench --help")])
+def test_no_command_is_a_usage_error_pointing_at_help(argv, help_command, error_line):
+    assert cli.main(argv) == 2
+    assert f"`{help_command}`" in error_line()
 
 
 def test_unknown_command_is_a_one_line_error(error_line):
@@ -23,7 +36,8 @@ def test_version(capsys):
 OWN_FLAG = {"demo": "--pretraining_steps", "classify": "--num_accumulation_steps", "squad": "--doc_stride",
             "pretrain": "--max_predictions_per_seq", "create-pretraining-data": "--dupe_factor",
             "evaluate-squad": "--na-prob-file", "launch": "--nproc-per-node", "bench": "pretraining-data",
-            "report": "--overwrite", "convert": "--tf_checkpoint"}
+            "report": "--overwrite", "convert": "--tf_checkpoint", "export": "--bert_config_file",
+            "example-data": "--seed"}
 
 
 def test_every_command_is_covered():
@@ -41,3 +55,73 @@ def test_every_command_has_help(name, capsys):
     assert OWN_FLAG[name] in out
     if name == "launch":  # torchrun's parser would name itself after sys.argv[0]
         assert out.startswith("usage: bertbench launch ")
+
+
+def options_help(out: str) -> dict[str, str]:
+    """--help's options section: each option's text (its names, metavar and help), by its first name."""
+    entries, current = {}, None
+    for line in out.splitlines():
+        if re.match(r"  -", line):
+            current = line.split()[0].rstrip(",")
+            entries[current] = line
+        elif current and line.startswith("   "):
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+EVERY_HELP = [[name] for name in cli.COMMANDS if name != "bench"] + [["bench", kind] for kind in BENCHES]
+
+
+@pytest.mark.parametrize("command", EVERY_HELP, ids=" ".join)
+def test_help_names_the_command_and_shows_each_default_once(command, capsys, monkeypatch):
+    parsers = []
+    print_help = argparse.ArgumentParser.print_help
+    monkeypatch.setattr(argparse.ArgumentParser, "print_help",
+                        lambda parser, *args: (parsers.append(parser), print_help(parser, *args)))
+    try:
+        status = cli.main([*command, "--help"])
+    except SystemExit as stop:
+        status = stop.code
+    assert status in (0, None)
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: bertbench {' '.join(command)} ")
+    if command == ["launch"]:  # torchrun's own parser and help text
+        return
+    entries = options_help(out)
+    for entry in entries.values():
+        assert entry.count("(default:") <= 1, entry
+    parser, = parsers
+    for action in parser._actions:
+        default = getattr(parser, "defaults", {}).get(action.dest, action.default)  # FlagParser keeps its own
+        if action.option_strings and action.nargs != 0 and action.help != argparse.SUPPRESS and \
+                default not in (None, argparse.SUPPRESS):
+            assert entries[action.option_strings[0]].count("(default:") == 1, (action.option_strings, default)
+    assert not parser.description or parser.description.rstrip().endswith((".", ")")), parser.description
+
+
+def test_quiet_keeps_warnings_only_also_in_the_processes_it_starts(capsys):
+    with progress.verbosity("quiet"):
+        assert os.environ[progress.VERBOSITY_VARIABLE] == "quiet"  # what torchrun's workers read at import
+        progress.log("step 4/12  loss 0.6931")
+        progress.log("warning: metrics.jsonl: line(s) 2 are not JSON in UTF-8; dropped from the log")
+        assert not progress.ProgressDisplay(12, stream=Terminal()).enabled
+    progress.log("step 8/12  loss 0.5")
+    assert capsys.readouterr().out.splitlines() == [
+        "warning: metrics.jsonl: line(s) 2 are not JSON in UTF-8; dropped from the log", "step 8/12  loss 0.5"]
+    assert progress.ProgressDisplay(12, stream=Terminal()).enabled
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_verbose_shows_the_traceback_above_the_one_line_error(tmp_path, capsys):
+    missing = str(tmp_path / "dev.json")
+    assert cli.main(["--verbose", "evaluate-squad", missing, missing]) == 2
+    error = capsys.readouterr().err.splitlines()
+    assert error[0] == "Traceback (most recent call last):" and error[-1].startswith("bertbench evaluate-squad: error:")
+    assert cli.main(["evaluate-squad", missing, missing]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1

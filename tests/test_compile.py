@@ -10,17 +10,20 @@ train_results.json says what ran, and the same command resumes the run.
 import dataclasses
 import functools
 import json
+import re
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from bertbench.batches import ShuffledBatches
+from bertbench.estimator import Estimator
 from bertbench.models import build_model
 from bertbench.run_classifier import main
 from bertbench.synthetic import synthetic_batch, write_glue_task
 from bertbench.train_step import TrainStep, runnable_config
-from bertbench.training_config import TrainConfig
-from conftest import is_the_packing_skip, tiny_batch, tiny_config, write_bert_dir
+from bertbench.training_config import RunConfig, TrainConfig
+from conftest import tiny_batch, tiny_config, write_bert_dir
 
 CONFIG = tiny_config(hidden_size=32, intermediate_size=64)
 TASKS = ("classification", "question_answering", "pretraining")
@@ -219,3 +222,20 @@ def test_the_runner_notes_what_runs_instead_records_it_and_resumes(mrpc, no_cxx,
     assert f"resumed from {out}/ckpt-000000001.pt (step 1" in second.out and second.err == ""
     train = json.loads((out / "train_results.json").read_text())
     assert (train["precision"], train["use_xla"], train["global_step"]) == ("fp32", False, 4)
+
+
+def test_a_compiled_run_on_a_cpu_says_what_compiling_costs_and_times_the_first_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda model, **options: model)  # the run's lines, not inductor's minutes
+    input_ids, token_type_ids, attention_mask = tiny_batch(CONFIG, batch=8)
+    data = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
+            "labels": torch.arange(8) % 2}
+    lines = []
+    estimator = Estimator(build_model("classification", CONFIG, num_labels=2),
+                          RunConfig(str(tmp_path), save_checkpoints_secs=None, log_step_count_steps=10),
+                          TrainConfig(num_train_steps=2, compile=True), log=lines.append)
+    estimator.train(ShuffledBatches(data, 4, seed=0))
+    assert lines[0].startswith("note: torch.compile on a CPU takes minutes") and \
+        "docs/results/cpu-2core/compile" in lines[0]
+    assert lines[1] == "step 1: compiling the model (torch.compile) ..."
+    assert re.fullmatch(r"step 1: compiled and trained in \d+\.\d s", lines[2])
+    assert not any("compil" in line for line in lines[3:])

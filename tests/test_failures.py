@@ -125,8 +125,8 @@ def test_a_run_whose_disk_fills_up_stops_in_one_line_and_resumes_once_there_is_r
 
     done = subprocess.run(command, capture_output=True, text=True, preexec_fn=limited, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines() == [f"run_classifier: error: {out}/ckpt-000000004.pt: could not be written (File "
-                                        "too large); no checkpoint was kept"]
+    assert done.stderr.splitlines() == [f"bertbench classify: error: {out}/ckpt-000000004.pt: could not be written "
+                                        "(File too large); no checkpoint was kept"]
     assert not temporary_files(out) and not list_checkpoints(out)
     assert main(flags(data, out, "--do_train")) == 0
     assert json.loads((out / "train_results.json").read_text())["global_step"] == 12
@@ -160,6 +160,36 @@ def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(da
     assert main(flags(data, reference, "--do_train")) == 0
     resumed, whole = (load_checkpoint(list_checkpoints(run)[-1][1])["model"] for run in (out, reference))
     assert all(torch.equal(resumed[name], whole[name]) for name in whole)
+
+
+# ---- a closed stdout ---------------------------------------------------------------------------------------------
+
+def with_stdout_closed(argv, lines_read=0):
+    """Run `bertbench ARGV` whose reader closes stdout after `lines_read` lines, as `| head -N` does (buffered or
+    not: PYTHONUNBUFFERED, which some environments set, makes the first write after the close fail at once).
+    Returns the exit status and stderr."""
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    process = subprocess.Popen([sys.executable, "-m", "bertbench", *argv], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=environment)
+    for _ in range(lines_read):
+        process.stdout.readline()
+    process.stdout.close()
+    error = process.stderr.read()
+    return process.wait(timeout=120), error
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["evaluate-squad", "--help"]])
+def test_help_into_a_closed_pipe_is_quiet(argv):
+    status, error = with_stdout_closed(argv)
+    assert status in (0, 141) and error == ""  # 141: 128 + SIGPIPE, as a shell reports a process it killed
+
+
+@pytest.mark.slow
+def test_a_run_whose_stdout_closes_trains_evaluates_and_saves_without_a_word(data, tmp_path):
+    out = tmp_path / "run"
+    assert with_stdout_closed(["classify", *flags(data, out, "--do_train", "--do_eval")], lines_read=1) == (0, "")
+    assert json.loads((out / "train_results.json").read_text())["global_step"] == 12
+    assert (out / "eval_results.json").exists() and list_checkpoints(out)
 
 
 # ---- signals in every phase ----------------------------------------------------------------------------------------

@@ -90,7 +90,12 @@ TRANSLATIONS = [
     ("output_dir", ["--output_dir=elsewhere"], run_config, "model_dir", "elsewhere"),
     ("save_checkpoints_secs", ["--save_checkpoints_secs=0"], run_config, "save_checkpoints_secs", None),
     ("save_checkpoints_secs", ["--save_checkpoints_secs=30"], run_config, "save_checkpoints_secs", 30.0),
+    ("save_checkpoints_steps", ["--num_steps_per_checkpoint=50"], run_config, "save_checkpoints_steps", 50),
+    ("log_step_count_steps", ["--log_freq=5"], run_config, "log_step_count_steps", 5),
     ("num_accumulation_steps", ["--num_accumulation_steps=4"], train_values, "gradient_accumulation_steps", 4),
+    ("num_accumulation_steps", [], train_values, "gradient_accumulation_steps", 1),  # the two names' default
+    ("gradient_accumulation_steps", ["--gradient_accumulation_steps=4"], train_values, "gradient_accumulation_steps",
+     4),
     ("optimizer_type", ["--optimizer_type=adam"], train_values, "optimizer", "adamw"),
     ("optimizer_type", ["--optimizer_type=lamb"], train_values, "optimizer", "lamb"),
     ("poly_power", ["--poly_power=2"], train_values, "decay_power", 2.0),
@@ -98,6 +103,7 @@ TRANSLATIONS = [
     ("precision", ["--precision=bf16"], train_values, "precision", "bf16"),
     ("precision", [], train_values, "precision", None),  # TrainConfig's default: fp32
     ("amp", ["--amp"], train_values, "precision", "fp16"),
+    ("amp", ["--fp16"], train_values, "precision", "fp16"),
     ("amp", ["--amp=false", "--precision=bf16"], train_values, "precision", "bf16"),
     ("use_fp16", ["--use_fp16", "--precision=fp16"], train_values, "precision", "fp16"),
     ("sync_gradients", ["--no_sync_gradients"], train_values, "sync_gradients", False),
@@ -162,7 +168,7 @@ def test_help_comes_from_the_dataclasses_under_googles_names(module, capsys):
         if name.flag not in spec.omit:
             field = {field.name: field for field in dataclasses.fields(name.owner)}[name.field]
             assert compact(f"--{name.flag}") in text and compact(field.metadata["help"]) in text, name.flag
-    assert "--gradient_accumulation_steps" not in text and "--model_dir" not in text  # the core's names
+    assert "--model_dir" not in text  # the core's name
     assert "--max_grad_norm" not in text and "--modeling" in text and "--recompute_policy" in text
 
 
@@ -170,7 +176,8 @@ def test_flags_a_runner_does_without_are_not_offered(capsys):
     assert run_pretraining.main(["--help"]) == 0
     text = capsys.readouterr().out
     assert "--max_steps" in text and "--input_file" in text
-    assert "--vocab_file" not in text and "--sync_gradients" not in text and "--num_train_epochs" not in text
+    assert "--sync_gradients" not in text and "--num_train_epochs" not in text
+    assert compact("--vocab_file VOCAB_FILE Ignored: the shards hold token ids") in compact(text)  # NVIDIA's
     assert run_classifier.main(["--help"]) == 0
     assert "--num_train_steps" not in capsys.readouterr().out  # fine-tuning counts epochs
 
@@ -194,7 +201,7 @@ def test_a_config_check_names_the_flag_not_the_field_and_comes_when_the_command_
     """A training flag TrainConfig refuses is refused with the command, before any file is read."""
     with pytest.raises(UsageError) as error:
         parse(run_classifier.SPEC, tmp_path, "--num_accumulation_steps=0")
-    assert str(error.value) == "--num_accumulation_steps must be at least 1, got 0"
+    assert str(error.value) == "--num_accumulation_steps/--gradient_accumulation_steps must be at least 1, got 0"
     parse(run_classifier.SPEC, tmp_path, "--num_accumulation_steps=0", "--do_train=false", "--do_eval")  # unused
 
 

@@ -253,6 +253,22 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
     assert "--rdzv-backend=c10d --rdzv-endpoint=localhost:" in (run_dir / "command.log").read_text()
 
 
+@pytest.mark.parametrize("template, batch, xla", [("baseline_1gpu.pbs", "24", "true"),
+                                                   ("optimized_2x4gpu.pbs", "48", "false")])
+def test_pbs_jobs_default_to_the_originals_runs(job_env, tmp_path, template, batch, xla):
+    """Nothing set: the baseline job is the original's run_glue.sh defaults, the optimized job the original's
+    optimized run (batch 48 per GPU, no XLA). A PYTHON stand-in records the runner's command instead of training."""
+    record = tmp_path / "python.argv"
+    (tmp_path / "python").write_text(f'#!/bin/sh\nfor word in "$@"; do echo "$word" >> "{record}"; done\n')
+    (tmp_path / "python").chmod(0o755)
+    env = {name: value for name, value in pbs_env(job_env, tmp_path, ["localhost"]).items()
+           if name not in CPU_SETTINGS}
+    done = run_job(os.path.join(TEMPLATES, "pbs", template), dict(env, PYTHON=str(tmp_path / "python")), tmp_path)
+    assert done.returncode == 0, done.stderr
+    argv = record.read_text().splitlines()
+    assert f"--train_batch_size={batch}" in argv and f"--use_xla={xla}" in argv and "--task_name=MNLI" in argv
+
+
 def test_pbs_job_without_hosts_fails_clearly(job_env, tmp_path):
     env = pbs_env(job_env, tmp_path, [])
     done = run_job(os.path.join(TEMPLATES, "pbs", "baseline_1gpu.pbs"), env, cwd=tmp_path)

@@ -35,7 +35,7 @@ COMMANDS = {  # name -> (program name on stderr, main)
     "data": ("create_pretraining_data", create_pretraining_data.main),
     "evaluate": ("bertbench evaluate-squad", evaluate_squad.main),
     "cli": ("bertbench", cli.main),
-    "cli-classify": ("run_classifier", cli.main),
+    "cli-classify": ("bertbench classify", cli.main),
 }
 
 

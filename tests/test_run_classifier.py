@@ -63,6 +63,8 @@ def test_mrpc_learns_and_writes_every_result(mrpc_run):
     submission = (mrpc_run / "MRPC.tsv").read_text().splitlines()
     assert submission[0] == "index\tprediction" and len(submission) == 41
     assert {line.split("\t")[1] for line in submission[1:]} <= {"0", "1"}
+    assert len((mrpc_run / "test_results.tsv").read_text().splitlines()) == 40  # Google's file, beside it
+    assert {"eval_accuracy = " + str(results["dev_acc"]), "global_step = 96"} <= set(lines)  # Google's keys too
     train = json.loads((mrpc_run / "train_results.json").read_text())
     assert train["sentences"] == 96 * 16 and train["steady_sentences_per_second"] > 0
     assert train["sentences_per_20_minutes"] == pytest.approx(train["steady_sentences_per_second"] * 1200)

@@ -126,6 +126,23 @@ def test_bad_arguments_and_missing_runs(env, tmp_path):
     assert missing.returncode == 2 and "no run directory" in missing.stderr
 
 
+def test_a_run_that_fails_its_input_checks_leaves_nothing_behind(env, tmp_path):
+    """The original's first command without its download: one line naming the file, status 2, and no run directory
+    or logs (a directory that was there before keeps what it had)."""
+    done = run_glue(dict(env, BERT_DIR=str(tmp_path / "no-bert")), *POSITIONAL)
+    assert done.returncode == 2
+    assert f"run_classifier: error: {tmp_path}/no-bert/bert_config.json: no such file" in done.stdout
+    assert not (tmp_path / "results").exists()
+    refusing = tmp_path / "python"  # a runner that refuses its input, without the seconds of importing torch
+    refusing.write_text("#!/bin/sh\necho 'run_classifier: error: refused' >&2\nexit 2\n")
+    refusing.chmod(0o755)
+    run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("mine")
+    assert run_glue(dict(env, PYTHON=str(refusing)), *POSITIONAL).returncode == 2
+    assert (run_dir / "notes.txt").read_text() == "mine"
+
+
 def run_squad(env, *arguments):
     return subprocess.run(["bash", os.path.join(SCRIPTS, "run_squad.sh"), *arguments], env=env, capture_output=True,
                           text=True)

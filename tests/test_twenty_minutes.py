@@ -90,3 +90,50 @@ def test_the_recipe_refuses_before_submitting_anything(login_node, tmp_path):
     done = recipe(no_bert)
     assert done.returncode == 2 and "twenty_minutes.sh: error: BERT_DIR is not set" in done.stderr
     assert not (tmp_path / "spool").exists()  # nothing was submitted
+
+
+@pytest.fixture
+def recording_qsub(login_node, tmp_path):
+    """A qsub that records its arguments and each job's -v list, and runs nothing."""
+    bin_dir = tmp_path / "recording-bin"
+    bin_dir.mkdir()
+    (bin_dir / "qsub").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/qsub.log\necho "$(wc -l < {tmp_path}/qsub.log)'
+                                  '.pbs-server"\n')
+    (bin_dir / "qsub").chmod(0o755)
+    return dict(login_node, PATH=f"{bin_dir}:{login_node['PATH']}")
+
+
+def job_variables(tmp_path):
+    """{job template: its -v list as a dict (NAME alone: the caller's value)} of the last recipe run."""
+    jobs = {}
+    for line in (tmp_path / "qsub.log").read_text().splitlines():
+        words = line.split()
+        items = words[words.index("-v") + 1].split(",")
+        jobs[os.path.basename(words[-1])] = dict(item.partition("=")[::2] for item in items)
+    (tmp_path / "qsub.log").unlink()
+    return jobs
+
+
+def test_each_job_takes_its_own_batch_and_batch_size_still_sets_both(recording_qsub, tmp_path):
+    env = {name: value for name, value in recording_qsub.items() if name != "BATCH_SIZE"}
+    assert recipe(dict(env, BASELINE_BATCH_SIZE="32", OPTIMIZED_BATCH_SIZE="64")).returncode == 0
+    jobs = job_variables(tmp_path)
+    assert (jobs["baseline_1gpu.pbs"]["BATCH_SIZE"], jobs["optimized_2x4gpu.pbs"]["BATCH_SIZE"]) == ("32", "64")
+    assert recipe(dict(env, BATCH_SIZE="16", OPTIMIZED_BATCH_SIZE="48")).returncode == 0
+    jobs = job_variables(tmp_path)
+    assert (jobs["baseline_1gpu.pbs"]["BATCH_SIZE"], jobs["optimized_2x4gpu.pbs"]["BATCH_SIZE"]) == ("16", "48")
+    assert recipe(dict(env, BATCH_SIZE="16")).returncode == 0  # today's invocation: one batch for both
+    jobs = job_variables(tmp_path)
+    assert (jobs["baseline_1gpu.pbs"]["BATCH_SIZE"], jobs["optimized_2x4gpu.pbs"]["BATCH_SIZE"]) == ("16", "16")
+    assert recipe(env).returncode == 0  # none: each job's own default
+    assert all("BATCH_SIZE" not in variables for variables in job_variables(tmp_path).values())
+    done = recipe(dict(env, OPTIMIZED_BATCH_SIZE="big"))
+    assert done.returncode == 2 and done.stderr == \
+        "twenty_minutes.sh: error: OPTIMIZED_BATCH_SIZE must be a positive integer, got 'big'\n"
+
+
+def test_without_qsub_it_says_so_in_one_line(login_node, tmp_path):
+    done = recipe(dict(login_node, PATH=f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("twenty_minutes.sh: error: qsub not found: run it on a PBS login node")
+    assert len(done.stderr.splitlines()) == 1

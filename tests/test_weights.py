@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from bertbench import convert
 from bertbench.config import BertConfig
 from bertbench.tf_checkpoint import read_tf_checkpoint
+from bertbench.tokenization import load_vocab
 from bertbench.weights import (WeightsError, load_pretrained, load_state_dict, map_tf_names, save_hf_directory,
                                tf_to_hf_state_dict)
 
@@ -96,20 +97,38 @@ def pretraining_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("spelling", [
-    ["--tf-checkpoint", "{ckpt}", "--bert-config", "{config}", "--output", "{out}", "--pytorch-bin"],
-    ["--tf_checkpoint_path", "{ckpt}", "--bert_config_file", "{config}", "--pytorch_dump_path", "{out}",
-     "--pytorch_bin"]])
-def test_convert_keeps_the_old_and_hf_spellings(spelling, tmp_path, pretraining_dir):
+def test_convert_keeps_the_old_spellings(tmp_path, pretraining_dir):
     out = tmp_path / "converted"
-    values = {"ckpt": str(PRETRAINING), "config": str(FIXTURE / "bert_config.json"), "out": str(out)}
-    assert convert.main([word.format(**values) for word in spelling]) == 0
-    assert (out / "pytorch_model.bin").is_file()
+    assert convert.main(["--tf-checkpoint", str(PRETRAINING), "--bert-config", str(FIXTURE / "bert_config.json"),
+                         "--output", str(out), "--pytorch-bin"]) == 0
+    assert sorted(os.listdir(out)) == ["config.json", "pytorch_model.bin"]
     expected = load_file(str(pretraining_dir / "model.safetensors"))
     converted = torch.load(out / "pytorch_model.bin", map_location="cpu", weights_only=True)
     assert converted.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_convert_with_hfs_flags_writes_one_file_as_hfs_script_does(tmp_path, capsys):
+    """HF's convert_bert_original_tf_checkpoint_to_pytorch: --pytorch_dump_path F is the file F, torch.save of
+    BertForPreTraining's state_dict (tied decoder names included), which HF's model loads strictly."""
+    dump = tmp_path / "bert.bin"
+    args = ["--tf_checkpoint_path", str(PRETRAINING), "--bert_config_file", str(FIXTURE / "bert_config.json"),
+            "--pytorch_dump_path", str(dump)]
+    assert convert.main(args) == 0 and dump.is_file() and os.listdir(tmp_path) == ["bert.bin"]
+    state = torch.load(dump, map_location="cpu", weights_only=True)
+    model = transformers.BertForPreTraining(hf_config())
+    model.load_state_dict(state, strict=True)
+    assert_same_weights(model.eval(), reference_pretraining_model())
+    capsys.readouterr()
+    for extra, message in [([], "exists (pass --overwrite"), (["--vocab_file", str(FIXTURE / "vocab.txt")],
+                                                              "--vocab_file: --pytorch_dump_path writes one")]:
+        assert convert.main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err
+    assert convert.main(args[:-1] + [str(tmp_path)]) == 2
+    assert "is a directory, not a file to write" in capsys.readouterr().err
+    assert convert.main(args + ["--overwrite"]) == 0
 
 
 def test_convert_refuses_an_abbreviated_flag(tmp_path, capsys):
@@ -204,7 +223,10 @@ def test_bert_model_directory_has_no_prefix_and_loads_cleanly(tmp_path):
 
 def test_convert_main_matches_hf_with_tf_values(pretraining_dir):
     assert (pretraining_dir / "vocab.txt").read_bytes() == (FIXTURE / "vocab.txt").read_bytes()
-    assert sorted(os.listdir(pretraining_dir)) == ["config.json", "model.safetensors", "vocab.txt"]
+    assert sorted(os.listdir(pretraining_dir)) == ["config.json", "model.safetensors", "special_tokens_map.json",
+                                                   "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(pretraining_dir, local_files_only=True)
+    assert tokenizer.do_lower_case and tokenizer.vocab == load_vocab(FIXTURE / "vocab.txt")
     model, info = transformers.BertForPreTraining.from_pretrained(pretraining_dir, output_loading_info=True)
     assert_no_loading_problems(info)
     reference = reference_pretraining_model()

@@ -14,7 +14,7 @@ import torch
 from bertbench.config import ConfigError
 from bertbench.distributed import resolve_device
 from bertbench.bench.workload import BenchError, BenchRunFailed
-from bertbench.errors import ArgumentParser, run_command
+from bertbench.errors import INPUT_ERROR, ArgumentParser, run_command
 
 BENCHES = {
     "suite": ("bertbench.bench.suite", "the standard figures of a machine in one command (pre-training MFU and vs "
@@ -54,12 +54,14 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0
+    if argv and argv[0] in ("-h", "--help"):
+        return run_command("bertbench bench", lambda: print(_usage()))
+    if not argv:
+        print("bertbench bench: error: no bench given; `bertbench bench --help` lists them", file=sys.stderr)
+        return INPUT_ERROR
     if argv[0] not in BENCHES:
         print(f"bertbench bench: error: unknown bench {argv[0]!r}: use {', '.join(BENCHES)}", file=sys.stderr)
-        return 2
+        return INPUT_ERROR
     return importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:])
 
 
@@ -67,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def parser_for(bench: str, description: str) -> argparse.ArgumentParser:
     """An argument parser for `bertbench bench <bench>` with the output flags every bench has."""
-    parser = ArgumentParser(prog=f"bertbench bench {bench}", description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(prog=f"bertbench bench {bench}", description=description)
     output = parser.add_argument_group("output")
     output.add_argument("--output_dir", "--output-dir", default=None,
                         help=f"Where {bench}.json, {bench}.md and {bench}-*.png go (default: "

@@ -54,6 +54,7 @@ from bertbench.bench.output import BenchOutput, efficiency_column, markdown_tabl
 from bertbench.noise import noisy_warning, spread_text
 from bertbench.bench.workload import STEP_KINDS, BenchError, bert_config
 from bertbench.config import BertConfig
+from bertbench.errors import description
 
 # NVIDIA's BERT-large pre-training recipe (DeepLearningExamples, PyTorch/LanguageModeling/BERT), phase 1 at seq 128:
 # 7038 steps of 65536 sequences. Phase 2 (1563 steps of 32768 at seq 512) is a second plan with a seq-512 step.
@@ -292,7 +293,7 @@ NON_NEGATIVE = number(0.0)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = cli.parser_for("plan", __doc__.split("\n\n")[0].replace("\n", " "))
+    parser = cli.parser_for("plan", description(__doc__))
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None,
                        help="tiny, mini, base, large or a bert_config.json path; unset: base, or the "

@@ -35,6 +35,7 @@ from bertbench.bench import cli, flops, workload
 from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.noise import LoadWatch, cv_text, noisy_warning, spread
 from bertbench.config import BertConfig
+from bertbench.errors import description
 
 CATEGORIES = ("matmul", "attention", "dropout", "norm_activation", "optimizer", "other")
 
@@ -229,7 +230,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("profile", __doc__.split("\n\n")[0].replace("\n", " "))
+    parser = cli.parser_for("profile", description(__doc__))
     step = parser.add_argument_group("step")
     step.add_argument("--model", default="base", help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json.")
     step.add_argument("--kind", choices=workload.STEP_KINDS, default="pretraining",

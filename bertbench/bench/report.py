@@ -237,8 +237,7 @@ def training_plots(runs: list[tuple[str, dict]]) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="bertbench report", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(prog="bertbench report", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="DIR", help="Output directories of bench runs (or their JSON "
                                                                 "files), in the order of the columns.")
     parser.add_argument("--output_dir", "--output-dir", default=None,

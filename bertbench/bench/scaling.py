@@ -44,6 +44,7 @@ from bertbench.distributed import check_processes, job_from_environment
 from bertbench.batches import ShuffledBatches
 from bertbench.estimator import Estimator
 from bertbench.training_config import RunConfig, TrainConfig
+from bertbench.errors import description
 
 # All-reduce sizes timed alone, besides the whole gradient: latency-bound to bandwidth-bound (16 MiB even for a
 # tiny model, so that the fit has a size where bandwidth shows).
@@ -56,7 +57,7 @@ ALIKE = {"threads": "threads per process", "device_type": "device"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("scaling", __doc__.splitlines()[0])
+    parser = cli.parser_for("scaling", description(__doc__))
     local = parser.add_argument_group("local mode: torchrun jobs on this machine")
     local.add_argument("--model", default="base", help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json.")
     local.add_argument("--processes", type=cli.comma_list(cli.positive_int), default=[1, 2],

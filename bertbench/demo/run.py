@@ -33,7 +33,7 @@ from bertbench.create_pretraining_data import DataSettings, create_pretraining_d
 from bertbench.config import BertConfig
 from bertbench import synthetic as data
 from bertbench.durable import write_text_atomically
-from bertbench.errors import ArgumentParser
+from bertbench.errors import ArgumentParser, description
 from bertbench.flags import as_flags, parse_bool
 from bertbench.batches import ShuffledBatches
 from bertbench.train_step import TrainStep
@@ -94,7 +94,7 @@ class DemoConfig:
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
-    parser = ArgumentParser(prog="bertbench demo", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="bertbench demo", description=description(__doc__))
     for spec in dataclasses.fields(DemoConfig):
         value_type = parse_bool if isinstance(spec.default, bool) else type(spec.default) if spec.default is not None \
             else str

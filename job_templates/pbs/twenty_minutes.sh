@@ -10,11 +10,17 @@
 # Run it from the repository root. It submits baseline_1gpu.pbs, optimized_2x4gpu.pbs and compare.pbs (after both,
 # `-W depend=afterany`) and prints their job ids. Variables: MAX_TRAIN_SECONDS (1200), RESULTS_DIR (default
 # results/twenty-minutes-<date>-<time>: a fresh directory, so that the report holds these two runs only), the jobs'
-# own (TASK MNLI, BATCH_SIZE 24, LEARNING_RATE 5e-5, PRECISION fp16, USE_XLA true, SEQ_LENGTH 128, EPOCHS 3.0, WARMUP
-# 0.1, INIT_CHECKPOINT, RECOMPUTE_POLICY, EXTRA_FLAGS, CORES_PER_GPU, IMAGE, CONTAINER_RUNTIME, PYTHON), passed to
-# both, GPUS_PER_NODE (4) to the optimized job only (change its select line to match), and QSUB_OPTIONS: more qsub
-# options for the three jobs, separated by spaces (-q QUEUE, -A ACCOUNT). Each run's learning-rate schedule is that
-# of EPOCHS; the budget cuts it short, as the original's 20-minute runs did.
+# own (TASK MNLI, BATCH_SIZE, LEARNING_RATE 5e-5, PRECISION fp16, USE_XLA, SEQ_LENGTH 128, EPOCHS 3.0, WARMUP 0.1,
+# INIT_CHECKPOINT, RECOMPUTE_POLICY, EXTRA_FLAGS, CORES_PER_GPU, IMAGE, CONTAINER_RUNTIME, PYTHON), passed to both,
+# GPUS_PER_NODE (4) to the optimized job only (change its select line to match), and QSUB_OPTIONS: more qsub
+# options for the three jobs, separated by spaces (-q QUEUE, -A ACCOUNT). Each job keeps its own batch and USE_XLA
+# unless they are set: the baseline 24 and true, the optimized job 48 and false, as in the original's runs;
+# BATCH_SIZE sets both batches, BASELINE_BATCH_SIZE and OPTIMIZED_BATCH_SIZE one job's (and win over BATCH_SIZE):
+#
+#   BASELINE_BATCH_SIZE=32 OPTIMIZED_BATCH_SIZE=64 BERT_DIR=... GLUE_DIR=... job_templates/pbs/twenty_minutes.sh
+#
+# Each run's learning-rate schedule is that of EPOCHS; the budget cuts it short, as the original's 20-minute runs
+# did. Without qsub on PATH (not a PBS login node) it stops with one line and status 2, having submitted nothing.
 set -euo pipefail
 
 if [ ! -f job_templates/pbs/baseline_1gpu.pbs ]; then
@@ -27,6 +33,17 @@ for name in BERT_DIR GLUE_DIR; do
     exit 2
   fi
 done
+for name in BATCH_SIZE BASELINE_BATCH_SIZE OPTIMIZED_BATCH_SIZE; do
+  if [ -n "${!name:-}" ] && ! [[ "${!name}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "twenty_minutes.sh: error: $name must be a positive integer, got '${!name}'" >&2
+    exit 2
+  fi
+done
+if ! command -v qsub >/dev/null 2>&1; then
+  echo "twenty_minutes.sh: error: qsub not found: run it on a PBS login node (elsewhere, run the two jobs by hand:" \
+       "see README.md, \"The 20-minute comparison\")" >&2
+  exit 2
+fi
 export MAX_TRAIN_SECONDS=${MAX_TRAIN_SECONDS:-1200}
 export RESULTS_DIR=${RESULTS_DIR:-$PWD/results/twenty-minutes-$(date +%Y%m%d-%H%M%S)}
 if ! [[ "$MAX_TRAIN_SECONDS" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
@@ -36,7 +53,7 @@ fi
 
 # qsub -v NAME passes NAME's value here; only the set ones go, so that each job keeps its own defaults.
 passed=()
-for name in BERT_DIR GLUE_DIR RESULTS_DIR MAX_TRAIN_SECONDS TASK BATCH_SIZE LEARNING_RATE PRECISION USE_XLA \
+for name in BERT_DIR GLUE_DIR RESULTS_DIR MAX_TRAIN_SECONDS TASK LEARNING_RATE PRECISION USE_XLA \
             SEQ_LENGTH EPOCHS WARMUP INIT_CHECKPOINT RECOMPUTE_POLICY EXTRA_FLAGS CORES_PER_GPU IMAGE \
             CONTAINER_RUNTIME PYTHON PATH VIRTUAL_ENV PYTHONPATH; do
   [ -n "${!name:-}" ] && passed+=("$name")
@@ -44,8 +61,12 @@ done
 variables=$(IFS=,; echo "${passed[*]}")
 read -ra options <<< "${QSUB_OPTIONS:-}"
 
-baseline=$(qsub ${options[@]+"${options[@]}"} -v "$variables" job_templates/pbs/baseline_1gpu.pbs)
-optimized_variables=$variables${GPUS_PER_NODE:+,GPUS_PER_NODE}
+# Each job's batch: its own variable, else BATCH_SIZE, else the job's default (nothing passed).
+baseline_batch=${BASELINE_BATCH_SIZE:-${BATCH_SIZE:-}}
+optimized_batch=${OPTIMIZED_BATCH_SIZE:-${BATCH_SIZE:-}}
+baseline_variables=$variables${baseline_batch:+,BATCH_SIZE=$baseline_batch}
+optimized_variables=$variables${GPUS_PER_NODE:+,GPUS_PER_NODE}${optimized_batch:+,BATCH_SIZE=$optimized_batch}
+baseline=$(qsub ${options[@]+"${options[@]}"} -v "$baseline_variables" job_templates/pbs/baseline_1gpu.pbs)
 optimized=$(qsub ${options[@]+"${options[@]}"} -v "$optimized_variables" job_templates/pbs/optimized_2x4gpu.pbs)
 compare=$(qsub ${options[@]+"${options[@]}"} -W "depend=afterany:$baseline:$optimized" -v "$variables" \
           job_templates/pbs/compare.pbs)

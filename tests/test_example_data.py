@@ -1,0 +1,147 @@
+"""`bertbench example-data` and the TF1 checkpoint writer under it: the writer against checkpoints TensorFlow wrote
+(tests/fixtures/tf1_tiny: read, written, read again, byte for byte), the example directory's contents, and every
+command of its README.txt run as printed."""
+
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertbench import cli, example_data
+from bertbench.config import BertConfig
+from bertbench.tf_checkpoint import CheckpointError, TFCheckpoint, list_variables, read_tf_checkpoint, \
+    write_tf_checkpoint
+from bertbench.tokenization import BertTokenizer
+from bertbench.weights import load_state_dict, map_tf_names
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "tf1_tiny"
+
+
+@pytest.mark.parametrize("prefix", ["bert_model.ckpt", "classifier.ckpt"])
+def test_written_checkpoints_are_tensorflows_byte_for_byte(tmp_path, prefix):
+    """What TensorFlow wrote, read and written again: the same variables and values, and the same bytes in both
+    files (TensorFlow's table layout, header, entries and CRCs)."""
+    tensors = read_tf_checkpoint(FIXTURE / prefix)
+    written = write_tf_checkpoint(tmp_path / "copy.ckpt", tensors)
+    assert list_variables(written) == list_variables(FIXTURE / prefix)
+    again = read_tf_checkpoint(written)
+    assert all(again[name].dtype == value.dtype and again[name].tobytes() == value.tobytes()
+               for name, value in tensors.items())
+    for suffix in (".index", ".data-00000-of-00001"):
+        assert (tmp_path / f"copy.ckpt{suffix}").read_bytes() == (FIXTURE / f"{prefix}{suffix}").read_bytes()
+
+
+def test_writer_spans_several_blocks_and_every_writable_dtype(tmp_path):
+    tensors = {f"layer_{n:04d}/" + "w" * 300: np.full((2, 3), n, np.float32) for n in range(1000)}  # > 256 KiB of keys
+    tensors.update({"half": np.arange(3, dtype=np.float16), "double": np.ones(2), "count": np.int64(7),
+                    "ids": np.arange(4, dtype=np.int32), "flags": np.array([True, False]),
+                    "empty": np.zeros((0, 3), np.float32)})
+    checkpoint = TFCheckpoint(write_tf_checkpoint(tmp_path / "big", tensors))
+    assert set(checkpoint.entries) == set(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(checkpoint.read(name), value)
+        assert checkpoint.read(name).dtype == np.asarray(value).dtype
+    with pytest.raises(CheckpointError, match="cannot write tensor 'text' of dtype <U1"):
+        write_tf_checkpoint(tmp_path / "bad", {"text": np.array(["a"])})
+
+
+def test_refuses_a_directory_it_would_clobber_before_writing(tmp_path, capsys):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("keep")
+    (tmp_path / "file").write_text("")
+    for target, named, message in (
+            ("full", "full", "exists and is not empty (pass --overwrite to replace it)"),
+            ("file", "file", "exists and is not a directory"), ("missing/sub", "missing", "no such directory")):
+        assert example_data.main([str(tmp_path / target)]) == 2
+        assert capsys.readouterr().err == f"bertbench example-data: error: {tmp_path / named}: {message}\n"
+    assert sorted(os.listdir(tmp_path)) == ["file", "full"] and os.listdir(tmp_path / "full") == ["mine.txt"]
+
+
+def test_overwrite_replaces_the_directory_whole(tmp_path):
+    (tmp_path / "stale.txt").write_text("old")
+    assert example_data.main([str(tmp_path), "--overwrite"]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["README.txt", "bert", "bert-hf", "corpus", "glue", "shards", "squad"]
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("example") / "data"
+    assert example_data.main([str(directory)]) == 0
+    return directory
+
+
+def test_the_tiny_bert_is_googles_layout_and_the_hf_directory_holds_the_same_weights(example):
+    bert = example / "bert"
+    assert sorted(os.listdir(bert)) == ["bert_config.json", "bert_model.ckpt.data-00000-of-00001",
+                                        "bert_model.ckpt.index", "vocab.txt"]
+    config = BertConfig.from_json_file(bert / "bert_config.json")
+    shapes = {name: shape for name, (_, shape) in list_variables(bert / "bert_model.ckpt").items()}
+    mapping = map_tf_names(shapes, config)
+    assert not mapping.skipped and "cls/predictions/output_bias" in mapping.names  # Google's names, nothing else
+    from_tf, from_hf = load_state_dict(bert / "bert_model.ckpt"), load_state_dict(example / "bert-hf")
+    assert set(from_tf) <= set(from_hf) | {"cls.predictions.decoder.weight"}
+    for name, value in from_tf.items():
+        assert torch.equal(value, from_hf[name]), name
+    assert 0.01 < from_tf["bert.encoder.layer.0.attention.self.query.weight"].std() < 0.03  # initializer_range 0.02
+
+
+def test_every_file_is_tokenised_by_the_one_vocabulary(example):
+    tokenizer = BertTokenizer.from_vocab_file(example / "bert" / "vocab.txt", do_lower_case=True)
+    rows = (example / "glue" / "MRPC" / "train.tsv").read_text().splitlines()[1:]
+    texts = [(example / "corpus" / "train.txt").read_text()] + [" ".join(row.split("\t")[3:]) for row in rows]
+    for version in ("1.1", "2.0"):
+        dataset = json.loads((example / "squad" / f"v{version}" / f"train-v{version}.json").read_text())
+        texts += [paragraph["context"] + " " + " ".join(qa["question"] for qa in paragraph["qas"])
+                  for article in dataset["data"] for paragraph in article["paragraphs"]]
+    assert all("[UNK]" not in tokenizer.tokenize(text) for text in texts)
+    for name, seq in (("phase1", 128), ("phase2", 512), ("eval", 128)):
+        stats = json.loads((example / "shards" / name / "create_pretraining_data.json").read_text())
+        assert stats["settings"]["max_seq_length"] == seq
+        assert stats["settings"]["input_file"].startswith(f"{example}/corpus/")  # the paths a user sees
+
+
+def readme_commands(example, out):
+    """The commands of README.txt, each as one line, its output directory moved to `out`."""
+    text = (example / "README.txt").read_text()
+    default_out = os.path.join(tempfile.gettempdir(), "bertbench-example-runs")
+    lines = text.split("\n\nRun from", 1)[1].replace("\\\n", "").splitlines()[1:]
+    return [line.replace(default_out, str(out)) for line in lines if line and not line.startswith("#")]
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_printed(example, tmp_path, capsys):
+    """README.txt's commands as typed: the scripts, with their positional arguments, in bash in the repository; the
+    `bertbench ...` commands through the same entry point in this process (the words as bash splits them), which
+    spares a Python start each. Each ends with status 0 and its results."""
+    commands = readme_commands(example, tmp_path)
+    assert [shlex.split(command)[0].split("=")[0] for command in commands] == \
+        ["bertbench", "bertbench", "bertbench", "BERT_DIR", "scripts/eval.sh", "bertbench", "bertbench", "BERT_DIR",
+         "bertbench", "bertbench", "BERT_DIR", "BERT_DIR"]
+    output = []
+    for command in commands:
+        words = shlex.split(command)
+        if words[0] == "bertbench":
+            assert cli.main(words[1:]) == 0, command
+            continue
+        done = subprocess.run(["bash", "-c", f"set -euo pipefail\n{command}\n"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, command + "\n" + done.stdout[-4000:] + done.stderr[-4000:]
+        output.append(done.stdout)
+    output = capsys.readouterr().out + "".join(output)
+    assert f"loaded {example}/bert/bert_model.ckpt" in output  # --init_checkpoint read the TF1 checkpoint
+    assert f"loaded {example}/bert-hf" in output
+    for run in ("mrpc", "mrpc-hf", "squad", "pretraining", "results/MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1",
+                "results/squad2.0_bert_fp32_bs16_lr3e-5_seq128_stride64_baseline_gpu1",
+                "results/pretraining_fp32_baseline_gpu1/phase1", "results/pretraining_fp32_baseline_gpu1/phase2"):
+        assert (tmp_path / run / "train_results.json").is_file(), run
+    assert (tmp_path / "shards" / "training_00000.hdf5").is_file()
+    exported = tmp_path / "mrpc-hf-exported"  # the HF run back out as an HF directory
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"} <= {path.name for path in exported.iterdir()}
+    assert "exact_match" in output
