@@ -116,6 +116,17 @@ IGNORED_FLAGS = (
                 runners=_PRETRAINING),
     IgnoredFlag("vocab_file", "the shards hold token ids; the vocabulary's size is --bert_config_file's vocab_size",
                 runners=_PRETRAINING),
+    IgnoredFlag("profile", "NVIDIA's pyprof/nvtx markers are not here: `bertbench bench profile` gives the step's "
+                           "torch.profiler trace", bool),
+    IgnoredFlag("server_ip", "no remote debugger is attached", runners=_SQUAD),
+    IgnoredFlag("server_port", "no remote debugger is attached", runners=_SQUAD),
+    IgnoredFlag("resume_phase2", "a run always resumes output_dir's newest intact checkpoint, phase 2's included",
+                bool, runners=_PRETRAINING),
+    IgnoredFlag("no_dense_sequence_output", "the MLM head runs on the masked positions only (NVIDIA's dense "
+                                            "sequence output), which gives the same loss as on every position",
+                bool, runners=_PRETRAINING),
+    IgnoredFlag("disable_jit_fusions", "there are no TorchScript fusions here to disable (--use_xla compiles with "
+                                       "torch.compile)", bool),
     IgnoredFlag("steps_this_run", "this invocation trains on to --num_train_steps (--max_steps)", int,
                 refuse=lambda steps: "bertbench stops a run part-way by time, not steps: give --max_train_seconds "
                                      "(the same command then resumes it)" if steps > 0 else None,
@@ -234,6 +245,12 @@ def build_parser(spec: RunnerSpec, prog: str | None = None) -> FlagParser:
     add_model_arguments(parser)  # --modeling, --recompute-policy, --recompute-every: these keep real defaults
     parser.ignored_flags([flag for flag in IGNORED_FLAGS if not flag.runners or spec.name in flag.runners],
                          "Google's and NVIDIA's flags that mean nothing here (accepted, with a note)")
+    nvidia = parser.add_argument_group("NVIDIA's switches for bertbench's flags")
+    nvidia.add_argument("--no_cuda", dest="device", action="store_const", const="cpu",
+                        help="NVIDIA's: train on the CPU (--device=cpu).")
+    nvidia.add_argument("--checkpoint_activations", dest="modeling", action="store_const", const="recompute",
+                        help="NVIDIA's: checkpoint every transformer block (--modeling=recompute, whose default "
+                             "--recompute-policy is full).")
     return parser
 
 

@@ -172,3 +172,21 @@ def test_every_nvidia_flag_maps_to_a_field_or_a_note(tmp_path):
     assert squad.settings.do_eval and squad.settings.max_steps == 30 and glue.settings.max_steps == -1
     assert (pretraining.settings.num_train_steps, pretraining.settings.train_batch_size) == (10, 16)
     assert pretraining.train["gradient_accumulation_steps"] == 4
+
+
+def test_nvidias_remaining_switches_set_their_meaning_or_are_noted(tmp_path):
+    """--no_cuda and --checkpoint_activations mean bertbench flags; the debugging, profiling and fusion switches of
+    NVIDIA's scripts mean nothing here and are noted."""
+    squad, _ = runner.parse_command(run_squad.SPEC, [
+        "--bert_config_file=c.json", f"--output_dir={tmp_path}", "--vocab_file=v", "--train_file=t", "--do_train",
+        "--no_cuda", "--checkpoint_activations", "--server_ip=1.2.3.4", "--server_port=5678", "--profile",
+        "--disable_jit_fusions"])
+    assert squad.flags.device == "cpu" and squad.settings.device == "cpu"
+    assert (squad.flags.modeling, squad.flags.recompute_policy) == ("recompute", "full")
+    noted = {note.split(" is ignored")[0] for note in squad.notes}
+    assert {"--server_ip", "--server_port", "--profile", "--disable_jit_fusions"} <= noted
+    pretraining, _ = runner.parse_command(run_pretraining.SPEC, [
+        "--bert_config_file=c.json", f"--output_dir={tmp_path / 'p'}", "--input_dir=i", "--do_train",
+        "--num_train_steps=5", "--resume_phase2", "--no_dense_sequence_output"])
+    assert {"--resume_phase2", "--no_dense_sequence_output"} <= {note.split(" is ignored")[0]
+                                                                  for note in pretraining.notes}
