@@ -36,16 +36,65 @@ def checkpoint_path(model_dir: str | os.PathLike, step: int) -> str:
 
 
 def list_checkpoints(model_dir: str | os.PathLike) -> list[tuple[int, str]]:
-    """(step, path) of the complete checkpoints in model_dir, oldest first; temporary files are not listed."""
+    """(step, path) of the complete checkpoints in model_dir, oldest first; temporary files and stray files (see
+    stray_files) are not listed, so they never count as the newest and rotation never deletes them."""
+    return _scan(model_dir)[0]
+
+
+def stray_files(model_dir: str | os.PathLike) -> list[tuple[str, str]]:
+    """(path, why) of the files in model_dir named like a checkpoint that save_checkpoint cannot have written: not a
+    zip archive as torch.save writes, or one that does not hold a bertbench training checkpoint. A checkpoint of ours
+    that is damaged still begins as one and is listed by list_checkpoints (verification then passes over it)."""
+    return _scan(model_dir)[1]
+
+
+def _scan(model_dir: str | os.PathLike) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
     model_dir = os.fspath(model_dir)
     if not os.path.isdir(model_dir):
-        return []
-    found = []
+        return [], []
+    found, strays = [], []
     for name in os.listdir(model_dir):
         match = _CHECKPOINT_NAME.match(name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(model_dir, name)))
-    return sorted(found)
+        if not match:
+            continue
+        path = os.path.join(model_dir, name)
+        try:
+            why = _not_ours(path)
+        except FileNotFoundError:  # pruned (or renamed over) since listdir
+            continue
+        if why is None:
+            found.append((int(match.group(1)), path))
+        else:
+            strays.append((path, why))
+    return sorted(found), sorted(strays)
+
+
+_ZIP_START = b"PK\x03\x04"  # every torch.save archive's first bytes, whatever damage comes later in the file
+
+
+def _not_ours(path: str) -> str | None:
+    """Why the file at `path` is no checkpoint save_checkpoint wrote; None when it may be one (intact or damaged).
+    Reads the zip directory and the pickle (a small part of a checkpoint), not the tensors."""
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(len(_ZIP_START))
+            if start != _ZIP_START:
+                return "an empty file" if not start else "not a zip archive as torch.save writes"
+            try:
+                with zipfile.ZipFile(handle) as archive:
+                    pickles = [name for name in archive.namelist() if name.endswith("/data.pkl")]
+                    if not pickles:
+                        return "a zip archive without torch.save's data.pkl"
+                    content = archive.read(pickles[0])
+            except (zipfile.BadZipFile, zlib.error, EOFError, ValueError):
+                return None  # an archive of ours cut short or damaged: evidence, which verification names
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return None  # unreadable here: verification reports why
+    if TRAINING_CHECKPOINT_FORMAT.encode() not in content:
+        return "a torch file, but not a bertbench training checkpoint"
+    return None
 
 
 def checkpoint_step(path: str | os.PathLike) -> int | None:
@@ -73,9 +122,13 @@ def holds_training_state(model_dir: str | os.PathLike) -> bool:
                                                     for name in os.listdir(model_dir) if name.startswith("worker-"))
 
 
-def prune_checkpoints(model_dir: str | os.PathLike, keep_max: int) -> None:
-    """Delete all but the newest `keep_max` checkpoints of model_dir."""
-    for _, old in list_checkpoints(model_dir)[:-keep_max]:
+def prune_checkpoints(model_dir: str | os.PathLike, keep_max: int, saved_step: int | None = None) -> None:
+    """Delete all but the newest `keep_max` checkpoints of model_dir; with `saved_step` (the one just written), the
+    newest up to that step: a later one is a damaged file the run resumed past (evidence, which its own save of
+    that step replaces), and counting it would delete the good ones."""
+    checkpoints = [(step, path) for step, path in list_checkpoints(model_dir)
+                   if saved_step is None or step <= saved_step]
+    for _, old in checkpoints[:-keep_max]:
         os.remove(old)
 
 
@@ -106,7 +159,7 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
         raise
     fsync_path(model_dir)  # the rename itself must survive a power cut before older files go
     if keep_max is not None:
-        prune_checkpoints(model_dir, keep_max)
+        prune_checkpoints(model_dir, keep_max, step)
     return path
 
 
@@ -147,8 +200,14 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
 def newest_intact_checkpoint(model_dir: str | os.PathLike, log: Callable[[str], None] = lambda line: None,
                              candidates: list[tuple[int, str]] | None = None) -> str | None:
     """The newest checkpoint of model_dir (or of `candidates`) that verifies; a damaged one is named in a warning
-    and passed over (and kept: it is evidence). None when there is none; every one damaged is a CheckpointError."""
-    checkpoints = list_checkpoints(model_dir) if candidates is None else candidates
+    and passed over (and kept: it is evidence), and so is each stray file of model_dir (see stray_files). None when
+    there is none; every one damaged is a CheckpointError."""
+    checkpoints, strays = _scan(model_dir)
+    for path, why in strays:
+        log(f"warning: {path} is not a checkpoint ({why}): not this run's, so it is never resumed, never counts as "
+            "the newest and is never deleted by rotation; move it out of the run directory")
+    if candidates is not None:
+        checkpoints = candidates
     damage = []
     for _, path in reversed(checkpoints):
         try:

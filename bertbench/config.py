@@ -86,12 +86,21 @@ class BertConfig:
     def encoder_parameter_count(self) -> int:
         """Parameters of the encoder and pooler (embeddings, layers, pooler), counted from the config: what every
         task model holds before its head."""
+        return sum(count for count, _ in self.parameter_parts().values())
+
+    def parameter_parts(self) -> dict[str, tuple[int, str]]:
+        """encoder_parameter_count by part (embeddings, layers, pooler): each one's parameters, and the keys that
+        make it that size (what an error says of a model too large)."""
         h, ffn = self.hidden_size, self.intermediate_size
+        rows = max(("vocab_size", "max_position_embeddings", "type_vocab_size"), key=lambda key: getattr(self, key))
         embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h
         # Q, K, V and output projections; the feed-forward pair; two LayerNorms.
         layer = 4 * (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 2 * 2 * h
-        pooler = h * h + h
-        return embeddings + self.num_hidden_layers * layer + pooler
+        return {"embeddings": (embeddings, f"{rows}={getattr(self, rows)} x hidden_size={h}"),
+                "layers": (self.num_hidden_layers * layer, f"num_hidden_layers={self.num_hidden_layers} x (4 x "
+                                                          f"hidden_size={h} squared + 2 x hidden_size x "
+                                                          f"intermediate_size={ffn})"),
+                "pooler": (h * h + h, f"hidden_size={h} squared")}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "BertConfig":

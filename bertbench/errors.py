@@ -17,6 +17,7 @@ one line too, `program: stopped by SIGTERM ...`.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
@@ -49,21 +50,58 @@ class Stopped(BaseException):
         self.signal_name = signal_name
 
 
-def _raise_stopped(signum: int, frame) -> None:
-    raise Stopped(signal.Signals(signum).name)
+# What a signal does depends on the phase (see _on_signal): how many run_command bodies are under way, and whether
+# one has ended (its work done).
+_commands_running = 0
+_command_done = False
+STOPPED_LINE = "stopped by {}; every file already written is whole, none half-written"
+
+
+def _on_signal(signum: int, frame) -> None:
+    name = signal.Signals(signum).name
+    if _commands_running:  # a command's body: unwind it (run_command prints the line, 128 + N)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(name)
+    if _command_done:  # its work is done and its status stands: exit with it
+        return
+    # Start-up, before any command ran (handle_signals_in_process): nothing is written yet, so stop at once.
+    program = os.path.basename(sys.argv[0] if sys.argv else "").removesuffix(".py")
+    program = "bertbench" if program in ("", "-m", "-c", "__main__") else program
+    os.write(2, f"{program}: {STOPPED_LINE.format(name)}\n".encode())
+    os._exit(signal_status(name))
+
+
+def handle_signals_in_process() -> None:
+    """Make SIGTERM and SIGINT this process's to handle, from now until it exits: bertbench/__init__.py calls it
+    first thing in a bertbench command, before torch is imported (seconds). Until a command runs (run_command), a
+    signal stops the process at once with the one line; while it runs, it unwinds the command (Stopped,
+    KeyboardInterrupt; the training loop saves first, estimator.StopSignals); once its work is done, it is ignored,
+    also while Python shuts down (its finalization would put back the default handlers, which kill the process, but
+    leaves an ignored signal ignored), so the command's status stands."""
+    if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, _on_signal)
+            # Registered first, so run last, after the other exit handlers (which may take a while: torch's,
+            # joining worker processes); until then _on_signal ignores a signal after the command.
+            atexit.register(signal.signal, signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
 def stop_on_sigterm():
-    """While active, SIGTERM raises Stopped (Python's default would end the process without a word)."""
-    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    """While active, SIGTERM raises Stopped (Python's default would end the process without a word). Afterwards the
+    handler before it is back (in a bertbench command, handle_signals_in_process's, which ignores a SIGTERM once the
+    command's work is done)."""
+    global _commands_running, _command_done
+    main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    _commands_running += 1
+    previous = signal.signal(signal.SIGTERM, _on_signal) if main else None
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if _commands_running == 1:
+            _command_done = True  # before the count drops: no moment in between looks like start-up
+        _commands_running -= 1
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def signal_status(name: str) -> int:
@@ -120,8 +158,7 @@ def run_command(program: str, body: Callable[[], int | None], input_errors: tupl
         return _failed(program, error, RUNTIME_FAILURE)
     except (KeyboardInterrupt, Stopped) as stop:
         name = stop.signal_name if isinstance(stop, Stopped) else "SIGINT"
-        print(f"{program}: stopped by {name}; every file already written is whole, none half-written",
-              file=sys.stderr)
+        print(f"{program}: {STOPPED_LINE.format(name)}", file=sys.stderr)
         return signal_status(name)
 
 

@@ -195,12 +195,13 @@ class Estimator:
         step = TrainStep(self.model, config, self.dist, schedule_start)
         checkpoints = TrainingCheckpoints(run.model_dir, run.keep_checkpoint_max, self.model, step, batches,
                                           self.dist, self.independent_workers, self.log)
-        skipped, resumed_from, restore_seconds, segments = 0, None, 0.0, []
+        skipped, resumed_from, restore_seconds, segments, log_window = 0, None, 0.0, [], None
         if start.kind == RESUME:
             segments = list(state.get("segments", []))  # the earlier invocations' figures, up to this checkpoint
             started = time.perf_counter()
             restored = checkpoints.restore(start.checkpoint, state, run.seed)
             self.global_step, skipped, resumed_from = restored.step, restored.skipped_steps, start.checkpoint
+            log_window = restored.log_window
             restore_seconds = reading_seconds + time.perf_counter() - started
             self.log(f"resumed from {resumed_from} (step {self.global_step}, epoch {batches.epoch:.2f}) in "
                      f"{restore_seconds:.2f} s")
@@ -212,16 +213,21 @@ class Estimator:
         del state  # the checkpoint's copy of every tensor: not kept through training
         if self.independent_workers:
             self._same_weights_on_every_rank = False
-        return self._loop(step, checkpoints, batches, evaluation, resumed_from, restore_seconds, skipped, segments)
+        return self._loop(step, checkpoints, batches, evaluation, resumed_from, restore_seconds, skipped, segments,
+                          log_window)
 
     def _loop(self, step: TrainStep, checkpoints: TrainingCheckpoints, batches: TrainBatches,
               evaluation: PeriodicEvaluation | None, resumed_from: str | None, restore_seconds: float,
-              skipped: int, earlier_segments: list[dict[str, Any]]) -> TrainResult:
+              skipped: int, earlier_segments: list[dict[str, Any]],
+              log_window: dict[str, Any] | None = None) -> TrainResult:
         config, run = self.train_config, self.run_config
         self.model.train()
         if self.dist.is_main:
             os.makedirs(run.model_dir, exist_ok=True)
-        metrics = MetricsLog(f"{run.model_dir}/metrics.jsonl", self.global_step if resumed_from else None, self.log) \
+        # A checkpoint saved between log steps holds the open window; a record its stop wrote at that step closed
+        # the window early and goes, for the resumed run logs the whole window at the next log step.
+        keep_through = self.global_step - 1 if log_window and log_window["steps"] else self.global_step
+        metrics = MetricsLog(f"{run.model_dir}/metrics.jsonl", keep_through if resumed_from else None, self.log) \
             if self.dist.is_main else None
         display = ProgressDisplay(config.num_train_steps, self.global_step,
                                   enabled=None if self.dist.is_main else False)
@@ -230,6 +236,8 @@ class Estimator:
         stats = LoopStats(start_step=self.global_step, num_train_steps=config.num_train_steps,
                           excluded_steps=config.excluded_steps, max_train_seconds=config.max_train_seconds,
                           world_size=self.dist.world_size, device=self.device, mean_over_ranks=self.dist.mean)
+        if log_window:
+            stats.resume_window(log_window)
         counted = stats.counted(batches)
         last_checkpoint = resumed_from
         segments = earlier_segments
@@ -265,9 +273,12 @@ class Estimator:
                                                             stats.budget_spent())
                 # The last step is logged too, so a run shorter than log_step_count_steps has its line.
                 ending = finished or stop or out_of_time or target_reached
-                if not outcome.skipped and (self.global_step % run.log_step_count_steps == 0 or ending):
-                    self._report(stats.take_window(), outcome.learning_rate, metrics, display, step, batches,
-                                 skipped, last_checkpoint)
+                on_interval = self.global_step % run.log_step_count_steps == 0
+                if not outcome.skipped and (on_interval or ending):
+                    # A window cut short by a stop stays open, for the checkpoint: a resumed run's log then reads
+                    # as the uninterrupted run's.
+                    self._report(stats.take_window(close=on_interval or finished), outcome.learning_rate, metrics,
+                                 display, step, batches, skipped, last_checkpoint)
                 elif display.due():
                     display.draw(self.global_step, stats.peek_loss(), stats.window_rate(),
                                  stats.eta(self.global_step))
@@ -282,13 +293,15 @@ class Estimator:
                         "target reached" if target_reached else "time budget" if out_of_time else None
                     segments = [*earlier_segments, stats.segment(self.global_step, ended)]
                     with stats.pause():
-                        last_checkpoint = checkpoints.save(self.global_step, skipped, segments) or last_checkpoint
+                        last_checkpoint = checkpoints.save(self.global_step, skipped, segments,
+                                                           stats.window_state()) or last_checkpoint
                     trigger.saved(self.global_step)
                 if stop or out_of_time or target_reached:
                     break
         display.close()
         unfinished = self.global_step < config.num_train_steps
-        interrupted = signals.received if unfinished else None
+        # A signal in the last step (or during its save) stops the command too: saved, it ends with 143 like any other.
+        interrupted = signals.received
         budget_exhausted = unfinished and out_of_time and not interrupted
         if target_reached and unfinished:
             self.log(f"target reached at step {self.global_step}/{config.num_train_steps}: training stops, the model "

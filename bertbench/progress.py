@@ -119,6 +119,11 @@ class MetricsLog:
             raise write_failure(self.path, error, "the lines before this step are kept") from None
 
 
+# The fields of a metrics record that measure the machine (times, rates, peak memory), not the training: every other
+# field of a resumed run's record equals the uninterrupted run's, but checkpoint_step (a stop's own save changes it).
+MEASURED_FIELDS = frozenset({"elapsed_s", "seq_per_s", "tokens_per_s", "real_tokens_per_s", "memory_bytes"})
+
+
 def read_metrics(model_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a run's metrics.jsonl, in order (none when the run logged none); a line that is not JSON is a
     ValueError naming the file and the line."""

@@ -9,9 +9,11 @@ command. What it guarantees:
   exclude each other too; a node that dies holding the lock keeps it until the server's lease or lockd notices
   (NFSv4: about 90 s). A filesystem without locks (Lustre mounted without `-o flock`, some FUSE filesystems) makes
   the lock fail: the command says so in a warning and runs unprotected rather than not at all.
-The file is never deleted while a run directory exists: deleting it would let a waiting process lock the deleted file
-while another locks a new one. A directory the command created, and that holds nothing but the lock when the command
-ends (it failed before writing anything), is removed again.
+A command that fails leaves no lock file where there was none (a failed start leaves the directory exactly as it
+was), and no directory it created that holds nothing else. It deletes the file while still holding the lock; a command
+that opened the file before that and locks it after finds, on checking, that the path no longer names the file it
+locked, and starts over on the file there now: two commands never hold two different files of one directory. A
+command that succeeds leaves the file, a note of the last holder.
 """
 
 from __future__ import annotations
@@ -42,12 +44,35 @@ class RunLock:
         self.path = os.path.join(self.directory, LOCK_NAME)
         self.log = log
         self._descriptor: int | None = None
-        self._created_directory = False
+        self._created_directory = self._created_file = False
 
     def __enter__(self) -> "RunLock":
-        self._created_directory = not os.path.isdir(self.directory)
-        os.makedirs(self.directory, exist_ok=True)
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        while True:  # again when a failed command removed the file or the directory it had made meanwhile
+            self._created_directory |= not os.path.isdir(self.directory)
+            os.makedirs(self.directory, exist_ok=True)
+            try:
+                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                self._created_file = True
+            except FileExistsError:
+                try:
+                    descriptor = os.open(self.path, os.O_RDWR)
+                except FileNotFoundError:
+                    continue
+                self._created_file = False
+            except FileNotFoundError:
+                continue
+            self._lock(descriptor)
+            if _names(self.path, descriptor):
+                break
+            os.close(descriptor)
+        os.ftruncate(descriptor, 0)
+        holder = {"host": socket.gethostname(), "pid": os.getpid(),
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)[:500]}
+        os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
+        self._descriptor = descriptor
+        return self
+
+    def _lock(self, descriptor: int) -> None:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -61,22 +86,27 @@ class RunLock:
                 raise
             self.log(f"warning: {self.path}: this filesystem does not lock files ({error.strerror}): nothing stops "
                      "a second run on this directory")
-        os.ftruncate(descriptor, 0)
-        holder = {"host": socket.gethostname(), "pid": os.getpid(),
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)[:500]}
-        os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
-        self._descriptor = descriptor
-        return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, error_type, *exc_info) -> None:
         if self._descriptor is None:
             return
-        if self._created_directory and os.listdir(self.directory) == [LOCK_NAME]:
-            # Nothing was written: leave no trace of a command that failed at its start.
-            os.remove(self.path)
-            os.rmdir(self.directory)
+        only_the_lock = self._created_directory and os.listdir(self.directory) == [LOCK_NAME]
+        if self._created_file and (error_type is not None or only_the_lock):
+            os.remove(self.path)  # while locked: see the module's doc
+            if self._created_directory and not os.listdir(self.directory):
+                os.rmdir(self.directory)
         os.close(self._descriptor)  # closing releases the lock
         self._descriptor = None
+
+
+def _names(path: str, descriptor: int) -> bool:
+    """Whether `path` is still the file open as `descriptor` (a failed holder may have removed it since it was
+    opened)."""
+    try:
+        there, held = os.stat(path), os.fstat(descriptor)
+    except FileNotFoundError:
+        return False
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _read_holder(descriptor: int) -> str:

@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from bertbench import runner
 from bertbench.distributed import Distributed, job_from_environment
@@ -210,7 +210,8 @@ def run(command: runner.Command, record: runner.RunRecord | None) -> int:
     # Every shard's layout and the whole eval set are checked before the model is built: a bad file must not
     # surface hours into a run.
     train_files = find_shards(settings.input_dir) if settings.do_train else []
-    train_sequences = sum(check_layout(path, limits) for path in train_files)
+    train_sizes = {path: check_layout(path, limits) for path in train_files}
+    check_full_batch(train_sizes, settings.train_batch_size)
     eval_dir, eval_limit = eval_set(settings)
     eval_features = read_eval_set(find_shards(eval_dir), limits, eval_limit) if eval_dir else None
 
@@ -222,9 +223,16 @@ def run(command: runner.Command, record: runner.RunRecord | None) -> int:
             log(f"note: --do_eval without --eval_dir scores the training shards ({eval_dir}), as Google's "
                 f"run_pretraining does: their first {eval_limit} sequences")
         check_shard_values(train_files, limits, dist, log)
-        with runner.hold_run_directory(command, record, dist, log):
-            return run_in_directory(command, record, config, dist, log, train_files, train_sequences, limits, bins,
-                                    eval_features, summary)
+        # Made before the run directory is touched: they check that every process has a shard.
+        batches = PretrainingBatches(train_files, settings.train_batch_size, command.run.seed, limits, dist.rank,
+                                     dist.world_size, bins) if settings.do_train else None
+        try:
+            with runner.hold_run_directory(command, record, dist, log):
+                return run_in_directory(command, record, config, dist, log, batches, sum(train_sizes.values()),
+                                        eval_features, summary)
+        finally:
+            if batches is not None:
+                batches.close()
 
 
 def eval_set(settings: PretrainingSettings) -> tuple[str | None, int | None]:
@@ -238,6 +246,16 @@ def eval_set(settings: PretrainingSettings) -> tuple[str | None, int | None]:
         return None, None
     limit = settings.num_eval_examples or (steps * settings.eval_batch_size if steps else None)
     return settings.eval_dir or settings.input_dir, limit
+
+
+def check_full_batch(sizes: Mapping[str, int], batch_size: int) -> None:
+    """A batch is drawn from one shard (PretrainingBatches): shards that all hold fewer sequences than a batch would
+    stop the run at its first step."""
+    largest = max(sizes, key=sizes.get, default=None)
+    if largest is not None and sizes[largest] < batch_size:
+        raise ShardError(f"{largest}: {sizes[largest]} sequences, the most of any training shard, fewer than "
+                         f"--train_batch_size {batch_size}: a batch is drawn from one shard; give a smaller "
+                         "--train_batch_size or larger shards")
 
 
 def check_shard_values(files: Sequence[str], limits: ShardLimits, dist: Distributed, log) -> None:
@@ -261,7 +279,7 @@ def check_shard_values(files: Sequence[str], limits: ShardLimits, dist: Distribu
 
 
 def run_in_directory(command: runner.Command, record: runner.RunRecord | None, config, dist: Distributed, log,
-                     train_files, train_sequences: int, limits: ShardLimits, bins, eval_features,
+                     batches: PretrainingBatches | None, train_sequences: int, eval_features,
                      summary: runner.JsonSummary) -> int:
     """run()'s part inside the run directory: where the run starts, training, the final evaluation."""
     settings = command.settings
@@ -275,13 +293,14 @@ def run_in_directory(command: runner.Command, record: runner.RunRecord | None, c
     estimator = runner.build_estimator(command, model, dist,
                                        start_step + settings.num_train_steps if settings.do_train else None,
                                        **warmup)
+    runner.remove_leftovers(command, dist, log)
     evaluation = MlmEvaluation(command, estimator, eval_features, dist, log,
                                start.step if start.kind == RESUME else None) if eval_features is not None else None
     if settings.do_train:
         # Recorded, so that a resumed phase 2 keeps its step count without phase 1's directory.
         runner.write_record(record, PROGRAM, command, config, dist,
                             {"phase1_end_step": start_step} if settings.phase2 else None)
-        status = train(command, dist, estimator, train_files, train_sequences, limits, bins, start, start_step,
+        status = train(command, dist, estimator, batches, train_sequences, start, start_step,
                        evaluation, log, summary)
         if status is not None:
             return status
@@ -295,26 +314,22 @@ def run_in_directory(command: runner.Command, record: runner.RunRecord | None, c
     return 0
 
 
-def train(command: runner.Command, dist: Distributed, estimator: Estimator, files, sequences: int, limits, bins,
-          start: RunStart, start_step: int, evaluation: MlmEvaluation | None, log,
+def train(command: runner.Command, dist: Distributed, estimator: Estimator, batches: PretrainingBatches,
+          sequences: int, start: RunStart, start_step: int, evaluation: MlmEvaluation | None, log,
           summary: runner.JsonSummary) -> int | None:
     """Train on the shards (resuming the run, or continuing phase 1) and write train_results.json; the figures
     NVIDIA's run_pretraining logs go to `summary`."""
     settings, config = command.settings, estimator.train_config
-    batches = PretrainingBatches(files, settings.train_batch_size, command.run.seed, limits, dist.rank,
-                                 dist.world_size, bins)
     periodic = evaluation_schedule(settings, evaluation, start_step) if evaluation is not None else None
-    log(f"***** Pre-training{' phase 2 from ' + start.checkpoint if start.kind == CONTINUE else ''}: {len(files)} "
-        f"shards, {sequences:,} sequences of {settings.max_seq_length} tokens, steps {start_step} to "
-        f"{config.num_train_steps}, batch {settings.train_batch_size} x {config.gradient_accumulation_steps} x "
-        f"{dist.world_size} processes, {config.optimizer}, {command.flags.modeling} model, {config.precision} on "
-        f"{dist.device}" + (f", length bins {settings.length_bins}" if bins else "") + " *****")
-    try:
-        result = estimator.train(batches, start, evaluation=periodic)
-    finally:
-        batches.close()
+    log(f"***** Pre-training{' phase 2 from ' + start.checkpoint if start.kind == CONTINUE else ''}: "
+        f"{len(batches.files)} shards, {sequences:,} sequences of {settings.max_seq_length} tokens, steps "
+        f"{start_step} to {config.num_train_steps}, batch {settings.train_batch_size} x "
+        f"{config.gradient_accumulation_steps} x {dist.world_size} processes, {config.optimizer}, "
+        f"{command.flags.modeling} model, {config.precision} on {dist.device}"
+        + (f", length bins {settings.length_bins}" if batches.length_bins else "") + " *****")
+    result = estimator.train(batches, start, evaluation=periodic)
     extra = {"max_predictions_per_seq": settings.max_predictions_per_seq, "phase2": settings.phase2,
-             "schedule_start_step": start_step, "training_shards": len(files), "training_sequences": sequences,
+             "schedule_start_step": start_step, "training_shards": len(batches.files), "training_sequences": sequences,
              "length_bins": settings.length_bins,
              "sequences_left_out_in_partial_batches": sum(dist.all_gather_object(batches.dropped)),
              **(evaluation.summary() if evaluation is not None else {})}

@@ -47,6 +47,12 @@ class SquadSettings(runner.FineTuningSettings):
                                positive=True)
     max_answer_length: int = setting("Longest answer, in tokens.", 30, positive=True)
     version_2_with_negative: bool = setting("SQuAD v2.0: questions may have no answer.", False, defines_run=True)
+    keep_unaligned_answers: bool = setting("Train on the questions Google's run_squad skips (\"Could not find "
+                                           "answer\"): those whose answer text, split at every Unicode space, is "
+                                           "not found in the context's words split at spaces, tabs and line breaks "
+                                           "only (an answer holding a no-break space). Off: they are skipped, as "
+                                           "Google's reader skips them, with a warning naming them.", False,
+                                           defines_run=True)
     null_score_diff_threshold: float = setting("v2.0: answer \"\" when the no-answer score beats the best span's by "
                                                "more than this.", 0.0)
     answer_text: str = setting("How an answer's text is made. google: as Google's write_predictions (the span's "
@@ -99,8 +105,9 @@ def read(settings: SquadSettings, tokenizer: BertTokenizer, log: Callable[[str],
     """Both files, read and made into windows: a bad predict file must not surface after hours of training."""
     train, description = None, ""
     if settings.do_train:
-        examples = read_examples(settings.train_file, training=True,
-                                 version_2=settings.version_2_with_negative)[:settings.max_train_samples]
+        examples = read_examples(settings.train_file, training=True, version_2=settings.version_2_with_negative,
+                                 keep_unaligned_answers=settings.keep_unaligned_answers,
+                                 warn=log)[:settings.max_train_samples]
         features = make_features(settings.train_file, examples, tokenizer, settings, True, log)
         train = features.inputs
         description = (f"SQuAD {'v2.0' if settings.version_2_with_negative else 'v1.1'}: {len(examples)} questions "

@@ -395,9 +395,10 @@ def check_record(record: RunRecord | None, config: BertConfig, command: Command,
 
 @contextlib.contextmanager
 def hold_run_directory(command: Command, record: RunRecord | None, dist: Distributed, log: Log):
-    """The run directory for this command alone (run_lock.RunLock, taken by rank 0 for every rank), cleared of the
-    temporary files a killed save left, and checked: a run that has saved checkpoints (saved_history) but holds none
-    now is refused rather than silently started again from step 0."""
+    """The run directory for this command alone (run_lock.RunLock, taken by rank 0 for every rank), and checked: a
+    run that has saved checkpoints (saved_history) but holds none now is refused rather than silently started again
+    from step 0. A command that fails before it writes leaves the directory as it was (the lock file included), so
+    every check of its inputs comes before its first write: remove_leftovers, once the checks are done."""
     model_dir = command.run.model_dir
     with contextlib.ExitStack() as stack:
         refusal = None
@@ -409,14 +410,19 @@ def hold_run_directory(command: Command, record: RunRecord | None, dist: Distrib
         refusal = next((message for message in dist.all_gather_object(refusal) if message), None)
         if refusal:
             raise RunDirectoryBusy(refusal)
-        if dist.is_main:
-            for name in remove_temporary_files(model_dir):
-                log(f"removed {os.path.join(model_dir, name)}, left by a save that did not finish")
         history = saved_history(model_dir)
         if command.settings.do_train and record is not None and history and not holds_training_state(model_dir):
             raise UsageError(f"{model_dir}: this run has saved checkpoints ({history}) but holds none now, so it "
                              "cannot resume; to start it over, remove the directory or use another --output_dir")
         yield
+
+
+def remove_leftovers(command: Command, dist: Distributed, log: Log) -> None:
+    """Remove the temporary files a killed save left in the run directory (rank 0): a command's first write there,
+    made once every check is done (hold_run_directory)."""
+    if dist.is_main:
+        for name in remove_temporary_files(command.run.model_dir):
+            log(f"removed {os.path.join(command.run.model_dir, name)}, left by a save that did not finish")
 
 
 def saved_history(model_dir: str) -> str | None:
@@ -448,9 +454,13 @@ def load_config(settings: RunnerSettings) -> BertConfig:
                          f"so --max_seq_length {settings.max_seq_length} cannot be used")
     weight_bytes, memory_bytes = 4 * config.encoder_parameter_count(), physical_memory_bytes()
     if memory_bytes and weight_bytes > memory_bytes:  # built in fp32 on the host, whatever the device
+        # The parts that make the size (a tenth of it or more), largest first, each with the keys that size it.
+        parts = sorted(((4 * count, part, keys) for part, (count, keys) in config.parameter_parts().items()
+                        if 4 * count >= weight_bytes / 10), reverse=True)
         raise UsageError(f"{settings.bert_config_file}: the model's fp32 weights alone take "
-                         f"{weight_bytes / 2**30:,.1f} GiB, more than this machine's {memory_bytes / 2**30:,.1f} GiB "
-                         "of memory")
+                         f"{weight_bytes / 2**30:,.1f} GiB ("
+                         + "; ".join(f"{part}: {keys}, {size / 2**30:,.1f} GiB" for size, part, keys in parts)
+                         + f"), more than this machine's {memory_bytes / 2**30:,.1f} GiB of memory")
     return config
 
 
@@ -757,6 +767,7 @@ def fine_tune(task: TaskSpec, command: Command, record: RunRecord | None) -> int
         with hold_run_directory(command, record, dist, log):
             model, start = build_model(command, task.model_task, config, dist, log, **data.head_kwargs)
             estimator = build_estimator(command, model, dist, steps)
+            remove_leftovers(command, dist, log)
             if settings.do_train:
                 write_record(record, task.name, command, config, dist)
                 result = train(estimator, command, dist, data, log, start, worker_score)

@@ -136,6 +136,9 @@ class Restored:
 
     step: int
     skipped_steps: int
+    # This rank's open log window at the save (train_stats.LoopStats.window_state), None when the checkpoint holds
+    # none of this rank's (an older checkpoint, another number of processes).
+    log_window: dict[str, Any] | None = None
 
 
 class TrainingCheckpoints:
@@ -148,22 +151,24 @@ class TrainingCheckpoints:
         self.independent_workers, self.log = independent_workers, log
         self.directory = worker_dir(model_dir, dist.rank) if independent_workers else model_dir
 
-    def save(self, global_step: int, skipped_steps: int, segments: list[dict[str, Any]] = ()) -> str | None:
+    def save(self, global_step: int, skipped_steps: int, segments: list[dict[str, Any]] = (),
+             log_window: dict[str, Any] | None = None) -> str | None:
         """Write the checkpoint of `global_step` (every rank calls this) with the run's figures so far (`segments`,
-        see train_stats.LoopStats.segment); the path written, None on other ranks."""
-        own = (rng_state(), self.batches.state_dict())
+        see train_stats.LoopStats.segment) and this rank's open log window; the path written, None on other ranks."""
+        own = (rng_state(), self.batches.state_dict(), log_window)
         gathered = [own] if self.independent_workers else self.dist.all_gather_object(own)
         if not (self.independent_workers or self.dist.is_main):
             return None
         state = {"model": self.model.state_dict(), **self.step.state_dict(),
-                 "data": [data for _, data in gathered], "epoch": self.batches.epoch,
-                 "rng": [rng for rng, _ in gathered], "skipped_steps": skipped_steps, "segments": list(segments),
+                 "data": [data for _, data, _ in gathered], "epoch": self.batches.epoch,
+                 "rng": [rng for rng, _, _ in gathered], "log_window": [window for _, _, window in gathered],
+                 "skipped_steps": skipped_steps, "segments": list(segments),
                  "train_config": dataclasses.asdict(self.step.config)}
         if not self.independent_workers:
             return save_checkpoint(self.model_dir, global_step, state, self.keep_max)
         path = save_checkpoint(self.directory, global_step, state, keep_max=None)
         self.dist.barrier()
-        prune_checkpoints(self.directory, self.keep_max)
+        prune_checkpoints(self.directory, self.keep_max, global_step)
         return path
 
     def prune(self) -> None:
@@ -196,7 +201,10 @@ class TrainingCheckpoints:
             self.log(f"warning: {path} was written by {len(rng_states)} processes, this run has "
                      f"{self.dist.world_size}: dropout random streams restart from the seed")
             seed_everything(seed + self.dist.rank + step)
-        return Restored(step, skipped)
+        windows = state.get("log_window") or []
+        window = windows[0] if self.independent_workers and windows else \
+            windows[self.dist.rank] if len(windows) == self.dist.world_size else None
+        return Restored(step, skipped, window)
 
     def _check_rule(self, path: str, recorded: Mapping[str, Any] | None) -> None:
         """A resumed run goes on with the optimizer rule it was trained with; a checkpoint written before bertbench

@@ -136,7 +136,20 @@ class LoopStats:
         """The window's mean loss over every rank (each measured its own share of the batches)."""
         return self.mean_over_ranks(self.peek_loss())
 
-    def take_window(self) -> dict[str, Any]:
+    def window_state(self) -> dict[str, Any]:
+        """The open window's loss figures, for a checkpoint: a run resumed from it logs the window an uninterrupted
+        run logs. The float32 sum travels exactly as a Python float."""
+        return {"loss_sum": self.window_loss.item(), "steps": self.window_counted}
+
+    def resume_window(self, state: dict[str, Any]) -> None:
+        """Go on with the window a checkpoint saved (window_state). Its sentence counts are not restored: this
+        invocation's rates count only what it trained in its own time."""
+        self.window_loss.fill_(state["loss_sum"])
+        self.window_counted = state["steps"]
+
+    def take_window(self, close: bool = True) -> dict[str, Any]:
+        """The window's figures; `close=False` (a stop between log steps) leaves it open, so that the checkpoint
+        saved next holds it."""
         now = self.clock()
         elapsed = max(1e-9, now - self.window_started)
         loss = self.mean_loss() if self.window_counted else math.nan
@@ -145,6 +158,8 @@ class LoopStats:
                   "real_tokens_per_s": self.window["real_tokens"] / elapsed,
                   "elapsed_s": round(now - self.started, 3)}
         self.last_loss = loss
+        if not close:
+            return window
         self.window_loss.zero_()
         self.window_counted = 0
         self.window.clear()

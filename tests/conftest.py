@@ -78,18 +78,18 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def snapshot(directory) -> dict[str, bytes] | None:
-    """Every file's bytes under `directory` by relative path (the lock file's note of its last holder left out);
-    None when there is no such directory: what a refused command must leave as it was."""
+def snapshot(directory) -> dict[str, bytes | None] | None:
+    """Every file's bytes under `directory` by relative path (the lock file's by None: whether it is there counts,
+    not its note of the last holder); None when there is no such directory: what a refused command must leave as it
+    was."""
     directory = Path(directory)
     if not directory.exists():
         return None
     files = {}
     for root, _, names in os.walk(directory):
         for name in names:
-            if name != LOCK_NAME:
-                path = Path(root) / name
-                files[str(path.relative_to(directory))] = path.read_bytes()
+            path = Path(root) / name
+            files[str(path.relative_to(directory))] = None if name == LOCK_NAME else path.read_bytes()
     return files
 
 

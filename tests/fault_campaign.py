@@ -12,7 +12,8 @@ checkpoint, while a checkpoint is being written (its temporary file seen), the m
 nothing when: every command that was not killed exited 0; every restart resumed the newest checkpoint; the final
 weights are bit-identical to the reference's; train_results.json has the reference's global step and sentences and
 its `segments` chain from step 0 to it without gap or overlap, each earlier segment ending at a checkpoint;
-metrics.jsonl logs the reference's steps, once each, in order; no temporary file is left; and the checkpoints kept
+metrics.jsonl logs the reference's steps, once each, in order, with the reference's figures (all but times, rates
+and memory); no temporary file is left; and the checkpoints kept
 are the reference's (keep_checkpoint_max of them). Prints a markdown table; exit status 1 when a trial lost anything.
 """
 
@@ -44,6 +45,7 @@ for path in (HERE, ROOT):
         sys.path.insert(0, path)
 
 from bertbench.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
+from bertbench.progress import MEASURED_FIELDS  # noqa: E402
 from bertbench.synthetic import vocabulary, write_glue_task, write_squad  # noqa: E402
 from conftest import write_bert_dir, write_nvidia_shard  # noqa: E402
 
@@ -201,7 +203,7 @@ class Reference:
     weights: dict[str, torch.Tensor]
     train: dict
     checkpoint_steps: list[int]
-    metric_steps: list[int]
+    metrics: list[dict]
     seconds: float  # the whole command, start-up included
     first_checkpoint_seconds: float
     save_interval_seconds: float
@@ -214,10 +216,11 @@ class Reference:
         return start_up + (self.train["global_step"] - (resumed_step or 0)) * step_seconds
 
 
-def metric_steps(out: Path) -> list[int]:
-    """The steps of metrics.jsonl's records (a line that is not a JSON record raises)."""
+def metric_records(out: Path) -> list[dict]:
+    """metrics.jsonl's records without their times, rates and memory (a line that is not a JSON record raises)."""
     with open(out / "metrics.jsonl") as handle:
-        return [json.loads(line)["step"] for line in handle]
+        return [{key: value for key, value in json.loads(line).items() if key not in MEASURED_FIELDS}
+                for line in handle]
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
@@ -244,7 +247,7 @@ def measure_reference(argv: Sequence[str], out: Path, log: Path) -> Reference:
     first = seen[0] if seen else seconds
     interval = (seen[-1] - seen[0]) / (len(seen) - 1) if len(seen) > 1 else seconds - first
     return Reference(final_weights(out), json.loads((out / "train_results.json").read_text()),
-                     [step for step, _ in list_checkpoints(out)], metric_steps(out), seconds, first, interval)
+                     [step for step, _ in list_checkpoints(out)], metric_records(out), seconds, first, interval)
 
 
 # ---- one trial -----------------------------------------------------------------------------------------------------
@@ -380,12 +383,19 @@ def check_run(out: Path, reference: Reference) -> list[str]:
     if leftovers:
         problems.append(f"temporary files left: {leftovers}")
     try:
-        logged = metric_steps(out)
-    except (OSError, ValueError, KeyError) as error:
+        logged = metric_records(out)
+    except (OSError, ValueError, AttributeError) as error:
         problems.append(f"metrics.jsonl unreadable: {type(error).__name__}: {error}")
     else:
-        if logged != reference.metric_steps:
-            problems.append(f"metrics.jsonl steps {logged}, the reference logged {reference.metric_steps}")
+        steps, reference_steps = ([record.get("step") for record in records] for records in (logged, reference.metrics))
+        if steps != reference_steps:
+            problems.append(f"metrics.jsonl steps {steps}, the reference logged {reference_steps}")
+        else:
+            differing = [(record["step"], sorted(key for key in record.keys() | expected.keys()
+                                                 if record.get(key) != expected.get(key)))
+                         for record, expected in zip(logged, reference.metrics) if record != expected]
+            if differing:
+                problems.append(f"metrics.jsonl differs from the reference's at (step, fields) {differing[:3]}")
     try:
         train = json.loads((out / "train_results.json").read_text())
     except (OSError, ValueError) as error:

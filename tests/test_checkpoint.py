@@ -1,6 +1,7 @@
 """Atomic checkpoint files, rotation, and the time/step save trigger."""
 
 import os
+import zipfile
 
 import pytest
 import torch
@@ -125,6 +126,36 @@ def test_the_newest_intact_checkpoint_is_chosen_and_the_damaged_one_kept(tmp_pat
         checkpoint.newest_intact_checkpoint(tmp_path)
     assert len(checkpoint.list_checkpoints(tmp_path)) == 3
     assert checkpoint.newest_intact_checkpoint(tmp_path / "absent") is None
+
+
+def test_stray_files_named_like_checkpoints_are_named_once_and_never_counted_nor_deleted(tmp_path):
+    (tmp_path / "ckpt-999999999.pt").write_bytes(b"not a checkpoint\n")
+    (tmp_path / "ckpt-999999998.pt").write_bytes(b"")
+    torch.save({"weight": torch.ones(1)}, tmp_path / "ckpt-999999997.pt")  # another program's torch file
+    with zipfile.ZipFile(tmp_path / "ckpt-999999996.pt", "w") as archive:
+        archive.writestr("notes.txt", "a zip of something else")
+    strays = {os.path.basename(path): why for path, why in checkpoint.stray_files(tmp_path)}
+    assert strays == {"ckpt-999999999.pt": "not a zip archive as torch.save writes",
+                      "ckpt-999999998.pt": "an empty file",
+                      "ckpt-999999997.pt": "a torch file, but not a bertbench training checkpoint",
+                      "ckpt-999999996.pt": "a zip archive without torch.save's data.pkl"}
+    for step in (10, 20, 30):  # written and rotated as if the strays were not there
+        checkpoint.save_checkpoint(tmp_path, step, state(step), keep_max=2)
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [20, 30]
+    assert checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_path(tmp_path, 30)
+    damaged = checkpoint.checkpoint_path(tmp_path, 30)  # one of ours, cut short: damaged, not a stray
+    with open(damaged, "r+b") as handle:
+        handle.truncate(os.path.getsize(damaged) // 2)
+    warnings = []
+    assert checkpoint.newest_intact_checkpoint(tmp_path, warnings.append) == checkpoint.checkpoint_path(tmp_path, 20)
+    assert len(warnings) == 5 and all(line.startswith("warning: ") and "\n" not in line for line in warnings)
+    assert f"{tmp_path}/ckpt-999999999.pt is not a checkpoint (not a zip archive as torch.save writes)" in warnings[3]
+    assert "never counts as the newest and is never deleted by rotation" in warnings[3]
+    assert "ckpt-000000030.pt: damaged checkpoint" in warnings[4]
+    # The run resumed at 20 saves 24: rotation keeps it and 20, and leaves the damaged 30 and every stray alone.
+    checkpoint.save_checkpoint(tmp_path, 24, state(24), keep_max=2)
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [20, 24, 30]
+    assert len(checkpoint.stray_files(tmp_path)) == 4
 
 
 def test_temporary_files_of_killed_saves_are_removed_and_nothing_else(tmp_path):

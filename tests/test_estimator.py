@@ -19,7 +19,7 @@ from bertbench.estimator import Estimator, PeriodicEvaluation, TrainingDivergedE
 from bertbench.train_state import rng_state, set_rng_state
 from bertbench.training_config import RunConfig, TrainConfig
 from bertbench.models import build_model
-from bertbench.progress import MetricsLog, ProgressDisplay
+from bertbench.progress import MEASURED_FIELDS, MetricsLog, ProgressDisplay, read_metrics
 from conftest import Overflowing, tiny_config
 
 
@@ -182,6 +182,46 @@ def test_signal_saves_at_the_step_boundary_and_resume_is_exact(tmp_path, signum)
     assert_same_weights(weights(uninterrupted.model), weights(resumed.model))
     steps = [json.loads(line)["step"] for line in open(tmp_path / "part" / "metrics.jsonl")]
     assert steps == [4, 8, 12, 16, 20]
+
+
+class Killed(BaseException):
+    """What a SIGKILL does to a run, in-process: it ends at once, without the stop's save."""
+
+
+class KilledAt(SignalAfter):
+    def forward(self, **batch):
+        if self.calls + 1 == self.call:
+            raise Killed
+        return super().forward(**batch)
+
+
+def logged(model_dir):
+    """metrics.jsonl's records but for what differs between any two runs, and the newest checkpoint's step, which a
+    stop's own save changes."""
+    return [{key: value for key, value in record.items() if key not in MEASURED_FIELDS | {"checkpoint_step"}}
+            for record in read_metrics(model_dir)]
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM at step 7", "killed at step 14"])
+def test_a_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, stop):
+    """Log every 4 steps, save every 5: the resume starts inside a log window (at 7 from the stop's own save, at 10
+    after the kill), and the window's first record after it must still average the same 4 steps."""
+    data, run = features(), {"save_checkpoints_steps": 5, "keep_checkpoint_max": 3}
+    make_estimator(tmp_path / "whole", steps=20, run=run).train(ShuffledBatches(data, 8, seed=0))
+    interrupted = make_estimator(tmp_path / "part", steps=20, run=run)
+    if stop.startswith("SIGTERM"):
+        interrupted.model = SignalAfter(interrupted.model, call=7)
+        assert interrupted.train(ShuffledBatches(data, 8, seed=0)).global_step == 7
+        assert [record["step"] for record in logged(tmp_path / "part")] == [4, 7]  # the stopped run's last line
+    else:
+        interrupted.model = KilledAt(interrupted.model, call=14)
+        with pytest.raises(Killed):
+            interrupted.train(ShuffledBatches(data, 8, seed=0))
+    resumed = make_estimator(tmp_path / "part", steps=20, run=run)
+    assert resumed.train(ShuffledBatches(data, 8, seed=0)).resumed_from.endswith("7.pt" if "7" in stop else "10.pt")
+    whole, part = logged(tmp_path / "whole"), logged(tmp_path / "part")
+    assert [record["step"] for record in whole] == [4, 8, 12, 16, 20]
+    assert part == whole  # loss, grad_norm, lr, epoch, skipped_steps, loss_scale: every field, exactly
 
 
 def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):

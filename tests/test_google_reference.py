@@ -227,6 +227,8 @@ def test_squad_eval_features(version):
 def test_squad_training_features(version):
     data = fixture("squad_features.json.gz")[version]
     examples, features = bertbench_squad(version, training=True)
+    # Google's reader kept every training question of these files (make_fixtures.py checks it): bertbench too.
+    assert [example.question_id for example in examples] == data["question_ids"]
     assert len(features) == len(data["train_positions"])
     assert features.example_index.tolist() == [f["example_index"] for f in data["eval"]]
     starts = features.inputs["start_positions"].tolist()
@@ -245,6 +247,77 @@ def test_squad_training_features(version):
                 f"{vocab.convert_ids_to_tokens(features.inputs['input_ids'][row, starts[row]:ends[row] + 1].tolist())}"
                 + ("" if same_ids else "\n  (the windows' input_ids differ too)"))
     assert not mismatches, mismatch_report(mismatches, len(features), f"{version} training windows")
+
+
+def google_training_reads(squad: dict) -> tuple[list[str], list[str]]:
+    """The question ids Google's read_squad_examples (run_squad.py, is_training=True) keeps and those it skips with
+    "Could not find answer", its rule transcribed: the context split into words at its is_whitespace characters,
+    char_to_word_offset, and the answer's whitespace_tokenize words looked for in the words it spans."""
+    def is_whitespace(c):
+        return c == " " or c == "\t" or c == "\r" or c == "\n" or ord(c) == 0x202F
+
+    kept, skipped = [], []
+    for entry in squad["data"]:
+        for paragraph in entry["paragraphs"]:
+            doc_tokens, char_to_word_offset, prev_is_whitespace = [], [], True
+            for c in paragraph["context"]:
+                if is_whitespace(c):
+                    prev_is_whitespace = True
+                else:
+                    if prev_is_whitespace:
+                        doc_tokens.append(c)
+                    else:
+                        doc_tokens[-1] += c
+                    prev_is_whitespace = False
+                char_to_word_offset.append(len(doc_tokens) - 1)
+            for qa in paragraph["qas"]:
+                if qa.get("is_impossible", False):
+                    kept.append(qa["id"])
+                    continue
+                answer = qa["answers"][0]
+                start_position = char_to_word_offset[answer["answer_start"]]
+                end_position = char_to_word_offset[answer["answer_start"] + len(answer["text"]) - 1]
+                actual_text = " ".join(doc_tokens[start_position:end_position + 1])
+                cleaned_answer_text = " ".join(answer["text"].strip().split())
+                (skipped if actual_text.find(cleaned_answer_text) == -1 else kept).append(qa["id"])
+    return kept, skipped
+
+
+def with_no_break_spaces(squad: dict) -> dict:
+    """The SQuAD data with the first space of every other multi-word answer made a no-break space, in the context
+    (every answer's text taken again from it: the lengths do not change)."""
+    squad = json.loads(json.dumps(squad))
+    for entry in squad["data"]:
+        for paragraph in entry["paragraphs"]:
+            context = paragraph["context"]
+            answers = [qa["answers"][0] for qa in paragraph["qas"] if qa["answers"]]
+            for answer in answers[::2]:
+                space = answer["text"].find(" ")
+                if space > 0:
+                    at = answer["answer_start"] + space
+                    context = context[:at] + "\u00a0" + context[at + 1:]
+            paragraph["context"] = context
+            for answer in answers:
+                answer["text"] = context[answer["answer_start"]:answer["answer_start"] + len(answer["text"])]
+    return squad
+
+
+@pytest.mark.parametrize("version", SQUAD_VERSIONS)
+def test_squad_training_questions_are_those_googles_reader_keeps(version, tmp_path):
+    data = fixture("squad_features.json.gz")[version]
+    squad = load_json(data["file"])
+    assert google_training_reads(squad) == (data["question_ids"], [])  # the transcription agrees with Google's run
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(with_no_break_spaces(squad)), encoding="utf-8")
+    kept, skipped = google_training_reads(json.loads(changed.read_text(encoding="utf-8")))
+    assert len(skipped) >= 20
+    warnings = []
+    examples = read_examples(changed, training=True, version_2=version == "v2.0", warn=warnings.append)
+    assert [example.question_id for example in examples] == kept
+    assert len(warnings) == 1 and f"skipped {len(skipped)} training questions" in warnings[0]
+    assert warnings[0].endswith(": " + ", ".join(skipped))
+    everything = read_examples(changed, training=True, version_2=version == "v2.0", keep_unaligned_answers=True)
+    assert [example.question_id for example in everything] == data["question_ids"]
 
 
 @functools.cache

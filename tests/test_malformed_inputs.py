@@ -1,7 +1,8 @@
 """A corpus of malformed inputs, each a valid input with one thing broken, run in this process through a command's
 main(argv): every one must be refused with exit status 2 (bertbench.errors), one line on stderr that names the
-culprit file, key or flag, no traceback, and the output directory exactly as it was (absent, empty, or a finished
-run's) but for the lock file's note of its last holder."""
+culprit file, key or flag, no traceback, and the output directory exactly as it was (absent, empty, or an earlier
+run's without a lock file): no file written or deleted, the lock file included, but for the note of its last holder
+where one was there."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from bertbench import cli, convert, create_pretraining_data, evaluate_squad, run
     run_squad
 from bertbench.config import BertConfig
 from bertbench.models import build_model
+from bertbench.run_lock import LOCK_NAME
 from bertbench.synthetic import write_corpus, write_glue_task, write_squad
 from bertbench.tf_checkpoint import _block_entries, _read_block, _varint, masked_crc32c
 from bertbench.weights import save_hf_directory
@@ -87,12 +89,23 @@ def pretrain_flags(inputs: Path, out: Path, *extra: str, shards=None, eval_dir=N
 
 @pytest.fixture(scope="module")
 def finished_runs(inputs, tmp_path_factory) -> dict[str, Path]:
-    """A finished run directory of each runner that has cases on one: copied, a case must leave it as it was."""
+    """Earlier run directories that cases run on, copied: a finished run of each runner that has cases on one, and
+    the same run stopped before its first checkpoint (`-unsaved`: its record and metrics.jsonl, which a new start
+    replaces), none with a lock file (a command that adds one and fails must remove it). A case must leave each as
+    it was."""
     root = tmp_path_factory.mktemp("finished")
     runs = {"classify": root / "classify", "pretrain": root / "pretrain"}
     assert run_classifier.main(classify_flags(inputs, runs["classify"], "--do_train", "--do_eval",
                                               "--do_predict")) == 0
     assert run_pretraining.main(pretrain_flags(inputs, runs["pretrain"], "--do_eval")) == 0
+    for name, finished in list(runs.items()):
+        (finished / LOCK_NAME).unlink()
+        unsaved = runs[f"{name}-unsaved"] = root / f"{name}-unsaved"
+        unsaved.mkdir()
+        shutil.copy(finished / "bertbench_run.json", unsaved)
+        logged = (finished / "metrics.jsonl").read_text().splitlines()
+        (unsaved / "metrics.jsonl").write_text(
+            "".join(line + "\n" for line in logged if json.loads(line)["checkpoint_step"] is None))
     return runs
 
 
@@ -343,7 +356,17 @@ def shard_case(id, damage, expect, which="shards", state="absent"):
     return Case(id, "pretrain", build, state)
 
 
-def tf1_case(id, damage, expect, command="classify"):
+def small_shard_case(id, state):
+    """A shard of 4 sequences for the runs' batch of 8: no batch can be drawn from it."""
+    def build(inputs, tmp, out):
+        (tmp / "small").mkdir()
+        shard = write_nvidia_shard(tmp / "small" / "part_0.hdf5", count=4)
+        return pretrain_flags(inputs, out, shards=shard.parent), f"{shard}: 4 sequences, the most of any training " \
+            "shard, fewer than --train_batch_size 8"
+    return Case(id, "pretrain", build, state)
+
+
+def tf1_case(id, damage, expect, command="classify", state="absent"):
     """A damaged copy of the TF1 fixture's checkpoint, warm-started from (classify) or converted (convert)."""
     def build(inputs, tmp, out):
         prefix = tf1_copy(tmp)
@@ -355,15 +378,15 @@ def tf1_case(id, damage, expect, command="classify"):
             argv = classify_flags(inputs, out, "--do_train", f"--init_checkpoint={prefix}",
                                   vocab=TF1 / "vocab.txt", config=TF1 / "bert_config.json")
         return argv, f"{culprit}: {expect}"
-    return Case(id, command, build)
+    return Case(id, command, build, state)
 
 
-def hf_case(id, make, expect, culprit="model.safetensors"):
+def hf_case(id, make, expect, culprit="model.safetensors", state="absent"):
     def build(inputs, tmp, out):
         directory = make(inputs, tmp)
         return (classify_flags(inputs, out, "--do_train", f"--init_checkpoint={directory}"),
                 f"{directory / culprit}: {expect}")
-    return Case(id, "classify", build)
+    return Case(id, "classify", build, state)
 
 
 def without(token):
@@ -494,7 +517,11 @@ CASES = [
     config_case("config-dropout-1.5", {"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
     config_case("config-type-vocab-size-1", {"type_vocab_size": 1}, "type_vocab_size"),
     config_case("config-layer-norm-eps-0", {"layer_norm_eps": 0}, "layer_norm_eps"),
-    config_case("config-weights-larger-than-memory", {"vocab_size": 10 ** 12}, "the model's fp32 weights alone take"),
+    config_case("config-weights-larger-than-memory", {"vocab_size": 10 ** 12}, "the model's fp32 weights alone take "
+                "119,209.3 GiB (embeddings: vocab_size=1000000000000 x hidden_size=32, 119,209.3 GiB), more than"),
+    config_case("config-layers-larger-than-memory", {"num_hidden_layers": 10 ** 8}, "the model's fp32 weights alone "
+                "take 3,182.9 GiB (layers: num_hidden_layers=100000000 x (4 x hidden_size=32 squared + 2 x "
+                "hidden_size x intermediate_size=64), 3,182.9 GiB), more than"),
     config_case("config-on-a-finished-run", {"hidden_act": None}, "missing key 'hidden_act'", state="classify"),
     Case("config-hf-of-another-model-type", "classify", lambda inputs, tmp, out: (
         classify_flags(inputs, out, "--do_train", config=hf_of_another_model_type(inputs, tmp)),
@@ -526,6 +553,9 @@ CASES = [
     tf1_case("tf1-truncated-data", _truncated_data, "truncated"),
     tf1_case("tf1-missing-data", _missing_data, "no such file"),
     tf1_case("tf1-tensor-of-wrong-shape", _reshaped, "variable bert/embeddings/LayerNorm/beta has shape [31]"),
+    tf1_case("tf1-truncated-data-in-an-existing-directory", _truncated_data, "truncated", state="empty"),
+    tf1_case("tf1-tensor-of-wrong-shape-in-an-existing-directory", _reshaped,
+             "variable bert/embeddings/LayerNorm/beta has shape [31]", state="empty"),
     tf1_case("convert-tf1-truncated-index", _truncated_index, "not a TensorFlow checkpoint index", "convert"),
     tf1_case("convert-tf1-truncated-data", _truncated_data, "truncated", "convert"),
     tf1_case("convert-tf1-missing-data", _missing_data, "no such file", "convert"),
@@ -543,6 +573,16 @@ CASES = [
     hf_case("hf-config-of-another-model-type", hf_of_another_model_type, "key 'model_type' is 'roberta'",
             "config.json"),
     hf_case("hf-directory-without-weights", hf_without_weights, "no model.safetensors", ""),
+    hf_case("hf-truncated-safetensors-on-an-unsaved-run", hf_truncated, "cannot read weights",
+            state="classify-unsaved"),
+    hf_case("hf-safetensors-wrong-shape-on-an-unsaved-run", hf_with_wrong_shape,
+            "bert.embeddings.position_embeddings.weight has shape", state="classify-unsaved"),
+    hf_case("hf-garbage-pytorch-model-bin-in-an-existing-directory", hf_with_garbage_bin, "cannot read weights",
+            "pytorch_model.bin", state="empty"),
+    Case("init-checkpoint-directory-of-unrelated-files-on-an-unsaved-run", "classify", lambda inputs, tmp, out: (
+        classify_flags(inputs, out, "--do_train", "--init_checkpoint="
+                       f"{write_bytes(tmp / 'notes' / 'a.txt', b'').parent}"),
+        f"{tmp / 'notes'}: no model.safetensors"), state="classify-unsaved"),
 
     # ---- hdf5 pre-training shards -----------------------------------------------------------------------------------
     Case("shard-not-hdf5", "pretrain", lambda inputs, tmp, out: (
@@ -570,6 +610,8 @@ CASES = [
                "row 4: next_sentence_labels value 5", "eval", state="pretrain"),
     shard_case("shard-eval-longer-than-max-seq-length", longer_sequences, "sequences of 64 tokens, longer than "
                "--max_seq_length 32", "eval", state="pretrain"),
+    small_shard_case("shard-smaller-than-a-batch-on-an-unsaved-run", "pretrain-unsaved"),
+    small_shard_case("shard-smaller-than-a-batch-on-a-finished-run", "pretrain"),
 
     # ---- flags ------------------------------------------------------------------------------------------------------
     flag_case("flag-bad-int", "classify", ["--train_batch_size=many"], "--train_batch_size"),
@@ -586,6 +628,9 @@ CASES = [
     flag_case("flag-max-seq-length-2", "classify", ["--max_seq_length=2"], "--max_seq_length"),
     flag_case("flag-recompute-every-0", "classify", ["--modeling=recompute", "--recompute-policy=every-k",
                                                      "--recompute-every=0"], "--recompute-every"),
+    flag_case("flag-recompute-every-0-in-an-existing-directory", "classify",
+              ["--modeling=recompute", "--recompute-policy=every-k", "--recompute-every=0"], "--recompute-every",
+              state="empty"),
     flag_case("flag-device-nonsense", "classify", ["--device=nonsense"], "nonsense"),
     flag_case("flag-device-nonsense-on-a-finished-run", "pretrain", ["--device=nonsense"], "nonsense",
               state="pretrain"),

@@ -173,8 +173,11 @@ def test_answer_text_comes_from_the_context_not_from_word_pieces(tokenizer):
     ("the Cafe\u0301. is big", "Cafe\u0301"),  # before punctuation
     ("the cafe\u200b\u0301 is big", "cafe\u200b\u0301"),  # a zero-width space, then a mark
     ("the cafe\x07 is big", "cafe\x07"),  # an ASCII control character
+    ("the \u0301cafe is big", "\u0301cafe"),  # a mark opening a word goes with the token after it
+    ("\u200b\u0301cafe is big", "\u200b\u0301cafe"),  # at the start of the context
+    ("the dog\u0301 \u0301cafe is big", "\u0301cafe"),  # the mark after "dog" stays with "dog"
 ])
-def test_an_answer_keeps_the_characters_the_normalizer_deletes_after_its_last_token(tokenizer, context, answer):
+def test_an_answer_keeps_the_characters_the_normalizer_deletes_around_its_tokens(tokenizer, context, answer):
     # Google answers with whole original words here ("GNU Cafe\u0301" scores EM 100 against the same gold text).
     examples = [example(context, question="who ?")]
     features = convert_examples(examples, tokenizer, 32, 8, 8, training=False)
@@ -289,6 +292,41 @@ def test_read_examples_keeps_order_first_answer_and_impossible(tmp_path):
         [("1", "big", 2, False), ("2", "", -1, True), ("3", "barks", 0, False)]
     # for prediction the answers are not read (the scorer reads them), so dev files need no answer_start
     assert [e.answer_start for e in read_examples(path, training=False, version_2=False)] == [-1, -1, -1]
+
+
+def test_training_skips_the_answers_googles_reader_cannot_find_unless_kept(tmp_path):
+    # Google's read_squad_examples splits the context at " \t\r\n\u202f" only and the answer at every Unicode space
+    # (str.split), then looks for the answer's words in the context's words it spans: an answer holding a no-break
+    # or ideographic space is not found, and the question is skipped. An answer inside a word is found.
+    def at(context, question_id, text):
+        return qa(question_id, text, context.index(text))
+
+    first, second, third = ("the dog barks\u00a0a night", "北京\u3000大学 is big",
+                            "a big\u202fdog, an unbelievable dog\t barks")
+    path = squad_file(tmp_path, [
+        {"context": first, "qas": [at(first, "nbsp", "barks\u00a0a"), at(first, "word", "a night"),
+                                   qa("none", is_impossible=True)]},
+        {"context": second, "qas": [at(second, "ideographic", "北京\u3000大学")]},
+        {"context": third, "qas": [at(third, "narrow", "big\u202fdog"), at(third, "inside", "believ"),
+                                   at(third, "tab", "dog\t barks")]},
+    ], version="v2.0")
+    warnings = []
+    examples = read_examples(path, training=True, version_2=True, warn=warnings.append)
+    assert [example.question_id for example in examples] == ["word", "none", "narrow", "inside", "tab"]
+    assert warnings == [f"warning: {path}: skipped 2 training questions as Google's run_squad skips them, their "
+                        "answer text not found in the context's whitespace-split words (its \"Could not find "
+                        "answer\"; --keep_unaligned_answers trains on them): nbsp, ideographic"]
+    kept = read_examples(path, training=True, version_2=True, keep_unaligned_answers=True, warn=warnings.append)
+    assert [example.question_id for example in kept] == ["nbsp", "word", "none", "ideographic", "narrow", "inside",
+                                                         "tab"]
+    assert len(read_examples(path, training=False, version_2=True, warn=warnings.append)) == 7
+    assert len(warnings) == 1
+
+
+def test_a_file_whose_every_answer_is_skipped_says_so(tmp_path):
+    path = squad_file(tmp_path, [{"context": "a big\u00a0dog", "qas": [qa("q1", "big\u00a0dog", 2)]}])
+    with pytest.raises(SquadDataError, match="no questions left to train on"):
+        read_examples(path, training=True, version_2=False, warn=lambda line: None)
 
 
 @pytest.mark.parametrize("paragraphs, message", [

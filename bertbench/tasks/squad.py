@@ -5,7 +5,9 @@ Features follow Google's run_squad.py: [CLS] question [SEP] context window [SEP]
 max_query_length tokens, long contexts split into windows doc_stride tokens apart. Token positions come from the
 fast tokenizer's character offsets, so an answer maps to tokens exactly (accents, CJK, runs of whitespace) and a
 predicted span maps back to the original context text, not to joined word pieces. A training window that does not
-hold the whole answer, and every window of an unanswerable v2.0 question, points at [CLS].
+hold the whole answer, and every window of an unanswerable v2.0 question, points at [CLS]. Training questions whose
+answer Google's reader cannot find in the context's whitespace-split words (an answer holding a no-break space) are
+skipped with a warning, as Google's read_squad_examples skips them, unless kept on request.
 
 Scoring is that of the official evaluate-v1.1.py and evaluate-v2.0.py: answers are normalised (lower-cased,
 punctuation removed, the articles a/an/the removed, whitespace collapsed); exact match and token-overlap F1 are each
@@ -15,6 +17,7 @@ ground truth; with no-answer probabilities the scorer also finds the threshold t
 
 from __future__ import annotations
 
+import bisect
 import collections
 import functools
 import json
@@ -22,7 +25,7 @@ import os
 import re
 import string
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -221,6 +224,10 @@ def _best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float],
 
 # ---- examples: what the runner trains on and predicts ------------------------------------------------------------
 
+# Google's run_squad splits a paragraph into words at these characters only (its is_whitespace).
+_GOOGLE_WORD = re.compile(r"[^ \t\r\n\u202f]+")
+
+
 @dataclass(frozen=True)
 class SquadExample:
     question_id: str
@@ -231,9 +238,18 @@ class SquadExample:
     is_impossible: bool = False
 
 
-def read_examples(path: str | os.PathLike, training: bool, version_2: bool) -> list[SquadExample]:
+def _print_warning(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def read_examples(path: str | os.PathLike, training: bool, version_2: bool, keep_unaligned_answers: bool = False,
+                  warn: Callable[[str], None] = _print_warning) -> list[SquadExample]:
     """Every question of a SQuAD file. With `training`, each question needs an answer whose answer_start points at
     its text in the context (or, with `version_2`, is_impossible); the first answer is the one trained on.
+
+    Training questions whose answer Google's run_squad cannot find in the context's words (`_google_finds_answer`)
+    are skipped, as Google's read_squad_examples skips them, and one line through `warn` names them;
+    `keep_unaligned_answers` keeps them.
 
     Errors name the file and the question id: a missing field, an empty context, a repeated id, an answer_start that
     does not match the answer text, an unanswerable question without `version_2`."""
@@ -241,7 +257,7 @@ def read_examples(path: str | os.PathLike, training: bool, version_2: bool) -> l
     data = _load_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise SquadDataError(f"{path}: not a SQuAD file (no 'data' list)")
-    examples, seen = [], set()
+    examples, seen, skipped = [], set(), []
     for article in data["data"]:
         for paragraph in _field(article, "paragraphs", path, "an article"):
             questions = _field(paragraph, "qas", path, "a paragraph")
@@ -251,15 +267,43 @@ def read_examples(path: str | os.PathLike, training: bool, version_2: bool) -> l
             context = _field(paragraph, "context", path, owner)
             if not isinstance(context, str) or not context.strip():
                 raise SquadDataError(f"{path}: {owner}: empty context")
+            words = None
             for qa in questions:
                 example = _read_example(qa, context, path, training, version_2)
                 if example.question_id in seen:
                     raise SquadDataError(f"{path}: question {example.question_id}: the id is used twice")
                 seen.add(example.question_id)
+                if training and not example.is_impossible and not keep_unaligned_answers:
+                    words = words or _google_words(context)
+                    if not _google_finds_answer(words, example.answer_start, example.answer_text):
+                        skipped.append(example.question_id)
+                        continue
                 examples.append(example)
+    if skipped:
+        warn(f"warning: {path}: skipped {len(skipped)} training question{'s' if len(skipped) != 1 else ''} as "
+             "Google's run_squad skips them, their answer text not found in the context's whitespace-split words "
+             f"(its \"Could not find answer\"; --keep_unaligned_answers trains on them): {', '.join(skipped)}")
     if not examples:
-        raise SquadDataError(f"{path}: no questions")
+        raise SquadDataError(f"{path}: no questions" + (" left to train on" if skipped else ""))
     return examples
+
+
+def _google_words(context: str) -> tuple[list[str], list[int]]:
+    """The context's words as Google's run_squad splits them (doc_tokens), and where each starts."""
+    matches = list(_GOOGLE_WORD.finditer(context))
+    return [match.group() for match in matches], [match.start() for match in matches]
+
+
+def _google_finds_answer(context_words: tuple[list[str], list[int]], answer_start: int, answer_text: str) -> bool:
+    """Google's read_squad_examples test of a training answer: the words from the one holding the answer's first
+    character to the one holding its last (char_to_word_offset: a space belongs to the word before it), joined by
+    single spaces, must contain the answer's own words (whitespace_tokenize, Python's str.split) joined likewise.
+    The context is split at spaces, tabs, line breaks and U+202F only, the answer at every Unicode space, so an
+    answer holding a no-break space (U+00A0), an ideographic space (U+3000) or the like is not found."""
+    words, starts = context_words
+    first = bisect.bisect_right(starts, answer_start) - 1
+    last = bisect.bisect_right(starts, answer_start + len(answer_text) - 1) - 1
+    return " ".join(words[first:last + 1]).find(" ".join(answer_text.split())) != -1
 
 
 def _read_example(qa, context: str, path: str, training: bool, version_2: bool) -> SquadExample:
@@ -390,9 +434,10 @@ _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # the ASCII ch
 
 
 def _with_vanished_characters(context: str, offsets: np.ndarray, vanishes) -> np.ndarray:
-    """Token offsets extended over the characters the normalizer deletes right after a token (a decomposed accent
-    "Cafe\u0301" when stripping accents, a zero-width space), so that an answer ending in that word keeps them, as
-    Google's answers (whole original words) do."""
+    """Token offsets extended over the characters the normalizer deletes (a decomposed accent when stripping
+    accents, a zero-width space, a control character), so that an answer keeps them, as Google's answers (whole
+    original words) do: those right after a token join it ("Cafe\u0301"), those left before a token, after a space
+    or another kept character, join the token that follows ("\u0301a", a mark opening a word)."""
     if len(offsets) == 0 or context.isascii() and not _ASCII_CONTROL.search(context):
         return offsets  # the common case: nothing in the context vanishes
     next_starts = np.append(offsets[1:, 0], len(context))
@@ -401,6 +446,12 @@ def _with_vanished_characters(context: str, offsets: np.ndarray, vanishes) -> np
         while end < next_starts[token] and vanishes(context[end]):
             end += 1
         offsets[token, 1] = end
+    previous_ends = np.insert(offsets[:-1, 1], 0, 0)
+    for token in np.flatnonzero(offsets[:, 0] > previous_ends):
+        start = int(offsets[token, 0])
+        while start > previous_ends[token] and vanishes(context[start - 1]):
+            start -= 1
+        offsets[token, 0] = start
     return offsets
 
 
@@ -460,8 +511,6 @@ class _Candidate(NamedTuple):
 
 
 ANSWER_TEXTS = ("google", "context")
-# Google's run_squad splits a paragraph into words at these characters only (its is_whitespace).
-_GOOGLE_WORD = re.compile(r"[^ \t\r\n\u202f]+")
 
 
 class GoogleAnswerText:
@@ -476,9 +525,8 @@ class GoogleAnswerText:
 
     def _words(self, context: str) -> tuple[list[str], np.ndarray]:
         if context not in self._words_of:
-            matches = list(_GOOGLE_WORD.finditer(context))
-            self._words_of[context] = ([match.group() for match in matches],
-                                          np.array([match.start() for match in matches], dtype=np.int64))
+            words, starts = _google_words(context)
+            self._words_of[context] = words, np.array(starts, dtype=np.int64)
         return self._words_of[context]
 
     def __call__(self, context: str, input_ids: np.ndarray, offsets: np.ndarray, first: int, last: int) -> str:
