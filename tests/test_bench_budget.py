@@ -52,7 +52,10 @@ def test_each_contender_trains_until_the_budget_then_is_scored(race):
         records = [json.loads(line) for line in open(os.path.join(row["run_dir"], "metrics.jsonl"))]
         rates = sorted(record["seq_per_s"] for record in records[1:])
         assert (row["window_seq_per_s_min"], row["window_seq_per_s_max"]) == (rates[0], rates[-1])
-        assert f"| {row['window_seq_per_s']:,.1f} ({rates[0]:,.1f}–{rates[-1]:,.1f}, CV " in markdown
+        # A busy machine may leave a contender two steps in the budget: one window, no spread to show.
+        shown = (f"| {row['window_seq_per_s']:,.1f} ({rates[0]:,.1f}–{rates[-1]:,.1f}, CV " if len(rates) > 1
+                 else f"| {row['window_seq_per_s']:,.1f} |")
+        assert shown in markdown
 
 
 @pytest.mark.slow
