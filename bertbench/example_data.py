@@ -33,7 +33,7 @@ from bertbench.create_pretraining_data import DataSettings, create_pretraining_d
 from bertbench.errors import ArgumentParser, UsageError, run_command
 from bertbench.models import build_model
 from bertbench.tf_checkpoint import write_tf_checkpoint
-from bertbench.weights import _tf_model_variables, save_hf_directory
+from bertbench.weights import tf_model_variables, save_hf_directory
 
 PROG = "bertbench example-data"
 # Google's BERT-Tiny shape, narrowed to the 42-token vocabulary; 512 positions so that every script's default
@@ -55,7 +55,7 @@ def tf_variables(model: torch.nn.Module, config: BertConfig) -> dict[str, np.nda
     weights.read_tf_weights, over the variables weights.py maps that the model has."""
     state = model.state_dict()
     variables = {}
-    for tf_name, (hf_name, _) in _tf_model_variables(config, None).items():
+    for tf_name, (hf_name, _) in tf_model_variables(config, None).items():
         if hf_name in state:
             value = state[hf_name].detach().float()
             variables[tf_name] = (value.T if tf_name.endswith("/kernel") else value).contiguous().numpy()

@@ -135,11 +135,14 @@ class _AdamMoments(torch.optim.Optimizer):
                              f"weight_decay={weight_decay}")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.fused = fused  # None: on a GPU. Not a group setting: a checkpoint's groups stay as they were
+        self._on_gpu: bool | None = None
 
     def _fused_here(self) -> bool:
         if self.fused is not None:
             return self.fused
-        return all(parameter.is_cuda for group in self.param_groups for parameter in group["params"])
+        if self._on_gpu is None:  # asked on every step (clip_and_step and each group): the parameters stay put
+            self._on_gpu = all(parameter.is_cuda for group in self.param_groups for parameter in group["params"])
+        return self._on_gpu
 
     def _gather(self, group: dict) -> tuple[list, list, list, list, list[int]]:
         """The group's parameters that have gradients, their gradients and moments, and their step counts, counting

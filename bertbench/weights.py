@@ -39,7 +39,7 @@ _HF_TIED_ALIASES = frozenset({"cls.predictions.decoder.weight", "cls.predictions
 _TF_LAYER = re.compile(r"bert/encoder/layer_(\d+)/")
 
 
-def _tf_model_variables(config: BertConfig, num_labels: int | None) -> dict[str, tuple[str, tuple[int, ...]]]:
+def tf_model_variables(config: BertConfig, num_labels: int | None) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{Google TF variable: (HF name, TF shape)} for every weight a BERT with this config and its heads can have."""
     h, v = config.hidden_size, config.vocab_size
     table: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -110,7 +110,7 @@ def map_tf_names(shapes: Mapping[str, tuple[int, ...]], config: BertConfig, sour
     """
     num_labels = next((shapes[name][0] for name in ("output_weights", "output_bias") if name in shapes
                        and len(shapes[name]) >= 1), None)
-    table = _tf_model_variables(config, num_labels)
+    table = tf_model_variables(config, num_labels)
     mapping = TFMapping()
     for name in sorted(shapes):
         shape = tuple(shapes[name])
@@ -248,7 +248,7 @@ def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -
 def _check_shapes(state: Mapping[str, torch.Tensor], config: BertConfig, source: str) -> None:
     num_labels = state["classifier.weight"].shape[0] if "classifier.weight" in state else None
     expected = {}
-    for tf_name, (hf_name, shape) in _tf_model_variables(config, num_labels).items():
+    for tf_name, (hf_name, shape) in tf_model_variables(config, num_labels).items():
         expected[hf_name] = shape[::-1] if tf_name.endswith("/kernel") else shape
     for name, tensor in state.items():
         shape = expected.get(name, expected.get(f"bert.{name}"))

@@ -178,12 +178,16 @@ def test_run_part_keeps_the_output_and_names_the_error(tmp_path, capsys):
     assert "broken| step 1" in capsys.readouterr().out  # shown as it runs, with the part's name
 
 
+def run_suite(out, *flags):
+    """The suite's status is 0 with `flags` into `out`; its report."""
+    assert suite.main([*flags, "--output_dir", str(out)]) == 0
+    return json.loads((out / "suite.json").read_text())
+
+
 @pytest.mark.slow
 def test_a_real_part_runs_as_its_own_process(tmp_path):
     out = tmp_path / "suite"
-    assert suite.main(["--device", "cpu", "--parts", "finetuning", "--steps", "1", "--warmup", "0",
-                       "--output_dir", str(out)]) == 0
-    report = json.loads((out / "suite.json").read_text())
+    report = run_suite(out, "--device", "cpu", "--parts", "finetuning", "--steps", "1", "--warmup", "0")
     (part,) = report["parts"]
     assert part["exit_status"] == 0 and part["command"].startswith("bertbench bench throughput --model tiny")
     assert (out / "finetuning" / "throughput.json").exists() and (out / "finetuning" / "output.log").exists()
@@ -228,10 +232,7 @@ def test_eager_and_compiled_variants_are_timed_side_by_side(tmp_path, monkeypatc
 
 @pytest.mark.gpu
 def test_gpu_small_suite_runs_every_part_on_cuda(tmp_path):
-    out = tmp_path / "suite"
-    assert suite.main(["--device", "cuda:0", "--size", "small", "--steps", "2", "--warmup", "1",
-                       "--output_dir", str(out)]) == 0
-    report = json.loads((out / "suite.json").read_text())
+    report = run_suite(tmp_path / "suite", "--device", "cuda:0", "--size", "small", "--steps", "2", "--warmup", "1")
     assert all(part["exit_status"] == 0 for part in report["parts"])
     summary = report["summary"]
     assert {row["variant"] for row in summary["recompute"]} == set(suite.RECOMPUTE_VARIANTS)
