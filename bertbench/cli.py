@@ -6,32 +6,32 @@ import importlib
 import inspect
 import sys
 
-from bertbench.errors import INPUT_ERROR, run_command
+from bertbench.common.errors import INPUT_ERROR, run_command
 
 # sub-command -> (module with main(argv), one-line help); modules are imported only when their command runs.
 COMMANDS = {
     "demo": ("bertbench.demo.run", "train a tiny BERT on built-in data, baseline vs recompute (no network)"),
-    "example-data": ("bertbench.example_data", "write a tiny BERT (TF1 checkpoint + HF directory), GLUE, SQuAD and "
+    "example-data": ("bertbench.runners.example_data", "write a tiny BERT (TF1 checkpoint + HF directory), GLUE, SQuAD and "
                                                "pre-training data: every runner runs without downloads"),
-    "classify": ("bertbench.run_classifier", "fine-tune / evaluate / predict a GLUE task (Google's run_classifier "
+    "classify": ("bertbench.runners.classifier", "fine-tune / evaluate / predict a GLUE task (Google's run_classifier "
                                              "flags)"),
-    "squad": ("bertbench.run_squad", "fine-tune / predict SQuAD v1.1 or v2.0 (Google's run_squad flags)"),
-    "pretrain": ("bertbench.run_pretraining", "pre-train BERT (MLM + NSP) on NVIDIA-layout hdf5 shards, phase 1 / "
+    "squad": ("bertbench.runners.squad", "fine-tune / predict SQuAD v1.1 or v2.0 (Google's run_squad flags)"),
+    "pretrain": ("bertbench.runners.pretraining", "pre-train BERT (MLM + NSP) on NVIDIA-layout hdf5 shards, phase 1 / "
                                               "phase 2 (Google's run_pretraining flags)"),
-    "create-pretraining-data": ("bertbench.create_pretraining_data", "raw text (Google's format) -> hdf5 shards in "
+    "create-pretraining-data": ("bertbench.tasks.create_pretraining_data", "raw text (Google's format) -> hdf5 shards in "
                                                                      "NVIDIA's layout, optionally in length bins"),
-    "evaluate-squad": ("bertbench.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
-    "launch": ("bertbench.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
+    "evaluate-squad": ("bertbench.runners.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
+    "launch": ("bertbench.runners.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
     "bench": ("bertbench.bench.cli", "benchmarks: suite, throughput, memory, optimizer, scaling, budget, profile, "
                                      "plan, finetuning, squad-data, pretraining-data (JSON, markdown, PNG)"),
     "report": ("bertbench.bench.report", "merge bench results of several runs into one comparison"),
-    "convert": ("bertbench.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
-    "export": ("bertbench.export", "a run, a bertbench checkpoint or a TF1 checkpoint -> an HF directory (weights, "
+    "convert": ("bertbench.weights.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
+    "export": ("bertbench.weights.export", "a run, a bertbench checkpoint or a TF1 checkpoint -> an HF directory (weights, "
                                    "config, tokenizer) that transformers loads"),
 }
 
 
-# Options of `bertbench` itself, before the command: how much the run's log says (bertbench.progress.LEVELS).
+# Options of `bertbench` itself, before the command: how much the run's log says (bertbench.training.progress.LEVELS).
 VERBOSITY_OPTIONS = {"-q": "quiet", "--quiet": "quiet", "-v": "verbose", "--verbose": "verbose"}
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("-V", "--version"):
         from bertbench import __version__
         return run_command("bertbench", lambda: print(f"bertbench {__version__}"))
-    # A usage error: one line, status 2 (bertbench.errors)
+    # A usage error: one line, status 2 (bertbench.common.errors)
     if not argv:
         print("bertbench: error: no command given; `bertbench --help` lists them", file=sys.stderr)
         return INPUT_ERROR
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(name: str, argv: list[str], verbosity: str) -> int:
-    from bertbench.progress import verbosity as log_level
+    from bertbench.training.progress import verbosity as log_level
     command = importlib.import_module(COMMANDS[name][0]).main
     # A command that names itself (its --help's usage line, its errors) is named as typed here.
     named = {"prog": f"bertbench {name}"} if "prog" in inspect.signature(command).parameters else {}

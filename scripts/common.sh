@@ -91,7 +91,7 @@ resolve_nodes() {
 }
 
 # run_logged RUN_DIR NUM_GPU MODULE FLAGS...: run the bertbench module on one process, or through torchrun
-# (bertbench.launch) on NUM_GPU processes per node and NNODES nodes (resolve_nodes first); append the command to
+# (bertbench.runners.launch) on NUM_GPU processes per node and NNODES nodes (resolve_nodes first); append the command to
 # RUN_DIR/command.log (node 0) and the output to RUN_DIR/train.log (train.node<NODE_RANK>.log on several nodes).
 # A runner that refuses its input (status 2: a missing bert_config.json, a bad flag) has written nothing, and then
 # neither has this: the logs and the directories made for them are removed, so a failed start leaves nothing behind
@@ -101,12 +101,12 @@ run_logged() {
   shift 3
   local launch=("$PYTHON" -m "$module") log=$run_dir/train.log
   if [ "$NNODES" -gt 1 ]; then
-    launch=("$PYTHON" -m bertbench.launch --nnodes="$NNODES" --nproc-per-node="$num_gpu" --rdzv-backend=c10d
+    launch=("$PYTHON" -m bertbench.runners.launch --nnodes="$NNODES" --nproc-per-node="$num_gpu" --rdzv-backend=c10d
             --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="${RDZV_ID:-bertbench-$(basename "$run_dir")}"
             --rdzv-conf=join_timeout="${RDZV_TIMEOUT:-600}" --max-restarts="${MAX_RESTARTS:-0}" -m "$module")
     log=$run_dir/train.node$NODE_RANK.log
   elif [ "$num_gpu" -gt 1 ]; then
-    launch=("$PYTHON" -m bertbench.launch --standalone --nproc-per-node="$num_gpu"
+    launch=("$PYTHON" -m bertbench.runners.launch --standalone --nproc-per-node="$num_gpu"
             --max-restarts="${MAX_RESTARTS:-0}" -m "$module")
   fi
   export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-90}

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertbench.config import BertConfig
-from bertbench.run_lock import LOCK_NAME
-from bertbench.synthetic import write_vocab
+from bertbench.model.config import BertConfig
+from bertbench.runners.run_lock import LOCK_NAME
+from bertbench.tasks.synthetic import write_vocab
 
 # The tests' models are tiny and the machine they run on may have 2 cores, shared with the processes a test starts:
 # a second intra-op thread then costs far more than it gives (OpenMP threads spin waiting for each other; a run of
@@ -182,7 +182,7 @@ def is_the_packing_skip(reason: str) -> bool:
 def runner_inputs(tmp_path_factory) -> Path:
     """Small valid inputs of the three runners: glue/MRPC, squad/ (v1.1), shards/ and eval/ (NVIDIA's layout) and
     bert/ (TINY_BERT, the built-in vocabulary)."""
-    from bertbench.synthetic import write_glue_task, write_squad
+    from bertbench.tasks.synthetic import write_glue_task, write_squad
 
     root = tmp_path_factory.mktemp("runner_inputs")
     write_glue_task(root / "glue", "MRPC", train=64, dev=16, test=8)
@@ -197,7 +197,7 @@ def runner_inputs(tmp_path_factory) -> Path:
 def runner_command(runner: str, inputs: Path, out: Path, *extra: str) -> tuple:
     """(main, argv) of a short training of `runner` (classifier, squad or pretraining) on runner_inputs into `out`:
     a few steps of batch 8 (2; SQuAD's windows 4), a checkpoint only at the end; later flags in `extra` win."""
-    from bertbench import run_classifier, run_pretraining, run_squad
+    from bertbench.runners import classifier as run_classifier, pretraining as run_pretraining, squad as run_squad
 
     common = [f"--bert_config_file={inputs / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
               "--train_batch_size=8", "--do_train", "--save_checkpoints_secs=0", "--log_step_count_steps=1000",

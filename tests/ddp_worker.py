@@ -24,13 +24,13 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import tiny_batch, tiny_config  # noqa: E402
 
-from bertbench.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from bertbench.distributed import job_from_environment  # noqa: E402
-from bertbench.batches import ShuffledBatches  # noqa: E402
-from bertbench.estimator import Estimator  # noqa: E402
-from bertbench.train_state import seed_everything  # noqa: E402
-from bertbench.training_config import RunConfig, TrainConfig  # noqa: E402
-from bertbench.models import build_model  # noqa: E402
+from bertbench.training.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from bertbench.training.distributed import job_from_environment  # noqa: E402
+from bertbench.training.batches import ShuffledBatches  # noqa: E402
+from bertbench.training.loop import Estimator  # noqa: E402
+from bertbench.training.state import seed_everything  # noqa: E402
+from bertbench.training.config import RunConfig, TrainConfig  # noqa: E402
+from bertbench.model.factory import build_model  # noqa: E402
 
 ALLREDUCES: list[bool] = []  # per bucket all-reduce: whether it was the backward pass's last bucket
 

@@ -44,9 +44,9 @@ for path in (HERE, ROOT):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from bertbench.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
-from bertbench.progress import MEASURED_FIELDS  # noqa: E402
-from bertbench.synthetic import vocabulary, write_glue_task, write_squad  # noqa: E402
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
+from bertbench.training.progress import MEASURED_FIELDS  # noqa: E402
+from bertbench.tasks.synthetic import vocabulary, write_glue_task, write_squad  # noqa: E402
 from conftest import write_bert_dir, write_nvidia_shard  # noqa: E402
 
 RUNNERS = ("classifier", "squad", "pretraining", "launch2")
@@ -89,21 +89,21 @@ def command(runner: str, data: Path, out: Path) -> list[str]:
     differs between trials)."""
     python = [sys.executable, "-m"]
     if runner == "classifier":  # 96 steps
-        return python + ["bertbench.run_classifier", *classifier_flags(data, out, batch=16, epochs=6)]
+        return python + ["bertbench.runners.classifier", *classifier_flags(data, out, batch=16, epochs=6)]
     if runner == "squad":  # 91 steps (147 windows of 48 tokens, 5 epochs)
-        return python + ["bertbench.run_squad", f"--train_file={data / 'squad' / 'train-v1.1.json'}",
+        return python + ["bertbench.runners.squad", f"--train_file={data / 'squad' / 'train-v1.1.json'}",
                          f"--vocab_file={data / 'squad_bert' / 'vocab.txt'}",
                          f"--bert_config_file={data / 'squad_bert' / 'bert_config.json'}", "--max_seq_length=48",
                          "--doc_stride=16", "--max_query_length=16", "--do_train", "--train_batch_size=8",
                          "--num_train_epochs=5", "--learning_rate=1e-3", *saves_and_logs(out)]
     if runner == "pretraining":  # 96 steps: 8 passes over 2 shards of 48, the loader's position crossing both
-        return python + ["bertbench.run_pretraining", f"--input_dir={data / 'shards'}",
+        return python + ["bertbench.runners.pretraining", f"--input_dir={data / 'shards'}",
                          f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
                          "--max_predictions_per_seq=5", "--do_train", "--train_batch_size=8", "--num_train_steps=96",
                          "--learning_rate=2e-3", *saves_and_logs(out)]
     if runner == "launch2":  # run_classifier on 2 processes under torchrun (gloo on CPU): 80 steps
         return python + ["bertbench", "launch", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
-                         "-m", "bertbench.run_classifier", *classifier_flags(data, out, batch=8, epochs=5)]
+                         "-m", "bertbench.runners.classifier", *classifier_flags(data, out, batch=8, epochs=5)]
     raise ValueError(f"unknown runner {runner!r}; choose from {', '.join(RUNNERS)}")
 
 

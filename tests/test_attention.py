@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertbench import attention  # noqa: F401  (registers the op)
+from bertbench.model import attention  # noqa: F401  (registers the op)
 
 LENGTHS = (5, 1, 0, 7, 3)
 HEADS, HEAD_DIM = 3, 8

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from bertbench.bench import budget
-from bertbench.synthetic import write_glue_task
+from bertbench.tasks.synthetic import write_glue_task
 from conftest import write_bert_dir
 
 TINY = ["--hidden=32", "--layers=1", "--max_seq_length=32", "--log_step_count_steps=1", "--threads_per_process=1",
@@ -70,10 +70,10 @@ def test_contender_flags_and_command():
     contender = budget.Contender.parse("every-3:2:independent")
     assert contender.run_name == "every-3-2proc-independent" and contender.label == "every-3:2:independent"
     command = contender.command(["--do_train"])
-    assert command[1:6] == ["-m", "bertbench.launch", "--standalone", "--nproc-per-node=2", "-m"]
+    assert command[1:6] == ["-m", "bertbench.runners.launch", "--standalone", "--nproc-per-node=2", "-m"]
     assert command[-5:] == ["--do_train", "--modeling=recompute", "--recompute-policy=every-k",
                             "--recompute-every=3", "--no_sync_gradients"]
-    assert budget.Contender.parse("baseline:1").command([])[1:] == ["-m", "bertbench.run_classifier",
+    assert budget.Contender.parse("baseline:1").command([])[1:] == ["-m", "bertbench.runners.classifier",
                                                                      "--modeling=baseline"]
 
 

@@ -6,7 +6,8 @@ import statistics
 
 import pytest
 
-from bertbench import runner, synthetic
+from bertbench.runners import command as runner
+from bertbench.tasks import synthetic
 from bertbench.bench import finetuning
 
 QUICK = ["--model=tiny", "--max_seq_length=32", "--train_batch_size=16", "--save_checkpoints_secs=0.05"]

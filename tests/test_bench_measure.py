@@ -3,8 +3,9 @@ import json
 import pytest
 import torch
 
-from bertbench import noise
-from bertbench import devices, synthetic
+from bertbench.common import noise
+from bertbench.tasks import synthetic
+from bertbench.training import devices
 from bertbench.bench import flops, measure, output, plots, workload
 from conftest import TINY_BERT
 

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from bertbench import modeling, optim
+from bertbench.model import modeling
+from bertbench.training import optim
 from bertbench.bench import cli, optimizer
 from conftest import tiny_config
 

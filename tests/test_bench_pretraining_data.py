@@ -8,8 +8,8 @@ import pytest
 
 from bertbench import cli as bertbench_cli
 from bertbench.bench import pretraining_data
-from bertbench.synthetic import write_vocab
-from bertbench.tokenization import BertTokenizer
+from bertbench.tasks.synthetic import write_vocab
+from bertbench.tasks.tokenization import BertTokenizer
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SMALL = ["--megabytes", "0.3", "--num_shards", "2", "--max_seq_length", "64", "--max_predictions_per_seq", "10"]

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from bertbench import synthetic
+from bertbench.tasks import synthetic
 from bertbench.bench import squad_data
 from bertbench.tasks.squad import convert_examples, read_examples
-from bertbench.tokenization import BertTokenizer
+from bertbench.tasks.tokenization import BertTokenizer
 
 
 def test_given_files_are_timed_by_run_squads_own_code(tmp_path):

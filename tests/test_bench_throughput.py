@@ -6,12 +6,12 @@ import pathlib
 import pytest
 import torch
 
-from bertbench import noise
+from bertbench.common import noise
 from bertbench import cli as bertbench_cli
-from bertbench import synthetic
+from bertbench.tasks import synthetic
 from bertbench.bench import flops, throughput, workload
-from bertbench.train_step import TrainStep
-from bertbench.training_config import TrainConfig
+from bertbench.training.step import TrainStep
+from bertbench.training.config import TrainConfig
 
 TINY = ["--model", "tiny", "--seq_lengths", "32", "--batch_sizes", "2,4", "--warmup", "1", "--steps", "2"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -347,7 +347,7 @@ def test_an_unknown_lengths_name_is_neither_a_name_nor_a_file(tmp_path, error_li
 
 
 def test_the_built_in_distribution_is_the_committed_recipe_on_real_text():
-    from bertbench.tokenization import BertTokenizer
+    from bertbench.tasks.tokenization import BertTokenizer
     fixtures = pathlib.Path(__file__).parent / "fixtures" / "google_bert"
     spec = importlib.util.spec_from_file_location("make_lengths", fixtures / "make_lengths.py")
     make_lengths = importlib.util.module_from_spec(spec)

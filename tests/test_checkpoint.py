@@ -6,8 +6,8 @@ import zipfile
 import pytest
 import torch
 
-from bertbench import checkpoint
-from bertbench.checkpoint import CheckpointError, SaveTrigger
+from bertbench.training import checkpoint
+from bertbench.training.checkpoint import CheckpointError, SaveTrigger
 
 
 def state(value: float) -> dict:

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from bertbench import __version__, cli, progress
+from bertbench import __version__, cli
+from bertbench.training import progress
 from bertbench.bench.cli import BENCHES
 
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from bertbench.batches import ShuffledBatches
-from bertbench.estimator import Estimator
-from bertbench.models import build_model
-from bertbench.run_classifier import main
-from bertbench.synthetic import synthetic_batch, write_glue_task
-from bertbench.train_step import TrainStep, runnable_config
-from bertbench.training_config import RunConfig, TrainConfig
+from bertbench.training.batches import ShuffledBatches
+from bertbench.training.loop import Estimator
+from bertbench.model.factory import build_model
+from bertbench.runners.classifier import main
+from bertbench.tasks.synthetic import synthetic_batch, write_glue_task
+from bertbench.training.step import TrainStep, runnable_config
+from bertbench.training.config import RunConfig, TrainConfig
 from conftest import tiny_batch, tiny_config, write_bert_dir
 
 CONFIG = tiny_config(hidden_size=32, intermediate_size=64)

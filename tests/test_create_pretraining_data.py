@@ -10,8 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from bertbench.create_pretraining_data import DataError, DataSettings, build_parser, create_pretraining_data, main
-from bertbench.synthetic import NEGATIVE, NOUNS, POSITIVE, VERBS, vocabulary, write_vocab
+from bertbench.tasks.create_pretraining_data import DataError, DataSettings, build_parser, create_pretraining_data, main
+from bertbench.tasks.synthetic import NEGATIVE, NOUNS, POSITIVE, VERBS, vocabulary, write_vocab
 from bertbench.tasks.pretraining import NVIDIA_DTYPES, SHARD_KEYS
 
 SEQ, PREDICTIONS = 32, 5

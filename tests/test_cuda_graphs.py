@@ -1,4 +1,4 @@
-"""bertbench.cuda_graphs' bookkeeping on the CPU, with a recorder that "replays" a capture by running it again into
+"""bertbench.training.cuda_graphs' bookkeeping on the CPU, with a recorder that "replays" a capture by running it again into
 the captured loss tensor: static inputs reloaded for each batch, one graph per batch signature, the warm-up's and
 capture's gradients undone, gradients accumulated into the tensors captured, the RNG forked around the capture,
 eager calls beyond the limit, and when a step cannot use graphs and why. tests/test_gpu_unpadded.py runs the real
@@ -9,13 +9,13 @@ import dataclasses
 import pytest
 import torch
 
-from bertbench.cuda_graphs import GraphedMicroBatches, batch_signature
-from bertbench.distributed import Distributed
-from bertbench.models import build_model
-from bertbench.packing import Packer
-from bertbench.synthetic import synthetic_batch
-from bertbench.train_step import TrainStep, graphs_unavailable
-from bertbench.training_config import TrainConfig
+from bertbench.training.cuda_graphs import GraphedMicroBatches, batch_signature
+from bertbench.training.distributed import Distributed
+from bertbench.model.factory import build_model
+from bertbench.model.packing import Packer
+from bertbench.tasks.synthetic import synthetic_batch
+from bertbench.training.step import TrainStep, graphs_unavailable
+from bertbench.training.config import TrainConfig
 from conftest import tiny_config
 
 CONFIG = tiny_config(num_hidden_layers=2)  # dropout on

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from bertbench import noise
+from bertbench.common import noise
 from bertbench import cli as bertbench_cli
-from bertbench import synthetic as data
+from bertbench.tasks import synthetic as data
 from bertbench.demo import run as demo
 from bertbench.demo.run import DemoConfig, main, run
 

@@ -5,9 +5,9 @@ machines with CUDA or without, faked here by monkeypatching torch.cuda."""
 import pytest
 import torch
 
-from bertbench import distributed
+from bertbench.training import distributed
 from bertbench.bench import budget, finetuning, memory, profile, scaling, throughput
-from bertbench.errors import UsageError
+from bertbench.common.errors import UsageError
 from conftest import runner_command, snapshot
 
 BENCHES = {

@@ -18,17 +18,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bertbench import launch, runner
-from bertbench.batches import ShuffledBatches
-from bertbench.checkpoint import list_checkpoints, load_checkpoint, worker_dir
-from bertbench.estimator import Estimator
-from bertbench.models import build_model
-from bertbench.synthetic import write_glue_task, write_squad
-from bertbench.distributed import Distributed, restart_safe_store
-from bertbench.run_classifier import main as classify
-from bertbench.run_lock import LOCK_NAME
-from bertbench.run_squad import main as squad
-from bertbench.training_config import RunConfig, TrainConfig
+from bertbench.runners import launch, command as runner
+from bertbench.training.batches import ShuffledBatches
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint, worker_dir
+from bertbench.training.loop import Estimator
+from bertbench.model.factory import build_model
+from bertbench.tasks.synthetic import write_glue_task, write_squad
+from bertbench.training.distributed import Distributed, restart_safe_store
+from bertbench.runners.classifier import main as classify
+from bertbench.runners.run_lock import LOCK_NAME
+from bertbench.runners.squad import main as squad
+from bertbench.training.config import RunConfig, TrainConfig
 from conftest import free_port, tiny_config, write_bert_dir
 from ddp_worker import FirstBatchProbe, features, same_weights
 
@@ -56,7 +56,7 @@ def flags(data, out, *extra):
 
 
 def launch_command(processes: int, *arguments, restarts: int = 0):
-    return [sys.executable, "-m", "bertbench.launch", "--standalone", f"--nproc-per-node={processes}",
+    return [sys.executable, "-m", "bertbench.runners.launch", "--standalone", f"--nproc-per-node={processes}",
             f"--max-restarts={restarts}", *arguments]
 
 
@@ -67,7 +67,7 @@ def run(command, timeout=300):
 
 
 def classify_on(processes: int, data, out, *extra):
-    return run(launch_command(processes, "-m", "bertbench.run_classifier", *flags(data, out, *extra)))
+    return run(launch_command(processes, "-m", "bertbench.runners.classifier", *flags(data, out, *extra)))
 
 
 def read_json(path):
@@ -198,7 +198,7 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(ddp_worker_run, tmp_path):
 
 def test_independent_workers_train_apart_keep_the_best_and_resume_from_a_common_step(data, tmp_path):
     out = tmp_path / "run"
-    command = launch_command(2, "-m", "bertbench.run_classifier",
+    command = launch_command(2, "-m", "bertbench.runners.classifier",
                              *flags(data, out, "--train_batch_size=8", "--no_sync_gradients", "--lr_scaling=sqrt",
                                     "--save_checkpoints_steps=16", "--keep_checkpoint_max=2"))
     done = run(command)
@@ -238,7 +238,7 @@ def test_squad_independent_workers_keep_the_best_f1(tmp_path):
     write_squad(tmp_path / "squad", "2.0", train=12, dev=6)
     write_bert_dir(tmp_path / "bert", **NO_DROPOUT)
     out = tmp_path / "run"
-    done = run(launch_command(2, "-m", "bertbench.run_squad", "--do_train", "--do_predict",
+    done = run(launch_command(2, "-m", "bertbench.runners.squad", "--do_train", "--do_predict",
                               f"--train_file={tmp_path / 'squad' / 'train-v2.0.json'}",
                               f"--predict_file={tmp_path / 'squad' / 'dev-v2.0.json'}", "--version_2_with_negative",
                               f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}",
@@ -263,7 +263,7 @@ def worker_with_rank(rank: int, marker: str) -> int:
                 environ = handle.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if marker in cmdline and f"RANK={rank}" in environ and "bertbench.launch" not in cmdline:
+        if marker in cmdline and f"RANK={rank}" in environ and "bertbench.runners.launch" not in cmdline:
             return int(pid)
     raise AssertionError(f"no worker with RANK={rank} running {marker}")
 
@@ -273,7 +273,7 @@ LONG_RUN_STEPS = 160
 
 def long_run(data, out):
     # 160 steps with a checkpoint every 20: a few seconds, long enough to be hit three times in the middle.
-    return launch_command(2, "-m", "bertbench.run_classifier",
+    return launch_command(2, "-m", "bertbench.runners.classifier",
                           *flags(data, out, "--train_batch_size=8", "--num_train_epochs=10",
                                  "--save_checkpoints_steps=20", "--log_step_count_steps=20"),
                           restarts=2)

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from bertbench.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
-from bertbench.batches import ShuffledBatches
-from bertbench.estimator import Estimator, PeriodicEvaluation, TrainingDivergedError
-from bertbench.train_state import rng_state, set_rng_state
-from bertbench.training_config import RunConfig, TrainConfig
-from bertbench.models import build_model
-from bertbench.progress import MEASURED_FIELDS, MetricsLog, ProgressDisplay, read_metrics
+from bertbench.training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
+from bertbench.training.batches import ShuffledBatches
+from bertbench.training.loop import Estimator, PeriodicEvaluation, TrainingDivergedError
+from bertbench.training.state import rng_state, set_rng_state
+from bertbench.training.config import RunConfig, TrainConfig
+from bertbench.model.factory import build_model
+from bertbench.training.progress import MEASURED_FIELDS, MetricsLog, ProgressDisplay, read_metrics
 from conftest import Overflowing, tiny_config
 
 
@@ -431,7 +431,7 @@ def test_compiled_recompute_trains_like_the_eager_baseline(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_cuda_training_resumes_exactly(tmp_path, precision):
-    from bertbench.distributed import Distributed
+    from bertbench.training.distributed import Distributed
     finals = []
     for name, stop_at in (("whole", None), ("part", 4), ("part", None)):
         torch.manual_seed(0)
@@ -498,7 +498,7 @@ def test_predict_collects_what_a_function_extracts(tmp_path):
 
 def test_restore_seconds_count_reading_and_restoring_the_checkpoint_not_building_the_step(tmp_path, monkeypatch):
     make_estimator(tmp_path, steps=4).train(ShuffledBatches(features(), 8, seed=0))
-    from bertbench import train_step
+    from bertbench.training import step as train_step
     built = train_step.TrainStep.__init__
 
     def slow_build(self, *args, **kwargs):

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from bertbench import cli, example_data
-from bertbench.config import BertConfig
-from bertbench.tf_checkpoint import CheckpointError, TFCheckpoint, list_variables, read_tf_checkpoint, \
+from bertbench import cli
+from bertbench.runners import example_data
+from bertbench.model.config import BertConfig
+from bertbench.weights.tf_checkpoint import CheckpointError, TFCheckpoint, list_variables, read_tf_checkpoint, \
     write_tf_checkpoint
-from bertbench.tokenization import BertTokenizer
-from bertbench.weights import load_state_dict, map_tf_names
+from bertbench.tasks.tokenization import BertTokenizer
+from bertbench.weights.hf import load_state_dict, map_tf_names
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "tf1_tiny"

@@ -16,12 +16,12 @@ import time
 import pytest
 import torch
 
-from bertbench import runner
-from bertbench.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
-from bertbench.durable import WriteError, write_text_atomically
-from bertbench.progress import MetricsLog
-from bertbench.run_classifier import main
-from bertbench.synthetic import write_glue_task
+from bertbench.runners import command as runner
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
+from bertbench.common.durable import WriteError, write_text_atomically
+from bertbench.training.progress import MetricsLog
+from bertbench.runners.classifier import main
+from bertbench.tasks.synthetic import write_glue_task
 from conftest import snapshot, write_bert_dir
 
 

@@ -8,12 +8,12 @@ import json
 import pytest
 from torch import nn
 
-from bertbench import run_classifier, run_pretraining, run_squad, runner
-from bertbench.distributed import Distributed
-from bertbench.errors import UsageError
-from bertbench.flags import FlagParser, add_dataclass_flags, as_flags, setting
-from bertbench.train_step import runnable_config
-from bertbench.training_config import RunConfig, TrainConfig
+from bertbench.runners import classifier as run_classifier, pretraining as run_pretraining, squad as run_squad, command as runner
+from bertbench.training.distributed import Distributed
+from bertbench.common.errors import UsageError
+from bertbench.common.flags import FlagParser, add_dataclass_flags, as_flags, setting
+from bertbench.training.step import runnable_config
+from bertbench.training.config import RunConfig, TrainConfig
 from conftest import tiny_config
 
 

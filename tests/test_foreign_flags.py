@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from bertbench import create_pretraining_data, run_classifier, run_pretraining, run_squad, runner
+from bertbench.runners import classifier as run_classifier, pretraining as run_pretraining, squad as run_squad, command as runner
+from bertbench.tasks import create_pretraining_data
 from conftest import runner_command
 
 

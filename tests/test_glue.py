@@ -10,7 +10,7 @@ import torch
 from bertbench.tasks.glue import (
     PROCESSORS, GlueDataError, InputExample, compute_metrics, encode_examples, get_processor, submission_file_name,
     write_submission)
-from bertbench.tokenization import BertTokenizer
+from bertbench.tasks.tokenization import BertTokenizer
 
 MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
                "sentence2_parse\tsentence1\tsentence2")

@@ -18,7 +18,7 @@ import pytest
 
 from bertbench.tasks import glue
 from bertbench.tasks.squad import GoogleAnswerText, convert_examples, postprocess, read_examples
-from bertbench.tokenization import BertTokenizer
+from bertbench.tasks.tokenization import BertTokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "google_bert"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bertbench.bench import budget, finetuning, memory, profile, scaling, throughput
-from bertbench.checkpoint import list_checkpoints, load_checkpoint
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
 from conftest import runner_command
 
 pytestmark = pytest.mark.gpu

@@ -6,8 +6,8 @@ flash kernel), and the saved bytes sit between full's and the baseline's: the ba
 import pytest
 import torch
 
-from bertbench.models import build_model
-from bertbench.saved_activations import saved_activation_bytes
+from bertbench.model.factory import build_model
+from bertbench.model.saved_activations import saved_activation_bytes
 from conftest import tiny_batch, tiny_config
 
 pytestmark = pytest.mark.gpu

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertbench import attention
-from bertbench.distributed import Distributed
-from bertbench.models import TASKS, build_model
-from bertbench.packing import Packer
-from bertbench.synthetic import synthetic_batch
-from bertbench.train_step import TrainStep
-from bertbench.training_config import PRECISION_DTYPES, TrainConfig
+from bertbench.model import attention
+from bertbench.training.distributed import Distributed
+from bertbench.model.factory import TASKS, build_model
+from bertbench.model.packing import Packer
+from bertbench.tasks.synthetic import synthetic_batch
+from bertbench.training.step import TrainStep
+from bertbench.training.config import PRECISION_DTYPES, TrainConfig
 from conftest import tiny_config
 from test_recompute import POLICIES
 from test_unpadded import HEAD_KWARGS, assert_close_to_fp64, forward_backward, lengths_mask, varied_batch

@@ -10,17 +10,17 @@ import pytest
 import torch
 import transformers
 
-from bertbench import export
-from bertbench.checkpoint import latest_checkpoint
-from bertbench.config import BertConfig
-from bertbench.models import build_model
-from bertbench.run_classifier import SPEC, main as classify
-from bertbench.run_pretraining import SPEC as PRETRAINING_SPEC
-from bertbench.runner import parse_command
-from bertbench.synthetic import write_glue_task
+from bertbench.weights import export
+from bertbench.training.checkpoint import latest_checkpoint
+from bertbench.model.config import BertConfig
+from bertbench.model.factory import build_model
+from bertbench.runners.classifier import SPEC, main as classify
+from bertbench.runners.pretraining import SPEC as PRETRAINING_SPEC
+from bertbench.runners.command import parse_command
+from bertbench.tasks.synthetic import write_glue_task
 from bertbench.tasks.glue import encode_examples, get_processor
-from bertbench.tokenization import BertTokenizer, VocabError, load_vocab
-from bertbench.weights import load_pretrained
+from bertbench.tasks.tokenization import BertTokenizer, VocabError, load_vocab
+from bertbench.weights.hf import load_pretrained
 from conftest import write_bert_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf1_tiny"

@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 
-from bertbench.synthetic import write_glue_task
+from bertbench.tasks.synthetic import write_glue_task
 from conftest import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))

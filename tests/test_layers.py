@@ -37,7 +37,7 @@ def under(name: str, package: str) -> bool:
 
 
 def test_the_modules_were_found():
-    assert {"bertbench.estimator", "bertbench.train_step", "bertbench.bench.throughput", "bertbench.demo.run",
+    assert {"bertbench.training.loop", "bertbench.training.step", "bertbench.bench.throughput", "bertbench.demo.run",
             "bertbench.tasks.glue"} <= set(MODULES)
 
 
@@ -57,27 +57,27 @@ def test_the_benches_and_the_demo_do_not_lean_on_each_other():
     assert {module: names for module, names in crossing.items() if names} == {}
 
 
-@pytest.mark.parametrize("model_module", ["bertbench.modeling", "bertbench.recompute", "bertbench.config",
-                                          "bertbench.models"])
+@pytest.mark.parametrize("model_module", ["bertbench.model.modeling", "bertbench.model.recompute", "bertbench.model.config",
+                                          "bertbench.model.factory"])
 def test_model_code_has_no_training_code(model_module):
-    training = ("bertbench.estimator", "bertbench.train_step", "bertbench.train_state", "bertbench.train_stats",
-                "bertbench.optim", "bertbench.runner", "bertbench.checkpoint", "bertbench.saved_activations")
+    training = ("bertbench.training.loop", "bertbench.training.step", "bertbench.training.state", "bertbench.training.stats",
+                "bertbench.training.optim", "bertbench.runners.command", "bertbench.training.checkpoint", "bertbench.model.saved_activations")
     assert sorted(name for name in MODULES[model_module] if name.startswith(training)) == []
 
 
 def test_the_training_step_and_state_do_not_import_the_loop_or_the_runners():
-    for module in ("bertbench.train_step", "bertbench.train_state", "bertbench.train_stats", "bertbench.batches",
-                   "bertbench.training_config"):
+    for module in ("bertbench.training.step", "bertbench.training.state", "bertbench.training.stats", "bertbench.training.batches",
+                   "bertbench.training.config"):
         assert not {name for name in MODULES[module]
-                    if name.startswith(("bertbench.estimator", "bertbench.runner", "bertbench.run_"))}, module
+                    if name.startswith(("bertbench.training.loop", "bertbench.runners.command", "bertbench.run_"))}, module
 
 
 def test_data_creation_loads_no_training_code():
     # Its worker processes import this module: the loop, the runners and the weights code have no place there.
-    loaded = subprocess.run([sys.executable, "-c", "import sys, bertbench.create_pretraining_data; "
+    loaded = subprocess.run([sys.executable, "-c", "import sys, bertbench.tasks.create_pretraining_data; "
                              "print(' '.join(m for m in sys.modules if m.startswith(('bertbench', 'torch'))))"],
                             capture_output=True, text=True, check=True).stdout.split()
-    assert "bertbench.create_pretraining_data" in loaded and "torch" not in loaded  # ~1 s and 200 MiB a worker
+    assert "bertbench.tasks.create_pretraining_data" in loaded and "torch" not in loaded  # ~1 s and 200 MiB a worker
     assert sorted(name for name in loaded if name.startswith((
-        "bertbench.estimator", "bertbench.runner", "bertbench.run_", "bertbench.weights", "bertbench.train_",
-        "bertbench.bench", "bertbench.demo", "bertbench.optim", "bertbench.recompute", "bertbench.modeling"))) == []
+        "bertbench.training.loop", "bertbench.runners.command", "bertbench.run_", "bertbench.weights.hf", "bertbench.train_",
+        "bertbench.bench", "bertbench.demo", "bertbench.training.optim", "bertbench.model.recompute", "bertbench.model.modeling"))) == []

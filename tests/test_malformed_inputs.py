@@ -1,5 +1,5 @@
 """A corpus of malformed inputs, each a valid input with one thing broken, run in this process through a command's
-main(argv): every one must be refused with exit status 2 (bertbench.errors), one line on stderr that names the
+main(argv): every one must be refused with exit status 2 (bertbench.common.errors), one line on stderr that names the
 culprit file, key or flag, no traceback, and the output directory exactly as it was (absent, empty, or an earlier
 run's without a lock file): no file written or deleted, the lock file included, but for the note of its last holder
 where one was there."""
@@ -18,14 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from bertbench import cli, convert, create_pretraining_data, evaluate_squad, run_classifier, run_pretraining, \
-    run_squad
-from bertbench.config import BertConfig
-from bertbench.models import build_model
-from bertbench.run_lock import LOCK_NAME
-from bertbench.synthetic import write_corpus, write_glue_task, write_squad
-from bertbench.tf_checkpoint import _block_entries, _read_block, _varint, masked_crc32c
-from bertbench.weights import save_hf_directory
+from bertbench import cli
+from bertbench.runners import evaluate_squad, classifier as run_classifier, pretraining as run_pretraining, squad as run_squad
+from bertbench.tasks import create_pretraining_data
+from bertbench.weights import convert
+from bertbench.model.config import BertConfig
+from bertbench.model.factory import build_model
+from bertbench.runners.run_lock import LOCK_NAME
+from bertbench.tasks.synthetic import write_corpus, write_glue_task, write_squad
+from bertbench.weights.tf_checkpoint import _block_entries, _read_block, _varint, masked_crc32c
+from bertbench.weights.hf import save_hf_directory
 from conftest import TINY_BERT, snapshot, write_bert_dir, write_nvidia_shard
 
 TF1 = Path(__file__).parent / "fixtures" / "tf1_tiny"

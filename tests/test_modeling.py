@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from bertbench import modeling
-from bertbench.config import BertConfig, ConfigError
+from bertbench.model import modeling
+from bertbench.model.config import BertConfig, ConfigError
 from conftest import is_the_packing_skip, tiny_batch, tiny_config
 
 transformers = pytest.importorskip("transformers")

@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from bertbench import modeling, optim
-from bertbench.train_step import TrainStep
-from bertbench.training_config import TrainConfig
+from bertbench.model import modeling
+from bertbench.training import optim
+from bertbench.training.step import TrainStep
+from bertbench.training.config import TrainConfig
 from conftest import tiny_config
 from optimizer_references import (AdamWeightDecay, FedGradients, FusedLamb, clip_by_global_norm, global_norm,
                                   google_trajectory)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertbench.config import IGNORE_INDEX
+from bertbench.model.config import IGNORE_INDEX
 from bertbench.tasks.pretraining import (NVIDIA_DTYPES, SHARD_KEYS, PretrainingBatches, ShardError, ShardLimits,
                                          accuracies, bin_of, check_layout, find_shards, model_batch,
                                          parse_length_bins, prediction_counts, read_eval_set, read_shard)

@@ -10,9 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertbench import modeling, recompute
-from bertbench.saved_activations import saved_activation_bytes
-from bertbench.models import build_model
+from bertbench.model import modeling, recompute
+from bertbench.model.saved_activations import saved_activation_bytes
+from bertbench.model.factory import build_model
 from conftest import tiny_batch, tiny_config
 
 POLICIES = [("full", 2), ("every-k", 2), ("every-k", 3), ("selective", 2)]
@@ -270,8 +270,8 @@ def parse_model_flags(argv):
     flags the command gives (runner.resolve_command)."""
     import argparse
 
-    from bertbench.flags import FlagParser
-    from bertbench.models import add_model_arguments
+    from bertbench.common.flags import FlagParser
+    from bertbench.model.factory import add_model_arguments
 
     parser = FlagParser()
     add_model_arguments(parser)
@@ -279,7 +279,7 @@ def parse_model_flags(argv):
 
 
 def test_modeling_flags_build_the_chosen_module():
-    from bertbench.models import model_from_args
+    from bertbench.model.factory import model_from_args
 
     baseline = model_from_args(parse_model_flags([]), "classification", tiny_config(), num_labels=2)
     assert not hasattr(baseline, "recompute_policy")

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from bertbench import cli
-from bertbench.checkpoint import list_checkpoints, load_checkpoint
-from bertbench.synthetic import vocabulary, write_glue_task
-from bertbench.models import MODELINGS
-from bertbench.run_classifier import SPEC, main
-from bertbench.runner import parse_command
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
+from bertbench.tasks.synthetic import vocabulary, write_glue_task
+from bertbench.model.factory import MODELINGS
+from bertbench.runners.classifier import SPEC, main
+from bertbench.runners.command import parse_command
 from conftest import TINY_BERT, write_bert_dir
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tf1_tiny")
@@ -216,9 +216,9 @@ def test_init_from_a_tf1_checkpoint(data, tmp_path, capsys):
 
 
 def test_init_from_an_hf_directory(data, tmp_path, capsys):
-    from bertbench.config import BertConfig
-    from bertbench.models import build_model
-    from bertbench.weights import save_hf_directory
+    from bertbench.model.config import BertConfig
+    from bertbench.model.factory import build_model
+    from bertbench.weights.hf import save_hf_directory
     config = BertConfig.from_json_file(data / "bert" / "bert_config.json")
     torch.manual_seed(1)
     pretrained = build_model("pretraining", config)
@@ -326,7 +326,7 @@ def arguments(data, out):
 
 
 def command(data, out):
-    return [sys.executable, "-m", "bertbench.run_classifier", *arguments(data, out)]
+    return [sys.executable, "-m", "bertbench.runners.classifier", *arguments(data, out)]
 
 
 def start_and_wait_for_a_checkpoint(data, out, after_step=0):

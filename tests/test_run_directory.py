@@ -11,10 +11,10 @@ import textwrap
 import pytest
 import torch
 
-from bertbench.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
-from bertbench.run_classifier import main
-from bertbench.run_lock import LOCK_NAME, RunDirectoryBusy, RunLock
-from bertbench.synthetic import write_glue_task
+from bertbench.training.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
+from bertbench.runners.classifier import main
+from bertbench.runners.run_lock import LOCK_NAME, RunDirectoryBusy, RunLock
+from bertbench.tasks.synthetic import write_glue_task
 from conftest import snapshot, write_bert_dir
 from test_checkpoint import flip_byte
 
@@ -44,7 +44,7 @@ def read_json(path):
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from bertbench.run_lock import RunLock
+    from bertbench.runners.run_lock import RunLock
     with RunLock(sys.argv[1]):
         print("held", flush=True)
         time.sleep(60)

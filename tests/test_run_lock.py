@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from bertbench.errors import UsageError
-from bertbench.run_lock import LOCK_NAME, RunDirectoryBusy, RunLock
+from bertbench.common.errors import UsageError
+from bertbench.runners.run_lock import LOCK_NAME, RunDirectoryBusy, RunLock
 
 
 class Refused(UsageError):

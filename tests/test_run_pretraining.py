@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from bertbench import cli
-from bertbench.checkpoint import list_checkpoints, load_checkpoint
-from bertbench.models import MODELINGS
-from bertbench.run_pretraining import main
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
+from bertbench.model.factory import MODELINGS
+from bertbench.runners.pretraining import main
 from conftest import write_bert_dir, write_nvidia_shard
 
 
@@ -257,8 +257,8 @@ def test_bad_flags(data, tmp_path, extra, message, error_line):
 @pytest.mark.slow
 def test_two_processes_read_their_own_shards_and_resume(data, tmp_path):
     out = tmp_path / "ddp"
-    command = [sys.executable, "-m", "bertbench.launch", "--standalone", "--nproc-per-node=2", "-m",
-               "bertbench.run_pretraining", *flags(data, out, "--do_train", "--do_eval", "--num_train_steps=8",
+    command = [sys.executable, "-m", "bertbench.runners.launch", "--standalone", "--nproc-per-node=2", "-m",
+               "bertbench.runners.pretraining", *flags(data, out, "--do_train", "--do_eval", "--num_train_steps=8",
                                                    "--save_checkpoints_steps=4", "--keep_checkpoint_max=2")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -9,13 +9,14 @@ import os
 import pytest
 import torch
 
-from bertbench import cli, evaluate_squad
-from bertbench.checkpoint import list_checkpoints, load_checkpoint
-from bertbench.config import BertConfig
-from bertbench.synthetic import vocabulary, write_squad, write_vocab
-from bertbench.models import MODELINGS
-from bertbench.run_squad import SPEC, main
-from bertbench.runner import parse_command
+from bertbench import cli
+from bertbench.runners import evaluate_squad
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
+from bertbench.model.config import BertConfig
+from bertbench.tasks.synthetic import vocabulary, write_squad, write_vocab
+from bertbench.model.factory import MODELINGS
+from bertbench.runners.squad import SPEC, main
+from bertbench.runners.command import parse_command
 
 MODEL = {"vocab_size": len(vocabulary()), "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "intermediate_size": 512, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,

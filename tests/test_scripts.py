@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bertbench.checkpoint import list_checkpoints
-from bertbench.synthetic import write_glue_task, write_squad
+from bertbench.training.checkpoint import list_checkpoints
+from bertbench.tasks.synthetic import write_glue_task, write_squad
 from conftest import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -66,7 +66,7 @@ def run_child(argv, log, delay=None, exit_quickly=False):
 
 def sweep(inputs: Path, work: Path) -> list[str]:
     """Every problem seen, one line each."""
-    from bertbench.checkpoint import list_checkpoints, load_checkpoint
+    from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
     from conftest import runner_command
 
     def command(out):
@@ -120,7 +120,7 @@ def test_sigterm_at_every_moment_of_a_run_ends_in_one_line_and_the_run_resumes_e
 
 @pytest.mark.parametrize("argv0, handled", [("-m", True), ("/usr/bin/bertbench", True), ("script.py", False)])
 def test_a_command_handles_sigterm_before_it_imports_torch(argv0, handled):
-    """`python -m bertbench.run_classifier` (torchrun's workers) imports torch for seconds before its main: the
+    """`python -m bertbench.runners.classifier` (torchrun's workers) imports torch for seconds before its main: the
     package's import installs the handler first, in a command only (argv[0] is "-m" while -m imports the package)."""
     probe = (f"import signal, sys; sys.argv[0] = {argv0!r}; import bertbench; "
              "print(signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, 'torch' in sys.modules)")

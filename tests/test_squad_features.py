@@ -9,7 +9,7 @@ import pytest
 
 from bertbench.tasks.squad import (GoogleAnswerText, SquadDataError, SquadExample, convert_examples, postprocess,
                                     read_examples)
-from bertbench.tokenization import BertTokenizer
+from bertbench.tasks.tokenization import BertTokenizer
 
 WORDS = ["the", "cafe", "muller", "est", "ouvert", "a", "big", "dog", "barks", "at", "night", "$", "100", "##0",
          "in", "new", "york", "'", "s", "北", "京", "大", "学", "is", ".", ",", "un", "##believ", "##able"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertbench.tf_checkpoint import (CheckpointError, TFCheckpoint, _varint, list_variables, masked_crc32c,
+from bertbench.weights.tf_checkpoint import (CheckpointError, TFCheckpoint, _varint, list_variables, masked_crc32c,
                                      read_tf_checkpoint)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf1_tiny"

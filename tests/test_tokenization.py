@@ -1,4 +1,4 @@
-"""bertbench.tokenization against Google's BERT tokenization.
+"""bertbench.tasks.tokenization against Google's BERT tokenization.
 
 The reference is transformers' slow, pure-Python port of Google's tokenization.py (`BertTokenizerLegacy` in
 transformers 5; `transformers.BertTokenizer` is now itself backed by `tokenizers`). Its BasicTokenizer and
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
-from bertbench.tokenization import BertTokenizer, VocabError, load_vocab, truncated_pair_lengths
+from bertbench.tasks.tokenization import BertTokenizer, VocabError, load_vocab, truncated_pair_lengths
 
 VOCAB = [
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",

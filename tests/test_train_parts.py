@@ -7,14 +7,14 @@ import copy
 import pytest
 import torch
 
-from bertbench.batches import ShuffledBatches
-from bertbench.checkpoint import CheckpointError, list_checkpoints
-from bertbench.estimator import MAX_CONSECUTIVE_SKIPPED_STEPS, Estimator, TrainingDivergedError
-from bertbench.models import build_model
-from bertbench.train_state import CONTINUE, FRESH, RESTORE, RESUME, WARM_START, decide_start
-from bertbench.train_stats import LoopStats, run_totals
-from bertbench.train_step import TrainStep
-from bertbench.training_config import RunConfig, TrainConfig
+from bertbench.training.batches import ShuffledBatches
+from bertbench.training.checkpoint import CheckpointError, list_checkpoints
+from bertbench.training.loop import MAX_CONSECUTIVE_SKIPPED_STEPS, Estimator, TrainingDivergedError
+from bertbench.model.factory import build_model
+from bertbench.training.state import CONTINUE, FRESH, RESTORE, RESUME, WARM_START, decide_start
+from bertbench.training.stats import LoopStats, run_totals
+from bertbench.training.step import TrainStep
+from bertbench.training.config import RunConfig, TrainConfig
 from conftest import Overflowing, tiny_config
 
 

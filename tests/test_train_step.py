@@ -4,9 +4,9 @@ scale (no update, no optimizer state, the schedule stays), and the next step upd
 import pytest
 import torch
 
-from bertbench.models import build_model
-from bertbench.train_step import TrainStep
-from bertbench.training_config import TrainConfig
+from bertbench.model.factory import build_model
+from bertbench.training.step import TrainStep
+from bertbench.training.config import TrainConfig
 from conftest import Overflowing, tiny_batch, tiny_config
 
 

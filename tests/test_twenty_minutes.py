@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bertbench.synthetic import write_glue_task
+from bertbench.tasks.synthetic import write_glue_task
 from conftest import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,4 +1,4 @@
-"""The unpadded path (bertbench.packing, bertbench.attention) against the padded one: the same maths on the real
+"""The unpadded path (bertbench.model.packing, bertbench.model.attention) against the padded one: the same maths on the real
 tokens for every head and every attention kernel, a mask of any shape, bucketed rows, which path a batch takes,
 weights and state dicts shared by both paths, recompute on packed rows, the flags that choose the path, and the
 FLOPs the padding no longer costs."""
@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertbench import attention, modeling
-from bertbench.models import TASKS, build_model, model_from_args
-from bertbench.packing import Packer, Packing, bucket_rows, filler_slots
-from bertbench.saved_activations import saved_activation_bytes
+from bertbench.model import attention, modeling
+from bertbench.model.factory import TASKS, build_model, model_from_args
+from bertbench.model.packing import Packer, Packing, bucket_rows, filler_slots
+from bertbench.model.saved_activations import saved_activation_bytes
 from conftest import tiny_batch, tiny_config
 from test_recompute import POLICIES, SAVED_LIMITS, make, parse_model_flags
 
@@ -387,8 +387,8 @@ def test_the_per_sequence_kernel_keeps_fewer_bytes_than_the_padded_path():
 
 def test_recompute_with_the_nested_kernel_is_refused_on_a_cpu_before_anything_runs(tmp_path, error_line):
     from bertbench.bench import workload
-    from bertbench.run_classifier import main
-    from bertbench.synthetic import write_glue_task
+    from bertbench.runners.classifier import main
+    from bertbench.tasks.synthetic import write_glue_task
     from conftest import write_bert_dir
 
     write_glue_task(tmp_path / "glue", "MRPC", train=32, dev=8, test=0)

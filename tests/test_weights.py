@@ -13,11 +13,11 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from bertbench import convert
-from bertbench.config import BertConfig
-from bertbench.tf_checkpoint import read_tf_checkpoint
-from bertbench.tokenization import load_vocab
-from bertbench.weights import (WeightsError, load_pretrained, load_state_dict, map_tf_names, save_hf_directory,
+from bertbench.weights import convert
+from bertbench.model.config import BertConfig
+from bertbench.weights.tf_checkpoint import read_tf_checkpoint
+from bertbench.tasks.tokenization import load_vocab
+from bertbench.weights.hf import (WeightsError, load_pretrained, load_state_dict, map_tf_names, save_hf_directory,
                                tf_to_hf_state_dict)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf1_tiny"
@@ -164,7 +164,7 @@ def test_other_optimizers_slots_and_counters_are_skipped():
 
 def test_tf_to_hf_state_dict_names_values_and_log(caplog):
     values = read_tf_checkpoint(PRETRAINING)
-    with caplog.at_level(logging.INFO, logger="bertbench.weights"):
+    with caplog.at_level(logging.INFO, logger="bertbench.weights.hf"):
         state = tf_to_hf_state_dict(values, CONFIG)
     assert "skipped 92 optimizer slots" in caplog.text
     hf_names = {name for name in transformers.BertForPreTraining(hf_config()).state_dict()
@@ -376,7 +376,7 @@ def test_load_state_dict_checks_the_config(pretraining_dir):
 
 
 def test_bertbench_model_matches_hf(pretraining_dir, tmp_path):
-    modeling = pytest.importorskip("bertbench.modeling")
+    modeling = pytest.importorskip("bertbench.model.modeling")
     model = modeling.BertForPreTraining(CONFIG)
     report = load_pretrained(model, pretraining_dir)
     assert report.missing == [] and report.unexpected == []

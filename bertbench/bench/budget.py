@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
-from bertbench.noise import LoadWatch, noisy_warning, spread, spread_fields
-from bertbench.progress import read_metrics, window_rates
+from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
+from bertbench.training.progress import read_metrics, window_rates
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
-from bertbench.distributed import check_processes
-from bertbench.synthetic import vocabulary, write_glue_task, write_vocab
-from bertbench import runner
+from bertbench.training.distributed import check_processes
+from bertbench.tasks.synthetic import vocabulary, write_glue_task, write_vocab
+from bertbench.runners import command as runner
 from bertbench.tasks.glue import get_processor
 
 USER_DATA = ("task_name", "data_dir", "vocab_file", "bert_config_file")
@@ -82,9 +82,9 @@ class Contender:
         return flags + (["--no_sync_gradients"] if self.independent else [])
 
     def command(self, classifier_flags: Sequence[str]) -> list[str]:
-        launcher = [] if self.processes == 1 else ["-m", "bertbench.launch", "--standalone",
+        launcher = [] if self.processes == 1 else ["-m", "bertbench.runners.launch", "--standalone",
                                                    f"--nproc-per-node={self.processes}"]
-        return [sys.executable, *launcher, "-m", "bertbench.run_classifier", *classifier_flags, *self.flags()]
+        return [sys.executable, *launcher, "-m", "bertbench.runners.classifier", *classifier_flags, *self.flags()]
 
 
 def build_parser() -> argparse.ArgumentParser:

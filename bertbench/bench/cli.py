@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from bertbench.config import ConfigError
-from bertbench.distributed import resolve_device
+from bertbench.model.config import ConfigError
+from bertbench.training.distributed import resolve_device
 from bertbench.bench.workload import BenchError, BenchRunFailed
-from bertbench.errors import INPUT_ERROR, ArgumentParser, run_command
+from bertbench.common.errors import INPUT_ERROR, ArgumentParser, run_command
 
 BENCHES = {
     "suite": ("bertbench.bench.suite", "the standard figures of a machine in one command (pre-training MFU and vs "
@@ -113,6 +113,6 @@ def device(name: str | None) -> torch.device:
 
 
 def run(program: str, body: Callable[[], int | None]) -> int:
-    """Run a bench's body under bertbench.errors' exit-code policy: a bad setting or input file is an input error
+    """Run a bench's body under bertbench.common.errors' exit-code policy: a bad setting or input file is an input error
     (2), a run the bench started that failed is a runtime failure (1)."""
     return run_command(program, body, input_errors=(BenchError, ConfigError), runtime_errors=(BenchRunFailed,))

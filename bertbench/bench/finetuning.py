@@ -30,16 +30,17 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from bertbench import run_classifier, run_squad, runner, synthetic
+from bertbench.runners import classifier as run_classifier, squad as run_squad, command as runner
+from bertbench.tasks import synthetic
 from bertbench.bench import cli, workload
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
-from bertbench.noise import LoadWatch, noisy_warning, spread, spread_fields
+from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
 from bertbench.bench.plots import line_plot
-from bertbench.checkpoint import list_checkpoints
-from bertbench.config import BertConfig
-from bertbench.durable import write_text_atomically
-from bertbench.flags import as_flags
-from bertbench.training_config import RunConfig
+from bertbench.training.checkpoint import list_checkpoints
+from bertbench.model.config import BertConfig
+from bertbench.common.durable import write_text_atomically
+from bertbench.common.flags import as_flags
+from bertbench.training.config import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)

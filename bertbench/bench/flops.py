@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from bertbench.config import BertConfig
+from bertbench.model.config import BertConfig
 
 # Dense (no 2:4 sparsity) peak TFLOP/s of the data-center GPUs BERT is trained on, from the vendors' data sheets.
 # fp32 is the plain CUDA-core figure: PyTorch does not use TF32 for fp32 matmuls unless told to.

@@ -8,8 +8,8 @@ from typing import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertbench.devices import synchronize
-from bertbench.saved_activations import saved_activation_bytes
+from bertbench.training.devices import synchronize
+from bertbench.model.saved_activations import saved_activation_bytes
 
 
 def matmul_flops_per_second(size: int = 4096, dtype: torch.dtype = torch.float32, device: str = "cpu",
@@ -77,7 +77,7 @@ def count_flops(run: Callable[[], None]) -> int:
 
 
 def forward_backward_saved_bytes(model: torch.nn.Module, batch: dict) -> int:
-    """Bytes the forward keeps for backward (see bertbench.saved_activations); runs the backward too, to free them."""
+    """Bytes the forward keeps for backward (see bertbench.model.saved_activations); runs the backward too, to free them."""
     loss, saved = saved_activation_bytes(lambda: model(**batch).loss, model)
     loss.backward()
     model.zero_grad(set_to_none=True)

@@ -3,7 +3,7 @@
 On a GPU the cap is real: `torch.cuda.set_per_process_memory_fraction` limits the allocator, and a batch fits when
 two whole training steps (forward, backward, AdamW with its state) run without running out of memory; the largest
 fitting batch is found by doubling, then bisection. On the CPU, where memory is not the limit, the cap is on the
-bytes the forward saves for backward, counted exactly by autograd's hooks (bertbench.saved_activations). Those bytes are an
+bytes the forward saves for backward, counted exactly by autograd's hooks (bertbench.model.saved_activations). Those bytes are an
 affine function of the batch at a fixed sequence length: they are counted at batch 1, 2 and 4, the line through them
 must hit all three to the byte, and it gives the largest batch under the cap; that batch and the next are counted
 too, to confirm it. In fp32 the counting runs on the meta device (shapes, no memory), so any batch costs nothing;
@@ -24,11 +24,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from bertbench import devices, synthetic
+from bertbench.tasks import synthetic
+from bertbench.training import devices
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
-from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
+from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
 
 AFFINE_PROBES = (1, 2, 4)
 

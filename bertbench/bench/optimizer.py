@@ -21,10 +21,11 @@ from collections.abc import Callable, Sequence
 import torch
 from matplotlib.figure import Figure
 
-from bertbench import optim, synthetic
+from bertbench.tasks import synthetic
+from bertbench.training import optim
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
-from bertbench.noise import LoadWatch, noisy_warning, spread, spread_fields
+from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
 
 # name -> (optim name, adam_bias_correction)
 RULES = {"adamw": ("adamw", False), "adamw-bias-correction": ("adamw", True), "lamb": ("lamb", False),

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from bertbench.durable import write_text_atomically
-from bertbench.noise import spread_text
+from bertbench.common.durable import write_text_atomically
+from bertbench.common.noise import spread_text
 
 
 def versions() -> dict[str, Any]:
@@ -68,7 +68,7 @@ def spread_column(title: str, key: str, spec: str) -> tuple[str, str, Cell]:
     return title, key, lambda row: spread_text(row, key, spec)
 
 
-# ---- warnings: runs that are not comparable, superlinear efficiency (a busy machine: bertbench.noise) ----------
+# ---- warnings: runs that are not comparable, superlinear efficiency (a busy machine: bertbench.common.noise) ----------
 
 def mismatch_warning(rows: Sequence[Mapping[str, Any]], fields: Mapping[str, str], name: str,
                      consequence: str = "so speedup and efficiency between them mix that difference into the scaling"

@@ -51,10 +51,10 @@ import numpy
 from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, efficiency_column, markdown_table, spread_column, superlinear_warning
-from bertbench.noise import noisy_warning, spread_text
+from bertbench.common.noise import noisy_warning, spread_text
 from bertbench.bench.workload import STEP_KINDS, BenchError, bert_config
-from bertbench.config import BertConfig
-from bertbench.errors import description
+from bertbench.model.config import BertConfig
+from bertbench.common.errors import description
 
 # NVIDIA's BERT-large pre-training recipe (DeepLearningExamples, PyTorch/LanguageModeling/BERT), phase 1 at seq 128:
 # 7038 steps of 65536 sequences. Phase 2 (1563 steps of 32768 at seq 512) is a second plan with a seq-512 step.

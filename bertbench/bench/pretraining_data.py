@@ -1,6 +1,6 @@
 """`bertbench bench pretraining-data`: throughput and peak memory of create_pretraining_data over worker counts.
 
-Each run is `python -m bertbench.create_pretraining_data` in a process of its own, so that the peak resident set it
+Each run is `python -m bertbench.tasks.create_pretraining_data` in a process of its own, so that the peak resident set it
 reports (ru_maxrss of its main process, and of its largest worker) is that run's alone; the figures come from the
 statistics file it writes, create_pretraining_data.json. The speed-up of each worker count is relative to the first
 one given. The text is a corpus the user gives (`--corpus` and its `--vocab_file`) or, by default, a synthetic one
@@ -30,13 +30,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertbench import synthetic
+from bertbench.tasks import synthetic
 from bertbench.bench import cli, workload
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
-from bertbench.noise import LoadWatch
-from bertbench.create_pretraining_data import STATS_FILE
-from bertbench.tokenization import VocabError, load_vocab
+from bertbench.common.noise import LoadWatch
+from bertbench.tasks.create_pretraining_data import STATS_FILE
+from bertbench.tasks.tokenization import VocabError, load_vocab
 
 BENCH = "pretraining-data"
 # What --keep_corpus keeps of the synthetic corpus, beside the bench's own files.
@@ -264,7 +264,7 @@ def run_once(files: Sequence[str], vocab_file: str, work: str, workers: int, seq
     """One create_pretraining_data process: its statistics as a row of figures. The shards are removed after
     their size is taken (they are as large as the text: several runs would fill a disk)."""
     shards = os.path.join(work, f"shards-seq{seq}-workers{workers}")
-    command = [sys.executable, "-m", "bertbench.create_pretraining_data", f"--input_file={','.join(files)}",
+    command = [sys.executable, "-m", "bertbench.tasks.create_pretraining_data", f"--input_file={','.join(files)}",
                f"--vocab_file={vocab_file}", f"--output_dir={shards}", f"--num_shards={args.num_shards}",
                f"--max_seq_length={seq}", f"--max_predictions_per_seq={predictions}",
                f"--dupe_factor={args.dupe_factor}", f"--num_workers={workers}",

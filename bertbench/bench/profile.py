@@ -30,12 +30,13 @@ from matplotlib.ticker import PercentFormatter
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity
 
-from bertbench import devices, synthetic
+from bertbench.tasks import synthetic
+from bertbench.training import devices
 from bertbench.bench import cli, flops, workload
 from bertbench.bench.output import BenchOutput, markdown_table
-from bertbench.noise import LoadWatch, cv_text, noisy_warning, spread
-from bertbench.config import BertConfig
-from bertbench.errors import description
+from bertbench.common.noise import LoadWatch, cv_text, noisy_warning, spread
+from bertbench.model.config import BertConfig
+from bertbench.common.errors import description
 
 CATEGORIES = ("matmul", "attention", "dropout", "norm_activation", "optimizer", "other")
 

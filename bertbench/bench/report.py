@@ -31,11 +31,11 @@ from bertbench.bench import cli
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning, spread_column,
                                     superlinear_warning, with_warnings)
-from bertbench.noise import noisy_warning, spread, spread_fields, spread_text
+from bertbench.common.noise import noisy_warning, spread, spread_fields, spread_text
 from bertbench.bench.workload import BenchError
-from bertbench.errors import ArgumentParser
-from bertbench.progress import read_metrics, window_rates
-from bertbench.runner import RUN_RECORD
+from bertbench.common.errors import ArgumentParser
+from bertbench.training.progress import read_metrics, window_rates
+from bertbench.runners.command import RUN_RECORD
 
 
 @dataclass(frozen=True)

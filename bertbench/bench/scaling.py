@@ -32,19 +32,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bertbench import synthetic
+from bertbench.tasks import synthetic
 from bertbench.bench import cli, measure, workload
 from bertbench.bench.plan import fit_alpha_beta
-from bertbench.progress import read_metrics
+from bertbench.training.progress import read_metrics
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning, spread_column,
                                     superlinear_warning)
-from bertbench.noise import LoadWatch, available_cores, noisy_warning, rate_spread, spread, spread_fields, spread_text
-from bertbench.distributed import check_processes, job_from_environment
-from bertbench.batches import ShuffledBatches
-from bertbench.estimator import Estimator
-from bertbench.training_config import RunConfig, TrainConfig
-from bertbench.errors import description
+from bertbench.common.noise import LoadWatch, available_cores, noisy_warning, rate_spread, spread, spread_fields, spread_text
+from bertbench.training.distributed import check_processes, job_from_environment
+from bertbench.training.batches import ShuffledBatches
+from bertbench.training.loop import Estimator
+from bertbench.training.config import RunConfig, TrainConfig
+from bertbench.common.errors import description
 
 # All-reduce sizes timed alone, besides the whole gradient: latency-bound to bandwidth-bound (16 MiB even for a
 # tiny model, so that the fit has a size where bandwidth shows).
@@ -182,7 +182,7 @@ def worker(args: argparse.Namespace) -> None:
 def run_job(args: argparse.Namespace, processes: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "findings.json")
-        command = [sys.executable, "-m", "bertbench.launch", "--standalone", f"--nproc-per-node={processes}",
+        command = [sys.executable, "-m", "bertbench.runners.launch", "--standalone", f"--nproc-per-node={processes}",
                    "-m", "bertbench.bench.scaling", "--worker", out, "--model", args.model,
                    "--seq_length", str(args.seq_length), "--batch_per_process", str(args.batch_per_process),
                    "--steps", str(args.steps), "--excluded_steps", str(args.excluded_steps),

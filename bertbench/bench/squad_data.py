@@ -31,10 +31,10 @@ import numpy as np
 
 from bertbench.bench import cli
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
-from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
+from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
 from bertbench.bench.workload import BenchError
 from bertbench.tasks.squad import GoogleAnswerText, SquadDataError, convert_examples, postprocess, read_examples
-from bertbench.tokenization import BertTokenizer, VocabError
+from bertbench.tasks.tokenization import BertTokenizer, VocabError
 
 SQUAD_SIZES = {"train": (18_896, 87_599), "dev": (2_067, 10_570)}  # paragraphs, questions of SQuAD v1.1
 USER_FILES = ("train_file", "predict_file", "vocab_file")

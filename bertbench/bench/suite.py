@@ -41,7 +41,7 @@ from bertbench.bench.budget import last_error_line
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
 from bertbench.bench.plots import bar_plot
 from bertbench.bench.workload import BenchError, BenchRunFailed
-from bertbench.train_step import compile_unavailable
+from bertbench.training.step import compile_unavailable
 
 SIZES = ("standard", "small")
 RECOMPUTE_VARIANTS = ("baseline", "full", "selective", "every-2")

@@ -40,16 +40,17 @@ from collections.abc import Sequence
 
 import torch
 
-from bertbench import devices, optim, synthetic
+from bertbench.tasks import synthetic
+from bertbench.training import devices, optim
 from bertbench.bench import cli, flops, measure, workload
 from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
-from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
-from bertbench.batches import ShuffledBatches
-from bertbench.distributed import Distributed
-from bertbench.estimator import Estimator
-from bertbench.flags import parse_bool
-from bertbench.training_config import PRECISION_DTYPES, RunConfig
+from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
+from bertbench.training.batches import ShuffledBatches
+from bertbench.training.distributed import Distributed
+from bertbench.training.loop import Estimator
+from bertbench.common.flags import parse_bool
+from bertbench.training.config import PRECISION_DTYPES, RunConfig
 
 
 

@@ -2,7 +2,7 @@
 
 Every bench (throughput, memory, profile, scaling) builds its steps here, so that "BERT-base, pre-training, seq 128,
 recompute/selective, bf16" means the same model, batch and step everywhere, and the step is the one users train with:
-bertbench.train_step.TrainStep with the training defaults (optimizer, schedule, clipping, loss scaling). The data is
+bertbench.training.step.TrainStep with the training defaults (optimizer, schedule, clipping, loss scaling). The data is
 random token ids: a step's cost does not depend on the values, and no file or network is needed. It does depend on
 the lengths where padding is skipped (the unpadded path, HF's dynamic padding), so the batches can have real text's
 lengths (Lengths): a distribution of them, the built-in one measured on real text.
@@ -22,13 +22,13 @@ from importlib import resources
 import torch
 from torch import nn
 
-from bertbench.config import IGNORE_INDEX, BertConfig, ConfigError
-from bertbench.synthetic import MODEL_SIZES, synthetic_batch
-from bertbench.distributed import Distributed
-from bertbench.attention import ATTENTION_KERNELS
-from bertbench.models import build_model, path_of, unrunnable
-from bertbench.train_step import TrainStep, autocast, fallbacks
-from bertbench.training_config import TrainConfig
+from bertbench.model.config import IGNORE_INDEX, BertConfig, ConfigError
+from bertbench.tasks.synthetic import MODEL_SIZES, synthetic_batch
+from bertbench.training.distributed import Distributed
+from bertbench.model.attention import ATTENTION_KERNELS
+from bertbench.model.factory import build_model, path_of, unrunnable
+from bertbench.training.step import TrainStep, autocast, fallbacks
+from bertbench.training.config import TrainConfig
 
 # pretraining: BertForPreTraining with MLM on the masked positions only plus NSP (NVIDIA's / MLPerf's step);
 # finetuning: sequence classification (GLUE's step).
@@ -289,7 +289,7 @@ def cut_to_longest(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 @dataclass
 class BenchStep:
-    """The training step users train with (bertbench.train_step.TrainStep), fed a cycle of synthetic micro-batches
+    """The training step users train with (bertbench.training.step.TrainStep), fed a cycle of synthetic micro-batches
     in turn (for full-length batches, one fixed batch); call it to run one optimizer step
     (gradient_accumulation_steps micro-batches)."""
 

@@ -27,21 +27,21 @@ from typing import IO
 
 import torch
 
-from bertbench import run_pretraining, run_squad, runner
-from bertbench.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
-from bertbench.create_pretraining_data import DataSettings, create_pretraining_data
-from bertbench.config import BertConfig
-from bertbench import synthetic as data
-from bertbench.durable import write_text_atomically
-from bertbench.errors import ArgumentParser, description
-from bertbench.flags import as_flags, parse_bool
-from bertbench.batches import ShuffledBatches
-from bertbench.train_step import TrainStep
-from bertbench.training_config import TrainConfig
-from bertbench.saved_activations import saved_activation_bytes
-from bertbench.models import build_model
+from bertbench.runners import pretraining as run_pretraining, squad as run_squad, command as runner
+from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
+from bertbench.tasks.create_pretraining_data import DataSettings, create_pretraining_data
+from bertbench.model.config import BertConfig
+from bertbench.tasks import synthetic as data
+from bertbench.common.durable import write_text_atomically
+from bertbench.common.errors import ArgumentParser, description
+from bertbench.common.flags import as_flags, parse_bool
+from bertbench.training.batches import ShuffledBatches
+from bertbench.training.step import TrainStep
+from bertbench.training.config import TrainConfig
+from bertbench.model.saved_activations import saved_activation_bytes
+from bertbench.model.factory import build_model
 from bertbench.tasks.squad import read_examples
-from bertbench.tokenization import BertTokenizer
+from bertbench.tasks.tokenization import BertTokenizer
 
 # (modeling, recompute policy) pairs the demo trains, in table order.
 VARIANTS = (("baseline", None), ("recompute", "full"), ("recompute", "every-k"), ("recompute", "selective"))
@@ -147,7 +147,7 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
             seconds.append(time.perf_counter() - started)
     loss = outcome.loss
     name = modeling_name if policy is None else f"{modeling_name}/{policy}"
-    # Medians of the timed steps, with their spread (bertbench.noise's convention: KEY_min, KEY_max, KEY_cv).
+    # Medians of the timed steps, with their spread (bertbench.common.noise's convention: KEY_min, KEY_max, KEY_cv).
     result = {
         "model": name,
         "dev_accuracy": accuracy(model, dev),

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bertbench.durable import write_text_atomically
-from bertbench.tokenization import BertTokenizer
+from bertbench.common.durable import write_text_atomically
+from bertbench.tasks.tokenization import BertTokenizer
 
 
 def print_warning(message: str) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertbench.config import IGNORE_INDEX
+from bertbench.model.config import IGNORE_INDEX
 
 if TYPE_CHECKING:  # torch is imported where batches are made: create_pretraining_data's workers need none of it
     import torch

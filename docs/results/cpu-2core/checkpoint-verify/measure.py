@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from bertbench.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint
-from bertbench.config import BertConfig
-from bertbench.modeling import BertForPreTraining
+from bertbench.training.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint
+from bertbench.model.config import BertConfig
+from bertbench.model.modeling import BertForPreTraining
 
 
 def drop_page_cache(path: str) -> None:

@@ -12,7 +12,7 @@ import os
 import statistics
 import tempfile
 
-from bertbench import run_classifier
+from bertbench.runners import classifier as run_classifier
 from bertbench.bench import finetuning
 from bertbench.demo import run as demo
 

@@ -25,12 +25,12 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from bertbench import optim
-from bertbench.config import BertConfig
-from bertbench.modeling import BertForPreTraining
-from bertbench.synthetic import MODEL_SIZES
-from bertbench.train_step import TrainStep
-from bertbench.training_config import TrainConfig
+from bertbench.training import optim
+from bertbench.model.config import BertConfig
+from bertbench.model.modeling import BertForPreTraining
+from bertbench.tasks.synthetic import MODEL_SIZES
+from bertbench.training.step import TrainStep
+from bertbench.training.config import TrainConfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "tests"))
 from optimizer_references import (AdamWeightDecay, FedGradients, FusedLamb, clip_by_global_norm,  # noqa: E402

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bertbench import attention
+from bertbench.model import attention
 from bertbench.bench import flops, workload
 
 parser = argparse.ArgumentParser()

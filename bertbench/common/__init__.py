@@ -1,0 +1,1 @@
+"""What every layer uses: the exit-code policy, flags from dataclasses, durable writes, timing noise."""

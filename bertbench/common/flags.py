@@ -1,0 +1,274 @@
+"""Command-line flags in Google's (absl) style on argparse, generated from the fields of frozen dataclasses.
+
+A command's settings are dataclasses whose fields carry their --help text (`setting`, or metadata["help"]);
+`add_dataclass_flags` makes one flag per field, with the field's help, type and default, and `FlagName` gives a field
+another project's flag name and value (Google's --num_accumulation_steps for TrainConfig.gradient_accumulation_steps).
+Booleans take absl's spellings: --flag, --flag=false, --noflag. FlagParser records only the flags a command gives
+(their defaults are kept apart), so that a run directory's record can fill the others; `build` turns flag values back
+into the dataclass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import typing
+from collections import defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from bertbench.common.errors import ArgumentParser, UsageError, help_with_default
+
+
+def setting(help: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
+    """A dataclass field that is also a flag: its --help text, its default, and what else the flag or a run record
+    reads from metadata: choices, aliases (other names of the flag), required (None is refused), positive (values
+    <= 0 are refused), defines_run (a resumed run must keep it), per_command (what one command does, not what the
+    run is: never recorded)."""
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+def parse_bool(text: str) -> bool:
+    """absl's boolean spellings: --flag=true/false/1/0/yes/no (any case)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "t", "1", "yes", "y"):
+        return True
+    if lowered in ("false", "f", "0", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+FIELD_DEFAULT = object()  # a FlagName's default: the field's own
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagName:
+    """A flag for the field `field` of the dataclass `owner` under another name (NVIDIA's --use_xla for
+    TrainConfig.compile), and how its value becomes the field's. Several flags may set one field (--precision,
+    --amp): those left at their default say nothing, the others must agree."""
+
+    flag: str
+    owner: type
+    field: str
+    value: Callable[[Any], Any] = _same  # the flag's value -> the field's
+    type: type | None = None  # the flag's type, when not the field's (--amp is a boolean for a string field)
+    choices: Sequence[str] | None = None  # the flag's choices, when not the field's
+    default: Any = FIELD_DEFAULT  # the flag's default, when not the field's
+    aliases: tuple[str, ...] = ()
+    note: str = ""  # how the flag reads, after the field's help
+
+
+@dataclasses.dataclass(frozen=True)
+class IgnoredFlag:
+    """A flag of another project's script that means nothing here (NVIDIA's --local_rank: torchrun places the
+    processes), accepted so that its commands run as they are and never silently: a command that gives it is told
+    `note`, why it is ignored. `refuse(value)` says why a value cannot be ignored (Google's --use_tpu=true), None when
+    it can. `runners`: the runners that take it (bertbench_run.json's names), empty for every runner."""
+
+    flag: str
+    note: str
+    type: type = str  # bool: an absl boolean (--flag, --flag=false, --noflag)
+    aliases: tuple[str, ...] = ()
+    refuse: Callable[[Any], str | None] | None = None
+    runners: tuple[str, ...] = ()
+
+    def check(self, value: Any) -> str:
+        """The note a command giving `value` gets; a UsageError for a value that cannot be ignored."""
+        refusal = self.refuse(value) if self.refuse is not None else None
+        if refusal:
+            raise UsageError(f"--{self.flag}={_spelt(value)}: {refusal}")
+        return f"--{self.flag} is ignored: {self.note}"
+
+
+class FlagParser(ArgumentParser):
+    """argparse that only records the flags a command gives (defaults live in `defaults`, so a run directory's
+    record can fill the others) and takes absl booleans: --do_train, --do_train=false, --nodo_train."""
+
+    def __init__(self, **kwargs):
+        super().__init__(argument_default=argparse.SUPPRESS, **kwargs)
+        self.defaults: dict[str, Any] = {}
+        self.names: dict[str, FlagName] = {}  # the flags add_dataclass_flags made: the field each one sets
+        self.fields: dict[str, dataclasses.Field] = {}  # ... and that field, whose metadata describes the flag
+        self.ignored: dict[str, IgnoredFlag] = {}  # other projects' flags that set nothing (ignored_flags)
+
+    def flag(self, group, name: str, default: Any, help: str, aliases: Sequence[str] = (), **kwargs) -> None:
+        """--name (and --alias ...: other projects' names for the same flag)."""
+        self.defaults[name] = default  # argparse's is SUPPRESS (nothing given): the help shows this one
+        group.add_argument(f"--{name}", *(f"--{alias}" for alias in aliases), help=help_with_default(help, default),
+                           **kwargs)
+
+    def bool_flag(self, group, name: str, default: bool, help: str, aliases: Sequence[str] = ()) -> None:
+        self.flag(group, name, default, help, aliases, nargs="?", const=True, type=parse_bool, metavar="BOOL")
+        group.add_argument(f"--no{name}", f"--no_{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
+
+    def ignored_flags(self, flags: Sequence[IgnoredFlag], title: str) -> None:
+        """Accept `flags` in a group of their own; they have no default, so only a command that gives one holds
+        it (see notes)."""
+        group = self.add_argument_group(title)
+        for ignored in flags:
+            self.ignored[ignored.flag] = ignored
+            names = [f"--{name}" for name in (ignored.flag, *ignored.aliases)]
+            help_text = f"Ignored: {ignored.note}"
+            if ignored.type is bool:
+                group.add_argument(*names, dest=ignored.flag, nargs="?", const=True, type=parse_bool, metavar="BOOL",
+                                   help=help_text)
+                group.add_argument(f"--no{ignored.flag}", dest=ignored.flag, action="store_false",
+                                   help=argparse.SUPPRESS)
+            else:
+                group.add_argument(*names, dest=ignored.flag, type=ignored.type, help=help_text)
+
+    def notes(self, given: dict[str, Any]) -> list[str]:
+        """Take the ignored flags out of `given` (what a command gave, by flag name): the note each one gets, or a
+        UsageError for a value that cannot be ignored."""
+        return [self.ignored[name].check(given.pop(name)) for name in list(given) if name in self.ignored]
+
+    def field_values(self, cls: type, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of `cls` that `flags` (values by flag name) set, each value translated by its FlagName. Of
+        several flags for one field, those at their default say nothing and the others must agree; a field none of
+        them sets takes their common default, or the dataclass's when they have none (--precision, --amp)."""
+        by_field = defaultdict(list)
+        for name in self.names.values():
+            if name.owner is cls and name.flag in flags:
+                by_field[name.field].append(name)
+        values = {}
+        for field, names in by_field.items():
+            said = {name.flag: name.value(flags[name.flag]) for name in names
+                    if len(names) == 1 or flags[name.flag] != self.defaults[name.flag]}
+            if len(set(said.values())) > 1:
+                raise UsageError(" and ".join(f"--{flag}={_spelt(flags[flag])}" for flag in said)
+                                 + f" contradict each other: {field} {' or '.join(map(str, said.values()))}")
+            at_default = {name.value(flags[name.flag]) for name in names}
+            if said:
+                values[field] = next(iter(said.values()))
+            elif len(at_default) == 1 and None not in at_default:  # --num_accumulation_steps/--gradient_...
+                values[field] = at_default.pop()
+        return values
+
+
+    def given_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """What parse_args returns for a command that gives `values`, Python values by flag name (how code calls a
+        command: the demo, the benches, the tests): each checked as parsing checks a flag (a flag of this parser,
+        a value of its type, one of its choices), with the defaults argparse itself fills in; None gives nothing."""
+        actions: dict[str, argparse.Action] = {}
+        for action in self._actions:
+            if action.option_strings and action.dest != "help" and (action.dest not in actions or action.type):
+                actions[action.dest] = action  # a boolean's --flag (typed), not its --noflag
+        given = {dest: action.default for dest, action in actions.items() if action.default is not argparse.SUPPRESS}
+        for name, value in values.items():
+            action = actions.get(name)
+            if action is None:
+                raise UsageError(f"unknown flag {name!r}")
+            if value is None:
+                continue
+            kind = bool if action.type is parse_bool else action.type if action.type in (int, float) else str
+            accepted = (int, float) if kind is float else kind  # a float flag takes an int, as its text would
+            if not isinstance(value, accepted) or isinstance(value, bool) and kind is not bool:
+                raise UsageError(f"--{name}: expected {kind.__name__}, got {value!r}")
+            if action.choices is not None and value not in action.choices:
+                raise UsageError(f"--{name}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+            given[name] = value
+        return given
+
+
+def as_flags(values: Mapping[str, Any]) -> list[str]:
+    """The command line of `values` (Python values by flag name, None for none): what a user types for the same
+    command (--do_train, --nodo_lower_case, --max_seq_length=64)."""
+    return [(f"--{name}" if value else f"--no{name}") if isinstance(value, bool) else f"--{name}={value}"
+            for name, value in values.items() if value is not None]
+
+
+def _spelt(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def flag_names(cls: type, names: Sequence[FlagName] = ()) -> dict[str, list[FlagName]]:
+    """The flags of each field of `cls`: those `names` gives it, else the flag of the field's own name."""
+    given = defaultdict(list)
+    for name in names:
+        if name.owner is cls:
+            given[name.field].append(name)
+    return {field.name: given.get(field.name) or [FlagName(field.name, cls, field.name)]
+            for field in dataclasses.fields(cls)}
+
+
+def add_dataclass_flags(parser: FlagParser, cls: type, names: Sequence[FlagName] = (), omit: Collection[str] = (),
+                        defaults: Mapping[str, Any] | None = None, one_of: Collection[str] = ()) -> None:
+    """One flag per field of the dataclass `cls` (or the flags `names` gives a field), in an argument group for each
+    class of `cls`'s hierarchy that declares fields, titled by its docstring's first line. A flag's help is the
+    field's metadata["help"], its type the field's (X | None reads X; a type argparse cannot call, such as a tuple,
+    reads text for the command to convert), its default the field's (a field without one is a required flag); a bool
+    is an absl boolean. omit: flags to leave out; defaults: flag defaults other than the fields'; one_of: flags of
+    which a command must give exactly one."""
+    hints = typing.get_type_hints(cls)
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    class_groups, exclusive = {}, None
+    for field_name, flags in flag_names(cls, names).items():
+        field = fields[field_name]
+        declared_by = next(klass for klass in cls.__mro__ if field_name in vars(klass).get("__annotations__", {}))
+        if declared_by not in class_groups:
+            class_groups[declared_by] = parser.add_argument_group(declared_by.__doc__.splitlines()[0].rstrip("."))
+        for name in flags:
+            if name.flag in omit:
+                continue
+            parser.names[name.flag], parser.fields[name.flag] = name, field
+            default = (defaults or {}).get(name.flag, field.default if name.default is FIELD_DEFAULT
+                                           else name.default)
+            required = default is dataclasses.MISSING
+            if name.type is not None:  # another kind of value: what the flag means comes first
+                help_text = f"{name.note} [{cls.__name__}.{field_name}: {field.metadata['help']}]"
+            else:
+                help_text = " ".join(filter(None, (field.metadata["help"], name.note)))
+                help_text += f" [{cls.__name__}.{field_name}]" if name.flag != field_name else ""
+            aliases = name.aliases + (tuple(field.metadata.get("aliases", ())) if name.flag == field_name else ())
+            where = class_groups[declared_by]
+            if name.flag in one_of:
+                exclusive = exclusive or where.add_mutually_exclusive_group(required=True)
+                where = exclusive
+            kind = name.type or _flag_type(hints[field_name])
+            if kind is bool:
+                parser.bool_flag(where, name.flag, default, help_text, aliases)
+            else:
+                parser.flag(where, name.flag, None if required else default, help_text, aliases, type=kind,
+                            choices=name.choices or field.metadata.get("choices"), required=required)
+
+
+def _flag_type(hint: Any) -> type:
+    arguments = [argument for argument in typing.get_args(hint) if argument is not type(None)]
+    kind = arguments[0] if typing.get_origin(hint) in (typing.Union, type(int | None)) else hint
+    return kind if isinstance(kind, type) and typing.get_origin(kind) is None else str
+
+
+def build(cls: type, names: Sequence[FlagName] = (), **values: Any) -> Any:
+    """cls(**values), with the ValueError of a check in the dataclass made a UsageError that names the flags (a
+    UsageError names them already): "gradient_accumulation_steps must be at least 1" reads
+    "--num_accumulation_steps must be at least 1"."""
+    try:
+        return cls(**values)
+    except UsageError:
+        raise
+    except ValueError as error:
+        message = str(error)
+        for field, flags in flag_names(cls, names).items():
+            message = re.sub(rf"(?<![\w.-]){re.escape(field)}\b", "--" + "/--".join(name.flag for name in flags),
+                             message)
+        raise UsageError(message) from None
+
+
+class FrozenNamespace(argparse.Namespace):
+    """Parsed flags that cannot be changed: what a command was given is a fact, values derived from it are new
+    names."""
+
+    def __init__(self, **values: Any):
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to flag {name!r}: parsed flags are frozen")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete flag {name!r}: parsed flags are frozen")
