@@ -2,32 +2,57 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import functools
 import sys
+from contextlib import AbstractContextManager
 
-from bertbench.common.errors import INPUT_ERROR, run_command
+from bertbench.common.commands import command_lines, dispatch
+from bertbench.common.errors import run_command
 
-# sub-command -> (module with main(argv), one-line help); modules are imported only when their command runs.
+# sub-command -> (module with main(argv), one-line help): a command table of bertbench.common.commands.
 COMMANDS = {
     "demo": ("bertbench.demo.run", "train a tiny BERT on built-in data, baseline vs recompute (no network)"),
-    "example-data": ("bertbench.runners.example_data", "write a tiny BERT (TF1 checkpoint + HF directory), GLUE, SQuAD and "
-                                               "pre-training data: every runner runs without downloads"),
-    "classify": ("bertbench.runners.classifier", "fine-tune / evaluate / predict a GLUE task (Google's run_classifier "
-                                             "flags)"),
+    "example-data": (
+        "bertbench.runners.example_data",
+        (
+            "write a tiny BERT (TF1 checkpoint + HF directory), GLUE, SQuAD and pre-training data: every "
+            "runner runs without downloads"
+        ),
+    ),
+    "classify": (
+        "bertbench.runners.classifier",
+        "fine-tune / evaluate / predict a GLUE task (Google's run_classifier flags)",
+    ),
     "squad": ("bertbench.runners.squad", "fine-tune / predict SQuAD v1.1 or v2.0 (Google's run_squad flags)"),
-    "pretrain": ("bertbench.runners.pretraining", "pre-train BERT (MLM + NSP) on NVIDIA-layout hdf5 shards, phase 1 / "
-                                              "phase 2 (Google's run_pretraining flags)"),
-    "create-pretraining-data": ("bertbench.tasks.create_pretraining_data", "raw text (Google's format) -> hdf5 shards in "
-                                                                     "NVIDIA's layout, optionally in length bins"),
-    "evaluate-squad": ("bertbench.runners.evaluate_squad", "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)"),
+    "pretrain": (
+        "bertbench.runners.pretraining",
+        ("pre-train BERT (MLM + NSP) on NVIDIA-layout hdf5 shards, phase 1 / phase 2 (Google's run_pretraining flags)"),
+    ),
+    "create-pretraining-data": (
+        "bertbench.tasks.create_pretraining_data",
+        ("raw text (Google's format) -> hdf5 shards in NVIDIA's layout, optionally in length bins"),
+    ),
+    "evaluate-squad": (
+        "bertbench.runners.evaluate_squad",
+        "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)",
+    ),
     "launch": ("bertbench.runners.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
-    "bench": ("bertbench.bench.cli", "benchmarks: suite, throughput, memory, optimizer, scaling, budget, profile, "
-                                     "plan, finetuning, squad-data, pretraining-data (JSON, markdown, PNG)"),
+    "bench": (
+        "bertbench.bench.cli",
+        (
+            "benchmarks: suite, throughput, memory, optimizer, scaling, budget, profile, plan, finetuning, "
+            "squad-data, pretraining-data (JSON, markdown, PNG)"
+        ),
+    ),
     "report": ("bertbench.bench.report", "merge bench results of several runs into one comparison"),
     "convert": ("bertbench.weights.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
-    "export": ("bertbench.weights.export", "a run, a bertbench checkpoint or a TF1 checkpoint -> an HF directory (weights, "
-                                   "config, tokenizer) that transformers loads"),
+    "export": (
+        "bertbench.runners.export",
+        (
+            "a run, a bertbench checkpoint or a TF1 checkpoint -> an HF directory (weights, config, tokenizer) "
+            "that transformers loads"
+        ),
+    ),
 }
 
 
@@ -36,11 +61,17 @@ VERBOSITY_OPTIONS = {"-q": "quiet", "--quiet": "quiet", "-v": "verbose", "--verb
 
 
 def _usage() -> str:
-    lines = ["usage: bertbench [-q | -v] COMMAND [options]   (bertbench COMMAND --help for its options)", "",
-             "options:", "  -q, --quiet              warnings and errors only: no log lines, no progress bars",
-             "  -v, --verbose            debug lines too, and an error's traceback above its one line",
-             "  -V, --version            the version", "", "commands:"]
-    lines += [f"  {name:<24} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines = [
+        "usage: bertbench [-q | -v] COMMAND [options]   (bertbench COMMAND --help for its options)",
+        "",
+        "options:",
+        "  -q, --quiet              warnings and errors only: no log lines, no progress bars",
+        "  -v, --verbose            debug lines too, and an error's traceback above its one line",
+        "  -V, --version            the version",
+        "",
+        "commands:",
+    ]
+    lines += command_lines(COMMANDS, 24)
     return "\n".join(lines)
 
 
@@ -49,29 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     verbosity = "normal"
     while argv and argv[0] in VERBOSITY_OPTIONS:
         verbosity, argv = VERBOSITY_OPTIONS[argv[0]], argv[1:]
-    if argv and argv[0] in ("-h", "--help"):
-        return run_command("bertbench", lambda: print(_usage()))
     if argv and argv[0] in ("-V", "--version"):
         from bertbench import __version__
+
         return run_command("bertbench", lambda: print(f"bertbench {__version__}"))
-    # A usage error: one line, status 2 (bertbench.common.errors)
-    if not argv:
-        print("bertbench: error: no command given; `bertbench --help` lists them", file=sys.stderr)
-        return INPUT_ERROR
-    if argv[0] not in COMMANDS:
-        print(f"bertbench: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
-        return INPUT_ERROR
-    # Under run_command from the start, so that a signal while torch is imported is one line too.
-    return run_command("bertbench", lambda: _run(argv[0], argv[1:], verbosity))
+    return dispatch("bertbench", argv, COMMANDS, _usage(), around=functools.partial(_log_level, verbosity))
 
 
-def _run(name: str, argv: list[str], verbosity: str) -> int:
+def _log_level(verbosity: str) -> AbstractContextManager:
+    # Imported here, under the dispatcher's run_command, like the command's own module.
     from bertbench.training.progress import verbosity as log_level
-    command = importlib.import_module(COMMANDS[name][0]).main
-    # A command that names itself (its --help's usage line, its errors) is named as typed here.
-    named = {"prog": f"bertbench {name}"} if "prog" in inspect.signature(command).parameters else {}
-    with log_level(verbosity):
-        return command(argv, **named)
+
+    return log_level(verbosity)
 
 
 if __name__ == "__main__":

@@ -22,15 +22,15 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import tiny_batch, tiny_config  # noqa: E402
+from helpers import tiny_batch, tiny_config  # noqa: E402
 
-from bertbench.training.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from bertbench.training.distributed import job_from_environment  # noqa: E402
+from bertbench.model.factory import build_model  # noqa: E402
 from bertbench.training.batches import ShuffledBatches  # noqa: E402
+from bertbench.training.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
+from bertbench.training.config import RunConfig, TrainConfig  # noqa: E402
+from bertbench.training.distributed import job_from_environment  # noqa: E402
 from bertbench.training.loop import Estimator  # noqa: E402
 from bertbench.training.state import seed_everything  # noqa: E402
-from bertbench.training.config import RunConfig, TrainConfig  # noqa: E402
-from bertbench.model.factory import build_model  # noqa: E402
 
 ALLREDUCES: list[bool] = []  # per bucket all-reduce: whether it was the backward pass's last bucket
 
@@ -52,8 +52,12 @@ class CountingDDP(nn.parallel.DistributedDataParallel):
 def features(config, count: int, seed: int) -> dict[str, torch.Tensor]:
     input_ids, token_type_ids, attention_mask = tiny_batch(config, batch=count, seq=16, seed=seed)
     labels = torch.arange(count) % 2
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
-            "labels": labels}
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask,
+        "labels": labels,
+    }
 
 
 class FirstBatchProbe(ShuffledBatches):
@@ -67,8 +71,11 @@ class FirstBatchProbe(ShuffledBatches):
     def __next__(self) -> dict[str, torch.Tensor]:
         batch = super().__next__()
         if self.first is None:
-            self.first = {"input_ids": batch["input_ids"], "rng": torch.get_rng_state(),
-                          "weights": {name: tensor.clone() for name, tensor in self.model.state_dict().items()}}
+            self.first = {
+                "input_ids": batch["input_ids"],
+                "rng": torch.get_rng_state(),
+                "weights": {name: tensor.clone() for name, tensor in self.model.state_dict().items()},
+            }
         return batch
 
 
@@ -83,10 +90,12 @@ def resume_a_one_process_run_on_two(config, dist_info, scratch: str) -> dict:
     data = features(config, 64, seed=1)
     if dist_info.is_main:
         seed_everything(0)
-        Estimator(build_model("classification", config, num_labels=2),
-                  RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
-                  TrainConfig(num_train_steps=2, excluded_steps=0), log=lambda line: None
-                  ).train(ShuffledBatches(data, 4, seed=0))
+        Estimator(
+            build_model("classification", config, num_labels=2),
+            RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
+            TrainConfig(num_train_steps=2, excluded_steps=0),
+            log=lambda line: None,
+        ).train(ShuffledBatches(data, 4, seed=0))
     dist_info.barrier()
     checkpoint = latest_checkpoint(model_dir)
     saved = load_checkpoint(checkpoint)
@@ -95,31 +104,53 @@ def resume_a_one_process_run_on_two(config, dist_info, scratch: str) -> dict:
     fresh_weights_differ = not same_weights(model.state_dict(), saved["model"])
     logs: list[str] = []
     batches = FirstBatchProbe(data, 2, seed=0, rank=dist_info.rank, world_size=2, model=model)
-    result = Estimator(model, RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
-                       TrainConfig(num_train_steps=3, excluded_steps=0), dist_info, log=logs.append).train(batches)
+    result = Estimator(
+        model,
+        RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
+        TrainConfig(num_train_steps=3, excluded_steps=0),
+        dist_info,
+        log=logs.append,
+    ).train(batches)
     reference = ShuffledBatches(data, 4, seed=0)  # the one-process order: its third batch, split over the ranks
-    expected_ids = [next(reference)["input_ids"] for _ in range(3)][2][2 * dist_info.rank:2 * dist_info.rank + 2]
-    own = {"first_batch_is_the_next_one": torch.equal(batches.first["input_ids"], expected_ids),
-           "fresh_weights_differ": fresh_weights_differ,
-           "weights_were_the_checkpoints": same_weights(batches.first["weights"], saved["model"]),
-           "rng": batches.first["rng"].tolist(), "saved_rng": saved["rng"][0]["torch"].tolist(),
-           "consumed": batches.consumed}
-    return {"ranks": dist_info.all_gather_object(own), "logs": logs, "checkpoint": checkpoint,
-            "resumed_from": result.resumed_from, "global_step": result.global_step}
+    expected_ids = [next(reference)["input_ids"] for _ in range(3)][2][2 * dist_info.rank : 2 * dist_info.rank + 2]
+    own = {
+        "first_batch_is_the_next_one": torch.equal(batches.first["input_ids"], expected_ids),
+        "fresh_weights_differ": fresh_weights_differ,
+        "weights_were_the_checkpoints": same_weights(batches.first["weights"], saved["model"]),
+        "rng": batches.first["rng"].tolist(),
+        "saved_rng": saved["rng"][0]["torch"].tolist(),
+        "consumed": batches.consumed,
+    }
+    return {
+        "ranks": dist_info.all_gather_object(own),
+        "logs": logs,
+        "checkpoint": checkpoint,
+        "resumed_from": result.resumed_from,
+        "global_step": result.global_step,
+    }
 
 
 def count_allreduces(config, dist_info, modeling: str, policy: str, model_dir: str) -> dict[str, int]:
     seed_everything(0)
     model = build_model("classification", config, modeling, policy, num_labels=2)
     steps, accumulation = 3, 4
-    estimator = Estimator(model, RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
-                          TrainConfig(num_train_steps=steps, gradient_accumulation_steps=accumulation,
-                                      excluded_steps=0), dist_info, log=lambda line: None)
+    estimator = Estimator(
+        model,
+        RunConfig(model_dir=model_dir, save_checkpoints_secs=None),
+        TrainConfig(num_train_steps=steps, gradient_accumulation_steps=accumulation, excluded_steps=0),
+        dist_info,
+        log=lambda line: None,
+    )
     ALLREDUCES.clear()
-    estimator.train(ShuffledBatches(features(config, 64, seed=1), 2, seed=0, rank=dist_info.rank,
-                                    world_size=dist_info.world_size))
-    return {"synchronized_backwards": sum(ALLREDUCES), "bucket_allreduces": len(ALLREDUCES), "steps": steps,
-            "micro_batches": steps * accumulation}
+    estimator.train(
+        ShuffledBatches(features(config, 64, seed=1), 2, seed=0, rank=dist_info.rank, world_size=dist_info.world_size)
+    )
+    return {
+        "synchronized_backwards": sum(ALLREDUCES),
+        "bucket_allreduces": len(ALLREDUCES),
+        "steps": steps,
+        "micro_batches": steps * accumulation,
+    }
 
 
 def check(dist_info) -> dict:
@@ -128,16 +159,22 @@ def check(dist_info) -> dict:
     report: dict = {"world_size": dist_info.world_size, "allreduce_calls": {}}
     with tempfile.TemporaryDirectory() as scratch:
         runs = sys.argv[2] if len(sys.argv) > 2 else scratch
-        for modeling, policy in (("baseline", "full"), ("recompute", "full"), ("recompute", "selective"),
-                                 ("recompute", "every-k")):
+        for modeling, policy in (
+            ("baseline", "full"),
+            ("recompute", "full"),
+            ("recompute", "selective"),
+            ("recompute", "every-k"),
+        ):
             model_dir = os.path.join(runs, f"{modeling}-{policy}")
-            report["allreduce_calls"][f"{modeling}/{policy}"] = count_allreduces(config, dist_info, modeling,
-                                                                                policy, model_dir)
+            report["allreduce_calls"][f"{modeling}/{policy}"] = count_allreduces(
+                config, dist_info, modeling, policy, model_dir
+            )
 
         seed_everything(1)
         model = build_model("classification", config, num_labels=2)
-        estimator = Estimator(model, RunConfig(model_dir=os.path.join(scratch, "eval")), None, dist_info,
-                              log=lambda line: None)
+        estimator = Estimator(
+            model, RunConfig(model_dir=os.path.join(scratch, "eval")), None, dist_info, log=lambda line: None
+        )
         data = features(config, 37, seed=2)  # 37: the two shards differ in size
         predicted = estimator.predict(data, batch_size=5)["logits"]
         scores = estimator.evaluate(data, batch_size=5)

@@ -38,16 +38,17 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# Run as a script from anywhere: conftest's writers sit beside this file, and this checkout's bertbench is the one
+# Run as a script from anywhere: the tests' helpers sit beside this file, and this checkout's bertbench is the one
 # tested (here and in the commands started) whatever an installed copy points to.
 for path in (HERE, ROOT):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from bertbench.training.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
-from bertbench.training.progress import MEASURED_FIELDS  # noqa: E402
+from helpers import classifier_flags, write_bert_dir, write_nvidia_shard  # noqa: E402
+
 from bertbench.tasks.synthetic import vocabulary, write_glue_task, write_squad  # noqa: E402
-from conftest import write_bert_dir, write_nvidia_shard  # noqa: E402
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
+from bertbench.training.metrics import MEASURED_FIELDS  # noqa: E402
 
 RUNNERS = ("classifier", "squad", "pretraining", "launch2")
 MOMENTS = ("start-up", "after a checkpoint", "in a save", "as a checkpoint appears", "any time")
@@ -73,41 +74,75 @@ def prepare_data(root: Path) -> Path:
 def saves_and_logs(out: Path) -> list[str]:
     """Every runner's: a checkpoint every SAVE_EVERY steps (no timed ones), KEEP kept, a log record every 4 steps
     (so a run killed before its first checkpoint may have logged)."""
-    return ["--save_checkpoints_secs=0", f"--save_checkpoints_steps={SAVE_EVERY}", f"--keep_checkpoint_max={KEEP}",
-            "--log_step_count_steps=4", f"--output_dir={out}"]
+    return [
+        "--save_checkpoints_secs=0",
+        f"--save_checkpoints_steps={SAVE_EVERY}",
+        f"--keep_checkpoint_max={KEEP}",
+        "--log_step_count_steps=4",
+        f"--output_dir={out}",
+    ]
 
 
-def classifier_flags(data: Path, out: Path, batch: int, epochs: int) -> list[str]:
-    return ["--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
-            f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32", "--do_train",
-            f"--train_batch_size={batch}", f"--num_train_epochs={epochs}", "--learning_rate=1e-3",
-            *saves_and_logs(out)]
+def classifier_command(data: Path, out: Path, batch: int, epochs: int) -> list[str]:
+    return classifier_flags(
+        data, out, "--do_train", f"--num_train_epochs={epochs}", *saves_and_logs(out), batch=batch, learning_rate="1e-3"
+    )
 
 
-def command(runner: str, data: Path, out: Path) -> list[str]:
+def command(runner: str, data: Path, out: Path, short: bool = False) -> list[str]:
     """The runner's command line: the same for the reference, every restart and the final run (only `out`
-    differs between trials)."""
+    differs between trials). `short` halves the classifier's and pre-training's steps (the test's campaign): 6
+    checkpoints, still pruned, and the pre-training loader still crosses both shards."""
     python = [sys.executable, "-m"]
-    if runner == "classifier":  # 96 steps
-        return python + ["bertbench.runners.classifier", *classifier_flags(data, out, batch=16, epochs=6)]
+    if runner == "classifier":  # 96 steps (48 short)
+        return python + [
+            "bertbench.runners.classifier",
+            *classifier_command(data, out, batch=16, epochs=3 if short else 6),
+        ]
     if runner == "squad":  # 91 steps (147 windows of 48 tokens, 5 epochs)
-        return python + ["bertbench.runners.squad", f"--train_file={data / 'squad' / 'train-v1.1.json'}",
-                         f"--vocab_file={data / 'squad_bert' / 'vocab.txt'}",
-                         f"--bert_config_file={data / 'squad_bert' / 'bert_config.json'}", "--max_seq_length=48",
-                         "--doc_stride=16", "--max_query_length=16", "--do_train", "--train_batch_size=8",
-                         "--num_train_epochs=5", "--learning_rate=1e-3", *saves_and_logs(out)]
-    if runner == "pretraining":  # 96 steps: 8 passes over 2 shards of 48, the loader's position crossing both
-        return python + ["bertbench.runners.pretraining", f"--input_dir={data / 'shards'}",
-                         f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
-                         "--max_predictions_per_seq=5", "--do_train", "--train_batch_size=8", "--num_train_steps=96",
-                         "--learning_rate=2e-3", *saves_and_logs(out)]
+        return python + [
+            "bertbench.runners.squad",
+            f"--train_file={data / 'squad' / 'train-v1.1.json'}",
+            f"--vocab_file={data / 'squad_bert' / 'vocab.txt'}",
+            f"--bert_config_file={data / 'squad_bert' / 'bert_config.json'}",
+            "--max_seq_length=48",
+            "--doc_stride=16",
+            "--max_query_length=16",
+            "--do_train",
+            "--train_batch_size=8",
+            "--num_train_epochs=5",
+            "--learning_rate=1e-3",
+            *saves_and_logs(out),
+        ]
+    if runner == "pretraining":  # 96 steps (48 short): 8 (4) passes over 2 shards of 48, the loader crossing both
+        return python + [
+            "bertbench.runners.pretraining",
+            f"--input_dir={data / 'shards'}",
+            f"--bert_config_file={data / 'bert' / 'bert_config.json'}",
+            "--max_seq_length=32",
+            "--max_predictions_per_seq=5",
+            "--do_train",
+            "--train_batch_size=8",
+            f"--num_train_steps={48 if short else 96}",
+            "--learning_rate=2e-3",
+            *saves_and_logs(out),
+        ]
     if runner == "launch2":  # run_classifier on 2 processes under torchrun (gloo on CPU): 80 steps
-        return python + ["bertbench", "launch", "--standalone", "--nproc_per_node=2", "--max-restarts=0",
-                         "-m", "bertbench.runners.classifier", *classifier_flags(data, out, batch=8, epochs=5)]
+        return python + [
+            "bertbench",
+            "launch",
+            "--standalone",
+            "--nproc_per_node=2",
+            "--max-restarts=0",
+            "-m",
+            "bertbench.runners.classifier",
+            *classifier_command(data, out, batch=8, epochs=5),
+        ]
     raise ValueError(f"unknown runner {runner!r}; choose from {', '.join(RUNNERS)}")
 
 
 # ---- processes -----------------------------------------------------------------------------------------------------
+
 
 def environment() -> dict[str, str]:
     # One intra-op thread, as the tests' processes have (conftest.py says why); the same in every run.
@@ -117,8 +152,9 @@ def environment() -> dict[str, str]:
 
 def start(argv: Sequence[str], log: Path) -> subprocess.Popen:
     with open(log, "w") as handle:
-        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=environment(),
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, stdout=handle, stderr=subprocess.STDOUT, env=environment(), start_new_session=True
+        )
 
 
 def descendants(pid: int) -> list[int]:
@@ -198,6 +234,7 @@ def saving(out: Path) -> bool:
 
 # ---- the reference -------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Reference:
     weights: dict[str, torch.Tensor]
@@ -219,8 +256,9 @@ class Reference:
 def metric_records(out: Path) -> list[dict]:
     """metrics.jsonl's records without their times, rates and memory (a line that is not a JSON record raises)."""
     with open(out / "metrics.jsonl") as handle:
-        return [{key: value for key, value in json.loads(line).items() if key not in MEASURED_FIELDS}
-                for line in handle]
+        return [
+            {key: value for key, value in json.loads(line).items() if key not in MEASURED_FIELDS} for line in handle
+        ]
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
@@ -246,11 +284,19 @@ def measure_reference(argv: Sequence[str], out: Path, log: Path) -> Reference:
         raise RuntimeError(f"the reference run kept {list_checkpoints(out)}, not {KEEP} checkpoints")
     first = seen[0] if seen else seconds
     interval = (seen[-1] - seen[0]) / (len(seen) - 1) if len(seen) > 1 else seconds - first
-    return Reference(final_weights(out), json.loads((out / "train_results.json").read_text()),
-                     [step for step, _ in list_checkpoints(out)], metric_records(out), seconds, first, interval)
+    return Reference(
+        final_weights(out),
+        json.loads((out / "train_results.json").read_text()),
+        [step for step, _ in list_checkpoints(out)],
+        metric_records(out),
+        seconds,
+        first,
+        interval,
+    )
 
 
 # ---- one trial -----------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Kill:
@@ -289,23 +335,28 @@ def wait_while_running(process: subprocess.Popen, condition: Callable[[], bool])
     return True
 
 
-def strike(process: subprocess.Popen, out: Path, moment: str, rng: random.Random, reference: Reference,
-           started: float) -> Kill | None:
+def strike(
+    process: subprocess.Popen, out: Path, moment: str, rng: random.Random, reference: Reference, started: float
+) -> Kill | None:
     """Wait for the moment, then SIGKILL the command; None when it ended first."""
     expected = reference.expected_seconds(newest_step(out))
     if moment == "start-up":  # imports, reading the data, building the model, up to the first save
         running = sleep_while_running(process, rng.uniform(0, reference.first_checkpoint_seconds))
     elif moment == "after a checkpoint":
         before = newest_step(out)
-        running = wait_while_running(process, lambda: newest_step(out) != before) and \
-            sleep_while_running(process, rng.uniform(0, reference.save_interval_seconds))
+        running = wait_while_running(process, lambda: newest_step(out) != before) and sleep_while_running(
+            process, rng.uniform(0, reference.save_interval_seconds)
+        )
     elif moment in ("in a save", "as a checkpoint appears"):
         running = sleep_while_running(process, rng.uniform(0, 0.9 * expected))
         before = newest_step(out)
         # In a save: its temporary file is there (or, a save too quick for the poll, the checkpoint it became).
         # As a checkpoint appears: renamed, perhaps not yet fsynced nor the older ones pruned.
-        appeared = (lambda: saving(out) or newest_step(out) != before) if moment == "in a save" else \
-            (lambda: newest_step(out) != before)
+        appeared = (
+            (lambda: saving(out) or newest_step(out) != before)
+            if moment == "in a save"
+            else (lambda: newest_step(out) != before)
+        )
         running = running and wait_while_running(process, appeared)
     else:
         running = sleep_while_running(process, rng.uniform(0, expected))
@@ -374,9 +425,13 @@ def check_run(out: Path, reference: Reference) -> list[str]:
         problems.append(f"checkpoints at steps {steps}, the reference keeps {reference.checkpoint_steps}")
     if steps:
         weights = final_weights(out)
-        differing = [name for name in weights.keys() | reference.weights.keys()
-                     if name not in weights or name not in reference.weights
-                     or not torch.equal(weights[name], reference.weights[name])]
+        differing = [
+            name
+            for name in weights.keys() | reference.weights.keys()
+            if name not in weights
+            or name not in reference.weights
+            or not torch.equal(weights[name], reference.weights[name])
+        ]
         if differing:
             problems.append(f"weights differ from the reference's ({len(differing)} tensors, e.g. {differing[:2]})")
     leftovers = sorted(str(path.relative_to(out)) for path in out.rglob("*.tmp"))
@@ -391,9 +446,14 @@ def check_run(out: Path, reference: Reference) -> list[str]:
         if steps != reference_steps:
             problems.append(f"metrics.jsonl steps {steps}, the reference logged {reference_steps}")
         else:
-            differing = [(record["step"], sorted(key for key in record.keys() | expected.keys()
-                                                 if record.get(key) != expected.get(key)))
-                         for record, expected in zip(logged, reference.metrics) if record != expected]
+            differing = [
+                (
+                    record["step"],
+                    sorted(key for key in record.keys() | expected.keys() if record.get(key) != expected.get(key)),
+                )
+                for record, expected in zip(logged, reference.metrics)
+                if record != expected
+            ]
             if differing:
                 problems.append(f"metrics.jsonl differs from the reference's at (step, fields) {differing[:3]}")
     try:
@@ -404,8 +464,9 @@ def check_run(out: Path, reference: Reference) -> list[str]:
         if train.get(key) != reference.train[key]:
             problems.append(f"train_results.json {key} {train.get(key)}, the reference's {reference.train[key]}")
     global_step = reference.train["global_step"]
-    return problems + check_segments(train.get("segments") or [], global_step,
-                                     {*range(SAVE_EVERY, global_step, SAVE_EVERY), global_step})
+    return problems + check_segments(
+        train.get("segments") or [], global_step, {*range(SAVE_EVERY, global_step, SAVE_EVERY), global_step}
+    )
 
 
 def check_segments(segments: list[dict], global_step: int, save_steps: set[int]) -> list[str]:
@@ -433,56 +494,76 @@ def check_segments(segments: list[dict], global_step: int, save_steps: set[int])
 
 # ---- the campaign --------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class RunnerResult:
     runner: str
     trials: list[Trial]
 
 
-def campaign(runners: Sequence[str], trials: int | dict[str, int], seed: int, workdir: Path,
-             report: Callable[[str], None] = lambda line: None) -> list[RunnerResult]:
+def campaign(
+    runners: Sequence[str],
+    trials: int | dict[str, int],
+    seed: int,
+    workdir: Path,
+    report: Callable[[str], None] = lambda line: None,
+    short: bool = False,
+) -> list[RunnerResult]:
     """Run `trials` trials (per runner, or a count for each) of every runner in workdir; each runner's RNG is
-    seeded from `seed` and its name, so one runner's trials do not depend on which others run."""
+    seeded from `seed` and its name, so one runner's trials do not depend on which others run. `short`: the
+    runners' shorter commands (command())."""
     data = prepare_data(workdir / "data")
     results = []
     for runner in runners:
         count = trials[runner] if isinstance(trials, dict) else trials
         root = workdir / runner
         root.mkdir()
-        reference = measure_reference(command(runner, data, root / "reference"), root / "reference",
-                                      root / "reference.log")
-        report(f"{runner}: reference {reference.seconds:.1f} s, {reference.train['global_step']} steps, first "
-               f"checkpoint at {reference.first_checkpoint_seconds:.1f} s, then every "
-               f"{reference.save_interval_seconds:.2f} s")
+        reference = measure_reference(
+            command(runner, data, root / "reference", short), root / "reference", root / "reference.log"
+        )
+        report(
+            f"{runner}: reference {reference.seconds:.1f} s, {reference.train['global_step']} steps, first "
+            f"checkpoint at {reference.first_checkpoint_seconds:.1f} s, then every "
+            f"{reference.save_interval_seconds:.2f} s"
+        )
         rng = random.Random(f"{seed}-{runner}")
         done = []
         for number in range(count):
             out, logs = root / f"trial-{number}", root / f"trial-{number}-logs"
             logs.mkdir()
-            trial = run_trial(command(runner, data, out), out, logs, reference, rng)
+            trial = run_trial(command(runner, data, out, short), out, logs, reference, rng)
             done.append(trial)
-            kills = ", ".join(f"{kill.moment} at {kill.seconds:.2f} s (newest checkpoint {kill.newest_checkpoint}"
-                              f"{', saving' if kill.during_save else ''}{', not pruned' if kill.before_prune else ''})"
-                              for kill in trial.kills)
-            report(f"{runner} trial {number}: {len(trial.kills)} kills [{kills}]; "
-                   f"{'; '.join(trial.lost) if trial.lost else 'nothing lost'}")
+            kills = ", ".join(
+                f"{kill.moment} at {kill.seconds:.2f} s (newest checkpoint {kill.newest_checkpoint}"
+                f"{', saving' if kill.during_save else ''}{', not pruned' if kill.before_prune else ''})"
+                for kill in trial.kills
+            )
+            report(
+                f"{runner} trial {number}: {len(trial.kills)} kills [{kills}]; "
+                f"{'; '.join(trial.lost) if trial.lost else 'nothing lost'}"
+            )
         results.append(RunnerResult(runner, done))
     return results
 
 
 def table(results: Sequence[RunnerResult]) -> str:
-    lines = ["| runner | trials | kills | kills before a checkpoint / in a save / before a prune | resumed ok | "
-             "bit-identical final weights | anything lost |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| runner | trials | kills | kills before a checkpoint / in a save / before a prune | resumed ok | "
+        "bit-identical final weights | anything lost |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for result in results:
         trials = result.trials
         kills = [kill for trial in trials for kill in trial.kills]
         lost = [trial for trial in trials if trial.lost]
-        lines.append(f"| {result.runner} | {len(trials)} | {len(kills)} | "
-                     f"{sum(kill.newest_checkpoint is None for kill in kills)} / "
-                     f"{sum(kill.during_save for kill in kills)} / {sum(kill.before_prune for kill in kills)} | "
-                     f"{sum(trial.resumed_ok for trial in trials)}/{len(trials)} | "
-                     f"{sum(trial.identical for trial in trials)}/{len(trials)} | "
-                     f"{f'{len(lost)} trials' if lost else 'nothing'} |")
+        lines.append(
+            f"| {result.runner} | {len(trials)} | {len(kills)} | "
+            f"{sum(kill.newest_checkpoint is None for kill in kills)} / "
+            f"{sum(kill.during_save for kill in kills)} / {sum(kill.before_prune for kill in kills)} | "
+            f"{sum(trial.resumed_ok for trial in trials)}/{len(trials)} | "
+            f"{sum(trial.identical for trial in trials)}/{len(trials)} | "
+            f"{f'{len(lost)} trials' if lost else 'nothing'} |"
+        )
     return "\n".join(lines)
 
 

@@ -24,11 +24,14 @@ import numpy as np
 import torch
 from torch import nn
 
-
 GOOGLE_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "google_bert", "adam_weight_decay.npz")
 # Google's variables and bertbench's names for them; TF kernels are (in, out), torch's Linear weights (out, in).
-GOOGLE_NAMES = {"layer/dense/kernel": "dense.weight", "layer/dense/bias": "dense.bias",
-                "layer/LayerNorm/gamma": "LayerNorm.weight", "layer/LayerNorm/beta": "LayerNorm.bias"}
+GOOGLE_NAMES = {
+    "layer/dense/kernel": "dense.weight",
+    "layer/dense/bias": "dense.bias",
+    "layer/LayerNorm/gamma": "LayerNorm.weight",
+    "layer/LayerNorm/beta": "LayerNorm.bias",
+}
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,21 @@ def google_trajectory(path: str = GOOGLE_FIXTURE) -> GoogleTrajectory:
         return np.ascontiguousarray(np.swapaxes(array, -1, -2) if name == "dense.weight" else array)
 
     def at(key: str, t: int | None = None) -> dict[str, np.ndarray]:
-        return {name: layout(name, fixture[f"{key}_{i}"] if t is None else fixture[f"{key}_{i}"][t])
-                for i, name in enumerate(names)}
+        return {
+            name: layout(name, fixture[f"{key}_{i}"] if t is None else fixture[f"{key}_{i}"][t])
+            for i, name in enumerate(names)
+        }
 
     steps = int(fixture["num_train_steps"])
-    return GoogleTrajectory(at("init"), [at("grads", t) for t in range(steps)], [at("params", t) for t in range(steps)],
-                            fixture["learning_rates"], float(fixture["init_lr"]), steps,
-                            int(fixture["num_warmup_steps"]))
+    return GoogleTrajectory(
+        at("init"),
+        [at("grads", t) for t in range(steps)],
+        [at("params", t) for t in range(steps)],
+        fixture["learning_rates"],
+        float(fixture["init_lr"]),
+        steps,
+        int(fixture["num_warmup_steps"]),
+    )
 
 
 def global_norm(arrays: list[np.ndarray]) -> float:
@@ -76,8 +87,16 @@ class AdamWeightDecay:
     """Google's rule (bias_correction=False) or torch.optim.AdamW's (True); `decayed[i]`: tensor i takes weight
     decay (Google's exclusions: not biases, not LayerNorm)."""
 
-    def __init__(self, params: list[np.ndarray], decayed: list[bool], weight_decay: float = 0.01,
-                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6, bias_correction: bool = False):
+    def __init__(
+        self,
+        params: list[np.ndarray],
+        decayed: list[bool],
+        weight_decay: float = 0.01,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-6,
+        bias_correction: bool = False,
+    ):
         self.params = [np.array(param, np.float64) for param in params]
         self.decayed, self.weight_decay = decayed, weight_decay
         self.beta_1, self.beta_2, self.epsilon, self.bias_correction = beta_1, beta_2, epsilon, bias_correction
@@ -92,8 +111,8 @@ class AdamWeightDecay:
             self.m[i] = self.beta_1 * self.m[i] + (1.0 - self.beta_1) * grad
             self.v[i] = self.beta_2 * self.v[i] + (1.0 - self.beta_2) * np.square(grad)
             if self.bias_correction:  # torch: p (1 - lr wd), then - lr m_hat / (sqrt(v_hat) + eps)
-                m_hat = self.m[i] / (1.0 - self.beta_1 ** self.t)
-                v_hat = self.v[i] / (1.0 - self.beta_2 ** self.t)
+                m_hat = self.m[i] / (1.0 - self.beta_1**self.t)
+                v_hat = self.v[i] / (1.0 - self.beta_2**self.t)
                 decay = self.weight_decay if self.decayed[i] else 0.0
                 self.params[i] = param * (1.0 - lr * decay) - lr * m_hat / (np.sqrt(v_hat) + self.epsilon)
             else:  # Google: update = m / (sqrt(v) + eps) (+ wd p); p - lr update
@@ -108,8 +127,15 @@ class FusedLamb:
     decay of tensor i's parameter group. max_grad_norm None: no clipping (apex always clips; None stands for a
     norm that never exceeds it)."""
 
-    def __init__(self, params: list[np.ndarray], weight_decays: list[float], betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, max_grad_norm: float | None = 1.0, use_nvlamb: bool = False):
+    def __init__(
+        self,
+        params: list[np.ndarray],
+        weight_decays: list[float],
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        max_grad_norm: float | None = 1.0,
+        use_nvlamb: bool = False,
+    ):
         self.params = [np.array(param, np.float64) for param in params]
         self.weight_decays = weight_decays
         self.beta1, self.beta2 = betas
@@ -125,7 +151,7 @@ class FusedLamb:
         norm = global_norm(grads)
         clip = norm / self.max_grad_norm if self.max_grad_norm is not None and norm > self.max_grad_norm else 1.0
         beta3 = 1.0 - self.beta1  # grad_averaging
-        bias_correction1, bias_correction2 = 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t
+        bias_correction1, bias_correction2 = 1.0 - self.beta1**t, 1.0 - self.beta2**t
         for i, (param, grad) in enumerate(zip(self.params, grads)):
             decay = self.weight_decays[i]
             scaled_grad = np.asarray(grad, np.float64) / clip

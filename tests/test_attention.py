@@ -36,7 +36,7 @@ def test_each_sequence_attends_to_its_own_rows():
         q, k, v = (x[start:end].transpose(0, 1) for x in qkv)
         expected = F.scaled_dot_product_attention(q, k, v).transpose(0, 1)
         torch.testing.assert_close(out[start:end], expected, rtol=1e-12, atol=1e-12)
-        scores = q @ k.transpose(-1, -2) / HEAD_DIM ** 0.5
+        scores = q @ k.transpose(-1, -2) / HEAD_DIM**0.5
         torch.testing.assert_close(logsumexp[:, start:end], scores.logsumexp(-1).float(), rtol=1e-6, atol=1e-6)
 
 

@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from bertbench.runners import command as runner
-from bertbench.tasks import synthetic
 from bertbench.bench import finetuning
+from bertbench.runners.skeleton import TaskRunner
+from bertbench.tasks import synthetic
 
 QUICK = ["--model=tiny", "--max_seq_length=32", "--train_batch_size=16", "--save_checkpoints_secs=0.05"]
 
@@ -22,12 +22,30 @@ def read_json(path):
 def glue(tmp_path_factory):
     out = tmp_path_factory.mktemp("finetuning")
     calls = []
-    run_values = runner.run_values
+    run_values = TaskRunner.run_values
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runner, "run_values", lambda spec, values, output=None: calls.append(
-            (spec.name, values["modeling"], values.get("recompute_policy"))) or run_values(spec, values, output))
-        assert finetuning.main(QUICK + ["--variants=baseline,selective", "--rounds=3", "--max_train_samples=128",
-                                        "--num_train_epochs=2", "--no_resume", f"--output_dir={out}"]) == 0
+        patch.setattr(
+            TaskRunner,
+            "run_values",
+            lambda spec, values, output=None: (
+                calls.append((spec.name, values["modeling"], values.get("recompute_policy")))
+                or run_values(spec, values, output)
+            ),
+        )
+        assert (
+            finetuning.main(
+                QUICK
+                + [
+                    "--variants=baseline,selective",
+                    "--rounds=3",
+                    "--max_train_samples=128",
+                    "--num_train_epochs=2",
+                    "--no_resume",
+                    f"--output_dir={out}",
+                ]
+            )
+            == 0
+        )
     return out, read_json(out / "finetuning.json"), calls
 
 
@@ -39,18 +57,24 @@ def test_each_variant_runs_in_flipping_rounds_through_the_runner(glue):
     assert {name for name, _, _ in glue[2]} == {"run_classifier"}
 
 
+@pytest.mark.slow
 def test_figures_are_each_runs_own_with_median_range_and_cv(glue):
     out, report, _ = glue
-    assert report["runner"] == "run_classifier" and \
-        [row["variant"] for row in report["rows"]] == ["baseline", "selective"]
+    assert report["runner"] == "run_classifier" and [row["variant"] for row in report["rows"]] == [
+        "baseline",
+        "selective",
+    ]
     markdown = (out / "finetuning.md").read_text()
     for row in report["rows"]:
         runs = row["runs"]
         assert len(runs) == 3
         rates = sorted(run["steady_seq_per_s"] for run in runs)
         # noise.spread_fields' convention: KEY is the median, KEY_min / KEY_max / KEY_cv beside it
-        assert (row["steady_seq_per_s"], row["steady_seq_per_s_min"], row["steady_seq_per_s_max"]) == \
-            (rates[1], rates[0], rates[2])
+        assert (row["steady_seq_per_s"], row["steady_seq_per_s_min"], row["steady_seq_per_s_max"]) == (
+            rates[1],
+            rates[0],
+            rates[2],
+        )
         assert row["steady_seq_per_s_cv"] == pytest.approx(statistics.stdev(rates) / statistics.mean(rates))
         assert f"| {row['variant']} | {row['steady_seq_per_s']:.1f} ({rates[0]:.1f}–{rates[2]:.1f}, CV " in markdown
         for run in runs:
@@ -59,8 +83,7 @@ def test_figures_are_each_runs_own_with_median_range_and_cv(glue):
             assert run["checkpoint_bytes"] > 0
         assert row["save_share_at_default"] == pytest.approx(row["seconds_per_save"] / 1200)
     baseline, selective = report["rows"]
-    assert selective["vs_first_variant"] == pytest.approx(selective["steady_seq_per_s"]
-                                                          / baseline["steady_seq_per_s"])
+    assert selective["vs_first_variant"] == pytest.approx(selective["steady_seq_per_s"] / baseline["steady_seq_per_s"])
     # same seed, same weights at the start, bit-identical gradients: the same dev accuracy in every run
     assert {run["dev_acc"] for row in report["rows"] for run in row["runs"]} == {baseline["runs"][0]["dev_acc"]}
     assert baseline["dev_acc_cv"] == 0.0
@@ -70,9 +93,21 @@ def test_figures_are_each_runs_own_with_median_range_and_cv(glue):
 @pytest.mark.slow
 def test_squad_runs_and_a_killed_run_resumes_from_its_checkpoint(tmp_path):
     # 40 steps of 8 questions: the run killed at its step-10 checkpoint has 30 to go
-    assert finetuning.main(["--task=squad", "--model=tiny", "--variants=baseline", "--rounds=1",
-                            "--max_train_samples=320", "--train_batch_size=8", "--num_train_epochs=1",
-                            f"--output_dir={tmp_path}"]) == 0
+    assert (
+        finetuning.main(
+            [
+                "--task=squad",
+                "--model=tiny",
+                "--variants=baseline",
+                "--rounds=1",
+                "--max_train_samples=320",
+                "--train_batch_size=8",
+                "--num_train_epochs=1",
+                f"--output_dir={tmp_path}",
+            ]
+        )
+        == 0
+    )
     report = read_json(tmp_path / "finetuning.json")
     (row,) = report["rows"]
     assert report["runner"] == "run_squad" and report["model_config"]["hidden_size"] == 64
@@ -92,12 +127,18 @@ def test_each_task_trains_its_built_in_model_on_the_built_in_vocabulary(task, sh
     assert config.max_position_embeddings >= finetuning.seq_length(args)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--variants=baseline,hf"], "variant hf is HF transformers' model: compare with it in `bertbench bench "
-                                 "throughput"),
-    (["--variants=every-0"], "unknown variant 'every-0'"),
-    (["--model=huge"], "unknown model 'huge'"),
-    (["--num_train_epochs=0"], "--num_train_epochs must be positive, got 0.0")])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--variants=baseline,hf"],
+            "variant hf is HF transformers' model: compare with it in `bertbench bench throughput",
+        ),
+        (["--variants=every-0"], "unknown variant 'every-0'"),
+        (["--model=huge"], "unknown model 'huge'"),
+        (["--num_train_epochs=0"], "--num_train_epochs must be positive, got 0.0"),
+    ],
+)
 def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):
     out = tmp_path / "out"
     assert finetuning.main(flags + [f"--output_dir={out}"]) == 2

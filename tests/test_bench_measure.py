@@ -2,12 +2,12 @@ import json
 
 import pytest
 import torch
+from helpers import TINY_BERT
 
+from bertbench.bench import flops, measure, output, plots, workload
 from bertbench.common import noise
 from bertbench.tasks import synthetic
 from bertbench.training import devices
-from bertbench.bench import flops, measure, output, plots, workload
-from conftest import TINY_BERT
 
 
 def test_count_flops_counts_a_matmul_exactly():
@@ -28,6 +28,7 @@ def test_time_steps_interleaves_flipping_the_order():
 
 
 # ---- model FLOPs, peaks and the bench workload ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", workload.STEP_KINDS)
 def test_analytic_flops_equal_what_pytorch_counts(kind):
@@ -52,10 +53,20 @@ def test_full_recompute_redoes_exactly_the_encoder_forward():
     assert counted["full"] - counted["baseline"] == 2 * flops.encoder_forward_flops(config, 32)
 
 
-@pytest.mark.parametrize("name, precision, tflops", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "bf16", 756.0), ("NVIDIA H200", "fp32", 66.9),
-    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0), ("NVIDIA A10", "fp16", 125.0), ("NVIDIA L40S", "bf16", 362.1),
-    ("NVIDIA L4", "fp32", 30.3), ("Tesla V100-SXM2-32GB", "bf16", None), ("Some Future GPU", "bf16", None)])
+@pytest.mark.parametrize(
+    "name, precision, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA H200", "fp32", 66.9),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA A10", "fp16", 125.0),
+        ("NVIDIA L40S", "bf16", 362.1),
+        ("NVIDIA L4", "fp32", 30.3),
+        ("Tesla V100-SXM2-32GB", "bf16", None),
+        ("Some Future GPU", "bf16", None),
+    ],
+)
 def test_gpu_peaks_match_the_longest_name(name, precision, tflops):
     peak = flops.gpu_peak_flops(name, precision)
     assert peak == (None if tflops is None else pytest.approx(tflops * 1e12))
@@ -67,9 +78,15 @@ def test_cpu_peak_is_the_measured_matmul():
         flops.peak_flops(torch.device("cpu"), "fp32")
 
 
-@pytest.mark.parametrize("text, expected", [("baseline", ("baseline", "full", 2)), ("full", ("recompute", "full", 2)),
-                                            ("selective", ("recompute", "selective", 2)),
-                                            ("every-3", ("recompute", "every-k", 3))])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("baseline", ("baseline", "full", 2)),
+        ("full", ("recompute", "full", 2)),
+        ("selective", ("recompute", "selective", 2)),
+        ("every-3", ("recompute", "every-k", 3)),
+    ],
+)
 def test_variant_names(text, expected):
     variant = workload.Variant.parse(text)
     assert (variant.modeling, variant.policy, variant.every_k) == expected and variant.name == text
@@ -119,6 +136,7 @@ def test_peak_memory_restarts_per_setting():
 
 # ---- the spread of repeats, warnings, plots ------------------------------------------------------------------------
 
+
 def test_spread_of_repeats_and_of_a_rate():
     measured = noise.spread([0.2, 0.1, 0.4])
     assert (measured["median"], measured["min"], measured["max"], measured["n"]) == (0.2, 0.1, 0.4, 3)
@@ -128,8 +146,12 @@ def test_spread_of_repeats_and_of_a_rate():
     # of the rates 8/2 and 8/3 would be 3.33); its range comes from the slowest and fastest time.
     rate = noise.rate_spread(8, [2.0, 1.0, 4.0, 3.0])
     assert (rate["median"], rate["min"], rate["max"]) == (3.2, 2.0, 8.0)
-    assert noise.spread_fields("step", measured) == {"step": 0.2, "step_min": 0.1, "step_max": 0.4,
-                                                      "step_cv": measured["cv"]}
+    assert noise.spread_fields("step", measured) == {
+        "step": 0.2,
+        "step_min": 0.1,
+        "step_max": 0.4,
+        "step_cv": measured["cv"],
+    }
 
 
 def test_a_spread_cell_gives_median_range_and_cv():
@@ -149,14 +171,17 @@ def test_the_load_average_against_the_cores(monkeypatch):
         warning = noise.LoadWatch().busy("the sweep")
         assert (warning is not None) == busy
         if busy:
-            assert warning.startswith(f"the machine was busy: the 1-minute load average was {before:.2f} before the "
-                                      f"sweep and {after:.2f} after it, above the 4 core(s) available")
+            assert warning.startswith(
+                f"the machine was busy: the 1-minute load average was {before:.2f} before the "
+                f"sweep and {after:.2f} after it, above the 4 core(s) available"
+            )
 
 
 def test_noisy_mismatched_and_superlinear_warnings():
-    rows = [{"name": "a", "t": 1.0, "t_cv": 0.05, "threads": 1, "device": "cpu", "efficiency": 1.0},
-            {"name": "b", "t": 1.0, "t_cv": noise.BUSY_CV + 0.01, "threads": 2, "device": "cpu",
-             "efficiency": 2.537}]
+    rows = [
+        {"name": "a", "t": 1.0, "t_cv": 0.05, "threads": 1, "device": "cpu", "efficiency": 1.0},
+        {"name": "b", "t": 1.0, "t_cv": noise.BUSY_CV + 0.01, "threads": 2, "device": "cpu", "efficiency": 2.537},
+    ]
     assert noise.noisy_warning(rows[:1], "t", lambda row: row["name"]) is None
     assert f"(up to {noise.BUSY_CV + 0.01:.0%}, b)" in noise.noisy_warning(rows, "t", lambda row: row["name"])
     mismatch = output.mismatch_warning(rows, {"threads": "threads per process", "device": "device"}, "name")
@@ -166,7 +191,8 @@ def test_noisy_mismatched_and_superlinear_warnings():
     assert [cell(row) for row in rows] == ["100.0%", "253.7% (!)"]
     assert cell({"efficiency": 1 + 1e-12}) == "100.0%"  # float noise is not superlinear
     assert output.superlinear_warning(rows, "efficiency", lambda row: row["name"]).startswith(
-        "efficiency above 100% (253.7% at b, marked (!)): superlinear figures usually mean the runs are not comparable")
+        "efficiency above 100% (253.7% at b, marked (!)): superlinear figures usually mean the runs are not comparable"
+    )
 
 
 def test_warnings_are_printed_and_written_to_json_and_markdown(tmp_path, capsys):
@@ -177,28 +203,48 @@ def test_warnings_are_printed_and_written_to_json_and_markdown(tmp_path, capsys)
     printed = out.write({}, {"rows": []}, "# Title\n\n| a |\n|---|")
     assert capsys.readouterr().out == "warning: the machine was busy\n"
     assert json.loads((tmp_path / "throughput.json").read_text())["warnings"] == ["the machine was busy"]
-    assert printed == (tmp_path / "throughput.md").read_text().rstrip("\n") == \
-        "# Title\n\n**Warning:** the machine was busy\n\n| a |\n|---|"
+    assert (
+        printed
+        == (tmp_path / "throughput.md").read_text().rstrip("\n")
+        == "# Title\n\n**Warning:** the machine was busy\n\n| a |\n|---|"
+    )
 
 
 def test_line_plot_draws_ranges_as_error_bars_and_colours_by_variant():
-    first = plots.line_plot({"baseline": ([1, 2], [10.0, 19.0], [9.0, 15.0], [11.0, 20.0]),
-                             "measured": ([1, 2], [5, 6])}, "batch", "seq/s", "t")
+    first = plots.line_plot(
+        {"baseline": ([1, 2], [10.0, 19.0], [9.0, 15.0], [11.0, 20.0]), "measured": ([1, 2], [5, 6])},
+        "batch",
+        "seq/s",
+        "t",
+    )
     (bars,) = first.axes[0].containers  # the series with a range, and only it
     lower, upper = (bars.lines[1][0].get_ydata(), bars.lines[1][1].get_ydata())
     assert list(lower) == [9.0, 15.0] and list(upper) == [11.0, 20.0]
-    second = plots.line_plot({"run B: every-2": ([1], [1.0]), "full:2": ([1], [2.0]), "baseline": ([1], [3.0])},
-                             "x", "y", "t")
-    colours = {line.get_label(): line.get_color() for axes in (first.axes[0], second.axes[0])
-               for line in axes.get_lines() if not line.get_label().startswith("_")}
+    second = plots.line_plot(
+        {"run B: every-2": ([1], [1.0]), "full:2": ([1], [2.0]), "baseline": ([1], [3.0])}, "x", "y", "t"
+    )
+    colours = {
+        line.get_label(): line.get_color()
+        for axes in (first.axes[0], second.axes[0])
+        for line in axes.get_lines()
+        if not line.get_label().startswith("_")
+    }
     assert colours["baseline"] == first.axes[0].get_lines()[0].get_color() == "tab:blue"
     assert colours["full:2"] == plots.VARIANT_COLOURS["full"] and colours["run B: every-2"] == "tab:red"
     assert colours["measured"] not in plots.VARIANT_COLOURS.values()
 
 
 def test_line_plot_from_zero_markers_only_and_marks():
-    figure = plots.line_plot({"overlap 0": ([8, 1024], [0.994, 0.991])}, "GPUs", "efficiency", "t", log_x=True,
-                             joined=False, y_from_zero=True, marks={"overlap 0": (8, 0.994, "largest")})
+    figure = plots.line_plot(
+        {"overlap 0": ([8, 1024], [0.994, 0.991])},
+        "GPUs",
+        "efficiency",
+        "t",
+        log_x=True,
+        joined=False,
+        y_from_zero=True,
+        marks={"overlap 0": (8, 0.994, "largest")},
+    )
     axes = figure.axes[0]
     assert axes.get_ylim()[0] == 0 and axes.get_ylim()[1] > 1  # 0.991-0.994 is a sliver, not the whole height
     points = axes.get_lines()[0]

@@ -1,7 +1,9 @@
 import argparse
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from bertbench.bench import measure, memory, workload
 
@@ -65,31 +67,62 @@ def test_a_cap_below_one_sequence_fits_nothing():
 
 def test_memory_bench_orders_the_policies_and_times_them_at_one_batch(tmp_path, monkeypatch):
     drawn, real_plot = [], memory.line_plot
-    monkeypatch.setattr(memory, "line_plot", lambda *args, **options: drawn.append(options) or real_plot(*args,
-                                                                                                        **options))
-    assert memory.main(["--model", "tiny", "--seq_lengths", "32", "--cap_gib", "0.004", "--steps", "2",
-                        "--warmup", "0", "--output_dir", str(tmp_path)]) == 0
+    monkeypatch.setattr(
+        memory, "line_plot", lambda *args, **options: drawn.append(options) or real_plot(*args, **options)
+    )
+    # A clock of known step times: the baseline's steps take 0.2 and 0.1 s, every recompute policy's 0.3 and 0.2 s.
+    steps_timed = {}
+
+    def known_times(steps, warmup, repeats, device):
+        steps_timed.update({name: repeats for name in steps})
+        return {name: [0.2, 0.1] if name == "baseline" else [0.3, 0.2] for name in steps}
+
+    monkeypatch.setattr(measure, "time_steps", known_times)
+    assert (
+        memory.main(
+            [
+                "--model",
+                "tiny",
+                "--seq_lengths",
+                "32",
+                "--cap_gib",
+                "0.004",
+                "--steps",
+                "2",
+                "--warmup",
+                "0",
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "memory.json").read_text())
     rows = {row["variant"]: row for row in report["rows"]}
     assert report["cap_bytes"] == int(0.004 * 2**30)
     assert rows["full"]["max_batch"] > rows["selective"]["max_batch"] > rows["baseline"]["max_batch"] > 0
     assert rows["every-2"]["max_batch"] > rows["baseline"]["max_batch"]
-    assert rows["full"]["max_batch_vs_first"] == rows["full"]["max_batch"] / rows["baseline"]["max_batch"]
-    assert {row["time_batch"] for row in rows.values()} == {min(8, rows["baseline"]["max_batch"])}
+    assert rows["full"]["max_batch_vs_first"] * rows["baseline"]["max_batch"] == pytest.approx(
+        rows["full"]["max_batch"]
+    )
+    assert steps_timed == dict.fromkeys(rows, 2)  # every variant, 2 steps, together
+    (time_batch,) = {row["time_batch"] for row in rows.values()}
+    assert time_batch == min(8, rows["baseline"]["max_batch"])
     markdown = (tmp_path / "memory.md").read_text()
-    for row in rows.values():  # each variant's time at the one batch, relative to the first variant's
-        assert row["slowdown"] == pytest.approx(row["step_seconds"] / rows["baseline"]["step_seconds"])
-        assert row["seq_per_s"] == pytest.approx(row["time_batch"] / row["step_seconds"])
-        assert row["seq_per_s_max"] == pytest.approx(row["time_batch"] / row["step_seconds_min"])
-        assert row["step_seconds_cv"] is not None  # two timed steps
-        assert (f"| {row['step_seconds']:.3f} ({row['step_seconds_min']:.3f}–{row['step_seconds_max']:.3f}, CV "
-                in markdown)
+    assert "| 0.150 (0.100–0.200, CV 47%) |" in markdown  # the baseline's median step, its range and CV
+    for name, row in rows.items():  # each variant's time at the one batch, relative to the first variant's
+        step, fastest = (0.15, 0.1) if name == "baseline" else (0.25, 0.2)
+        assert (row["step_seconds"], row["step_seconds_min"]) == pytest.approx((step, fastest))
+        assert row["slowdown"] == pytest.approx(1.0 if name == "baseline" else 0.25 / 0.15)
+        assert (row["seq_per_s"], row["seq_per_s_max"]) == pytest.approx((time_batch / step, time_batch / fastest))
     assert "| 32 | full |" in markdown
     assert (tmp_path / "memory-seq32.png").stat().st_size > 1000
     # each variant's largest batch is marked on its line, at the bytes counted there
     (options,) = drawn
-    assert options["marks"] == {name: (row["max_batch"], row["saved_bytes_at_max_batch"] / 2**30,
-                                       f"{name}: {row['max_batch']:,}") for name, row in rows.items()}
+    assert options["marks"] == {
+        name: (row["max_batch"], row["saved_bytes_at_max_batch"] / 2**30, f"{name}: {row['max_batch']:,}")
+        for name, row in rows.items()
+    }
 
 
 def test_a_non_positive_cap_is_refused(tmp_path, error_line):
@@ -100,8 +133,43 @@ def test_a_non_positive_cap_is_refused(tmp_path, error_line):
 
 @pytest.mark.gpu
 def test_gpu_search_runs_under_a_real_cap(tmp_path):
-    assert memory.main(["--model", "tiny", "--seq_lengths", "128", "--cap_gib", "1", "--device", "cuda",
-                        "--variants", "baseline,full", "--max_batch", "2048", "--output_dir", str(tmp_path)]) == 0
+    assert (
+        memory.main(
+            [
+                "--model",
+                "tiny",
+                "--seq_lengths",
+                "128",
+                "--cap_gib",
+                "1",
+                "--device",
+                "cuda",
+                "--variants",
+                "baseline,full",
+                "--max_batch",
+                "2048",
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     rows = {row["variant"]: row for row in json.loads((tmp_path / "memory.json").read_text())["rows"]}
     assert rows["full"]["max_batch"] >= rows["baseline"]["max_batch"] > 0
     assert all(row["peak_bytes_at_max_batch"] <= 2**30 for row in rows.values())
+
+
+def test_the_gpu_cap_counts_only_the_benchs_memory_and_is_lifted_after(monkeypatch):
+    """Seen on an H100 (tests in one process): a cap set on the whole process squeezed the bench under what earlier
+    code held, and stayed on after it, failing the next bench's allocations."""
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 2 * 2**30)  # held by the caller
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: fractions.append((f, index)))
+    with pytest.raises(RuntimeError), memory.allocator_cap(torch.device("cuda", 0), 2**30):
+        assert fractions == [((2**30 + 2 * 2**30) / (80 * 2**30), 0)]  # 1 GiB for the bench, on top of the 2 held
+        raise RuntimeError("a failed search")
+    assert fractions[-1] == (1.0, 0)  # lifted, even after a failure
+    with memory.allocator_cap(torch.device("cpu"), 2**30):
+        pass
+    assert len(fractions) == 2  # no cap on a CPU

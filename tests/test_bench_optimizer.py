@@ -6,22 +6,30 @@ import json
 
 import pytest
 import torch
+from helpers import tiny_config
 
+from bertbench.bench import cli, measure, optimizer
 from bertbench.model import modeling
 from bertbench.training import optim
-from bertbench.bench import cli, optimizer
-from conftest import tiny_config
-
 
 
 def run(tmp_path, *flags):
-    return cli.main(["optimizer", "--model", "tiny", "--output_dir", str(tmp_path), "--warmup", "0", "--steps", "2",
-                     *flags])
+    return cli.main(
+        ["optimizer", "--model", "tiny", "--output_dir", str(tmp_path), "--warmup", "0", "--steps", "2", *flags]
+    )
 
 
-def test_writes_a_row_per_optimizer_with_floors_at_the_given_bandwidth(tmp_path):
-    assert run(tmp_path, "--device", "cpu", "--optimizers", "adamw,lamb:eager", "--bandwidth_gbs", "100",
-               "--step_ms", "50") == 0
+def test_writes_a_row_per_optimizer_with_floors_at_the_given_bandwidth(tmp_path, monkeypatch):
+    # a clock of known step times: every optimizer step takes 2 ms, then 4 ms (a median of 3 ms)
+    monkeypatch.setattr(
+        measure, "time_steps", lambda steps, warmup, repeats, device: {name: [0.002, 0.004] for name in steps}
+    )
+    assert (
+        run(
+            tmp_path, "--device", "cpu", "--optimizers", "adamw,lamb:eager", "--bandwidth_gbs", "100", "--step_ms", "50"
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "optimizer.json").read_text())
     assert (tmp_path / "optimizer.md").exists() and (tmp_path / "optimizer-steps.png").stat().st_size > 0
     assert [row["optimizer"] for row in report["rows"]] == ["adamw:fused", "adamw:eager", "lamb:eager"]
@@ -33,24 +41,27 @@ def test_writes_a_row_per_optimizer_with_floors_at_the_given_bandwidth(tmp_path)
     parameters = embeddings + layers * layer + heads
     for row in report["rows"]:
         assert row["parameters"] == parameters
-        # 28 bytes a parameter at 100 GB/s: parameters x 0.28 ns
-        assert row["floor_ms"] == pytest.approx(parameters * 0.28e-6)
+        # 28 bytes a parameter at 100 GB/s: 208,130 parameters x 0.28 ns = 0.0582764 ms
+        assert row["floor_ms"] == pytest.approx(0.0582764)
         assert row["rule_bytes_per_parameter"] == (32 if row["rule"] == "adamw" else 44)
-        assert row["ratio_to_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"])
-        assert row["share_of_step"] == pytest.approx(row["step_ms"] / 50)
-        assert row["step_ms_min"] <= row["step_ms"] <= row["step_ms_max"]
+        assert (row["step_ms"], row["step_ms_min"], row["step_ms_max"]) == pytest.approx((3.0, 2.0, 4.0))
+        assert row["ratio_to_floor"] == pytest.approx(51.4788)  # 3 ms / 0.0582764 ms
+        assert row["share_of_step"] == pytest.approx(0.06)  # 3 ms of --step_ms 50
     assert report["bandwidth_bytes_per_second"] == 100e9
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--optimizers", "sgd"], "unknown optimizer 'sgd'"),
-    (["--optimizers", "lamb:fast"], "unknown optimizer 'lamb:fast'"),
-    (["--bandwidth_gbs", "0"], "--bandwidth_gbs must be positive"),
-    (["--step_ms", "-1"], "--step_ms must be positive"),
-    (["--warmup", "-1"], "--warmup must be 0 or more"),
-    (["--model", "huge"], "unknown model 'huge'"),
-    (["--device", "nowhere"], "--device 'nowhere'"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--optimizers", "sgd"], "unknown optimizer 'sgd'"),
+        (["--optimizers", "lamb:fast"], "unknown optimizer 'lamb:fast'"),
+        (["--bandwidth_gbs", "0"], "--bandwidth_gbs must be positive"),
+        (["--step_ms", "-1"], "--step_ms must be positive"),
+        (["--warmup", "-1"], "--warmup must be 0 or more"),
+        (["--model", "huge"], "unknown model 'huge'"),
+        (["--device", "nowhere"], "--device 'nowhere'"),
+    ],
+)
 def test_bad_flags_are_refused_before_anything_is_written(tmp_path, capsys, flags, message):
     assert run(tmp_path / "out", "--device", "cpu", *flags) == 2
     error = capsys.readouterr().err
@@ -69,8 +80,9 @@ def test_refuses_to_overwrite(tmp_path, capsys):
 def test_on_cuda_the_fused_paths_run_and_fused_lamb_is_the_eager_one(tmp_path):
     assert run(tmp_path, "--device", "cuda") == 0
     rows = json.loads((tmp_path / "optimizer.json").read_text())["rows"]
-    assert {row["optimizer"] for row in rows} == {f"{rule}:{form}" for rule in optimizer.RULES
-                                                   for form in optimizer.FORMS}
+    assert {row["optimizer"] for row in rows} == {
+        f"{rule}:{form}" for rule in optimizer.RULES for form in optimizer.FORMS
+    }
     for name in ("lamb", "nvlamb"):
         torch.manual_seed(0)
         model = modeling.BertForSequenceClassification(tiny_config(), num_labels=2).cuda()

@@ -2,10 +2,10 @@ import json
 
 import pytest
 import torch
+from helpers import TINY_BERT
 from matplotlib.figure import Figure
 
 from bertbench.bench import cli, plan, workload
-from conftest import TINY_BERT
 
 NETWORK = plan.Network(intra_bandwidth=100e9, intra_latency=5e-6, inter_bandwidth=25e9, inter_latency=10e-6)
 
@@ -48,16 +48,18 @@ def test_efficiency_falls_with_every_node_and_overlap_one_is_compute_bound():
 
 
 def test_prediction_row_by_hand():
+    # 2 nodes x 4 GPUs, batch 32 each, a 0.5 s compute step, 1 GB of gradients in 3 buckets, a quarter overlapped:
+    # latency 3 x (2 x 3 x 5 us + 2 x 1 x 10 us) = 150 us; bandwidth 1.5 x 1 GB / 100 GB/s + 1 x 1 GB / 25 GB/s
+    # = 55 ms; all-reduce 55.15 ms, of which 0.75 exposed: a step of 541.3625 ms.
     row = plan.predict(0.5, 32, 1e9, 2, 4, NETWORK, 0.25, 3, 1e6)
-    allreduce = sum(plan.allreduce_seconds(1e9, 2, 4, NETWORK, buckets=3))
-    assert row["allreduce_latency_seconds"] == pytest.approx(3 * (2 * 3 * 5e-6 + 2 * 1 * 10e-6))
-    step = 0.5 + 0.75 * allreduce
     assert row["global_batch"] == 256 and row["gpus"] == 8
-    assert row["step_seconds"] == pytest.approx(step)
-    assert row["seq_per_s"] == pytest.approx(256 / step)
-    assert row["speedup"] == pytest.approx(8 * 0.5 / step)
-    assert row["efficiency"] == pytest.approx(0.5 / step)
-    assert row["time_to_train_hours"] == pytest.approx(1e6 / (256 / step) / 3600)
+    assert row["allreduce_latency_seconds"] == pytest.approx(150e-6)
+    assert row["allreduce_seconds"] == pytest.approx(0.05515)
+    assert row["step_seconds"] == pytest.approx(0.5413625)
+    assert row["seq_per_s"] == pytest.approx(472.8809254)  # 256 / 0.5413625
+    assert row["speedup"] == pytest.approx(7.3887645)  # 8 GPUs x 0.5 / 0.5413625
+    assert row["efficiency"] == pytest.approx(0.9235956)  # 0.5 / 0.5413625
+    assert row["time_to_train_hours"] == pytest.approx(0.5874159)  # 1e6 sequences at 472.88 seq/s
 
 
 @pytest.mark.parametrize("model", ["tiny", "base", "config_path"])
@@ -99,8 +101,7 @@ def test_layouts_write_rows_files_and_refuse_a_second_run(tmp_path, capsys, erro
     assert cli.main(["plan", *map(str, argv)]) == 0
     assert "| 128 | 1024 |" in capsys.readouterr().out
     report = json.loads((out / "plan.json").read_text())
-    assert [(row["nodes"], row["gpus_per_node"], row["gpus"]) for row in report["rows"]] == [(2, 4, 8),
-                                                                                             (128, 8, 1024)]
+    assert [(row["nodes"], row["gpus_per_node"], row["gpus"]) for row in report["rows"]] == [(2, 4, 8), (128, 8, 1024)]
     assert report["settings"]["layouts"] == ["2x4", "128x8"] and report["settings"]["model"] == "base"
     assert report["settings"]["parameters"] == plan.parameter_count(workload.bert_config("base", 512), "pretraining")
     for name in ("plan.md", "plan-efficiency.png", "plan-throughput.png"):
@@ -110,8 +111,17 @@ def test_layouts_write_rows_files_and_refuse_a_second_run(tmp_path, capsys, erro
     assert str(out) in error_line() and (out / "plan.json").read_text() == before
 
 
-@pytest.mark.parametrize("flags", [["--overlap", "1.5"], ["--inter_bandwidth", "-1"], ["--intra_bandwidth", "0"],
-                                   ["--layouts", "2y4"], ["--layouts", "0x8"], ["--nodes", "0"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--overlap", "1.5"],
+        ["--inter_bandwidth", "-1"],
+        ["--intra_bandwidth", "0"],
+        ["--layouts", "2y4"],
+        ["--layouts", "0x8"],
+        ["--nodes", "0"],
+    ],
+)
 def test_bad_values_exit_2_and_write_nothing(tmp_path, flags):
     with pytest.raises(SystemExit) as exit_info:
         run_plan(["--step_seconds", 0.3, "--batch_per_device", 32, "--output_dir", tmp_path / "out", *flags])
@@ -125,21 +135,54 @@ def throughput_file(tmp_path, rows):
 
 
 def throughput_row(**values):
-    row = {"model": "tiny", "kind": "pretraining", "variant": "baseline", "precision": "fp32", "batch": 8, "seq": 128,
-           "step_seconds": 0.1, "seq_per_s": 80.0}
+    row = {
+        "model": "tiny",
+        "kind": "pretraining",
+        "variant": "baseline",
+        "precision": "fp32",
+        "batch": 8,
+        "seq": 128,
+        "step_seconds": 0.1,
+        "seq_per_s": 80.0,
+    }
     return {**row, **values}
 
 
 def test_from_throughput_selects_the_row(tmp_path, capsys, error_line):
-    path = throughput_file(tmp_path, [throughput_row(), throughput_row(batch=16, step_seconds=0.16),
-                                      throughput_row(batch=16, step_seconds=0.12, precision="bf16")])
+    path = throughput_file(
+        tmp_path,
+        [
+            throughput_row(),
+            throughput_row(batch=16, step_seconds=0.16),
+            throughput_row(batch=16, step_seconds=0.12, precision="bf16"),
+        ],
+    )
     out = tmp_path / "out"
-    assert run_plan(["--from_throughput", path, "--batch_per_device", 16, "--precision", "bf16", "--nodes", "1,2",
-                     "--gpus_per_node", 1, "--output_dir", out]) == 0
+    assert (
+        run_plan(
+            [
+                "--from_throughput",
+                path,
+                "--batch_per_device",
+                16,
+                "--precision",
+                "bf16",
+                "--nodes",
+                "1,2",
+                "--gpus_per_node",
+                1,
+                "--output_dir",
+                out,
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "plan.json").read_text())
     settings, first = report["settings"], report["rows"][0]
     assert (settings["model"], settings["step_seconds"], settings["batch_per_device"]) == ("tiny", 0.12, 16)
-    assert settings["parameters"] == plan.parameter_count(workload.bert_config("tiny", 128), "pretraining")
+    # BERT-tiny (vocab 1024, hidden 64, 2 layers, 512 positions) with its pre-training heads, counted by hand:
+    # embeddings 98,560 + 2 layers x 49,984 + pooler 4,160 + MLM head 5,312 (its decoder tied) + NSP 130
+    assert settings["parameters"] == 208_130
     assert first["gpus"] == 1 and first["seq_per_s"] == pytest.approx(16 / 0.12) and first["efficiency"] == 1.0
     capsys.readouterr()
 
@@ -160,14 +203,39 @@ def scaling_file(tmp_path, alpha=1e-4, bandwidth=1e9, gradient_bytes=4e6, comput
     """A scaling.json whose steps follow the flat-ring model exactly at overlap 0 (one bucket)."""
     rows = []
     for processes in (1, 2, 4):
-        step = compute + plan.ring_seconds(gradient_bytes, processes, alpha, bandwidth)
-        rows.append({"nodes": 1, "processes": processes, "global_batch": 8 * processes, "batch_per_process": 8,
-                     "step_seconds": step, "seq_per_s": 8 * processes / step, "speedup": processes * compute / step,
-                     "efficiency": compute / step})
-    report = {"bench": "scaling", "models": [
-        {"model": "demo", "seq": 32, "parameters": int(gradient_bytes / 4), "gradient_bytes": int(gradient_bytes),
-         "rows": rows, "allreduce": {"processes": 4, "sizes_bytes": [1e5, 1e6], "seconds": [0.001, 0.01],
-                                     "latency_seconds": alpha, "bus_bandwidth_bytes_per_s": bandwidth}}]}
+        # a ring all-reduce of P processes: 2(P-1) messages, each paying the latency and a P-th of the bytes
+        step = compute + 2 * (processes - 1) * (alpha + gradient_bytes / processes / bandwidth)
+        rows.append(
+            {
+                "nodes": 1,
+                "processes": processes,
+                "global_batch": 8 * processes,
+                "batch_per_process": 8,
+                "step_seconds": step,
+                "seq_per_s": 8 * processes / step,
+                "speedup": processes * compute / step,
+                "efficiency": compute / step,
+            }
+        )
+    report = {
+        "bench": "scaling",
+        "models": [
+            {
+                "model": "demo",
+                "seq": 32,
+                "parameters": int(gradient_bytes / 4),
+                "gradient_bytes": int(gradient_bytes),
+                "rows": rows,
+                "allreduce": {
+                    "processes": 4,
+                    "sizes_bytes": [1e5, 1e6],
+                    "seconds": [0.001, 0.01],
+                    "latency_seconds": alpha,
+                    "bus_bandwidth_bytes_per_s": bandwidth,
+                },
+            }
+        ],
+    }
     path = tmp_path / "scaling.json"
     path.write_text(json.dumps(report))
     return path, report
@@ -176,8 +244,27 @@ def scaling_file(tmp_path, alpha=1e-4, bandwidth=1e9, gradient_bytes=4e6, comput
 def test_validate_predicts_a_scaling_run(tmp_path, capsys):
     path, _ = scaling_file(tmp_path)
     out = tmp_path / "out"
-    assert run_plan(["--validate", path, "--overlap", 0.5, "--bucket_mb", 0, "--step_seconds", 0.2,
-                     "--batch_per_device", 8, "--nodes", "1,2", "--output_dir", out]) == 0
+    assert (
+        run_plan(
+            [
+                "--validate",
+                path,
+                "--overlap",
+                0.5,
+                "--bucket_mb",
+                0,
+                "--step_seconds",
+                0.2,
+                "--batch_per_device",
+                8,
+                "--nodes",
+                "1,2",
+                "--output_dir",
+                out,
+            ]
+        )
+        == 0
+    )
     markdown = capsys.readouterr().out
     assert "Validation against" in markdown and markdown.count("| processes |") == 1
     report = json.loads((out / "plan.json").read_text())
@@ -215,10 +302,15 @@ def test_the_step_must_be_given():
 
 def test_plots_mark_predictions_as_points_from_zero(tmp_path, monkeypatch):
     drawn = {}
-    monkeypatch.setattr(plan, "line_plot", lambda series, xlabel, ylabel, title, **options: drawn.update(
-        {ylabel: (series, options)}) or Figure())
-    assert run_plan(["--step_seconds", 0.3, "--batch_per_device", 32, "--layouts", "2x4,128x8",
-                     "--output_dir", tmp_path]) == 0
+    monkeypatch.setattr(
+        plan,
+        "line_plot",
+        lambda series, xlabel, ylabel, title, **options: drawn.update({ylabel: (series, options)}) or Figure(),
+    )
+    assert (
+        run_plan(["--step_seconds", 0.3, "--batch_per_device", 32, "--layouts", "2x4,128x8", "--output_dir", tmp_path])
+        == 0
+    )
     series, options = drawn["scaling efficiency"]
     # 99.x% efficiency on an axis from 0, not a 0.991-1.000 axis that makes it look like a collapse
     assert options["y_from_zero"] and not options["joined"]
@@ -230,13 +322,14 @@ def test_plots_mark_predictions_as_points_from_zero(tmp_path, monkeypatch):
 
 
 def test_a_noisy_measured_step_and_a_superlinear_validation_are_flagged(tmp_path):
-    path = throughput_file(tmp_path, [throughput_row(step_seconds_min=0.05, step_seconds_max=0.3,
-                                                     step_seconds_cv=0.6)])
+    path = throughput_file(tmp_path, [throughput_row(step_seconds_min=0.05, step_seconds_max=0.3, step_seconds_cv=0.6)])
     assert run_plan(["--from_throughput", path, "--nodes", "1,2", "--output_dir", tmp_path / "noisy"]) == 0
     report = json.loads((tmp_path / "noisy" / "plan.json").read_text())
     (warning,) = report["warnings"]
-    assert warning.startswith("noisy measured step: the repeats of 1 of 1 setting(s) vary by more than CV 20% (up "
-                              f"to 60%, {path}: baseline fp32)")
+    assert warning.startswith(
+        "noisy measured step: the repeats of 1 of 1 setting(s) vary by more than CV 20% (up "
+        f"to 60%, {path}: baseline fp32)"
+    )
     assert report["settings"]["step_seconds_cv"] == 0.6
     assert "0.1 (0.05–0.3, CV 60%) s per single-device step" in (tmp_path / "noisy" / "plan.md").read_text()
 

@@ -18,8 +18,12 @@ SMALL = ["--megabytes", "0.3", "--num_shards", "2", "--max_seq_length", "64", "-
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretraining-data")
-    assert pretraining_data.main(SMALL + ["--workers", "1,2", "--length_bins_at", "128", "--keep_corpus",
-                                          "--output_dir", str(out)]) == 0
+    assert (
+        pretraining_data.main(
+            SMALL + ["--workers", "1,2", "--length_bins_at", "128", "--keep_corpus", "--output_dir", str(out)]
+        )
+        == 0
+    )
     return out, json.loads((out / "pretraining-data.json").read_text())
 
 
@@ -42,13 +46,15 @@ def test_every_worker_count_makes_the_same_instances_and_reports_its_figures(mea
         assert row["output_mb"] > 0
 
 
+@pytest.mark.slow
 def test_length_bins_run_saves_padding(measured):
     _, report = measured
     (row,) = report["length_bins_rows"]
     assert row["max_seq_length"] == 128 and row["length_bins"] == [32, 64, 96, 128]
     assert row["max_predictions_per_seq"] == 20 and row["padding_fraction_with_bins"] < row["padding_fraction"]
     assert row["padding_saved_fraction"] == pytest.approx(
-        1 - row["padding_fraction_with_bins"] / row["padding_fraction"], abs=0.05)
+        1 - row["padding_fraction_with_bins"] / row["padding_fraction"], abs=0.05
+    )
 
 
 def test_markdown_plots_and_kept_corpus(measured):
@@ -87,20 +93,46 @@ def test_synthetic_vocab_has_berts_size_and_splits_rare_words(tmp_path):
 
 def test_a_user_corpus(tmp_path):
     corpus = tmp_path / "text.txt"
-    corpus.write_text("the happy cat sees the sad dog .\nthe calm owl likes the kind fox .\n\n"
-                      "the rude wolf finds the dull deer .\nthe bright bird meets the grim lion .\n")
+    corpus.write_text(
+        "the happy cat sees the sad dog .\nthe calm owl likes the kind fox .\n\n"
+        "the rude wolf finds the dull deer .\nthe bright bird meets the grim lion .\n"
+    )
     out = tmp_path / "out"
-    assert bertbench_cli.main(["bench", "pretraining-data", "--corpus", str(corpus), "--vocab_file",
-                               write_vocab(tmp_path), "--workers", "1", "--max_seq_length", "32",
-                               "--max_predictions_per_seq", "5", "--num_shards", "1", "--output_dir", str(out)]) == 0
+    assert (
+        bertbench_cli.main(
+            [
+                "bench",
+                "pretraining-data",
+                "--corpus",
+                str(corpus),
+                "--vocab_file",
+                write_vocab(tmp_path),
+                "--workers",
+                "1",
+                "--max_seq_length",
+                "32",
+                "--max_predictions_per_seq",
+                "5",
+                "--num_shards",
+                "1",
+                "--output_dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "pretraining-data.json").read_text())
     rows = report["rows"]
     assert rows[0]["documents"] == 2 and rows[0]["sentences"] == 4
 
 
 def test_errors_are_one_line_and_results_are_not_overwritten(measured, tmp_path, error_line):
-    assert pretraining_data.main(["--corpus", str(tmp_path / "missing.txt"), "--vocab_file", "v.txt",
-                                  "--output_dir", str(tmp_path / "out")]) == 2
+    assert (
+        pretraining_data.main(
+            ["--corpus", str(tmp_path / "missing.txt"), "--vocab_file", "v.txt", "--output_dir", str(tmp_path / "out")]
+        )
+        == 2
+    )
     assert "--corpus " + str(tmp_path / "missing.txt") + ": no such file" in error_line()
     assert not (tmp_path / "out").exists()
     out, _ = measured
@@ -112,11 +144,28 @@ def test_errors_are_one_line_and_results_are_not_overwritten(measured, tmp_path,
 
 def test_a_failing_create_pretraining_data_is_quoted_in_one_line(tmp_path, error_line):
     out = tmp_path / "out"
-    assert pretraining_data.main(["--megabytes", "0.05", "--workers", "1", "--max_seq_length", "4",
-                                  "--max_predictions_per_seq", "1", "--output_dir", str(out)]) == 1
-    assert error_line() == ("bertbench bench pretraining-data: error: create_pretraining_data with 1 worker(s) failed "
-                            "(exit 2): create_pretraining_data: error: --max_seq_length must be at least 5 ([CLS] A "
-                            "[SEP] B [SEP]), got 4")
+    assert (
+        pretraining_data.main(
+            [
+                "--megabytes",
+                "0.05",
+                "--workers",
+                "1",
+                "--max_seq_length",
+                "4",
+                "--max_predictions_per_seq",
+                "1",
+                "--output_dir",
+                str(out),
+            ]
+        )
+        == 1
+    )
+    assert error_line() == (
+        "bertbench bench pretraining-data: error: create_pretraining_data with 1 worker(s) failed "
+        "(exit 2): create_pretraining_data: error: --max_seq_length must be at least 5 ([CLS] A "
+        "[SEP] B [SEP]), got 4"
+    )
     assert not out.exists()
 
 

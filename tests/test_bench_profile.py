@@ -2,6 +2,7 @@
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,9 +13,25 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bertbench.bench import profile, workload
 
-TINY = ["--model", "tiny", "--batch_size", "2", "--max_seq_length", "32", "--warmup", "1", "--steps", "2",
-        "--device", "cpu", "--threads", "1"]
-TOP = 5
+TINY = [
+    "--model",
+    "tiny",
+    "--batch_size",
+    "2",
+    "--max_seq_length",
+    "32",
+    "--warmup",
+    "1",
+    "--steps",
+    "2",
+    "--device",
+    "cpu",
+    "--threads",
+    "1",
+]
+# Every aten op of the step is in the table: which ones lead it depends on the machine's load (preemption can push a
+# view or a sqrt above the matmuls), what they add up to does not.
+TOP = 1000
 
 
 @pytest.fixture(scope="module")
@@ -51,35 +68,56 @@ def test_flops_and_categories(profiled):
     assert report["model_flops_per_step"] == sum(counted.values())
     assert report["attention_flops_per_step"] == counted["aten.bmm"]  # scores and mix, forward and backward
     categories = report["categories"]
-    assert tuple(categories) == profile.CATEGORIES
+    assert list(categories) == ["matmul", "attention", "dropout", "norm_activation", "optimizer", "other"]
     assert categories["matmul"]["seconds"] > 0 and categories["attention"]["seconds"] > 0
-    # the dense layers' FLOPs over the time of the ops categorised as matmul, not over the whole step
+    assert sum(values["share"] for values in categories.values()) == pytest.approx(1)
+    # the dense layers' FLOPs (all but the attention's bmm) over the time of the ops categorised as matmul, not over
+    # the whole step
     assert report["matmul_tflops_per_s"] * 1e12 * categories["matmul"]["seconds"] == pytest.approx(
-        report["model_flops_per_step"] - report["attention_flops_per_step"])
-    # addmm and mm are matmuls wherever they run: the top operators' time of them is in the matmul category
-    dense = sum(row["seconds_per_step"] for row in report["top_operators"]
-                if row["name"] in ("aten::addmm", "aten::mm"))
+        sum(count for op, count in counted.items() if op != "aten.bmm")
+    )
+    # addmm and mm are matmuls wherever they run: all their self time is in the matmul category
+    operators = {row["name"]: row["seconds_per_step"] for row in report["top_operators"]}
+    dense = operators["aten::addmm"] + operators["aten::mm"]
     assert 0 < dense <= categories["matmul"]["seconds"] * (1 + 1e-9)
+    # self times are disjoint parts of the profiled steps: together at most the step's time
     operator_seconds = sum(values["seconds"] for values in categories.values())
     assert operator_seconds == pytest.approx(report["operator_share_of_step"] * report["step_seconds"])
-    assert categories["matmul"]["share"] == pytest.approx(categories["matmul"]["seconds"] / operator_seconds)
-    assert 0 < report["operator_share_of_step"] <= 1.01  # self times are disjoint parts of the profiled steps
+    assert 0 < report["operator_share_of_step"] <= 1.01
 
 
 def test_top_operators_sorted_by_self_time(profiled):
     directory, report = profiled
     rows = report["top_operators"]
-    assert len(rows) == TOP
+    assert len({row["name"] for row in rows}) == len(rows) > 20  # every aten op of a training step, once
     seconds = [row["self_seconds"] for row in rows]
     assert seconds == sorted(seconds, reverse=True)
     assert all(row["name"].startswith("aten::") and row["calls"] > 0 for row in rows)
     markdown = (directory / "profile.md").read_text()
     assert "| operator | calls | self ms | share of step | ms per step |" in markdown
     # the profiled steps' range beside their mean
-    assert (f"min–max {report['step_seconds_min'] * 1e3:.1f}–{report['step_seconds_max'] * 1e3:.1f} ms, CV "
-            in markdown) and report["step_seconds_cv"] is not None
+    assert (
+        f"min–max {report['step_seconds_min'] * 1e3:.1f}–{report['step_seconds_max'] * 1e3:.1f} ms, CV " in markdown
+    ) and report["step_seconds_cv"] is not None
     assert all(f"| {row['name']} |" in markdown for row in rows)
     assert (directory / "profile-categories.png").stat().st_size > 0
+
+
+def test_top_operators_are_the_aten_ops_of_most_self_time():
+    def average(key, count, self_us):
+        return SimpleNamespace(key=key, count=count, self_cpu_time_total=self_us, self_device_time_total=0)
+
+    averages = [
+        average("aten::add", 8, 1000),
+        average("ProfilerStep#1", 1, 9000),
+        average("aten::mm", 4, 3000),
+        average("aten::gelu", 2, 2000),
+    ]
+    rows = profile.top_operators(averages, device_time=False, steps=2, profiled_seconds=0.01, top=2)
+    assert [(row["name"], row["calls"]) for row in rows] == [("aten::mm", 4), ("aten::gelu", 2)]
+    # mm: 3 ms in 2 steps of 10 ms in all; gelu: 2 ms
+    figures = [row[key] for row in rows for key in ("self_seconds", "seconds_per_step", "step_share")]
+    assert figures == pytest.approx([0.003, 0.0015, 0.3, 0.002, 0.001, 0.2])
 
 
 def test_refuses_to_overwrite_and_leaves_files_alone(profiled, capsys):
@@ -108,13 +146,15 @@ def test_existing_trace_is_refused_before_any_work(tmp_path, capsys, monkeypatch
 def test_overwrite_replaces_the_trace(tmp_path):
     trace = tmp_path / "profile-trace.json"
     trace.write_text("earlier trace")
-    assert profile.main([*TINY, "--output_dir", str(tmp_path), "--overwrite"]) == 0
+    assert profile.main([*TINY, "--warmup", "0", "--steps", "1", "--output_dir", str(tmp_path), "--overwrite"]) == 0
     assert "traceEvents" in json.loads(trace.read_text())
     assert (tmp_path / "profile.json").exists() and (tmp_path / "profile.md").exists()
 
 
-@pytest.mark.parametrize("flags", [["--batch_size", "0"], ["--steps", "0"], ["--warmup", "-1"],
-                                   ["--variant", "every-0"], ["--precision", "fp8"]])
+@pytest.mark.parametrize(
+    "flags",
+    [["--batch_size", "0"], ["--steps", "0"], ["--warmup", "-1"], ["--variant", "every-0"], ["--precision", "fp8"]],
+)
 def test_bad_flags_are_usage_errors(flags, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         profile.main([*TINY, *flags, "--output_dir", str(tmp_path)])
@@ -127,20 +167,37 @@ def test_unknown_model_is_one_line_error(tmp_path, capsys):
     assert not os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize("name, category", [
-    ("aten::mm", "matmul"), ("aten::addmm", "matmul"), ("aten::bmm", "matmul"), ("aten::linear", "matmul"),
-    ("aten::matmul", "matmul"),
-    ("aten::scaled_dot_product_attention", "attention"),
-    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
-    ("aten::_efficient_attention_backward", "attention"), ("aten::_flash_attention_forward", "attention"),
-    ("bertbench::varlen_attention", "attention"), ("bertbench::varlen_attention_backward", "attention"),
-    ("aten::native_dropout", "dropout"), ("aten::dropout", "dropout"),
-    ("aten::native_layer_norm_backward", "norm_activation"), ("aten::gelu", "norm_activation"),
-    ("aten::_fused_adamw_", "optimizer"), ("aten::_foreach_mul_", "optimizer"),
-    ("aten::_amp_foreach_non_finite_check_and_unscale_", "optimizer"), ("Optimizer.step#AdamW.step", "optimizer"),
-    ("aten::softmax", None), ("aten::add", None), ("aten::copy_", None), ("aten::embedding_dense_backward", None),
-    ("ProfilerStep#1", None), ("MmBackward0", None), ("autograd::engine::evaluate_function: MmBackward0", None),
-])
+@pytest.mark.parametrize(
+    "name, category",
+    [
+        ("aten::mm", "matmul"),
+        ("aten::addmm", "matmul"),
+        ("aten::bmm", "matmul"),
+        ("aten::linear", "matmul"),
+        ("aten::matmul", "matmul"),
+        ("aten::scaled_dot_product_attention", "attention"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
+        ("aten::_efficient_attention_backward", "attention"),
+        ("aten::_flash_attention_forward", "attention"),
+        ("bertbench::varlen_attention", "attention"),
+        ("bertbench::varlen_attention_backward", "attention"),
+        ("aten::native_dropout", "dropout"),
+        ("aten::dropout", "dropout"),
+        ("aten::native_layer_norm_backward", "norm_activation"),
+        ("aten::gelu", "norm_activation"),
+        ("aten::_fused_adamw_", "optimizer"),
+        ("aten::_foreach_mul_", "optimizer"),
+        ("aten::_amp_foreach_non_finite_check_and_unscale_", "optimizer"),
+        ("Optimizer.step#AdamW.step", "optimizer"),
+        ("aten::softmax", None),
+        ("aten::add", None),
+        ("aten::copy_", None),
+        ("aten::embedding_dense_backward", None),
+        ("ProfilerStep#1", None),
+        ("MmBackward0", None),
+        ("autograd::engine::evaluate_function: MmBackward0", None),
+    ],
+)
 def test_op_category_by_name(name, category):
     assert profile.op_category(name) == category
 

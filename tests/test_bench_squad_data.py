@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from bertbench.tasks import synthetic
 from bertbench.bench import squad_data
-from bertbench.tasks.squad import convert_examples, read_examples
+from bertbench.tasks import synthetic
+from bertbench.tasks.squad.features import convert_examples
+from bertbench.tasks.squad.reading import read_examples
 from bertbench.tasks.tokenization import BertTokenizer
 
 
@@ -15,19 +16,37 @@ def test_given_files_are_timed_by_run_squads_own_code(tmp_path):
     train, dev = synthetic.write_squad(tmp_path / "data", "2.0", train=40, dev=20)
     vocab = synthetic.write_vocab(tmp_path)
     out = tmp_path / "out"
-    assert squad_data.main([f"--train_file={train}", f"--predict_file={dev}", f"--vocab_file={vocab}",
-                            "--version_2_with_negative", "--max_seq_length=32", "--doc_stride=8",
-                            "--max_query_length=12", "--repeats=3", f"--output_dir={out}"]) == 0
+    assert (
+        squad_data.main(
+            [
+                f"--train_file={train}",
+                f"--predict_file={dev}",
+                f"--vocab_file={vocab}",
+                "--version_2_with_negative",
+                "--max_seq_length=32",
+                "--doc_stride=8",
+                "--max_query_length=12",
+                "--repeats=3",
+                f"--output_dir={out}",
+            ]
+        )
+        == 0
+    )
     rows = json.loads((out / "squad-data.json").read_text())["rows"]
     markdown = (out / "squad-data.md").read_text()
-    assert all(f"| {row['seconds']:.2f} ({row['seconds_min']:.2f}–{row['seconds_max']:.2f}, CV " in markdown
-               for row in rows)
+    assert all(
+        f"| {row['seconds']:.2f} ({row['seconds_min']:.2f}–{row['seconds_max']:.2f}, CV " in markdown for row in rows
+    )
     tokenizer = BertTokenizer.from_vocab_file(vocab)
-    windows = {split: len(convert_examples(read_examples(path, training, True), tokenizer, 32, 8, 12, training))
-               for split, path, training in (("train", train, True), ("dev", dev, False))}
+    windows = {
+        split: len(convert_examples(read_examples(path, training, True), tokenizer, 32, 8, 12, training))
+        for split, path, training in (("train", train, True), ("dev", dev, False))
+    }
     assert [(row["set"], row["count"]) for row in rows] == [
-        ("train features", windows["train"]), ("dev features", windows["dev"]),
-        ("dev answers from logits (n-best 20)", 60)]
+        ("train features", windows["train"]),
+        ("dev features", windows["dev"]),
+        ("dev answers from logits (n-best 20)", 60),
+    ]
     for row in rows:
         assert row["per_s"] == pytest.approx(row["count"] / row["seconds"])
     assert rows[1]["questions"] == 60 and windows["train"] > 120  # windows: every question's context, in strides
@@ -55,16 +74,20 @@ def test_the_assembled_corpus_has_squads_shape_at_scale(tmp_path):
             context = article["paragraphs"][0]["context"]
             for qa in article["paragraphs"][0]["qas"]:
                 answer = qa["answers"][0]
-                assert context[answer["answer_start"]:].startswith(answer["text"])
+                assert context[answer["answer_start"] :].startswith(answer["text"])
     assert corpus["sentences"] > 100
     assert (tmp_path / "vocab.txt").read_text().split("\n")[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--train_file=x.json"], "--train_file given without --predict_file --vocab_file: give all three"),
-    (["--train_file=x", "--predict_file=y", "--vocab_file=z"], "--train_file x: no such file"),
-    (["--scale=0"], "--scale must be positive, got 0.0"),
-    (["--max_seq_length=60"], "--max_seq_length 60 leaves no room for context after --max_query_length 64")])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--train_file=x.json"], "--train_file given without --predict_file --vocab_file: give all three"),
+        (["--train_file=x", "--predict_file=y", "--vocab_file=z"], "--train_file x: no such file"),
+        (["--scale=0"], "--scale must be positive, got 0.0"),
+        (["--max_seq_length=60"], "--max_seq_length 60 leaves no room for context after --max_query_length 64"),
+    ],
+)
 def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):
     out = tmp_path / "out"
     assert squad_data.main(flags + [f"--output_dir={out}"]) == 2

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from helpers import snapshot
 
 from bertbench.bench import suite, throughput, workload
-from conftest import snapshot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -21,36 +21,60 @@ def throughput_row(variant, seq=128, batch=8, **figures):
 
 # Reports as the parts write them (only the keys the suite reads), with round numbers whose ratios are known.
 REPORTS = {
-    "phase1": {"rows": [throughput_row("baseline", 128, 256, seq_per_s=1500.0, mfu=0.55),
-                        throughput_row("hf", 128, 256, seq_per_s=1000.0, mfu=0.40),
-                        throughput_row("baseline", 128, 64, seq_per_s=900.0, mfu=0.30),
-                        throughput_row("hf", 128, 64, out_of_memory=True)]},
-    "phase2": {"rows": [throughput_row("baseline", 512, 32, step_seconds=0.10, saved_bytes=1000, seq_per_s=320.0,
-                                       mfu=0.45),
-                        throughput_row("full", 512, 32, step_seconds=0.125, saved_bytes=100),
-                        throughput_row("selective", 512, 32, step_seconds=0.12, saved_bytes=600),
-                        throughput_row("hf", 512, 32, seq_per_s=200.0, mfu=0.3)]},
-    "largest-batch": {"rows": [{"variant": "baseline", "max_batch": 64, "seq_per_s_at_max_batch": 300.0},
-                               {"variant": "full", "max_batch": 400, "seq_per_s_at_max_batch": 330.0},
-                               {"variant": "selective", "max_batch": 100, "seq_per_s_at_max_batch": 270.0}]},
-    "finetuning": {"rows": [throughput_row("baseline", batch=32, real_tokens_per_s=200_000.0, path="unpadded/varlen",
-                                           host_share=0.4),
-                            throughput_row("baseline/padded", batch=32, real_tokens_per_s=100_000.0),
-                            throughput_row("hf", batch=32, real_tokens_per_s=80_000.0),
-                            throughput_row("hf-dynamic", batch=32, real_tokens_per_s=160_000.0)]},
-    "compile": {"rows": [throughput_row("baseline", 128, 256, seq_per_s=1000.0),
-                         throughput_row("baseline+compile", 128, 256, seq_per_s=1250.0, compile_seconds=42.0)]},
-    "optimizer": {"rows": [{"optimizer": "lamb:fused", "form": "fused", "step_ms": 3.0, "floor_ms": 2.0,
-                            "ratio_to_floor": 1.5},
-                           {"optimizer": "lamb:eager", "form": "eager", "step_ms": 9.0, "floor_ms": 2.0,
-                            "ratio_to_floor": 4.5}]},
+    "phase1": {
+        "rows": [
+            throughput_row("baseline", 128, 256, seq_per_s=1500.0, mfu=0.55),
+            throughput_row("hf", 128, 256, seq_per_s=1000.0, mfu=0.40),
+            throughput_row("baseline", 128, 64, seq_per_s=900.0, mfu=0.30),
+            throughput_row("hf", 128, 64, out_of_memory=True),
+        ]
+    },
+    "phase2": {
+        "rows": [
+            throughput_row("baseline", 512, 32, step_seconds=0.10, saved_bytes=1000, seq_per_s=320.0, mfu=0.45),
+            throughput_row("full", 512, 32, step_seconds=0.125, saved_bytes=100),
+            throughput_row("selective", 512, 32, step_seconds=0.12, saved_bytes=600),
+            throughput_row("hf", 512, 32, seq_per_s=200.0, mfu=0.3),
+        ]
+    },
+    "largest-batch": {
+        "rows": [
+            {"variant": "baseline", "max_batch": 64, "seq_per_s_at_max_batch": 300.0},
+            {"variant": "full", "max_batch": 400, "seq_per_s_at_max_batch": 330.0},
+            {"variant": "selective", "max_batch": 100, "seq_per_s_at_max_batch": 270.0},
+        ]
+    },
+    "finetuning": {
+        "rows": [
+            throughput_row("baseline", batch=32, real_tokens_per_s=200_000.0, path="unpadded/varlen", host_share=0.4),
+            throughput_row("baseline/padded", batch=32, real_tokens_per_s=100_000.0),
+            throughput_row("hf", batch=32, real_tokens_per_s=80_000.0),
+            throughput_row("hf-dynamic", batch=32, real_tokens_per_s=160_000.0),
+        ]
+    },
+    "compile": {
+        "rows": [
+            throughput_row("baseline", 128, 256, seq_per_s=1000.0),
+            throughput_row("baseline+compile", 128, 256, seq_per_s=1250.0, compile_seconds=42.0),
+        ]
+    },
+    "optimizer": {
+        "rows": [
+            {"optimizer": "lamb:fused", "form": "fused", "step_ms": 3.0, "floor_ms": 2.0, "ratio_to_floor": 1.5},
+            {"optimizer": "lamb:eager", "form": "eager", "step_ms": 9.0, "floor_ms": 2.0, "ratio_to_floor": 4.5},
+        ]
+    },
 }
 
 
 def summary_of(reports):
-    return {"pretraining": suite.pretraining_rows(reports), "recompute": suite.recompute_rows(reports),
-            "compile": suite.compile_rows(reports), "finetuning": suite.finetuning_rows(reports),
-            "optimizer": suite.optimizer_rows(reports)}
+    return {
+        "pretraining": suite.pretraining_rows(reports),
+        "recompute": suite.recompute_rows(reports),
+        "compile": suite.compile_rows(reports),
+        "finetuning": suite.finetuning_rows(reports),
+        "optimizer": suite.optimizer_rows(reports),
+    }
 
 
 def test_headline_figures_pair_each_figure_with_what_it_is_compared_with():
@@ -67,8 +91,9 @@ def test_headline_figures_pair_each_figure_with_what_it_is_compared_with():
     assert recompute["selective"]["max_batch"] == 100
     assert "every-2" not in recompute  # measured by neither part
     (finetuning,) = summary["finetuning"]
-    assert (finetuning["vs_padded"], finetuning["vs_hf"], finetuning["vs_hf_dynamic"]) == \
-        pytest.approx((2.0, 2.5, 1.25))
+    assert (finetuning["vs_padded"], finetuning["vs_hf"], finetuning["vs_hf_dynamic"]) == pytest.approx(
+        (2.0, 2.5, 1.25)
+    )
     (compiled,) = summary["compile"]
     assert compiled["vs_eager"] == pytest.approx(1.25) and compiled["compile_seconds"] == 42.0
 
@@ -104,6 +129,7 @@ def test_parts_follow_the_size_and_leave_out_hf_without_transformers():
 
 def fake_run_part(reports, failing=()):
     """run_part as the suite calls it, writing `reports` as the parts would, and failing the parts in `failing`."""
+
     def run(part, command):
         directory = command[command.index("--output_dir") + 1]
         os.makedirs(directory, exist_ok=True)
@@ -111,9 +137,17 @@ def fake_run_part(reports, failing=()):
         if not status:
             with open(os.path.join(directory, f"{part.bench}.json"), "w") as handle:
                 json.dump({**reports[part.name], "warnings": ["noisy"]}, handle)
-        return {"name": part.name, "bench": part.bench, "what": part.what, "command": " ".join(command),
-                "wall_seconds": 1.0, "exit_status": status, "report": os.path.join(part.name, f"{part.bench}.json"),
-                **({"error": "error: CUDA out of memory"} if status else {})}
+        return {
+            "name": part.name,
+            "bench": part.bench,
+            "what": part.what,
+            "command": " ".join(command),
+            "wall_seconds": 1.0,
+            "exit_status": status,
+            "report": os.path.join(part.name, f"{part.bench}.json"),
+            **({"error": "error: CUDA out of memory"} if status else {}),
+        }
+
     return run
 
 
@@ -121,13 +155,25 @@ def test_a_failed_part_is_reported_and_the_suite_exits_1_after_writing_the_rest(
     monkeypatch.setattr(suite, "run_part", fake_run_part(REPORTS, failing={"phase2"}))
     out = tmp_path / "suite"
     assert suite.main(["--device", "cpu", "--size", "standard", "--output_dir", str(out)]) == 1
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        "bertbench bench suite: error: 1 part(s) failed: phase2: error: CUDA out of memory")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("bertbench bench suite: error: 1 part(s) failed: phase2: error: CUDA out of memory")
+    )
     report = json.loads((out / "suite.json").read_text())
-    assert [part["name"] for part in report["parts"]] == \
-        ["phase1", "phase2", "compile", "finetuning", "largest-batch", "optimizer"]
-    assert report["summary"]["recompute"][0]["variant"] == "baseline" and \
-        "slowdown" not in report["summary"]["recompute"][0]  # phase 2 failed: only the largest batches
+    assert [part["name"] for part in report["parts"]] == [
+        "phase1",
+        "phase2",
+        "compile",
+        "finetuning",
+        "largest-batch",
+        "optimizer",
+    ]
+    assert (
+        report["summary"]["recompute"][0]["variant"] == "baseline"
+        and "slowdown" not in report["summary"]["recompute"][0]
+    )  # phase 2 failed: only the largest batches
     assert "phase1: noisy" in report["warnings"]
     assert report["targets"] == []  # targets are a GPU's
     text = (out / "suite.md").read_text()
@@ -136,13 +182,16 @@ def test_a_failed_part_is_reported_and_the_suite_exits_1_after_writing_the_rest(
         assert (out / f"suite-{plot}.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--parts", "phase1,warp"], "--parts: unknown part 'warp'"),
-    (["--device", "cuda:3"], "--device 'cuda:3'"),
-    (["--cap_gib", "0"], "--cap_gib must be positive"),
-    (["--warmup", "-1"], "--warmup must be 0 or more"),
-    (["--size", "huge"], "--size"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--parts", "phase1,warp"], "--parts: unknown part 'warp'"),
+        (["--device", "cuda:3"], "--device 'cuda:3'"),
+        (["--cap_gib", "0"], "--cap_gib must be positive"),
+        (["--warmup", "-1"], "--warmup must be 0 or more"),
+        (["--size", "huge"], "--size"),
+    ],
+)
 def test_bad_input_is_refused_before_anything_runs(tmp_path, monkeypatch, error_line, flags, message):
     monkeypatch.setattr(suite, "run_part", lambda *args: pytest.fail("a part ran"))
     out = tmp_path / "suite"
@@ -169,8 +218,13 @@ def test_an_earlier_parts_results_are_kept_unless_overwrite(tmp_path, monkeypatc
 
 def test_run_part_keeps_the_output_and_names_the_error(tmp_path, capsys):
     part = suite.Part("broken", "throughput", "a part that fails", ())
-    command = [sys.executable, "-c", "print('step 1'); import sys; sys.exit('error: no such file x.json')",
-               "--output_dir", str(tmp_path / "broken")]
+    command = [
+        sys.executable,
+        "-c",
+        "print('step 1'); import sys; sys.exit('error: no such file x.json')",
+        "--output_dir",
+        str(tmp_path / "broken"),
+    ]
     result = suite.run_part(part, command)
     assert result["exit_status"] == 1 and result["error"] == "error: no such file x.json"
     log = (tmp_path / "broken" / "output.log").read_text()
@@ -198,10 +252,15 @@ def test_a_real_part_runs_as_its_own_process(tmp_path):
 
 # ---- throughput's +compile variants ----------------------------------------------------------------------------------
 
+
 def test_a_compile_variant_is_a_bertbench_variant_in_throughput_only():
     variant = workload.Variant.parse("selective/padded+compile", compiled=True)
-    assert (variant.name, variant.policy, variant.unpad, variant.compiled) == \
-        ("selective/padded+compile", "selective", False, True)
+    assert (variant.name, variant.policy, variant.unpad, variant.compiled) == (
+        "selective/padded+compile",
+        "selective",
+        False,
+        True,
+    )
     with pytest.raises(workload.BenchError, match="compiled variant"):
         workload.Variant.parse("baseline+compile")  # memory, profile: they time no compiled step
     with pytest.raises(workload.BenchError, match="compiled variant"):
@@ -218,9 +277,32 @@ def test_eager_and_compiled_variants_are_timed_side_by_side(tmp_path, monkeypatc
     monkeypatch.setattr(torch, "compile", aot_eager)
     torch._dynamo.reset()
     try:
-        assert throughput.main(["--model", "tiny", "--seq_lengths", "32", "--batch_sizes", "2", "--warmup", "1",
-                                "--steps", "2", "--kinds", "finetuning", "--variants", "baseline,baseline+compile",
-                                "--device", "cpu", "--no_memory", "--output_dir", str(tmp_path)]) == 0
+        assert (
+            throughput.main(
+                [
+                    "--model",
+                    "tiny",
+                    "--seq_lengths",
+                    "32",
+                    "--batch_sizes",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--steps",
+                    "2",
+                    "--kinds",
+                    "finetuning",
+                    "--variants",
+                    "baseline,baseline+compile",
+                    "--device",
+                    "cpu",
+                    "--no_memory",
+                    "--output_dir",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
     finally:
         torch._dynamo.reset()
     assert len(compiled) == 1  # the compiled variant's step, and only it

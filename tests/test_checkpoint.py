@@ -5,6 +5,7 @@ import zipfile
 
 import pytest
 import torch
+from helpers import flip_byte
 
 from bertbench.training import checkpoint
 from bertbench.training.checkpoint import CheckpointError, SaveTrigger
@@ -86,14 +87,6 @@ def test_damaged_or_foreign_files_name_the_file(tmp_path):
         checkpoint.load_checkpoint(tmp_path / "missing.pt")
 
 
-def flip_byte(path, offset):
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)[0]
-        handle.seek(offset)
-        handle.write(bytes([byte ^ 0x10]))
-
-
 def test_a_flipped_byte_anywhere_in_the_content_is_caught(tmp_path):
     """torch.load reads a checkpoint with a flipped weight byte without a word; verification does not."""
     path = checkpoint.save_checkpoint(tmp_path, 5, state(1.0))
@@ -135,10 +128,12 @@ def test_stray_files_named_like_checkpoints_are_named_once_and_never_counted_nor
     with zipfile.ZipFile(tmp_path / "ckpt-999999996.pt", "w") as archive:
         archive.writestr("notes.txt", "a zip of something else")
     strays = {os.path.basename(path): why for path, why in checkpoint.stray_files(tmp_path)}
-    assert strays == {"ckpt-999999999.pt": "not a zip archive as torch.save writes",
-                      "ckpt-999999998.pt": "an empty file",
-                      "ckpt-999999997.pt": "a torch file, but not a bertbench training checkpoint",
-                      "ckpt-999999996.pt": "a zip archive without torch.save's data.pkl"}
+    assert strays == {
+        "ckpt-999999999.pt": "not a zip archive as torch.save writes",
+        "ckpt-999999998.pt": "an empty file",
+        "ckpt-999999997.pt": "a torch file, but not a bertbench training checkpoint",
+        "ckpt-999999996.pt": "a zip archive without torch.save's data.pkl",
+    }
     for step in (10, 20, 30):  # written and rotated as if the strays were not there
         checkpoint.save_checkpoint(tmp_path, step, state(step), keep_max=2)
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [20, 30]
@@ -160,7 +155,7 @@ def test_stray_files_named_like_checkpoints_are_named_once_and_never_counted_nor
 
 def test_temporary_files_of_killed_saves_are_removed_and_nothing_else(tmp_path):
     keep = ["ckpt-000000010.pt", "notes.tmp", "train_results.json", "metrics.jsonl"]
-    leftovers = [".ckpt-x1y2.tmp", "train_results.json.tmp", "eval_results.txt.tmp"]
+    leftovers = [".ckpt-x1y2.tmp", ".train_results.json.5e6f7a8b.tmp", ".eval_results.txt.9c0d1e2f.tmp"]
     for name in keep + leftovers:
         (tmp_path / name).write_text("x")
     assert checkpoint.remove_temporary_files(tmp_path) == sorted(leftovers)

@@ -6,8 +6,8 @@ import re
 import pytest
 
 from bertbench import __version__, cli
-from bertbench.training import progress
 from bertbench.bench.cli import BENCHES
+from bertbench.training import progress
 
 
 def test_usage_lists_commands(capsys):
@@ -16,8 +16,10 @@ def test_usage_lists_commands(capsys):
     assert all(name in out for name in cli.COMMANDS)
 
 
-@pytest.mark.parametrize("argv, help_command", [([], "bertbench --help"), (["--quiet"], "bertbench --help"),
-                                                (["bench"], "bertbench bench --help")])
+@pytest.mark.parametrize(
+    "argv, help_command",
+    [([], "bertbench --help"), (["--quiet"], "bertbench --help"), (["bench"], "bertbench bench --help")],
+)
 def test_no_command_is_a_usage_error_pointing_at_help(argv, help_command, error_line):
     assert cli.main(argv) == 2
     assert f"`{help_command}`" in error_line()
@@ -34,11 +36,20 @@ def test_version(capsys):
 
 
 # A flag of each command's own that its --help must show (the command's parser, not a generic one, answered).
-OWN_FLAG = {"demo": "--pretraining_steps", "classify": "--num_accumulation_steps", "squad": "--doc_stride",
-            "pretrain": "--max_predictions_per_seq", "create-pretraining-data": "--dupe_factor",
-            "evaluate-squad": "--na-prob-file", "launch": "--nproc-per-node", "bench": "pretraining-data",
-            "report": "--overwrite", "convert": "--tf_checkpoint", "export": "--bert_config_file",
-            "example-data": "--seed"}
+OWN_FLAG = {
+    "demo": "--pretraining_steps",
+    "classify": "--num_accumulation_steps",
+    "squad": "--doc_stride",
+    "pretrain": "--max_predictions_per_seq",
+    "create-pretraining-data": "--dupe_factor",
+    "evaluate-squad": "--na-prob-file",
+    "launch": "--nproc-per-node",
+    "bench": "pretraining-data",
+    "report": "--overwrite",
+    "convert": "--tf_checkpoint",
+    "export": "--bert_config_file",
+    "example-data": "--seed",
+}
 
 
 def test_every_command_is_covered():
@@ -79,8 +90,9 @@ EVERY_HELP = [[name] for name in cli.COMMANDS if name != "bench"] + [["bench", k
 def test_help_names_the_command_and_shows_each_default_once(command, capsys, monkeypatch):
     parsers = []
     print_help = argparse.ArgumentParser.print_help
-    monkeypatch.setattr(argparse.ArgumentParser, "print_help",
-                        lambda parser, *args: (parsers.append(parser), print_help(parser, *args)))
+    monkeypatch.setattr(
+        argparse.ArgumentParser, "print_help", lambda parser, *args: (parsers.append(parser), print_help(parser, *args))
+    )
     try:
         status = cli.main([*command, "--help"])
     except SystemExit as stop:
@@ -93,11 +105,15 @@ def test_help_names_the_command_and_shows_each_default_once(command, capsys, mon
     entries = options_help(out)
     for entry in entries.values():
         assert entry.count("(default:") <= 1, entry
-    parser, = parsers
+    (parser,) = parsers
     for action in parser._actions:
         default = getattr(parser, "defaults", {}).get(action.dest, action.default)  # FlagParser keeps its own
-        if action.option_strings and action.nargs != 0 and action.help != argparse.SUPPRESS and \
-                default not in (None, argparse.SUPPRESS):
+        if (
+            action.option_strings
+            and action.nargs != 0
+            and action.help != argparse.SUPPRESS
+            and default not in (None, argparse.SUPPRESS)
+        ):
             assert entries[action.option_strings[0]].count("(default:") == 1, (action.option_strings, default)
     assert not parser.description or parser.description.rstrip().endswith((".", ")")), parser.description
 
@@ -110,7 +126,9 @@ def test_quiet_keeps_warnings_only_also_in_the_processes_it_starts(capsys):
         assert not progress.ProgressDisplay(12, stream=Terminal()).enabled
     progress.log("step 8/12  loss 0.5")
     assert capsys.readouterr().out.splitlines() == [
-        "warning: metrics.jsonl: line(s) 2 are not JSON in UTF-8; dropped from the log", "step 8/12  loss 0.5"]
+        "warning: metrics.jsonl: line(s) 2 are not JSON in UTF-8; dropped from the log",
+        "step 8/12  loss 0.5",
+    ]
     assert progress.ProgressDisplay(12, stream=Terminal()).enabled
 
 

@@ -14,36 +14,45 @@ import re
 
 import pytest
 import torch
+from helpers import classifier_flags, tiny_batch, tiny_config, write_bert_dir
 from torch._dynamo.utils import counters
 
-from bertbench.training.batches import ShuffledBatches
-from bertbench.training.loop import Estimator
 from bertbench.model.factory import build_model
 from bertbench.runners.classifier import main
 from bertbench.tasks.synthetic import synthetic_batch, write_glue_task
-from bertbench.training.step import TrainStep, runnable_config
+from bertbench.training.batches import ShuffledBatches
 from bertbench.training.config import RunConfig, TrainConfig
-from conftest import tiny_batch, tiny_config, write_bert_dir
+from bertbench.training.loop import Estimator
+from bertbench.training.step import TrainStep, runnable_config
 
 CONFIG = tiny_config(hidden_size=32, intermediate_size=64)
 TASKS = ("classification", "question_answering", "pretraining")
-VARIANTS = {"baseline": ("baseline", "full"), "full": ("recompute", "full"), "every-2": ("recompute", "every-k"),
-            "selective": ("recompute", "selective")}
+VARIANTS = {
+    "baseline": ("baseline", "full"),
+    "full": ("recompute", "full"),
+    "every-2": ("recompute", "every-k"),
+    "selective": ("recompute", "selective"),
+}
 
 
 def batch(task, padded, config=CONFIG):
     """Two sequences of 16 tokens with the labels of `task`; `padded`: the second ends in 3 padding tokens."""
     input_ids, token_type_ids, attention_mask = tiny_batch(config, batch=2, seq=16)
-    values = {"input_ids": input_ids, "token_type_ids": token_type_ids,
-              "attention_mask": attention_mask if padded else torch.ones_like(attention_mask)}
+    values = {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask if padded else torch.ones_like(attention_mask),
+    }
     if task == "classification":
         values["labels"] = torch.tensor([0, 1])
     elif task == "question_answering":
         values.update(start_positions=torch.tensor([1, 4]), end_positions=torch.tensor([3, 9]))
     else:
-        values.update(masked_lm_positions=torch.tensor([[1, 5, 9], [2, 3, 0]]),
-                      masked_lm_labels=torch.tensor([[7, 8, 9], [10, 11, -100]]),
-                      next_sentence_labels=torch.tensor([0, 1]))
+        values.update(
+            masked_lm_positions=torch.tensor([[1, 5, 9], [2, 3, 0]]),
+            masked_lm_labels=torch.tensor([[7, 8, 9], [10, 11, -100]]),
+            next_sentence_labels=torch.tensor([0, 1]),
+        )
     return values
 
 
@@ -57,8 +66,9 @@ def batch_of_lengths(task, lengths):
 def model(task, variant, config=CONFIG, unpad=True):
     torch.manual_seed(0)
     modeling_name, policy = VARIANTS[variant]
-    return build_model(task, config, modeling_name, policy, unpad=unpad,
-                       **({"num_labels": 2} if task == "classification" else {}))
+    return build_model(
+        task, config, modeling_name, policy, unpad=unpad, **({"num_labels": 2} if task == "classification" else {})
+    )
 
 
 @pytest.fixture
@@ -77,17 +87,22 @@ def traced_by_aot_eager(monkeypatch):
 # On the unpadded path, the heads that read the packing (question answering's padding mask) or the sequence output
 # (pre-training), under the policies that checkpoint blocks whole and in part (every-2's odd blocks are the
 # baseline's), one of them under autocast; test_modeling compiles the classifier's unpadded forward.
-@pytest.mark.parametrize("task, variant, precision, unpad",
-                         [(task, "baseline", "fp32", False) for task in TASKS]
-                         + [("pretraining", variant, "fp32", False) for variant in VARIANTS if variant != "baseline"]
-                         + [("pretraining", "selective", "bf16", False), ("pretraining", "selective", "fp16", False)]
-                         + [("question_answering", "every-2", "bf16", True), ("pretraining", "selective", "fp32", True)])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "task, variant, precision, unpad",
+    [(task, "baseline", "fp32", False) for task in TASKS]
+    + [("pretraining", variant, "fp32", False) for variant in VARIANTS if variant != "baseline"]
+    + [("pretraining", "selective", "bf16", False), ("pretraining", "selective", "fp16", False)]
+    + [("question_answering", "every-2", "bf16", True), ("pretraining", "selective", "fp32", True)],
+)
 def test_the_compiled_training_step_is_one_graph(traced_by_aot_eager, task, variant, precision, unpad):
     # Two micro-batches, padded then not: the padding check is eager-only, so both take the same path (and on the
     # padded path the same graph). TrainStep runs fp16 as its config says (the runners' fallback is runnable_config),
     # so autocast to it is traced too.
-    step = TrainStep(model(task, variant, unpad=unpad),
-                     TrainConfig(num_train_steps=10, compile=True, precision=precision, gradient_accumulation_steps=2))
+    step = TrainStep(
+        model(task, variant, unpad=unpad),
+        TrainConfig(num_train_steps=10, compile=True, precision=precision, gradient_accumulation_steps=2),
+    )
     outcome = step(iter([batch(task, padded=True), batch(task, padded=False)]))
     assert torch.isfinite(outcome.loss)
     if not unpad:
@@ -115,8 +130,10 @@ def test_bucketed_varlen_packings_trace_through_batch_and_bucket_changes(traced_
     step traces them: the batch size and the buckets change and become dynamic, and the step keeps training with no
     graph break."""
     torch.manual_seed(0)
-    step = TrainStep(build_model("classification", CONFIG, attention_kernel="varlen", num_labels=2),
-                     TrainConfig(num_train_steps=10, compile=True))
+    step = TrainStep(
+        build_model("classification", CONFIG, attention_kernel="varlen", num_labels=2),
+        TrainConfig(num_train_steps=10, compile=True),
+    )
     step.packer = dataclasses.replace(step.packer, bucketed=True)
     for lengths in ((16, 9), (5, 12), (16, 3, 7, 11), (2, 13, 16)):
         values = synthetic_batch(CONFIG, "finetuning", len(lengths), 16, lengths=lengths)
@@ -126,14 +143,16 @@ def test_bucketed_varlen_packings_trace_through_batch_and_bucket_changes(traced_
 
 
 # every-2 is full's blocks and baseline's; on the unpadded path, the selective policy's tags over the baseline's blocks
-@pytest.mark.parametrize("variant, unpad", [("baseline", False), ("full", False), ("selective", False),
-                                            ("selective", True)])
+@pytest.mark.parametrize(
+    "variant, unpad", [("baseline", False), ("full", False), ("selective", False), ("selective", True)]
+)
 def test_compiled_and_eager_gradients_agree(variant, unpad):
     """Through inductor's decompositions and its partitioner, which decides what the backward saves and what it
     recomputes (for the selective policy, from the policy's tags): everything but inductor's code generation. On the
     unpadded path the compiled model runs torch.compile's attention kernel, the eager one the CPU's."""
-    config = tiny_config(hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0,
-                         attention_probs_dropout_prob=0.0)
+    config = tiny_config(
+        hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     eager, compiled = model("pretraining", variant, config, unpad), model("pretraining", variant, config, unpad)
     torch._dynamo.reset()
     traced = torch.compile(compiled, backend="aot_eager_decomp_partition")
@@ -154,6 +173,7 @@ def no_cxx(monkeypatch):
 
     def no_compiler():
         raise exc.InvalidCxxCompiler()
+
     monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
 
 
@@ -162,8 +182,10 @@ def test_fp16_on_a_cpu_trains_in_fp32_and_says_so():
     assert config.precision == "fp32"
     assert notes == ["fp16 needs a CUDA GPU; on cpu this run trains in fp32 (--precision=fp32 to say so)"]
     for precision in ("fp32", "bf16"):
-        assert runnable_config(TrainConfig(num_train_steps=1, precision=precision), "cpu") == \
-            (TrainConfig(num_train_steps=1, precision=precision), [])
+        assert runnable_config(TrainConfig(num_train_steps=1, precision=precision), "cpu") == (
+            TrainConfig(num_train_steps=1, precision=precision),
+            [],
+        )
     on_gpu = TrainConfig(num_train_steps=1, precision="fp16")
     assert runnable_config(on_gpu, torch.device("cuda", 1)) == (on_gpu, [])
 
@@ -178,6 +200,7 @@ def test_a_checkpoint_without_loss_scaling_resumes_under_fp16():
     """fp16 asked for on a CPU trains in fp32, so its checkpoints hold no loss scale: an fp16 step resuming one (on a
     GPU) starts from the initial scale, as a new fp16 run does, where GradScaler alone refuses the empty state. An
     fp16 checkpoint still restores its scale, and an fp32 step resuming it leaves the scale out."""
+
     def step(precision):
         return TrainStep(torch.nn.Linear(2, 2), TrainConfig(num_train_steps=10, precision=precision))
 
@@ -201,16 +224,15 @@ def mrpc(tmp_path):
 
 def test_the_runner_notes_what_runs_instead_records_it_and_resumes(mrpc, no_cxx, capsys):
     out = mrpc / "run"
-    command = [f"--data_dir={mrpc / 'glue' / 'MRPC'}", f"--vocab_file={mrpc / 'bert' / 'vocab.txt'}",
-               f"--bert_config_file={mrpc / 'bert' / 'bert_config.json'}", "--task_name=MRPC", "--do_train",
-               "--max_seq_length=32", "--train_batch_size=16", "--num_train_epochs=1", "--precision=fp16",
-               "--use_xla=true", f"--output_dir={out}"]
+    command = classifier_flags(mrpc, out, "--do_train", "--num_train_epochs=1", "--precision=fp16", "--use_xla=true")
     assert main(command + ["--max_train_seconds=1e-6"]) == 0  # stops after its first step
     first = capsys.readouterr()
     notes = [line for line in first.out.splitlines() if line.startswith("note: ")]
-    assert notes == ["note: fp16 needs a CUDA GPU; on cpu this run trains in fp32 (--precision=fp32 to say so)",
-                     "note: torch.compile cannot run here (inductor finds no C++ compiler; install g++ or set CXX); "
-                     "this run trains eagerly (--use_xla=false to say so)"]
+    assert notes == [
+        "note: fp16 needs a CUDA GPU; on cpu this run trains in fp32 (--precision=fp32 to say so)",
+        "note: torch.compile cannot run here (inductor finds no C++ compiler; install g++ or set CXX); "
+        "this run trains eagerly (--use_xla=false to say so)",
+    ]
     assert "fp32 on cpu" in first.out and first.err == ""
     train = json.loads((out / "train_results.json").read_text())
     assert (train["precision"], train["use_xla"], train["global_step"]) == ("fp32", False, 1)
@@ -227,15 +249,24 @@ def test_the_runner_notes_what_runs_instead_records_it_and_resumes(mrpc, no_cxx,
 def test_a_compiled_run_on_a_cpu_says_what_compiling_costs_and_times_the_first_step(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda model, **options: model)  # the run's lines, not inductor's minutes
     input_ids, token_type_ids, attention_mask = tiny_batch(CONFIG, batch=8)
-    data = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
-            "labels": torch.arange(8) % 2}
+    data = {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask,
+        "labels": torch.arange(8) % 2,
+    }
     lines = []
-    estimator = Estimator(build_model("classification", CONFIG, num_labels=2),
-                          RunConfig(str(tmp_path), save_checkpoints_secs=None, log_step_count_steps=10),
-                          TrainConfig(num_train_steps=2, compile=True), log=lines.append)
+    estimator = Estimator(
+        build_model("classification", CONFIG, num_labels=2),
+        RunConfig(str(tmp_path), save_checkpoints_secs=None, log_step_count_steps=10),
+        TrainConfig(num_train_steps=2, compile=True),
+        log=lines.append,
+    )
     estimator.train(ShuffledBatches(data, 4, seed=0))
-    assert lines[0].startswith("note: torch.compile on a CPU takes minutes") and \
-        "docs/results/cpu-2core/compile" in lines[0]
+    assert (
+        lines[0].startswith("note: torch.compile on a CPU takes minutes")
+        and "docs/results/cpu-2core/compile" in lines[0]
+    )
     assert lines[1] == "step 1: compiling the model (torch.compile) ..."
     assert re.fullmatch(r"step 1: compiled and trained in \d+\.\d s", lines[2])
     assert not any("compil" in line for line in lines[3:])

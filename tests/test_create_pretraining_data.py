@@ -10,9 +10,10 @@ import h5py
 import numpy as np
 import pytest
 
-from bertbench.tasks.create_pretraining_data import DataError, DataSettings, build_parser, create_pretraining_data, main
-from bertbench.tasks.synthetic import NEGATIVE, NOUNS, POSITIVE, VERBS, vocabulary, write_vocab
+from bertbench.tasks.create_pretraining_data import build_parser, create_pretraining_data, main
 from bertbench.tasks.pretraining import NVIDIA_DTYPES, SHARD_KEYS
+from bertbench.tasks.pretraining_data.settings import DataError, DataSettings
+from bertbench.tasks.synthetic import NEGATIVE, NOUNS, POSITIVE, VERBS, vocabulary, write_vocab
 
 SEQ, PREDICTIONS = 32, 5
 SUBWORDS = ["##s", "##ish"]  # "cats" -> cat ##s, "foxish" -> fox ##ish
@@ -20,10 +21,12 @@ SUBWORDS = ["##s", "##ish"]  # "cats" -> cat ##s, "foxish" -> fox ##ish
 
 def sentence(rng: random.Random, subwords: bool = False) -> str:
     """'the ADJ* NOUN VERB the ADJ* NOUN .', 6 to 12 words; with `subwords` some nouns take a '##' piece."""
+
     def noun() -> str:
         adjectives = " ".join(rng.choice(POSITIVE + NEGATIVE) for _ in range(rng.randint(0, 2)))
         ending = rng.choice(["", "s", "ish"]) if subwords else ""
         return f"{adjectives} {rng.choice(NOUNS)}{ending}".strip()
+
     return f"the {noun()} {rng.choice(VERBS)} the {noun()} ."
 
 
@@ -37,15 +40,30 @@ def write_corpus(path, documents: int, seed: int = 0, subwords: bool = False) ->
             handle.write("\n".join(lines) + "\n\n")
             texts.append(" ".join(lines))
     if subwords:
-        texts = [" ".join(f"{word[:-3]} ##ish" if word.endswith("ish") else
-                          f"{word[:-1]} ##s" if word.endswith("s") and word[:-1] in NOUNS else word
-                          for word in text.split()) for text in texts]
+        texts = [
+            " ".join(
+                f"{word[:-3]} ##ish"
+                if word.endswith("ish")
+                else f"{word[:-1]} ##s"
+                if word.endswith("s") and word[:-1] in NOUNS
+                else word
+                for word in text.split()
+            )
+            for text in texts
+        ]
     return texts
 
 
 def flags(corpus, vocab, out, *extra) -> list[str]:
-    return [f"--input_file={corpus}", f"--vocab_file={vocab}", f"--output_dir={out}", f"--max_seq_length={SEQ}",
-            f"--max_predictions_per_seq={PREDICTIONS}", "--dupe_factor=3", *extra]
+    return [
+        f"--input_file={corpus}",
+        f"--vocab_file={vocab}",
+        f"--output_dir={out}",
+        f"--max_seq_length={SEQ}",
+        f"--max_predictions_per_seq={PREDICTIONS}",
+        "--dupe_factor=3",
+        *extra,
+    ]
 
 
 def read(paths) -> dict[str, np.ndarray]:
@@ -62,8 +80,9 @@ def shard_paths(directory, count: int) -> list:
     return [directory / f"training_{index:05d}.hdf5" for index in range(count)]
 
 
-def check_instances(arrays, words: list[str], documents: list[str], masked_lm_prob: float = 0.15,
-                    whole_words: bool = False) -> dict[str, np.ndarray]:
+def check_instances(
+    arrays, words: list[str], documents: list[str], masked_lm_prob: float = 0.15, whole_words: bool = False
+) -> dict[str, np.ndarray]:
     """Assert what every row must satisfy; returns the original tokens (masks undone), lengths and A's lengths."""
     ids = {word: index for index, word in enumerate(words)}
     cls, sep, mask = ids["[CLS]"], ids["[SEP]"], ids["[MASK]"]
@@ -83,24 +102,27 @@ def check_instances(arrays, words: list[str], documents: list[str], masked_lm_pr
         assert (positions[row, count:] == 0).all() and (labels[row, count:] == 0).all()
         assert (np.diff(chosen) > 0).all() and chosen.max() < lengths[row]
         originals[row, chosen] = labels[row, :count]
-        seps = np.flatnonzero(originals[row, :lengths[row]] == sep)
+        seps = np.flatnonzero(originals[row, : lengths[row]] == sep)
         assert len(seps) == 2 and seps[1] == lengths[row] - 1, originals[row]
         a_lengths[row] = seps[0] - 1
-        assert (segment_ids[row, :seps[0] + 1] == 0).all() and (segment_ids[row, seps[0] + 1:lengths[row]] == 1).all()
+        assert (segment_ids[row, : seps[0] + 1] == 0).all() and (
+            segment_ids[row, seps[0] + 1 : lengths[row]] == 1
+        ).all()
         assert not set(chosen.tolist()) & {0, *seps.tolist()}
         wanted = min(PREDICTIONS, max(1, int(round(lengths[row] * masked_lm_prob))))
         assert count == wanted if not whole_words else 1 <= count <= wanted
         # A and B are runs of words of the corpus; unless B is random it follows A in A's document, right after
         # it when the pair was not truncated (truncation may cut A's end and B's start).
-        a_text = " " + " ".join(words[index] for index in originals[row, 1:seps[0]]) + " "
-        b_text = " " + " ".join(words[index] for index in originals[row, seps[0] + 1:seps[1]]) + " "
+        a_text = " " + " ".join(words[index] for index in originals[row, 1 : seps[0]]) + " "
+        b_text = " " + " ".join(words[index] for index in originals[row, seps[0] + 1 : seps[1]]) + " "
         assert any(a_text in text for text in texts) and any(b_text in text for text in texts), (a_text, b_text)
         if not arrays["next_sentence_labels"][row]:
             if lengths[row] < SEQ:
                 assert any(a_text[:-1] + b_text in text for text in texts), (a_text, b_text)
             else:
-                assert any(text.find(b_text, text.find(a_text) + len(a_text) - 1) > 0
-                           for text in texts if a_text in text), (a_text, b_text)
+                assert any(
+                    text.find(b_text, text.find(a_text) + len(a_text) - 1) > 0 for text in texts if a_text in text
+                ), (a_text, b_text)
     replaced = input_ids[np.arange(len(input_ids))[:, None], positions][positions > 0]
     assert_near((replaced == mask).mean(), 0.8, len(replaced))
     assert_near((replaced == labels[positions > 0]).mean(), 0.1 + 0.1 / len(words), len(replaced))  # kept
@@ -141,14 +163,30 @@ def test_shards_have_nvidia_layout_and_statistics(made, corpus):
             count = len(shard["next_sentence_labels"])
             for key in SHARD_KEYS:
                 assert shard[key].dtype == NVIDIA_DTYPES[key] and shard[key].compression == "gzip"
-                assert shard[key].shape == {"masked_lm_positions": (count, PREDICTIONS),
-                                            "masked_lm_ids": (count, PREDICTIONS),
-                                            "next_sentence_labels": (count,)}.get(key, (count, SEQ))
+                assert shard[key].shape == {
+                    "masked_lm_positions": (count, PREDICTIONS),
+                    "masked_lm_ids": (count, PREDICTIONS),
+                    "next_sentence_labels": (count,),
+                }.get(key, (count, SEQ))
             attrs = dict(shard.attrs)
-            assert {key: attrs[key] for key in ("max_seq_length", "dupe_factor", "length_bin_edge", "vocab_size",
-                                                "random_seed", "do_whole_word_mask")} == {
-                "max_seq_length": SEQ, "dupe_factor": 3, "length_bin_edge": SEQ, "vocab_size": len(vocabulary()),
-                "random_seed": 12345, "do_whole_word_mask": False}
+            assert {
+                key: attrs[key]
+                for key in (
+                    "max_seq_length",
+                    "dupe_factor",
+                    "length_bin_edge",
+                    "vocab_size",
+                    "random_seed",
+                    "do_whole_word_mask",
+                )
+            } == {
+                "max_seq_length": SEQ,
+                "dupe_factor": 3,
+                "length_bin_edge": SEQ,
+                "vocab_size": len(vocabulary()),
+                "random_seed": 12345,
+                "do_whole_word_mask": False,
+            }
             rows += count
     assert stats["instances"] == rows and stats["documents"] == 300 and stats["num_workers"] == 1
     assert stats["sentences"] == sum(1 for line in open(corpus[0]) if line.strip())
@@ -172,13 +210,20 @@ def test_output_does_not_depend_on_workers_but_on_the_seed(made, corpus, tmp_pat
         assert np.array_equal(one[key], two[key]), key
     assert main(flags(corpus[0], corpus[1], tmp_path / "seed", "--num_shards=2", "--random_seed=7")) == 0
     other = read(shard_paths(tmp_path / "seed", 2))
-    assert other["input_ids"].shape != one["input_ids"].shape or not np.array_equal(other["input_ids"],
-                                                                                      one["input_ids"])
+    assert other["input_ids"].shape != one["input_ids"].shape or not np.array_equal(
+        other["input_ids"], one["input_ids"]
+    )
 
 
 def test_python_api_returns_the_statistics(corpus, tmp_path, capsys):
-    settings = DataSettings(input_file=str(corpus[0]), vocab_file=corpus[1], output_file=str(tmp_path / "one.hdf5"),
-                            max_seq_length=SEQ, max_predictions_per_seq=PREDICTIONS, dupe_factor=1)
+    settings = DataSettings(
+        input_file=str(corpus[0]),
+        vocab_file=corpus[1],
+        output_file=str(tmp_path / "one.hdf5"),
+        max_seq_length=SEQ,
+        max_predictions_per_seq=PREDICTIONS,
+        dupe_factor=1,
+    )
     stats = create_pretraining_data(settings)
     assert sorted(os.listdir(tmp_path)) == ["one.hdf5", "one.hdf5.json"]
     with open(tmp_path / "one.hdf5.json") as handle:
@@ -193,8 +238,18 @@ def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path):
     split_alone = {}
     for whole in (True, False):
         out = tmp_path / f"whole_{whole}"
-        assert main(flags(tmp_path / "corpus.txt", tmp_path / "vocab.txt", out, f"--do_whole_word_mask={whole}",
-                          "--masked_lm_prob=0.3")) == 0
+        assert (
+            main(
+                flags(
+                    tmp_path / "corpus.txt",
+                    tmp_path / "vocab.txt",
+                    out,
+                    f"--do_whole_word_mask={whole}",
+                    "--masked_lm_prob=0.3",
+                )
+            )
+            == 0
+        )
         arrays = read(shard_paths(out, 1))
         found = check_instances(arrays, words, documents, masked_lm_prob=0.3, whole_words=whole)
         subword = np.isin(found["originals"], [words.index(piece) for piece in SUBWORDS])
@@ -211,8 +266,10 @@ def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path):
 
 def test_length_bins_pad_each_instance_to_the_smallest_bin_that_holds_it(corpus, tmp_path, capsys):
     out = tmp_path / "bins"
-    assert main(flags(corpus[0], corpus[1], out, "--length_bins=4,16,24,32", "--short_seq_prob=0.5",
-                      "--num_shards=2")) == 0
+    assert (
+        main(flags(corpus[0], corpus[1], out, "--length_bins=4,16,24,32", "--short_seq_prob=0.5", "--num_shards=2"))
+        == 0
+    )
     assert sorted(os.listdir(out)) == ["create_pretraining_data.json", "len_16", "len_24", "len_32"]
     assert "length bin 4: no instances" in capsys.readouterr().out  # no instance is shorter than 5 tokens
     with open(out / "create_pretraining_data.json") as handle:
@@ -237,8 +294,21 @@ def test_small_chunks_stream_the_corpus_into_balanced_shards(tmp_path):
     documents = write_corpus(tmp_path / "corpus.txt", documents=400, seed=3)
     vocab = write_vocab(tmp_path)
     out = tmp_path / "out"
-    assert main(flags(tmp_path / "corpus.txt", vocab, out, "--chunk_megabytes=0.001", "--num_shards=3",
-                      "--length_bins=24,32", "--num_workers=2", "--dupe_factor=1")) == 0
+    assert (
+        main(
+            flags(
+                tmp_path / "corpus.txt",
+                vocab,
+                out,
+                "--chunk_megabytes=0.001",
+                "--num_shards=3",
+                "--length_bins=24,32",
+                "--num_workers=2",
+                "--dupe_factor=1",
+            )
+        )
+        == 0
+    )
     with open(out / "create_pretraining_data.json") as handle:
         stats = json.load(handle)
     assert stats["chunks"] > 20 and stats["documents"] == 400
@@ -256,8 +326,10 @@ def test_refuses_an_existing_output_file_and_touches_nothing(corpus, tmp_path, e
     out.mkdir()
     (out / "training_00001.hdf5").write_bytes(b"keep")
     assert main(flags(corpus[0], corpus[1], out, "--num_shards=2")) == 2
-    assert error_line() == f"create_pretraining_data: error: {out / 'training_00001.hdf5'}: already exists; " \
-                           "remove it or choose another output"
+    assert (
+        error_line() == f"create_pretraining_data: error: {out / 'training_00001.hdf5'}: already exists; "
+        "remove it or choose another output"
+    )
     assert os.listdir(out) == ["training_00001.hdf5"] and (out / "training_00001.hdf5").read_bytes() == b"keep"
 
 
@@ -266,19 +338,24 @@ def test_a_decode_error_midway_leaves_nothing(corpus, tmp_path, error_line):
     bad.write_bytes(b"the cat sees the dog .\n" * 100 + b"the \xff cat .\n")
     out = tmp_path / "new" / "out"
     assert main(flags(f"{corpus[0]},{bad}", corpus[1], out, "--chunk_megabytes=0.001")) == 2
-    assert error_line() == f"create_pretraining_data: error: {bad}:101: not valid UTF-8 (invalid start byte at " \
-                           "byte 5 of the line)"
+    assert (
+        error_line() == f"create_pretraining_data: error: {bad}:101: not valid UTF-8 (invalid start byte at "
+        "byte 5 of the line)"
+    )
     assert not out.exists() and os.listdir(tmp_path / "new") == []
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--length_bins=16,8,32"], "--length_bins must be positive and ascending, got 16,8,32"),
-    (["--length_bins=16,24"], "--length_bins must end at --max_seq_length 32, got 16,24"),
-    (["--length_bins=16,x"], "--length_bins must be comma-separated integers, got '16,x'"),
-    (["--masked_lm_prob=1"], "--masked_lm_prob must be between 0 and 1, got 1.0"),
-    (["--max_predictions_per_seq=32"], "--max_predictions_per_seq (32) must be less than --max_seq_length (32)"),
-    (["--num_workers=0"], "--num_workers must be positive, got 0"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--length_bins=16,8,32"], "--length_bins must be positive and ascending, got 16,8,32"),
+        (["--length_bins=16,24"], "--length_bins must end at --max_seq_length 32, got 16,24"),
+        (["--length_bins=16,x"], "--length_bins must be comma-separated integers, got '16,x'"),
+        (["--masked_lm_prob=1"], "--masked_lm_prob must be between 0 and 1, got 1.0"),
+        (["--max_predictions_per_seq=32"], "--max_predictions_per_seq (32) must be less than --max_seq_length (32)"),
+        (["--num_workers=0"], "--num_workers must be positive, got 0"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(corpus, tmp_path, error_line, extra, message):
     assert main(flags(corpus[0], corpus[1], tmp_path / "out", *extra)) == 2
     assert error_line() == f"create_pretraining_data: error: {message}"
@@ -300,17 +377,39 @@ def test_bad_input_is_a_one_line_error_naming_it(corpus, tmp_path, error_line):
 def test_flags_are_the_settings_with_googles_defaults(corpus):
     parser = build_parser()
     fields = [name for name in DataSettings.__dataclass_fields__]
-    assert [action.dest for action in parser._actions if action.dest != "help" and action.help != "==SUPPRESS=="] \
-        == fields
-    assert {name: parser.defaults[name] for name in ("max_seq_length", "max_predictions_per_seq", "random_seed",
-                                                      "dupe_factor", "masked_lm_prob", "short_seq_prob",
-                                                      "do_lower_case", "do_whole_word_mask")} == {
-        "max_seq_length": 128, "max_predictions_per_seq": 20, "random_seed": 12345, "dupe_factor": 10,
-        "masked_lm_prob": 0.15, "short_seq_prob": 0.1, "do_lower_case": True, "do_whole_word_mask": False}
+    assert [
+        action.dest for action in parser._actions if action.dest != "help" and action.help != "==SUPPRESS=="
+    ] == fields
+    assert {
+        name: parser.defaults[name]
+        for name in (
+            "max_seq_length",
+            "max_predictions_per_seq",
+            "random_seed",
+            "dupe_factor",
+            "masked_lm_prob",
+            "short_seq_prob",
+            "do_lower_case",
+            "do_whole_word_mask",
+        )
+    } == {
+        "max_seq_length": 128,
+        "max_predictions_per_seq": 20,
+        "random_seed": 12345,
+        "dupe_factor": 10,
+        "masked_lm_prob": 0.15,
+        "short_seq_prob": 0.1,
+        "do_lower_case": True,
+        "do_whole_word_mask": False,
+    }
     given = vars(parser.parse_args(["--input_file=a", "--vocab_file=v", "--output_file=o", "--do_lower_case=false"]))
     assert given["do_lower_case"] is False
-    assert vars(parser.parse_args(["--input_file=a", "--vocab_file=v", "--output_dir=o", "--nodo_lower_case"])) \
-        ["do_lower_case"] is False
+    assert (
+        vars(parser.parse_args(["--input_file=a", "--vocab_file=v", "--output_dir=o", "--nodo_lower_case"]))[
+            "do_lower_case"
+        ]
+        is False
+    )
     with pytest.raises(SystemExit) as exit_info:
         parser.parse_args(["--input_file=a", "--vocab_file=v", "--output_dir=o", "--output_file=p"])
     assert exit_info.value.code == 2

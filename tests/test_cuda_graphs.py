@@ -8,15 +8,15 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import tiny_config
 
-from bertbench.training.cuda_graphs import GraphedMicroBatches, batch_signature
-from bertbench.training.distributed import Distributed
 from bertbench.model.factory import build_model
 from bertbench.model.packing import Packer
 from bertbench.tasks.synthetic import synthetic_batch
-from bertbench.training.step import TrainStep, graphs_unavailable
 from bertbench.training.config import TrainConfig
-from conftest import tiny_config
+from bertbench.training.cuda_graphs import GraphedMicroBatches, batch_signature
+from bertbench.training.distributed import Distributed
+from bertbench.training.step import TrainStep, graphs_unavailable
 
 CONFIG = tiny_config(num_hidden_layers=2)  # dropout on
 
@@ -97,31 +97,44 @@ def batch_of(tokens, batch=4, seq=24):
 def test_one_signature_per_bucket_and_path():
     """Batches of one bucket share a graph whatever their lengths; another bucket, or the padded path, has its own."""
     rule = build_model("classification", CONFIG, attention_kernel="varlen", num_labels=2).bert.path_rule(
-        "cpu", torch.float32)
-    packed = {tokens: dict(batch, packing=Packer(rule, bucketed=True)(batch["attention_mask"]))
-              for tokens, batch in ((29, batch_of(29)), (31, batch_of(31)), (40, batch_of(40)))}
+        "cpu", torch.float32
+    )
+    packed = {
+        tokens: dict(batch, packing=Packer(rule, bucketed=True)(batch["attention_mask"]))
+        for tokens, batch in ((29, batch_of(29)), (31, batch_of(31)), (40, batch_of(40)))
+    }
     assert [packed[tokens]["packing"].rows for tokens in (29, 31, 40)] == [32, 32, 40]
     assert batch_signature(packed[29]) == batch_signature(packed[31]) != batch_signature(packed[40])
     padded = dict(batch_of(29), packing=Packer(None)(batch_of(29)["attention_mask"]))
     assert batch_signature(padded) != batch_signature(packed[29])
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"cuda_graphs": False}, "--cuda_graphs=false"),
-    ({"device": "cpu"}, "CUDA graphs need a CUDA GPU (this is cpu)"),
-    ({"world_size": 2}, "DistributedDataParallel all-reduces"),
-    ({"world_size": 2, "sync_gradients": False}, None),  # independent workers: no all-reduce
-    ({"modeling": "recompute"}, "activation checkpointing saves the CUDA RNG state"),
-    ({"modeling": "recompute", "policy": "every-k"}, "activation checkpointing saves the CUDA RNG state"),
-    ({"modeling": "recompute", "policy": "selective"}, None),  # a saved-tensor hook, no checkpoint
-    ({"modeling": "recompute", "policy": "selective", "compile": True}, "activation checkpointing saves"),
-    ({"kernel": "masked"}, "the masked kernel's sizes change with every batch"),
-    ({}, None)])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"cuda_graphs": False}, "--cuda_graphs=false"),
+        ({"device": "cpu"}, "CUDA graphs need a CUDA GPU (this is cpu)"),
+        ({"world_size": 2}, "DistributedDataParallel all-reduces"),
+        ({"world_size": 2, "sync_gradients": False}, None),  # independent workers: no all-reduce
+        ({"modeling": "recompute"}, "activation checkpointing saves the CUDA RNG state"),
+        ({"modeling": "recompute", "policy": "every-k"}, "activation checkpointing saves the CUDA RNG state"),
+        ({"modeling": "recompute", "policy": "selective"}, None),  # a saved-tensor hook, no checkpoint
+        ({"modeling": "recompute", "policy": "selective", "compile": True}, "activation checkpointing saves"),
+        ({"kernel": "masked"}, "the masked kernel's sizes change with every batch"),
+        ({}, None),
+    ],
+)
 def test_when_a_step_replays_no_graphs_it_says_why(change, reason):
-    model = build_model("classification", CONFIG, change.get("modeling", "baseline"), change.get("policy", "full"),
-                        num_labels=2)
-    config = TrainConfig(num_train_steps=1, precision="bf16", cuda_graphs=change.get("cuda_graphs", True),
-                         sync_gradients=change.get("sync_gradients", True), compile=change.get("compile", False))
+    model = build_model(
+        "classification", CONFIG, change.get("modeling", "baseline"), change.get("policy", "full"), num_labels=2
+    )
+    config = TrainConfig(
+        num_train_steps=1,
+        precision="bf16",
+        cuda_graphs=change.get("cuda_graphs", True),
+        sync_gradients=change.get("sync_gradients", True),
+        compile=change.get("compile", False),
+    )
     dist = Distributed(world_size=change.get("world_size", 1), device=torch.device(change.get("device", "cuda")))
     rule = dataclasses.replace(model.bert.path_rule("cpu", torch.float32), kernel=change.get("kernel", "varlen"))
     got = graphs_unavailable(model, config, dist, Packer(rule))

@@ -9,14 +9,24 @@ import sys
 
 import pytest
 
-from bertbench.common import noise
 from bertbench import cli as bertbench_cli
-from bertbench.tasks import synthetic as data
+from bertbench.common import noise
 from bertbench.demo import run as demo
 from bertbench.demo.run import DemoConfig, main, run
+from bertbench.tasks import synthetic as data
 
-QUICK = ["--steps", "4", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0",
-         "--pretraining_steps", "0"]
+QUICK = [
+    "--steps",
+    "4",
+    "--train_examples",
+    "64",
+    "--dev_examples",
+    "32",
+    "--qa_epochs",
+    "0",
+    "--pretraining_steps",
+    "0",
+]
 
 
 def test_examples_are_deterministic_balanced_and_need_both_sentences():
@@ -37,8 +47,25 @@ def test_vocab_covers_every_word(tmp_path):
 
 @pytest.mark.slow
 def test_short_demo_beats_chance_with_identical_weights(tmp_path, capsys):
-    assert main(["--steps", "60", "--train_examples", "1024", "--dev_examples", "256", "--qa_epochs", "0",
-                 "--pretraining_steps", "0", "--output_dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--steps",
+                "60",
+                "--train_examples",
+                "1024",
+                "--dev_examples",
+                "256",
+                "--qa_epochs",
+                "0",
+                "--pretraining_steps",
+                "0",
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "demo_results.json").read_text())
     results = {result["model"]: result for result in report["results"]}
     assert list(results) == ["baseline", "recompute/full", "recompute/every-k", "recompute/selective"]
@@ -63,8 +90,9 @@ def test_demo_help_lists_every_setting(capsys):
 
 
 def test_shortest_run_times_a_step():
-    result = run(DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0,
-                            pretraining_steps=0))["results"][0]
+    result = run(DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0, pretraining_steps=0))["results"][
+        0
+    ]
     assert result["train_seq_per_s"] > 0 and result["step_ms"] > 0 and result["saved_for_backward_bytes"] > 0
     assert result["timed_steps"] == 1 and result["step_ms_cv"] is None  # one timed step: no spread
 
@@ -89,8 +117,11 @@ def test_output_to_a_file_gets_a_line_per_step_as_it_goes(tmp_path, monkeypatch)
     lines = log.read_text().splitlines()
     done = [line for line in lines if re.fullmatch(r"demo: .*: done in \d+\.\d s.*", line)]
     assert len(done) == 1 + 4  # the data, then each model
-    assert re.fullmatch(r"demo: training recompute/full \(4 steps of 32 sequences\): done in \d+\.\d s; dev "
-                        r"accuracy \d\.\d{3}, step \d+\.\d \(\d+\.\d–\d+\.\d, CV \d+(\.\d)?%\) ms", done[2])
+    assert re.fullmatch(
+        r"demo: training recompute/full \(4 steps of 32 sequences\): done in \d+\.\d s; dev "
+        r"accuracy \d\.\d{3}, step \d+\.\d \(\d+\.\d–\d+\.\d, CV \d+(\.\d)?%\) ms",
+        done[2],
+    )
     assert not any(line.startswith("  trained ") for line in lines)  # the terminal's lines are not repeated
 
 
@@ -100,11 +131,16 @@ def test_a_terminal_keeps_its_display():
             return True
 
     screen = Terminal()
-    run(DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0, pretraining_steps=0),
-        demo.Progress(screen))
+    run(
+        DemoConfig(steps=2, train_examples=64, dev_examples=32, qa_epochs=0, pretraining_steps=0), demo.Progress(screen)
+    )
     lines = screen.getvalue().splitlines()
-    assert [line.split()[1] for line in lines] == ["baseline", "recompute/full", "recompute/every-k",
-                                                   "recompute/selective"]
+    assert [line.split()[1] for line in lines] == [
+        "baseline",
+        "recompute/full",
+        "recompute/every-k",
+        "recompute/selective",
+    ]
     assert all(line.startswith("  trained ") for line in lines)
 
 
@@ -113,8 +149,10 @@ def test_a_busy_machine_is_a_warning_beside_the_step_time_ratios(tmp_path, monke
     monkeypatch.setattr(noise.os, "sched_getaffinity", lambda pid: {0, 1})
     assert main(QUICK + ["--output_dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "demo_results.json").read_text())
-    assert report["warnings"][0].startswith("the machine was busy: the 1-minute load average was 7.50 before "
-                                            "training the models and 7.50 after it, above the 2 core(s) available")
+    assert report["warnings"][0].startswith(
+        "the machine was busy: the 1-minute load average was 7.50 before "
+        "training the models and 7.50 after it, above the 2 core(s) available"
+    )
     printed = capsys.readouterr().out
     table, after = printed.split("step time vs base", 1)
     assert f"warning: {report['warnings'][0]}" in after
@@ -131,11 +169,16 @@ def test_run_is_reproducible():
     assert [r["final_loss"] for r in first["results"]] == [r["final_loss"] for r in second["results"]]
 
 
-@pytest.mark.parametrize("argv, message", [(["--steps", "1"], "--steps must be at least 2"),
-                                           (["--hidden_size", "30"], "multiple of the 4 attention heads"),
-                                           (["--max_seq_length", "12"], "at least 16"),
-                                           (["--qa_epochs", "-1"], "--qa_epochs must be 0 (no QA step) or more"),
-                                           (["--pretraining_steps", "-1"], "--pretraining_steps must be 0")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "1"], "--steps must be at least 2"),
+        (["--hidden_size", "30"], "multiple of the 4 attention heads"),
+        (["--max_seq_length", "12"], "at least 16"),
+        (["--qa_epochs", "-1"], "--qa_epochs must be 0 (no QA step) or more"),
+        (["--pretraining_steps", "-1"], "--pretraining_steps must be 0"),
+    ],
+)
 def test_bad_settings_are_one_line_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -147,31 +190,51 @@ def test_squad_data_is_deterministic_and_its_answers_sit_where_they_say():
     first = data.make_squad(50, seed=1)
     assert first == data.make_squad(50, seed=1) and first != data.make_squad(50, seed=2)
     assert first["version"] == "v2.0" and data.make_squad(5, seed=1, version_2=False)["version"] == "1.1"
-    questions = [(paragraph["context"], qa) for article in first["data"] for paragraph in article["paragraphs"]
-                 for qa in paragraph["qas"]]
+    questions = [
+        (paragraph["context"], qa)
+        for article in first["data"]
+        for paragraph in article["paragraphs"]
+        for qa in paragraph["qas"]
+    ]
     impossible = [qa for _, qa in questions if qa["is_impossible"]]
     assert 0.2 < len(impossible) / len(questions) < 0.45 and all(not qa["answers"] for qa in impossible)
     for context, qa in questions:
         for answer in qa["answers"]:
-            assert context[answer["answer_start"]:answer["answer_start"] + len(answer["text"])] == answer["text"]
+            assert context[answer["answer_start"] : answer["answer_start"] + len(answer["text"])] == answer["text"]
             assert qa["question"] == f"where is the {answer['text']} ?"
     assert any("\n" in context or "  " in context for context, _ in questions)  # uneven offsets
     dev = data.make_squad(5, seed=1, training=False)
     answered = [qa for article in dev["data"] for qa in article["paragraphs"][0]["qas"] if qa["answers"]]
-    assert all([answer["text"] for answer in qa["answers"]][1] == "the " + qa["answers"][0]["text"]
-               for qa in answered)
+    assert all([answer["text"] for answer in qa["answers"]][1] == "the " + qa["answers"][0]["text"] for qa in answered)
     words = {word for context, qa in questions for word in (context + " " + qa["question"]).split()}
     assert words <= set(data.vocabulary())
 
 
 @pytest.mark.slow
 def test_qa_step_runs_run_squad_and_reports_official_scores(tmp_path, capsys):
-    assert main(["--steps", "2", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0.1",
-                 "--pretraining_steps", "0", "--output_dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--steps",
+                "2",
+                "--train_examples",
+                "64",
+                "--dev_examples",
+                "32",
+                "--qa_epochs",
+                "0.1",
+                "--pretraining_steps",
+                "0",
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     qa = json.loads((tmp_path / "demo_results.json").read_text())["question_answering"]
     assert qa["train_questions"] == 1800 and qa["dev_questions"] == 300 and qa["steps"] > 0
     assert 0 <= qa["exact"] <= 100 and 20 < qa["no_answer_everywhere_exact"] < 45
-    assert "answering \"no answer\" everywhere scores" in capsys.readouterr().out
+    assert 'answering "no answer" everywhere scores' in capsys.readouterr().out
     run_dir = tmp_path / "squad" / "run"
     assert {"predictions.json", "null_odds.json", "eval_results.json"} <= set(p.name for p in run_dir.iterdir())
     # the printed command is the real one: run it again (predict only) from the kept run directory
@@ -191,13 +254,32 @@ def test_corpus_is_in_googles_format_and_each_document_tells_of_one_animal(tmp_p
 
 @pytest.mark.slow
 def test_pretraining_step_makes_shards_and_its_masked_lm_accuracy_rises(tmp_path, capsys):
-    assert main(["--steps", "2", "--train_examples", "64", "--dev_examples", "32", "--qa_epochs", "0",
-                 "--pretraining_steps", "400", "--output_dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--steps",
+                "2",
+                "--train_examples",
+                "64",
+                "--dev_examples",
+                "32",
+                "--qa_epochs",
+                "0",
+                "--pretraining_steps",
+                "400",
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     pre = json.loads((tmp_path / "demo_results.json").read_text())["pretraining"]
     curve = [record["masked_lm_accuracy"] for record in pre["curve"]]
     assert [record["step"] for record in pre["curve"]] == [1] + list(range(41, 400, 40)) + [400]
     assert curve[0] < 0.1 and curve[-1] > 0.35 and curve[-1] > 10 * pre["chance_masked_lm_accuracy"]
     assert pre["steps"] == 400 and pre["training_sequences"] > 5000
     assert sorted(os.listdir(tmp_path / "pretraining" / "train_shards")) == [
-        "create_pretraining_data.json", *(f"training_{index:05d}.hdf5" for index in range(4))]
+        "create_pretraining_data.json",
+        *(f"training_{index:05d}.hdf5" for index in range(4)),
+    ]
     assert "held-out masked-LM accuracy by step" in capsys.readouterr().out

@@ -4,11 +4,11 @@ machines with CUDA or without, faked here by monkeypatching torch.cuda."""
 
 import pytest
 import torch
+from helpers import runner_command, snapshot
 
-from bertbench.training import distributed
 from bertbench.bench import budget, finetuning, memory, profile, scaling, throughput
 from bertbench.common.errors import UsageError
-from conftest import runner_command, snapshot
+from bertbench.training import distributed
 
 BENCHES = {
     "throughput": (throughput.main, ["--model", "tiny", "--seq_lengths", "32", "--batch_sizes", "2"]),
@@ -31,8 +31,10 @@ def fake_gpus(monkeypatch, count: int) -> list[int]:
     return current
 
 
-@pytest.mark.parametrize("name, gpus, expected", [
-    (None, 0, "cpu"), ("cpu", 2, "cpu"), (None, 2, "cuda:0"), ("cuda", 2, "cuda:0"), ("cuda:1", 2, "cuda:1")])
+@pytest.mark.parametrize(
+    "name, gpus, expected",
+    [(None, 0, "cpu"), ("cpu", 2, "cpu"), (None, 2, "cuda:0"), ("cuda", 2, "cuda:0"), ("cuda:1", 2, "cuda:1")],
+)
 def test_a_device_comes_with_its_index_and_becomes_the_current_one(monkeypatch, name, gpus, expected):
     current = fake_gpus(monkeypatch, gpus)
     device = distributed.resolve_device(name)
@@ -53,16 +55,19 @@ def test_under_torchrun_each_process_takes_its_local_ranks_gpu(monkeypatch):
     assert distributed.resolve_device("cpu", local_rank=7) == torch.device("cpu")
 
 
-@pytest.mark.parametrize("name, gpus, local_rank, message", [
-    ("nonsense", 2, None, "--device 'nonsense' is not a device: use cpu, cuda or cuda:N"),
-    ("meta", 2, None, "--device 'meta' is not a device"),
-    ("cuda", 0, None, "--device 'cuda' requested but CUDA is not available"),
-    ("cuda:3", 0, None, "--device 'cuda:3' requested but CUDA is not available"),
-    ("cuda:2", 2, None, "--device 'cuda:2': this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
-    ("cuda:0", 2, 1, "--device 'cuda:0': under torchrun each process takes the GPU of its LOCAL_RANK"),
-    ("cuda", 2, 2, "--device 'cuda': 3 processes on a node need a GPU each, and this machine has 2"),
-    (None, 1, 1, "--device 'cuda': 2 processes on a node need a GPU each, and this machine has 1"),
-])
+@pytest.mark.parametrize(
+    "name, gpus, local_rank, message",
+    [
+        ("nonsense", 2, None, "--device 'nonsense' is not a device: use cpu, cuda or cuda:N"),
+        ("meta", 2, None, "--device 'meta' is not a device"),
+        ("cuda", 0, None, "--device 'cuda' requested but CUDA is not available"),
+        ("cuda:3", 0, None, "--device 'cuda:3' requested but CUDA is not available"),
+        ("cuda:2", 2, None, "--device 'cuda:2': this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
+        ("cuda:0", 2, 1, "--device 'cuda:0': under torchrun each process takes the GPU of its LOCAL_RANK"),
+        ("cuda", 2, 2, "--device 'cuda': 3 processes on a node need a GPU each, and this machine has 2"),
+        (None, 1, 1, "--device 'cuda': 2 processes on a node need a GPU each, and this machine has 1"),
+    ],
+)
 def test_a_device_the_machine_lacks_is_a_usage_error(monkeypatch, name, gpus, local_rank, message):
     current = fake_gpus(monkeypatch, gpus)
     with pytest.raises(UsageError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
@@ -95,6 +100,7 @@ def test_torchrun_workers_take_their_local_rank_and_join_nccl(monkeypatch):
 
 # ---- every command that takes --device ----------------------------------------------------------------------------
 
+
 def command(name: str, inputs, out, device: str, *extra: str) -> tuple:
     if name in BENCHES:
         main, flags = BENCHES[name]
@@ -103,11 +109,17 @@ def command(name: str, inputs, out, device: str, *extra: str) -> tuple:
 
 
 @pytest.mark.parametrize("name", [*BENCHES, *RUNNERS])
-@pytest.mark.parametrize("gpus, device, culprit", [(0, "cuda", "CUDA is not available"),
-                                                   (0, "cuda:1", "CUDA is not available"),
-                                                   (2, "cuda:3", "this machine has 2 CUDA device(s)")])
+@pytest.mark.parametrize(
+    "gpus, device, culprit",
+    [
+        (0, "cuda", "CUDA is not available"),
+        (0, "cuda:1", "CUDA is not available"),
+        (2, "cuda:3", "this machine has 2 CUDA device(s)"),
+    ],
+)
 def test_a_device_this_machine_lacks_is_refused_in_one_line_and_nothing_is_written(
-        monkeypatch, runner_inputs, tmp_path, error_line, name, gpus, device, culprit):
+    monkeypatch, runner_inputs, tmp_path, error_line, name, gpus, device, culprit
+):
     fake_gpus(monkeypatch, gpus)
     out = tmp_path / "out"
     main, argv = command(name, runner_inputs, out, device)
@@ -117,13 +129,17 @@ def test_a_device_this_machine_lacks_is_refused_in_one_line_and_nothing_is_writt
     assert snapshot(out) is None
 
 
-@pytest.mark.parametrize("name, device, extra", [
-    ("scaling", "cuda", ["--processes", "1,2"]),
-    ("scaling", "cuda:0", ["--processes", "2"]),
-    ("budget", "cuda", ["--contenders=baseline:1,full:2"]),
-])
-def test_more_processes_than_gpus_are_refused_before_any_job_starts(monkeypatch, runner_inputs, tmp_path,
-                                                                    error_line, name, device, extra):
+@pytest.mark.parametrize(
+    "name, device, extra",
+    [
+        ("scaling", "cuda", ["--processes", "1,2"]),
+        ("scaling", "cuda:0", ["--processes", "2"]),
+        ("budget", "cuda", ["--contenders=baseline:1,full:2"]),
+    ],
+)
+def test_more_processes_than_gpus_are_refused_before_any_job_starts(
+    monkeypatch, runner_inputs, tmp_path, error_line, name, device, extra
+):
     fake_gpus(monkeypatch, 1)
     monkeypatch.setattr(scaling, "run_job", lambda *args: pytest.fail("a job started"))
     out = tmp_path / "out"
@@ -135,8 +151,9 @@ def test_more_processes_than_gpus_are_refused_before_any_job_starts(monkeypatch,
 
 @pytest.mark.parametrize("name", RUNNERS)
 @pytest.mark.parametrize("device, local_rank", [("cuda:0", "1"), ("cuda", "1")])
-def test_a_torchrun_worker_refuses_a_gpu_it_cannot_take(monkeypatch, runner_inputs, tmp_path, error_line, name,
-                                                       device, local_rank):
+def test_a_torchrun_worker_refuses_a_gpu_it_cannot_take(
+    monkeypatch, runner_inputs, tmp_path, error_line, name, device, local_rank
+):
     """An index under torchrun (LOCAL_RANK picks the GPU), or a LOCAL_RANK beyond the GPUs: refused in one line
     before the process group is joined."""
     fake_gpus(monkeypatch, 1)

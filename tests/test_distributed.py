@@ -17,20 +17,22 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from ddp_worker import FirstBatchProbe, features, same_weights
+from helpers import classifier_flags, free_port, tiny_config, write_bert_dir
 
-from bertbench.runners import launch, command as runner
+from bertbench.common.run_files import LOCK
+from bertbench.model.factory import build_model
+from bertbench.runners import classifier as run_classifier
+from bertbench.runners import launch
+from bertbench.runners.classifier import main as classify
+from bertbench.runners.config import config_from_values
+from bertbench.runners.squad import main as squad
+from bertbench.tasks.synthetic import write_glue_task, write_squad
 from bertbench.training.batches import ShuffledBatches
 from bertbench.training.checkpoint import list_checkpoints, load_checkpoint, worker_dir
-from bertbench.training.loop import Estimator
-from bertbench.model.factory import build_model
-from bertbench.tasks.synthetic import write_glue_task, write_squad
-from bertbench.training.distributed import Distributed, restart_safe_store
-from bertbench.runners.classifier import main as classify
-from bertbench.runners.run_lock import LOCK_NAME
-from bertbench.runners.squad import main as squad
 from bertbench.training.config import RunConfig, TrainConfig
-from conftest import free_port, tiny_config, write_bert_dir
-from ddp_worker import FirstBatchProbe, features, same_weights
+from bertbench.training.distributed import restart_safe_store
+from bertbench.training.loop import Estimator
 
 pytestmark = pytest.mark.slow
 
@@ -49,15 +51,19 @@ def data(tmp_path_factory):
 
 
 def flags(data, out, *extra):
-    return ["--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
-            f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
-            "--learning_rate=2e-3", "--log_step_count_steps=4", "--save_checkpoints_secs=0", "--do_train",
-            "--do_eval", f"--output_dir={out}", *extra]
+    return classifier_flags(data, out, "--do_train", "--do_eval", *extra, batch=None, learning_rate="2e-3", log_every=4)
 
 
 def launch_command(processes: int, *arguments, restarts: int = 0):
-    return [sys.executable, "-m", "bertbench.runners.launch", "--standalone", f"--nproc-per-node={processes}",
-            f"--max-restarts={restarts}", *arguments]
+    return [
+        sys.executable,
+        "-m",
+        "bertbench.runners.launch",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        f"--max-restarts={restarts}",
+        *arguments,
+    ]
 
 
 def run(command, timeout=300):
@@ -95,8 +101,15 @@ def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_
     each of 2 processes, against the baseline on 1 process with batches of 16. (Each setting costs a torchrun job:
     the other policies' DDP steps are ddp_worker's, the plain DDP step the job templates' and scripts' tests'.)"""
     out = tmp_path / "run"
-    done = classify_on(2, data, out, "--train_batch_size=4", "--num_accumulation_steps=2", "--modeling=recompute",
-                       "--recompute-policy=selective")
+    done = classify_on(
+        2,
+        data,
+        out,
+        "--train_batch_size=4",
+        "--num_accumulation_steps=2",
+        "--modeling=recompute",
+        "--recompute-policy=selective",
+    )
     steps, curve = zip(*losses(out))
     reference_steps, reference_curve = zip(*losses(one_process))
     assert steps == reference_steps == tuple(range(4, 49, 4))
@@ -116,16 +129,22 @@ def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_
     # rank 0 alone reports and writes: one summary, one checkpoint, no per-rank files
     assert done.stdout.count("***** Eval results") == 1 and done.stdout.count("***** Training summary") == 1
     assert [step for step, _ in list_checkpoints(out)] == [48]
-    assert sorted(os.listdir(out)) == [LOCK_NAME, "bertbench_run.json", "ckpt-000000048.pt", "eval_results.json",
-                                       "eval_results.txt", "metrics.jsonl", "train_results.json"]
+    assert sorted(os.listdir(out)) == [
+        LOCK,
+        "bertbench_run.json",
+        "ckpt-000000048.pt",
+        "eval_results.json",
+        "eval_results.txt",
+        "metrics.jsonl",
+        "train_results.json",
+    ]
 
 
 @pytest.fixture(scope="module")
 def ddp_worker_run(tmp_path_factory):
     """ddp_worker.py's findings on 2 processes, and the directory of its training runs."""
     directory = tmp_path_factory.mktemp("ddp_worker")
-    run(launch_command(2, os.path.join(HERE, "ddp_worker.py"), str(directory / "report.json"),
-                       str(directory / "runs")))
+    run(launch_command(2, os.path.join(HERE, "ddp_worker.py"), str(directory / "report.json"), str(directory / "runs")))
     return read_json(directory / "report.json"), directory / "runs"
 
 
@@ -159,7 +178,8 @@ def test_a_checkpoint_of_one_process_resumes_on_two(ddp_worker_run):
     assert checkpoint.endswith("ckpt-000000002.pt")
     assert [line for line in resumed["logs"] if "warning" in line] == [
         f"warning: {checkpoint} was written by 1 processes, this run has 2: dropout random streams restart from the "
-        "seed"]
+        "seed"
+    ]
     for rank, found in enumerate(resumed["ranks"]):
         assert found["fresh_weights_differ"] and found["weights_were_the_checkpoints"], rank
         assert found["first_batch_is_the_next_one"] and found["consumed"] == 2 * 4 + 4, rank
@@ -180,12 +200,17 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(ddp_worker_run, tmp_path):
     assert not same_weights(model.state_dict(), saved["model"])
     data, logs = features(config, 64, seed=1), []
     batches = FirstBatchProbe(data, 4, seed=0, model=model)
-    result = Estimator(model, RunConfig(str(tmp_path / "run"), save_checkpoints_secs=None),
-                       TrainConfig(num_train_steps=4, gradient_accumulation_steps=4, excluded_steps=0),
-                       log=logs.append).train(batches)
+    result = Estimator(
+        model,
+        RunConfig(str(tmp_path / "run"), save_checkpoints_secs=None),
+        TrainConfig(num_train_steps=4, gradient_accumulation_steps=4, excluded_steps=0),
+        log=logs.append,
+    ).train(batches)
     assert result.resumed_from == saved_path and result.global_step == 4 and result.steps == 1
-    assert f"warning: {saved_path} was written by 2 processes, this run has 1: dropout random streams restart " \
-           "from the seed" in logs
+    assert (
+        f"warning: {saved_path} was written by 2 processes, this run has 1: dropout random streams restart "
+        "from the seed" in logs
+    )
     assert same_weights(batches.first["weights"], saved["model"])
     reference = ShuffledBatches(data, 4, seed=0)
     for _ in range(3 * 4):  # what the 2 processes took: 3 steps of 4 micro-batches of 2 x 2
@@ -198,9 +223,20 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(ddp_worker_run, tmp_path):
 
 def test_independent_workers_train_apart_keep_the_best_and_resume_from_a_common_step(data, tmp_path):
     out = tmp_path / "run"
-    command = launch_command(2, "-m", "bertbench.runners.classifier",
-                             *flags(data, out, "--train_batch_size=8", "--no_sync_gradients", "--lr_scaling=sqrt",
-                                    "--save_checkpoints_steps=16", "--keep_checkpoint_max=2"))
+    command = launch_command(
+        2,
+        "-m",
+        "bertbench.runners.classifier",
+        *flags(
+            data,
+            out,
+            "--train_batch_size=8",
+            "--no_sync_gradients",
+            "--lr_scaling=sqrt",
+            "--save_checkpoints_steps=16",
+            "--keep_checkpoint_max=2",
+        ),
+    )
     done = run(command)
     train = read_json(out / "train_results.json")
     assert train["sync_gradients"] is False and train["lr_scaling"] == "sqrt"
@@ -238,14 +274,27 @@ def test_squad_independent_workers_keep_the_best_f1(tmp_path):
     write_squad(tmp_path / "squad", "2.0", train=12, dev=6)
     write_bert_dir(tmp_path / "bert", **NO_DROPOUT)
     out = tmp_path / "run"
-    done = run(launch_command(2, "-m", "bertbench.runners.squad", "--do_train", "--do_predict",
-                              f"--train_file={tmp_path / 'squad' / 'train-v2.0.json'}",
-                              f"--predict_file={tmp_path / 'squad' / 'dev-v2.0.json'}", "--version_2_with_negative",
-                              f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}",
-                              f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}",
-                              "--max_seq_length=48", "--doc_stride=16", "--max_query_length=16",
-                              "--train_batch_size=4", "--learning_rate=1e-3", "--no_sync_gradients",
-                              f"--output_dir={out}"))
+    done = run(
+        launch_command(
+            2,
+            "-m",
+            "bertbench.runners.squad",
+            "--do_train",
+            "--do_predict",
+            f"--train_file={tmp_path / 'squad' / 'train-v2.0.json'}",
+            f"--predict_file={tmp_path / 'squad' / 'dev-v2.0.json'}",
+            "--version_2_with_negative",
+            f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}",
+            f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}",
+            "--max_seq_length=48",
+            "--doc_stride=16",
+            "--max_query_length=16",
+            "--train_batch_size=4",
+            "--learning_rate=1e-3",
+            "--no_sync_gradients",
+            f"--output_dir={out}",
+        )
+    )
     train = read_json(out / "train_results.json")
     assert train["selection_metric"] == "f1" and len(train["worker_scores"]) == 2
     assert read_json(out / "eval_results.json")["f1"] == pytest.approx(train["worker_scores"][train["selected_worker"]])
@@ -268,15 +317,26 @@ def worker_with_rank(rank: int, marker: str) -> int:
     raise AssertionError(f"no worker with RANK={rank} running {marker}")
 
 
-LONG_RUN_STEPS = 160
+LONG_RUN_STEPS = 80
+SAVE_EVERY = 10
 
 
 def long_run(data, out):
-    # 160 steps with a checkpoint every 20: a few seconds, long enough to be hit three times in the middle.
-    return launch_command(2, "-m", "bertbench.runners.classifier",
-                          *flags(data, out, "--train_batch_size=8", "--num_train_epochs=10",
-                                 "--save_checkpoints_steps=20", "--log_step_count_steps=20"),
-                          restarts=2)
+    # 80 steps with a checkpoint every 10: a few seconds, long enough to be hit three times in the middle.
+    return launch_command(
+        2,
+        "-m",
+        "bertbench.runners.classifier",
+        *flags(
+            data,
+            out,
+            "--train_batch_size=8",
+            "--num_train_epochs=5",
+            f"--save_checkpoints_steps={SAVE_EVERY}",
+            f"--log_step_count_steps={SAVE_EVERY}",
+        ),
+        restarts=2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -295,8 +355,9 @@ def newest_checkpoint_after(process, out, step: int) -> int:
     return list_checkpoints(out)[-1][0]
 
 
-def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_if_uninterrupted(data, tmp_path,
-                                                                                               uninterrupted):
+def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_if_uninterrupted(
+    data, tmp_path, uninterrupted
+):
     """One job, hit three times: SIGKILL to the worker of rank 1, then to the restarted worker of rank 0 (the one
     that writes the checkpoints), each restart resuming from the newest checkpoint; then SIGTERM to the launcher
     (what scancel, qdel and a job's time limit do), which passes it to the workers: they save and it exits 143.
@@ -322,20 +383,28 @@ def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_i
     assert not (out / "eval_results.json").exists()
 
     run(long_run(data, out))
-    assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(),
-                                                  final_weights(uninterrupted).values()))
+    assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(), final_weights(uninterrupted).values()))
     assert read_json(out / "eval_results.json") == read_json(uninterrupted / "eval_results.json")
     # Each step logged once (those logged after the last checkpoint and lost, once), with the uninterrupted run's
     # losses: the line SIGTERM's stop wrote closed its window early, and the resumed run logged the whole window.
     assert losses(out) == losses(uninterrupted)
-    assert [step for step, _ in losses(out)] == list(range(20, LONG_RUN_STEPS + 1, 20))
+    assert [step for step, _ in losses(out)] == list(range(SAVE_EVERY, LONG_RUN_STEPS + 1, SAVE_EVERY))
 
 
 def test_a_node_that_never_joins_times_out_in_one_line(tmp_path, capsys):
     started = time.monotonic()
-    status = launch.main(["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                          f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=lonely",
-                          "--rdzv-conf=join_timeout=1", os.path.join(HERE, "ddp_worker.py"), str(tmp_path / "x")])
+    status = launch.main(
+        [
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "--rdzv-id=lonely",
+            "--rdzv-conf=join_timeout=1",
+            os.path.join(HERE, "ddp_worker.py"),
+            str(tmp_path / "x"),
+        ]
+    )
     assert status == 1 and time.monotonic() - started < 60
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("bertbench launch: error: rendezvous 'lonely' at 127.0.0.1:")
@@ -346,9 +415,17 @@ def test_a_node_that_never_joins_times_out_in_one_line(tmp_path, capsys):
 def test_rendezvous_options_and_failures_are_described():
     assert launch.rendezvous_option("join_timeout=5,last_call_timeout=1", "join_timeout", 600) == 5
     assert launch.rendezvous_option("", "join_timeout", 600) == 600
-    args = SimpleNamespace(rdzv_endpoint="", master_addr="node1", master_port=29500, rdzv_id="job",
-                           rdzv_backend="static", rdzv_conf="", nnodes="4")
+    args = SimpleNamespace(
+        rdzv_endpoint="",
+        master_addr="node1",
+        master_port=29500,
+        rdzv_id="job",
+        rdzv_backend="static",
+        rdzv_conf="",
+        nnodes="4",
+    )
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
     message = launch.describe_rendezvous_failure(args, RendezvousConnectionError("refused"))
     assert message.startswith("rendezvous 'job' at node1:29500 (static) cannot be reached (refused)")
 
@@ -356,6 +433,7 @@ def test_rendezvous_options_and_failures_are_described():
 def test_restarted_workers_keep_their_keys_apart(monkeypatch):
     """torchrun's store outlives a restart: a restart's process group must not read its predecessors' keys."""
     from torch import distributed as torch_distributed
+
     server = torch_distributed.TCPStore("127.0.0.1", 0, 1, is_master=True)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(server.port))
@@ -373,16 +451,30 @@ def test_restarted_workers_keep_their_keys_apart(monkeypatch):
 
 
 @pytest.mark.parametrize("scaling, expected", [("none", 1e-4), ("linear", 8e-4), ("sqrt", 1e-4 * math.sqrt(8))])
-def test_learning_rate_scaling_with_the_process_count(scaling, expected):
-    args = SimpleNamespace(learning_rate=1e-4, lr_scaling=scaling)
-    assert runner.scaled_learning_rate(args, Distributed(world_size=8)) == pytest.approx(expected)
+def test_learning_rate_scaling_with_the_process_count(tmp_path, scaling, expected):
+    config, _ = config_from_values(
+        run_classifier.SPEC,
+        {
+            "output_dir": str(tmp_path),
+            "bert_config_file": "c",
+            "vocab_file": "v",
+            "task_name": "MRPC",
+            "data_dir": "d",
+            "do_train": True,
+            "learning_rate": 1e-4,
+            "lr_scaling": scaling,
+        },
+    )
+    assert config.learning_rate(8) == pytest.approx(expected)
+    assert config.train_config(8, num_train_steps=10).learning_rate == pytest.approx(expected)
 
 
 def test_independent_workers_need_a_dev_metric_and_no_fp16(data, tmp_path, error_line):
     base = flags(data, tmp_path / "a", "--no_sync_gradients")
     assert classify([flag for flag in base if flag != "--do_eval"]) == 2
-    assert error_line() == ("run_classifier: error: --no_sync_gradients keeps the worker with the best dev metric: "
-                            "it needs --do_eval")
+    assert error_line() == (
+        "run_classifier: error: --no_sync_gradients keeps the worker with the best dev metric: it needs --do_eval"
+    )
     assert classify(flags(data, tmp_path / "b", "--no_sync_gradients", "--precision=fp16")) == 2
     assert "independent workers need fp32 or bf16" in error_line()
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
@@ -397,12 +489,28 @@ def test_squad_independent_workers_need_a_predict_file_with_answers(tmp_path, er
                 question["answers"] = []  # a test file: questions without their answers
     (tmp_path / "test.json").write_text(json.dumps(unanswered))
     write_bert_dir(tmp_path / "bert", **NO_DROPOUT)
-    assert squad(["--do_train", "--do_predict", f"--train_file={train}", f"--predict_file={tmp_path / 'test.json'}",
-                  f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}", "--max_seq_length=48", "--doc_stride=16",
-                  "--max_query_length=16", f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}",
-                  "--no_sync_gradients", f"--output_dir={tmp_path / 'run'}"]) == 2
-    assert error_line() == (f"run_squad: error: {tmp_path / 'test.json'}: no answers to score, so "
-                            "--no_sync_gradients cannot choose a worker; predict a dev file")
+    assert (
+        squad(
+            [
+                "--do_train",
+                "--do_predict",
+                f"--train_file={train}",
+                f"--predict_file={tmp_path / 'test.json'}",
+                f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}",
+                "--max_seq_length=48",
+                "--doc_stride=16",
+                "--max_query_length=16",
+                f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}",
+                "--no_sync_gradients",
+                f"--output_dir={tmp_path / 'run'}",
+            ]
+        )
+        == 2
+    )
+    assert error_line() == (
+        f"run_squad: error: {tmp_path / 'test.json'}: no answers to score, so "
+        "--no_sync_gradients cannot choose a worker; predict a dev file"
+    )
     assert not (tmp_path / "run").exists()
 
 

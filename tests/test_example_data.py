@@ -14,12 +14,18 @@ import pytest
 import torch
 
 from bertbench import cli
-from bertbench.runners import example_data
 from bertbench.model.config import BertConfig
-from bertbench.weights.tf_checkpoint import CheckpointError, TFCheckpoint, list_variables, read_tf_checkpoint, \
-    write_tf_checkpoint
+from bertbench.runners import example_data
 from bertbench.tasks.tokenization import BertTokenizer
-from bertbench.weights.hf import load_state_dict, map_tf_names
+from bertbench.weights.hf import load_state_dict
+from bertbench.weights.tf_checkpoint import (
+    CheckpointError,
+    TFCheckpoint,
+    list_variables,
+    read_tf_checkpoint,
+    write_tf_checkpoint,
+)
+from bertbench.weights.tf_names import map_tf_names
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "tf1_tiny"
@@ -33,17 +39,25 @@ def test_written_checkpoints_are_tensorflows_byte_for_byte(tmp_path, prefix):
     written = write_tf_checkpoint(tmp_path / "copy.ckpt", tensors)
     assert list_variables(written) == list_variables(FIXTURE / prefix)
     again = read_tf_checkpoint(written)
-    assert all(again[name].dtype == value.dtype and again[name].tobytes() == value.tobytes()
-               for name, value in tensors.items())
+    assert all(
+        again[name].dtype == value.dtype and again[name].tobytes() == value.tobytes() for name, value in tensors.items()
+    )
     for suffix in (".index", ".data-00000-of-00001"):
         assert (tmp_path / f"copy.ckpt{suffix}").read_bytes() == (FIXTURE / f"{prefix}{suffix}").read_bytes()
 
 
 def test_writer_spans_several_blocks_and_every_writable_dtype(tmp_path):
     tensors = {f"layer_{n:04d}/" + "w" * 300: np.full((2, 3), n, np.float32) for n in range(1000)}  # > 256 KiB of keys
-    tensors.update({"half": np.arange(3, dtype=np.float16), "double": np.ones(2), "count": np.int64(7),
-                    "ids": np.arange(4, dtype=np.int32), "flags": np.array([True, False]),
-                    "empty": np.zeros((0, 3), np.float32)})
+    tensors.update(
+        {
+            "half": np.arange(3, dtype=np.float16),
+            "double": np.ones(2),
+            "count": np.int64(7),
+            "ids": np.arange(4, dtype=np.int32),
+            "flags": np.array([True, False]),
+            "empty": np.zeros((0, 3), np.float32),
+        }
+    )
     checkpoint = TFCheckpoint(write_tf_checkpoint(tmp_path / "big", tensors))
     assert set(checkpoint.entries) == set(tensors)
     for name, value in tensors.items():
@@ -58,8 +72,10 @@ def test_refuses_a_directory_it_would_clobber_before_writing(tmp_path, capsys):
     (tmp_path / "full" / "mine.txt").write_text("keep")
     (tmp_path / "file").write_text("")
     for target, named, message in (
-            ("full", "full", "exists and is not empty (pass --overwrite to replace it)"),
-            ("file", "file", "exists and is not a directory"), ("missing/sub", "missing", "no such directory")):
+        ("full", "full", "exists and is not empty (pass --overwrite to replace it)"),
+        ("file", "file", "exists and is not a directory"),
+        ("missing/sub", "missing", "no such directory"),
+    ):
         assert example_data.main([str(tmp_path / target)]) == 2
         assert capsys.readouterr().err == f"bertbench example-data: error: {tmp_path / named}: {message}\n"
     assert sorted(os.listdir(tmp_path)) == ["file", "full"] and os.listdir(tmp_path / "full") == ["mine.txt"]
@@ -80,8 +96,12 @@ def example(tmp_path_factory):
 
 def test_the_tiny_bert_is_googles_layout_and_the_hf_directory_holds_the_same_weights(example):
     bert = example / "bert"
-    assert sorted(os.listdir(bert)) == ["bert_config.json", "bert_model.ckpt.data-00000-of-00001",
-                                        "bert_model.ckpt.index", "vocab.txt"]
+    assert sorted(os.listdir(bert)) == [
+        "bert_config.json",
+        "bert_model.ckpt.data-00000-of-00001",
+        "bert_model.ckpt.index",
+        "vocab.txt",
+    ]
     config = BertConfig.from_json_file(bert / "bert_config.json")
     shapes = {name: shape for name, (_, shape) in list_variables(bert / "bert_model.ckpt").items()}
     mapping = map_tf_names(shapes, config)
@@ -99,8 +119,11 @@ def test_every_file_is_tokenised_by_the_one_vocabulary(example):
     texts = [(example / "corpus" / "train.txt").read_text()] + [" ".join(row.split("\t")[3:]) for row in rows]
     for version in ("1.1", "2.0"):
         dataset = json.loads((example / "squad" / f"v{version}" / f"train-v{version}.json").read_text())
-        texts += [paragraph["context"] + " " + " ".join(qa["question"] for qa in paragraph["qas"])
-                  for article in dataset["data"] for paragraph in article["paragraphs"]]
+        texts += [
+            paragraph["context"] + " " + " ".join(qa["question"] for qa in paragraph["qas"])
+            for article in dataset["data"]
+            for paragraph in article["paragraphs"]
+        ]
     assert all("[UNK]" not in tokenizer.tokenize(text) for text in texts)
     for name, seq in (("phase1", 128), ("phase2", 512), ("eval", 128)):
         stats = json.loads((example / "shards" / name / "create_pretraining_data.json").read_text())
@@ -122,27 +145,48 @@ def test_every_readme_command_runs_as_printed(example, tmp_path, capsys):
     `bertbench ...` commands through the same entry point in this process (the words as bash splits them), which
     spares a Python start each. Each ends with status 0 and its results."""
     commands = readme_commands(example, tmp_path)
-    assert [shlex.split(command)[0].split("=")[0] for command in commands] == \
-        ["bertbench", "bertbench", "bertbench", "BERT_DIR", "scripts/eval.sh", "bertbench", "bertbench", "BERT_DIR",
-         "bertbench", "bertbench", "BERT_DIR", "BERT_DIR"]
+    assert [shlex.split(command)[0].split("=")[0] for command in commands] == [
+        "bertbench",
+        "bertbench",
+        "bertbench",
+        "BERT_DIR",
+        "scripts/eval.sh",
+        "bertbench",
+        "bertbench",
+        "BERT_DIR",
+        "bertbench",
+        "bertbench",
+        "BERT_DIR",
+        "BERT_DIR",
+    ]
     output = []
     for command in commands:
         words = shlex.split(command)
         if words[0] == "bertbench":
             assert cli.main(words[1:]) == 0, command
             continue
-        done = subprocess.run(["bash", "-c", f"set -euo pipefail\n{command}\n"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            ["bash", "-c", f"set -euo pipefail\n{command}\n"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, command + "\n" + done.stdout[-4000:] + done.stderr[-4000:]
         output.append(done.stdout)
     output = capsys.readouterr().out + "".join(output)
     assert f"loaded {example}/bert/bert_model.ckpt" in output  # --init_checkpoint read the TF1 checkpoint
     assert f"loaded {example}/bert-hf" in output
-    for run in ("mrpc", "mrpc-hf", "squad", "pretraining", "results/MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1",
-                "results/squad2.0_bert_fp32_bs16_lr3e-5_seq128_stride64_baseline_gpu1",
-                "results/pretraining_fp32_baseline_gpu1/phase1", "results/pretraining_fp32_baseline_gpu1/phase2"):
+    for run in (
+        "mrpc",
+        "mrpc-hf",
+        "squad",
+        "pretraining",
+        "results/MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1",
+        "results/squad2.0_bert_fp32_bs16_lr3e-5_seq128_stride64_baseline_gpu1",
+        "results/pretraining_fp32_baseline_gpu1/phase1",
+        "results/pretraining_fp32_baseline_gpu1/phase2",
+    ):
         assert (tmp_path / run / "train_results.json").is_file(), run
     assert (tmp_path / "shards" / "training_00000.hdf5").is_file()
     exported = tmp_path / "mrpc-hf-exported"  # the HF run back out as an HF directory
-    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"} <= {path.name for path in exported.iterdir()}
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"} <= {
+        path.name for path in exported.iterdir()
+    }
     assert "exact_match" in output

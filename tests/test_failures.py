@@ -4,8 +4,8 @@ evaluation, prediction, a second signal)."""
 
 import contextlib
 import json
-import re
 import os
+import re
 import resource
 import shutil
 import signal
@@ -15,14 +15,14 @@ import time
 
 import pytest
 import torch
+from helpers import classifier_flags, snapshot, write_bert_dir
 
-from bertbench.runners import command as runner
-from bertbench.training.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
-from bertbench.common.durable import WriteError, write_text_atomically
-from bertbench.training.progress import MetricsLog
+from bertbench.common.durable import WriteError, write_atomically
+from bertbench.model.factory import ModelSettings
 from bertbench.runners.classifier import main
 from bertbench.tasks.synthetic import write_glue_task
-from conftest import snapshot, write_bert_dir
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
+from bertbench.training.metrics import MetricsLog
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +34,7 @@ def data(tmp_path_factory):
 
 
 def flags(data, out, *extra):
-    return ["--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
-            f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
-            "--train_batch_size=16", "--learning_rate=2e-3", "--save_checkpoints_secs=0",
-            "--save_checkpoints_steps=4", "--log_step_count_steps=4", f"--output_dir={out}", *extra]
+    return classifier_flags(data, out, *extra, learning_rate="2e-3", save_every=4, log_every=4)
 
 
 def temporary_files(directory):
@@ -58,6 +55,7 @@ def copy_of(run, tmp_path):
 
 # ---- a full disk -------------------------------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def file_size_limit(size):
     """Writes past `size` bytes fail with EFBIG in this process (SIGXFSZ ignored), as on a full disk."""
@@ -73,13 +71,13 @@ def file_size_limit(size):
 
 def test_a_results_file_that_cannot_be_written_is_named_and_the_old_one_kept(tmp_path):
     path = tmp_path / "train_results.json"
-    write_text_atomically(path, '{"steps": 320}\n')
+    write_atomically(path, '{"steps": 320}\n')
     with file_size_limit(1024), pytest.raises(WriteError) as failure:
-        write_text_atomically(path, "x" * 4096)
+        write_atomically(path, "x" * 4096)
     assert str(failure.value) == f"{path}: could not be written (File too large); the previous file is kept"
     assert path.read_text() == '{"steps": 320}\n' and os.listdir(tmp_path) == ["train_results.json"]
     with file_size_limit(1024), pytest.raises(WriteError, match="could not be written .*; nothing was written"):
-        write_text_atomically(tmp_path / "new.json", "x" * 4096)
+        write_atomically(tmp_path / "new.json", "x" * 4096)
     assert os.listdir(tmp_path) == ["train_results.json"]
 
 
@@ -99,8 +97,9 @@ def test_a_metrics_line_that_cannot_be_written_names_the_log(tmp_path):
     log.write({"step": 4, "loss": 0.5})
     with file_size_limit(os.path.getsize(tmp_path / "metrics.jsonl") + 8), pytest.raises(WriteError) as failure:
         log.write({"step": 8, "loss": 0.25})
-    assert str(failure.value) == (f"{tmp_path}/metrics.jsonl: could not be written (File too large); the lines "
-                                  "before this step are kept")
+    assert str(failure.value) == (
+        f"{tmp_path}/metrics.jsonl: could not be written (File too large); the lines before this step are kept"
+    )
 
 
 def test_a_metrics_log_line_that_is_not_utf8_json_is_dropped_with_a_warning_on_resume(tmp_path):
@@ -125,8 +124,10 @@ def test_a_run_whose_disk_fills_up_stops_in_one_line_and_resumes_once_there_is_r
 
     done = subprocess.run(command, capture_output=True, text=True, preexec_fn=limited, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines() == [f"bertbench classify: error: {out}/ckpt-000000004.pt: could not be written "
-                                        "(File too large); no checkpoint was kept"]
+    assert done.stderr.splitlines() == [
+        f"bertbench classify: error: {out}/ckpt-000000004.pt: could not be written "
+        "(File too large); no checkpoint was kept"
+    ]
     assert not temporary_files(out) and not list_checkpoints(out)
     assert main(flags(data, out, "--do_train")) == 0
     assert json.loads((out / "train_results.json").read_text())["global_step"] == 12
@@ -137,19 +138,25 @@ def small_tmpfs(tmp_path):
     """A tmpfs of 600 KiB: room for one tiny checkpoint, not for the next beside it (root only)."""
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(data, small_tmpfs, tmp_path,
-                                                                              error_line):
+def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(data, small_tmpfs, tmp_path, error_line):
     out = small_tmpfs / "run"
     assert main(flags(data, out, "--do_train")) == 1
-    assert error_line() == (f"run_classifier: error: {out}/ckpt-000000008.pt: could not be written (No space left on "
-                            f"device); the newest complete checkpoint is {out}/ckpt-000000004.pt")
+    assert error_line() == (
+        f"run_classifier: error: {out}/ckpt-000000008.pt: could not be written (No space left on "
+        f"device); the newest complete checkpoint is {out}/ckpt-000000004.pt"
+    )
     assert [step for step, _ in list_checkpoints(out)] == [4] and not temporary_files(out)
     verify_checkpoint(out / "ckpt-000000004.pt")
     subprocess.run(["mount", "-o", "remount,size=4m", str(small_tmpfs)], check=True)
@@ -164,13 +171,19 @@ def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(da
 
 # ---- a closed stdout ---------------------------------------------------------------------------------------------
 
+
 def with_stdout_closed(argv, lines_read=0):
     """Run `bertbench ARGV` whose reader closes stdout after `lines_read` lines, as `| head -N` does (buffered or
     not: PYTHONUNBUFFERED, which some environments set, makes the first write after the close fail at once).
     Returns the exit status and stderr."""
     environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
-    process = subprocess.Popen([sys.executable, "-m", "bertbench", *argv], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=environment)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bertbench", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
     for _ in range(lines_read):
         process.stdout.readline()
     process.stdout.close()
@@ -194,11 +207,12 @@ def test_a_run_whose_stdout_closes_trains_evaluates_and_saves_without_a_word(dat
 
 # ---- signals in every phase ----------------------------------------------------------------------------------------
 
+
 def signal_at_forward(monkeypatch, signums, *, training, from_call=1):
     """The model built by the runner sends itself `signums`, one per forward call, from its `from_call`-th forward
     in training (or in evaluation/prediction) mode on."""
     pending, calls = list(signums), []
-    build = runner.model_from_args
+    build = ModelSettings.build
 
     def hook(module, args, kwargs):
         if module.training == training:
@@ -206,11 +220,12 @@ def signal_at_forward(monkeypatch, signums, *, training, from_call=1):
             if len(calls) >= from_call and pending:
                 signal.raise_signal(pending.pop(0))
 
-    def model_from_args(*args, **kwargs):
-        model = build(*args, **kwargs)
+    def build_hooked(settings, *args, **kwargs):
+        model = build(settings, *args, **kwargs)
         model.register_forward_pre_hook(hook, with_kwargs=True)
         return model
-    monkeypatch.setattr(runner, "model_from_args", model_from_args)
+
+    monkeypatch.setattr(ModelSettings, "build", build_hooked)
 
 
 def stderr_lines(capsys):
@@ -219,23 +234,27 @@ def stderr_lines(capsys):
     return [line for line in err.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("signum, phase", [(signal.SIGTERM, "do_eval"), (signal.SIGINT, "do_eval"),
-                                           (signal.SIGTERM, "do_predict")])
+@pytest.mark.parametrize(
+    "signum, phase", [(signal.SIGTERM, "do_eval"), (signal.SIGINT, "do_eval"), (signal.SIGTERM, "do_predict")]
+)
 def test_a_signal_during_evaluation_or_prediction_stops_at_once_and_changes_nothing(
-        finished_run, tmp_path, monkeypatch, capsys, signum, phase):
+    finished_run, tmp_path, monkeypatch, capsys, signum, phase
+):
     run = copy_of(finished_run, tmp_path)
     before = snapshot(run)
     signal_at_forward(monkeypatch, [signum], training=False)
     assert main([f"--output_dir={run}", f"--{phase}"]) == 128 + signum  # the rest comes from the run's record
     name = signal.Signals(signum).name
-    assert stderr_lines(capsys) == [f"run_classifier: stopped by {name}; every file already written is whole, none "
-                                    "half-written"]
+    assert stderr_lines(capsys) == [
+        f"run_classifier: stopped by {name}; every file already written is whole, none half-written"
+    ]
     assert snapshot(run) == before and not temporary_files(run)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the command put Python's handler back
 
 
-def test_a_second_sigint_stops_training_at_once_and_keeps_the_last_whole_checkpoint(data, tmp_path, monkeypatch,
-                                                                                    capsys):
+def test_a_second_sigint_stops_training_at_once_and_keeps_the_last_whole_checkpoint(
+    data, tmp_path, monkeypatch, capsys
+):
     """Two micro-batches a step: the first SIGINT (forward 11, in step 6) asks for a save at the step's end, the
     second (forward 12) stops at once. The checkpoint of step 4 stays whole, and the run resumes exactly."""
     run = ["--do_train", "--train_batch_size=8", "--num_accumulation_steps=2"]  # 12 steps, saved every 4
@@ -258,6 +277,7 @@ def test_a_signal_while_a_checkpoint_is_written_leaves_no_partial_file(tmp_path,
     def interrupted_save(obj, handle):
         handle.write(b"PK\x03\x04 part of a zip")
         raise KeyboardInterrupt
+
     monkeypatch.setattr(torch, "save", interrupted_save)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path, 8, {"model": {"weight": torch.ones(8)}})
@@ -278,8 +298,12 @@ def catches_sigterm(pid):
 def test_a_signal_at_start_up_is_one_line_and_leaves_no_directory(data, tmp_path, signum):
     """As soon as the command handles signals, while it is still importing torch (or reading its inputs)."""
     out = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "-m", "bertbench", "classify", *flags(data, out, "--do_train")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bertbench", "classify", *flags(data, out, "--do_train")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not catches_sigterm(process.pid) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -287,7 +311,8 @@ def test_a_signal_at_start_up_is_one_line_and_leaves_no_directory(data, tmp_path
     stdout, stderr = process.communicate(timeout=60)
     name = signal.Signals(signum).name
     assert process.returncode == 128 + signum, stderr
-    line, = stderr.splitlines()
-    assert re.fullmatch(f"(bertbench|run_classifier): stopped by {name}; every file already written is whole, none "
-                        "half-written", line)
+    (line,) = stderr.splitlines()
+    assert re.fullmatch(
+        f"(bertbench|run_classifier): stopped by {name}; every file already written is whole, none half-written", line
+    )
     assert not out.exists()

@@ -6,15 +6,21 @@ import dataclasses
 import json
 
 import pytest
+from helpers import tiny_config
 from torch import nn
 
-from bertbench.runners import classifier as run_classifier, pretraining as run_pretraining, squad as run_squad, command as runner
-from bertbench.training.distributed import Distributed
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import FlagParser, add_dataclass_flags, as_flags, setting
-from bertbench.training.step import runnable_config
+from bertbench.common.run_files import RUN_RECORD
+from bertbench.runners import classifier as run_classifier
+from bertbench.runners import pretraining as run_pretraining
+from bertbench.runners import squad as run_squad
+from bertbench.runners.config import FLAG_NAMES, build_parser, config_from_values, parse_config
+from bertbench.runners.run_directory import RunRecord, write_record
+from bertbench.runners.skeleton import TrainingPlan, build_estimator
 from bertbench.training.config import RunConfig, TrainConfig
-from conftest import tiny_config
+from bertbench.training.distributed import Distributed
+from bertbench.training.step import runnable_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,31 +55,36 @@ def test_flags_from_a_dataclass_carry_its_help_type_and_default():
     assert vars(parser.parse_args(["--path=p", "--no_on"]))["on"] is False
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "the following arguments are required: --path"),
-    (["--path=p", "--count=many"], "argument --count: invalid int value: 'many'"),
-    (["--path=p", "--kind=c"], "argument --kind/--sort: invalid choice: 'c'"),
-    (["--path=p", "--on=maybe"], "argument --on: expected true or false, got 'maybe'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "the following arguments are required: --path"),
+        (["--path=p", "--count=many"], "argument --count: invalid int value: 'many'"),
+        (["--path=p", "--kind=c"], "argument --kind/--sort: invalid choice: 'c'"),
+        (["--path=p", "--on=maybe"], "argument --on: expected true or false, got 'maybe'"),
+    ],
+)
 def test_a_bad_flag_is_one_line_and_status_2(argv, message, capsys):
     parser = FlagParser(prog="example")
     add_dataclass_flags(parser, Example)
     with pytest.raises(SystemExit) as stop:
         parser.parse_args(argv)
     assert stop.value.code == 2
-    line, = capsys.readouterr().err.splitlines()
+    (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"example: error: {message}")
 
 
 # The least a runner command needs to parse.
-REQUIRED = {"run_classifier": ["--task_name=MRPC", "--data_dir=d", "--vocab_file=v", "--do_train"],
-            "run_squad": ["--train_file=t", "--vocab_file=v", "--do_train"],
-            "run_pretraining": ["--input_dir=i", "--num_train_steps=10", "--do_train"]}
+REQUIRED = {
+    "run_classifier": ["--task_name=MRPC", "--data_dir=d", "--vocab_file=v", "--do_train"],
+    "run_squad": ["--train_file=t", "--vocab_file=v", "--do_train"],
+    "run_pretraining": ["--input_dir=i", "--num_train_steps=10", "--do_train"],
+}
 
 
 def parse(spec, tmp_path, *extra):
     argv = [f"--output_dir={tmp_path}", "--bert_config_file=c", *REQUIRED[spec.name], *extra]
-    command, _ = runner.parse_command(spec, argv)
+    command, _ = parse_config(spec, argv)
     return command
 
 
@@ -85,7 +96,7 @@ def train_values(command):
     return command.train
 
 
-# Each Google / NVIDIA / tf.estimator name in runner.FLAG_NAMES, and the field value it gives.
+# Each Google / NVIDIA / tf.estimator name in runners.config.FLAG_NAMES, and the field value it gives.
 TRANSLATIONS = [
     ("output_dir", ["--output_dir=elsewhere"], run_config, "model_dir", "elsewhere"),
     ("save_checkpoints_secs", ["--save_checkpoints_secs=0"], run_config, "save_checkpoints_secs", None),
@@ -94,14 +105,19 @@ TRANSLATIONS = [
     ("log_step_count_steps", ["--log_freq=5"], run_config, "log_step_count_steps", 5),
     ("num_accumulation_steps", ["--num_accumulation_steps=4"], train_values, "gradient_accumulation_steps", 4),
     ("num_accumulation_steps", [], train_values, "gradient_accumulation_steps", 1),  # the two names' default
-    ("gradient_accumulation_steps", ["--gradient_accumulation_steps=4"], train_values, "gradient_accumulation_steps",
-     4),
+    (
+        "gradient_accumulation_steps",
+        ["--gradient_accumulation_steps=4"],
+        train_values,
+        "gradient_accumulation_steps",
+        4,
+    ),
     ("optimizer_type", ["--optimizer_type=adam"], train_values, "optimizer", "adamw"),
     ("optimizer_type", ["--optimizer_type=lamb"], train_values, "optimizer", "lamb"),
     ("poly_power", ["--poly_power=2"], train_values, "decay_power", 2.0),
     ("use_xla", ["--use_xla"], train_values, "compile", True),
     ("precision", ["--precision=bf16"], train_values, "precision", "bf16"),
-    ("precision", [], train_values, "precision", None),  # TrainConfig's default: fp32
+    ("precision", [], train_values, "precision", "fp32"),  # TrainConfig's default
     ("amp", ["--amp"], train_values, "precision", "fp16"),
     ("amp", ["--fp16"], train_values, "precision", "fp16"),
     ("amp", ["--amp=false", "--precision=bf16"], train_values, "precision", "bf16"),
@@ -111,31 +127,39 @@ TRANSLATIONS = [
 
 
 def test_every_name_of_the_table_is_tested():
-    assert {name.flag for name in runner.FLAG_NAMES} == {case[0] for case in TRANSLATIONS}
+    assert {name.flag for name in FLAG_NAMES} == {case[0] for case in TRANSLATIONS}
 
 
-@pytest.mark.parametrize("flag, argv, config, field, expected", TRANSLATIONS,
-                         ids=[f"{case[0]}-{'-'.join(case[1])}" for case in TRANSLATIONS])
+@pytest.mark.parametrize(
+    "flag, argv, config, field, expected", TRANSLATIONS, ids=[f"{case[0]}-{'-'.join(case[1])}" for case in TRANSLATIONS]
+)
 def test_the_table_translates_each_name(tmp_path, flag, argv, config, field, expected):
     command = parse(run_classifier.SPEC, tmp_path, *argv)
-    value = getattr(config(command), field) if config is run_config else config(command).get(field)
-    assert value == expected
-    if expected is not None and config is train_values:  # and the TrainConfig takes it, as it runs on the CPU
-        estimator = runner.build_estimator(command, nn.Linear(2, 2), Distributed(), 10)
+    assert getattr(config(command), field) == expected
+    if expected is not None and config is train_values:  # and the job's TrainConfig takes it, as it runs on the CPU
+        estimator = build_estimator(command, nn.Linear(2, 2), Distributed(), TrainingPlan(10))
         runs, _ = runnable_config(TrainConfig(num_train_steps=10, **{field: expected}), "cpu")  # fp16: fp32
         assert getattr(estimator.train_config, field) == getattr(runs, field)
 
 
 def test_derived_values_and_defaults_of_the_train_config(tmp_path):
     command = parse(run_classifier.SPEC, tmp_path, "--learning_rate=1e-4", "--lr_scaling=linear")
-    config = runner.build_estimator(command, nn.Linear(2, 2), Distributed(world_size=4), 10).train_config
-    assert (config.learning_rate, config.num_train_steps, config.precision, config.optimizer, config.decay_power) \
-        == (4e-4, 10, "fp32", "adamw", 1.0)
+    config = build_estimator(command, nn.Linear(2, 2), Distributed(world_size=4), TrainingPlan(10)).train_config
+    assert (config.learning_rate, config.num_train_steps, config.precision, config.optimizer, config.decay_power) == (
+        4e-4,
+        10,
+        "fp32",
+        "adamw",
+        1.0,
+    )
     assert command.flags.learning_rate == 1e-4  # the flag as given, which the run record keeps
     pretraining = parse(run_pretraining.SPEC, tmp_path, "--max_steps=7", "--input_file=shards")
-    assert (pretraining.settings.num_train_steps, pretraining.settings.input_dir) == (7, "shards")
-    assert (pretraining.train["optimizer"], pretraining.train["decay"], pretraining.train["decay_power"]) == \
-        ("lamb", "poly", 0.5)  # NVIDIA's recipe is pre-training's default
+    assert (pretraining.task.num_train_steps, pretraining.task.input_dir) == (7, "shards")
+    assert (pretraining.train.optimizer, pretraining.train.decay, pretraining.train.decay_power) == (
+        "lamb",
+        "poly",
+        0.5,
+    )  # NVIDIA's recipe is pre-training's default
 
 
 def test_contradicting_names_for_one_field_are_refused(tmp_path):
@@ -146,15 +170,17 @@ def test_contradicting_names_for_one_field_are_refused(tmp_path):
 def test_a_parsed_command_is_frozen(tmp_path):
     command = parse(run_classifier.SPEC, tmp_path)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        command.settings.train_batch_size = 64
+        command.task.train_batch_size = 64
     with pytest.raises(dataclasses.FrozenInstanceError):
         command.run.seed = 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         command.flags.learning_rate = 1.0
-    with pytest.raises(TypeError):
-        command.train["learning_rate"] = 1.0
     with pytest.raises(dataclasses.FrozenInstanceError):
-        command.settings = None
+        command.train.learning_rate = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        command.model.modeling = "recompute"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        command.task = None
 
 
 @pytest.mark.parametrize("module", [run_classifier, run_squad, run_pretraining])
@@ -164,7 +190,7 @@ def test_help_comes_from_the_dataclasses_under_googles_names(module, capsys):
     spec = module.SPEC
     for field in dataclasses.fields(spec.settings):
         assert compact(f"--{field.name}") in text and compact(field.metadata["help"]) in text, field.name
-    for name in runner.FLAG_NAMES:
+    for name in FLAG_NAMES:
         if name.flag not in spec.omit:
             field = {field.name: field for field in dataclasses.fields(name.owner)}[name.field]
             assert compact(f"--{name.flag}") in text and compact(field.metadata["help"]) in text, name.flag
@@ -183,13 +209,16 @@ def test_flags_a_runner_does_without_are_not_offered(capsys):
 
 
 @pytest.mark.parametrize("module", [run_classifier, run_squad, run_pretraining])
-@pytest.mark.parametrize("extra, message", [
-    (["--train_batch_size=many"], "argument --train_batch_size: invalid int value: 'many'"),
-    (["--optimizer_type=sgd"], "argument --optimizer_type: invalid choice: 'sgd'"),
-    (["--keep_checkpoint_max=0"], "--keep_checkpoint_max must be at least 1, got 0"),  # RunConfig's own check
-    (["--max_seq_length=0"], "--max_seq_length must be positive, got 0"),
-    (["--learning_rat=1e-4"], "unrecognized arguments: --learning_rat=1e-4"),  # absl refuses abbreviations too
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--train_batch_size=many"], "argument --train_batch_size: invalid int value: 'many'"),
+        (["--optimizer_type=sgd"], "argument --optimizer_type: invalid choice: 'sgd'"),
+        (["--keep_checkpoint_max=0"], "--keep_checkpoint_max must be at least 1, got 0"),  # RunConfig's own check
+        (["--max_seq_length=0"], "--max_seq_length must be positive, got 0"),
+        (["--learning_rat=1e-4"], "unrecognized arguments: --learning_rat=1e-4"),  # absl refuses abbreviations too
+    ],
+)
 def test_a_bad_value_is_one_line_with_status_2(module, extra, message, tmp_path, error_line):
     argv = [f"--output_dir={tmp_path / 'run'}", "--bert_config_file=c", *REQUIRED[module.PROGRAM], *extra]
     assert module.main(argv) == 2
@@ -207,71 +236,107 @@ def test_a_config_check_names_the_flag_not_the_field_and_comes_when_the_command_
 
 def test_the_record_keeps_flags_by_name_and_refuses_run_defining_changes(tmp_path):
     command = parse(run_classifier.SPEC, tmp_path, "--num_accumulation_steps=2", "--max_train_seconds=60")
-    runner.write_record(None, run_classifier.PROGRAM, command, tiny_config(), Distributed())
-    record = runner.RunRecord.read(str(tmp_path))
+    write_record(None, run_classifier.PROGRAM, command, tiny_config(), Distributed())
+    record = RunRecord.read(str(tmp_path))
     assert record.args["num_accumulation_steps"] == 2 and record.args["task_name"] == "MRPC"
     assert not {"output_dir", "do_train", "max_train_seconds"} & set(record.args)  # what one command does
-    defining = {name for name, field in runner.build_parser(run_classifier.SPEC).fields.items()
-                if field.metadata.get("defines_run")}
+    defining = {
+        name for name, field in build_parser(run_classifier.SPEC).fields.items() if field.metadata.get("defines_run")
+    }
     assert {"num_accumulation_steps", "learning_rate", "seed", "task_name", "max_seq_length"} <= defining
     with pytest.raises(UsageError, match="this run was made with --num_accumulation_steps=2, the command gives 4"):
-        runner.parse_command(run_classifier.SPEC, [f"--output_dir={tmp_path}", "--do_eval",
-                                                   "--num_accumulation_steps=4"])
-    resumed, _ = runner.parse_command(run_classifier.SPEC, [f"--output_dir={tmp_path}", "--do_eval",
-                                                            "--precision=bf16"])
-    assert resumed.train["gradient_accumulation_steps"] == 2 and resumed.settings.task_name == "MRPC"
-    assert {field.name for field in dataclasses.fields(RunConfig)} == set(vars(resumed.run)) and \
-        set(resumed.train) <= {field.name for field in dataclasses.fields(TrainConfig)}
+        parse_config(run_classifier.SPEC, [f"--output_dir={tmp_path}", "--do_eval", "--num_accumulation_steps=4"])
+    resumed, _ = parse_config(run_classifier.SPEC, [f"--output_dir={tmp_path}", "--do_eval", "--precision=bf16"])
+    assert resumed.train is None and resumed.task.task_name == "MRPC"  # an evaluation trains nothing
+    assert resumed.flags.num_accumulation_steps == 2 and isinstance(resumed.run, RunConfig)
 
 
 @pytest.mark.parametrize("optimizer_type, trained_with", [("adam", "adamw"), ("lamb", "nvlamb")])
-def test_a_record_older_than_adam_bias_correction_resumes_with_the_rule_it_was_trained_with(tmp_path, optimizer_type,
-                                                                                             trained_with):
+def test_a_record_older_than_adam_bias_correction_resumes_with_the_rule_it_was_trained_with(
+    tmp_path, optimizer_type, trained_with
+):
     """Before --adam_bias_correction, adamw was torch's bias-corrected AdamW and lamb put the trust ratio on every
     tensor: a run recorded then goes on with that rule, and a command that would change it is refused."""
     command = parse(run_pretraining.SPEC, tmp_path, f"--optimizer_type={optimizer_type}")
-    runner.write_record(None, run_pretraining.PROGRAM, command, tiny_config(), Distributed())
-    path = tmp_path / runner.RUN_RECORD
+    write_record(None, run_pretraining.PROGRAM, command, tiny_config(), Distributed())
+    path = tmp_path / RUN_RECORD
     old = json.loads(path.read_text())
     del old["args"]["adam_bias_correction"]
     path.write_text(json.dumps(old))
-    resumed, _ = runner.parse_command(run_pretraining.SPEC, [f"--output_dir={tmp_path}", "--do_train"])
-    assert (resumed.train["optimizer"], resumed.train["adam_bias_correction"]) == (trained_with, True)
+    resumed, _ = parse_config(run_pretraining.SPEC, [f"--output_dir={tmp_path}", "--do_train"])
+    assert (resumed.train.optimizer, resumed.train.adam_bias_correction) == (trained_with, True)
     with pytest.raises(UsageError, match="this run was made with --adam_bias_correction=True, the command gives False"):
-        runner.parse_command(run_pretraining.SPEC, [f"--output_dir={tmp_path}", "--do_train",
-                                                    "--noadam_bias_correction"])
+        parse_config(run_pretraining.SPEC, [f"--output_dir={tmp_path}", "--do_train", "--noadam_bias_correction"])
 
 
 # ---- a command given as Python values (how the demo and the benches call runners) ----------------------------------
 
-@pytest.mark.parametrize("spec, values", [
-    (run_classifier.SPEC, {"task_name": "MRPC", "do_train": True, "do_lower_case": False, "max_seq_length": 64,
-                           "learning_rate": 1e-3, "num_train_epochs": 2, "amp": True, "save_checkpoints_secs": 0,
-                           "modeling": "recompute", "recompute_policy": "every-k", "init_checkpoint": None}),
-    (run_pretraining.SPEC, {"input_dir": "shards", "do_train": True, "num_train_steps": 10,
-                            "num_accumulation_steps": 2, "optimizer_type": "adam", "use_xla": True})])
+
+@pytest.mark.parametrize(
+    "spec, values",
+    [
+        (
+            run_classifier.SPEC,
+            {
+                "task_name": "MRPC",
+                "do_train": True,
+                "do_lower_case": False,
+                "max_seq_length": 64,
+                "learning_rate": 1e-3,
+                "num_train_epochs": 2,
+                "amp": True,
+                "save_checkpoints_secs": 0,
+                "modeling": "recompute",
+                "recompute_policy": "every-k",
+                "init_checkpoint": None,
+            },
+        ),
+        (
+            run_pretraining.SPEC,
+            {
+                "input_dir": "shards",
+                "do_train": True,
+                "num_train_steps": 10,
+                "num_accumulation_steps": 2,
+                "optimizer_type": "adam",
+                "use_xla": True,
+            },
+        ),
+    ],
+)
 def test_values_give_the_command_their_flags_give(tmp_path, spec, values):
     common = {"output_dir": str(tmp_path), "bert_config_file": "c.json"}
     if spec is run_classifier.SPEC:
         common.update(vocab_file="v.txt", data_dir="d")
     values = {**common, **values}
-    from_values, _ = runner.command_from_values(spec, values)
-    parsed, _ = runner.parse_command(spec, as_flags(values))
+    from_values, _ = config_from_values(spec, values)
+    parsed, _ = parse_config(spec, as_flags(values))
     assert from_values == parsed
-    assert from_values.flags.modeling == values.get("modeling", "baseline")
+    assert from_values.model.modeling == values.get("modeling", "baseline")
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"max_seq_lenght": 64}, "unknown flag 'max_seq_lenght'"),
-    ({"max_seq_length": "64"}, "--max_seq_length: expected int, got '64'"),
-    ({"max_seq_length": True}, "--max_seq_length: expected int, got True"),
-    ({"do_train": 1}, "--do_train: expected bool, got 1"),
-    ({"learning_rate": "fast"}, "--learning_rate: expected float, got 'fast'"),
-    ({"modeling": "fast"}, "--modeling: 'fast' is not one of baseline, recompute"),
-    ({"max_seq_length": 0}, "--max_seq_length must be positive, got 0")])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"max_seq_lenght": 64}, "unknown flag 'max_seq_lenght'"),
+        ({"max_seq_length": "64"}, "--max_seq_length: expected int, got '64'"),
+        ({"max_seq_length": True}, "--max_seq_length: expected int, got True"),
+        ({"do_train": 1}, "--do_train: expected bool, got 1"),
+        ({"learning_rate": "fast"}, "--learning_rate: expected float, got 'fast'"),
+        ({"modeling": "fast"}, "--modeling: 'fast' is not one of baseline, recompute"),
+        ({"max_seq_length": 0}, "--max_seq_length must be positive, got 0"),
+    ],
+)
 def test_bad_values_are_one_line_and_write_nothing(tmp_path, error_line, values, message):
     out = tmp_path / "run"
-    given = {"output_dir": str(out), "bert_config_file": "c.json", "vocab_file": "v.txt", "data_dir": "d",
-             "task_name": "MRPC", "do_train": True, **values}
-    assert runner.run_values(run_classifier.SPEC, given) == 2
+    given = {
+        "output_dir": str(out),
+        "bert_config_file": "c.json",
+        "vocab_file": "v.txt",
+        "data_dir": "d",
+        "task_name": "MRPC",
+        "do_train": True,
+        **values,
+    }
+    assert run_classifier.SPEC.run_values(given) == 2
     assert message in error_line() and not out.exists()

@@ -8,70 +8,113 @@ import pytest
 import torch
 
 from bertbench.tasks.glue import (
-    PROCESSORS, GlueDataError, InputExample, compute_metrics, encode_examples, get_processor, submission_file_name,
-    write_submission)
+    PROCESSORS,
+    GlueDataError,
+    InputExample,
+    compute_metrics,
+    encode_examples,
+    get_processor,
+    submission_file_name,
+    write_submission,
+)
 from bertbench.tasks.tokenization import BertTokenizer
 
-MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
-               "sentence2_parse\tsentence1\tsentence2")
+MNLI_HEADER = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+    "sentence2_parse\tsentence1\tsentence2"
+)
 STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
 PARSES = "( ( a ) )\t( ( b ) )\t(ROOT (a))\t(ROOT (b))"
 QUOTED = '"He said "no'  # unbalanced quotes: a quoting reader would swallow the following lines
 
 FILES = {
-    "CoLA/train.tsv": ["gj04\t1\t\tOur friends won't buy this analysis, let alone the next one we propose.",
-                       "gj04\t0\t*\tOne more pseudo generalization and I'm giving up."],
+    "CoLA/train.tsv": [
+        "gj04\t1\t\tOur friends won't buy this analysis, let alone the next one we propose.",
+        "gj04\t0\t*\tOne more pseudo generalization and I'm giving up.",
+    ],
     "CoLA/dev.tsv": ["gj04\t1\t\tThe sailors rode the breeze clear of the rocks."],
     "CoLA/test.tsv": ["index\tsentence", "0\tBill whistled past the house."],
     "SST-2/train.tsv": ["sentence\tlabel", "hide new secretions from the parental units \t0"],
     "SST-2/dev.tsv": ["sentence\tlabel", "it 's a charming and often affecting journey . \t1"],
     "SST-2/test.tsv": ["index\tsentence", "0\tuneasy mishmash of styles and genres ."],
-    "MRPC/train.tsv": ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
-                       '1\t702876\t702977\tAmrozi accused his brother , whom he called " the witness " .\t'
-                       'Referring to him as only " the witness " , Amrozi accused his brother .'],
+    "MRPC/train.tsv": [
+        "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
+        '1\t702876\t702977\tAmrozi accused his brother , whom he called " the witness " .\t'
+        'Referring to him as only " the witness " , Amrozi accused his brother .',
+    ],
     "MRPC/dev.tsv": ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "0\t1\t2\tHe left .\tShe stayed ."],
-    "MRPC/test.tsv": ["index\t#1 ID\t#2 ID\t#1 String\t#2 String", "0\t1089874\t1089925\tPCCW 's chief .\tCurrent chief ."],
-    "STS-B/train.tsv": [STSB_HEADER + "\tscore",
-                        "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA plane is taking off.\t"
-                        "An air plane is taking off.\t5.000"],
-    "STS-B/dev.tsv": [STSB_HEADER + "\tscore",
-                      "0\tmain-captions\tMSRvid\t2012test\t0000\tnone\tnone\tA man with a hard hat is dancing.\t"
-                      "A man wearing a hard hat is dancing.\t3.800"],
-    "STS-B/test.tsv": [STSB_HEADER, "0\tmain-captions\tMSRvid\t2012test\t0024\tnone\tnone\tA girl is styling her hair."
-                                    "\tA girl is brushing her hair."],
-    "QQP/train.tsv": ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
-                      "133273\t213221\t213222\tHow is the life of a math student?\tWhich level is enough for jlpt5?\t0"],
-    "QQP/dev.tsv": ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
-                    "201359\t303345\t303346\tWhy are African-Americans so beautiful?\tWhy are hispanics so beautiful?\t1"],
+    "MRPC/test.tsv": [
+        "index\t#1 ID\t#2 ID\t#1 String\t#2 String",
+        "0\t1089874\t1089925\tPCCW 's chief .\tCurrent chief .",
+    ],
+    "STS-B/train.tsv": [
+        STSB_HEADER + "\tscore",
+        "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA plane is taking off.\t"
+        "An air plane is taking off.\t5.000",
+    ],
+    "STS-B/dev.tsv": [
+        STSB_HEADER + "\tscore",
+        "0\tmain-captions\tMSRvid\t2012test\t0000\tnone\tnone\tA man with a hard hat is dancing.\t"
+        "A man wearing a hard hat is dancing.\t3.800",
+    ],
+    "STS-B/test.tsv": [
+        STSB_HEADER,
+        "0\tmain-captions\tMSRvid\t2012test\t0024\tnone\tnone\tA girl is styling her hair."
+        "\tA girl is brushing her hair.",
+    ],
+    "QQP/train.tsv": [
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+        "133273\t213221\t213222\tHow is the life of a math student?\tWhich level is enough for jlpt5?\t0",
+    ],
+    "QQP/dev.tsv": [
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+        "201359\t303345\t303346\tWhy are African-Americans so beautiful?\tWhy are hispanics so beautiful?\t1",
+    ],
     "QQP/test.tsv": ["id\tquestion1\tquestion2", "0\tWhy am I mentally very lonely?\tHow can I get over it?"],
-    "MNLI/train.tsv": [MNLI_HEADER + "\tlabel1\tgold_label",
-                       f"0\t31193\t31193n\tgovernment\t{PARSES}\t{QUOTED}\tProduct and geography are what "
-                       "make cream skimming work.\tneutral\tneutral",
-                       f"1\t101457\t101457e\ttelephone\t{PARSES}\tyou know\tYou lose the things.\tentailment\tentailment"],
-    "MNLI/dev_matched.tsv": [MNLI_HEADER + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
-                             f"0\t63735\t63735n\tslate\t{PARSES}\tThe new rights are nice.\tEveryone really likes "
-                             "them.\tneutral\tentailment\tneutral\tneutral\tneutral\tneutral"],
-    "MNLI/dev_mismatched.tsv": [MNLI_HEADER + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
-                                f"0\t75290\t75290c\tletters\t{PARSES}\tYour contribution helped.\tIt did not help."
-                                "\tcontradiction\tcontradiction\tcontradiction\tcontradiction\tcontradiction"
-                                "\tcontradiction"],
-    "MNLI/test_matched.tsv": [MNLI_HEADER, f"0\t31493\t31493\ttravel\t{PARSES}\tHierbas, ans seco.\tHierbas is a name."],
+    "MNLI/train.tsv": [
+        MNLI_HEADER + "\tlabel1\tgold_label",
+        f"0\t31193\t31193n\tgovernment\t{PARSES}\t{QUOTED}\tProduct and geography are what "
+        "make cream skimming work.\tneutral\tneutral",
+        f"1\t101457\t101457e\ttelephone\t{PARSES}\tyou know\tYou lose the things.\tentailment\tentailment",
+    ],
+    "MNLI/dev_matched.tsv": [
+        MNLI_HEADER + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
+        f"0\t63735\t63735n\tslate\t{PARSES}\tThe new rights are nice.\tEveryone really likes "
+        "them.\tneutral\tentailment\tneutral\tneutral\tneutral\tneutral",
+    ],
+    "MNLI/dev_mismatched.tsv": [
+        MNLI_HEADER + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
+        f"0\t75290\t75290c\tletters\t{PARSES}\tYour contribution helped.\tIt did not help."
+        "\tcontradiction\tcontradiction\tcontradiction\tcontradiction\tcontradiction"
+        "\tcontradiction",
+    ],
+    "MNLI/test_matched.tsv": [
+        MNLI_HEADER,
+        f"0\t31493\t31493\ttravel\t{PARSES}\tHierbas, ans seco.\tHierbas is a name.",
+    ],
     "MNLI/test_mismatched.tsv": [MNLI_HEADER, f"0\t75\t75\tverbatim\t{PARSES}\tWhat have you decided?\tI decided."],
-    "QNLI/train.tsv": ["index\tquestion\tsentence\tlabel",
-                       "0\tWhen did the third Digimon series begin?\tUnlike the two seasons before it.\tnot_entailment"],
+    "QNLI/train.tsv": [
+        "index\tquestion\tsentence\tlabel",
+        "0\tWhen did the third Digimon series begin?\tUnlike the two seasons before it.\tnot_entailment",
+    ],
     "QNLI/dev.tsv": ["index\tquestion\tsentence\tlabel", "0\tWhat came into force?\tThe treaty came.\tentailment"],
     "QNLI/test.tsv": ["index\tquestion\tsentence", "0\tWhat organization is devoted to Jihad?\tFor some decades."],
-    "RTE/train.tsv": ["index\tsentence1\tsentence2\tlabel", "0\tNo Weapons of Mass Destruction Found.\t"
-                                                            "Weapons of Mass Destruction Found.\tnot_entailment"],
-    "RTE/dev.tsv": ["index\tsentence1\tsentence2\tlabel", "0\tDana Reeve died.\tChristopher Reeve had an accident."
-                                                          "\tnot_entailment"],
+    "RTE/train.tsv": [
+        "index\tsentence1\tsentence2\tlabel",
+        "0\tNo Weapons of Mass Destruction Found.\tWeapons of Mass Destruction Found.\tnot_entailment",
+    ],
+    "RTE/dev.tsv": [
+        "index\tsentence1\tsentence2\tlabel",
+        "0\tDana Reeve died.\tChristopher Reeve had an accident.\tnot_entailment",
+    ],
     "RTE/test.tsv": ["index\tsentence1\tsentence2", "0\tMangla was built.\tMangla is a dam."],
-    "WNLI/train.tsv": ["index\tsentence1\tsentence2\tlabel",
-                       "0\tI stuck a pin through a carrot.\tThe carrot had a hole.\t1"],
+    "WNLI/train.tsv": [
+        "index\tsentence1\tsentence2\tlabel",
+        "0\tI stuck a pin through a carrot.\tThe carrot had a hole.\t1",
+    ],
     "WNLI/dev.tsv": ["index\tsentence1\tsentence2\tlabel", "0\tThe drain is clogged.\tThe hair is clogged.\t0"],
     "WNLI/test.tsv": ["index\tsentence1\tsentence2", "0\tMaude and Dora had seen trains.\tHorses had seen trains."],
-    "AX/diagnostic.tsv": ["index\tsentence1\tsentence2",
-                          "0\tThe cat sat on the mat.\tThe cat did not sit on the mat."],
+    "AX/diagnostic.tsv": ["index\tsentence1\tsentence2", "0\tThe cat sat on the mat.\tThe cat did not sit on the mat."],
 }
 
 
@@ -90,36 +133,61 @@ def glue_dir(tmp_path):
 
 # task: (first train example, first dev example by dev set name, first test example by test set name)
 EXPECTED = {
-    "cola": (("Our friends won't buy this analysis, let alone the next one we propose.", None, "1"),
-             {"dev": ("The sailors rode the breeze clear of the rocks.", None, "1")},
-             {"test": ("0", "Bill whistled past the house.", None)}),
-    "sst-2": (("hide new secretions from the parental units ", None, "0"),
-              {"dev": ("it 's a charming and often affecting journey . ", None, "1")},
-              {"test": ("0", "uneasy mishmash of styles and genres .", None)}),
-    "mrpc": (('Amrozi accused his brother , whom he called " the witness " .',
-              'Referring to him as only " the witness " , Amrozi accused his brother .', "1"),
-             {"dev": ("He left .", "She stayed .", "0")},
-             {"test": ("0", "PCCW 's chief .", "Current chief .")}),
-    "sts-b": (("A plane is taking off.", "An air plane is taking off.", 5.0),
-              {"dev": ("A man with a hard hat is dancing.", "A man wearing a hard hat is dancing.", 3.8)},
-              {"test": ("0", "A girl is styling her hair.", "A girl is brushing her hair.")}),
-    "qqp": (("How is the life of a math student?", "Which level is enough for jlpt5?", "0"),
-            {"dev": ("Why are African-Americans so beautiful?", "Why are hispanics so beautiful?", "1")},
-            {"test": ("0", "Why am I mentally very lonely?", "How can I get over it?")}),
-    "mnli": ((QUOTED, "Product and geography are what make cream skimming work.", "neutral"),
-             {"dev_matched": ("The new rights are nice.", "Everyone really likes them.", "neutral"),
-              "dev_mismatched": ("Your contribution helped.", "It did not help.", "contradiction")},
-             {"test_matched": ("0", "Hierbas, ans seco.", "Hierbas is a name."),
-              "test_mismatched": ("0", "What have you decided?", "I decided.")}),
-    "qnli": (("When did the third Digimon series begin?", "Unlike the two seasons before it.", "not_entailment"),
-             {"dev": ("What came into force?", "The treaty came.", "entailment")},
-             {"test": ("0", "What organization is devoted to Jihad?", "For some decades.")}),
-    "rte": (("No Weapons of Mass Destruction Found.", "Weapons of Mass Destruction Found.", "not_entailment"),
-            {"dev": ("Dana Reeve died.", "Christopher Reeve had an accident.", "not_entailment")},
-            {"test": ("0", "Mangla was built.", "Mangla is a dam.")}),
-    "wnli": (("I stuck a pin through a carrot.", "The carrot had a hole.", "1"),
-             {"dev": ("The drain is clogged.", "The hair is clogged.", "0")},
-             {"test": ("0", "Maude and Dora had seen trains.", "Horses had seen trains.")}),
+    "cola": (
+        ("Our friends won't buy this analysis, let alone the next one we propose.", None, "1"),
+        {"dev": ("The sailors rode the breeze clear of the rocks.", None, "1")},
+        {"test": ("0", "Bill whistled past the house.", None)},
+    ),
+    "sst-2": (
+        ("hide new secretions from the parental units ", None, "0"),
+        {"dev": ("it 's a charming and often affecting journey . ", None, "1")},
+        {"test": ("0", "uneasy mishmash of styles and genres .", None)},
+    ),
+    "mrpc": (
+        (
+            'Amrozi accused his brother , whom he called " the witness " .',
+            'Referring to him as only " the witness " , Amrozi accused his brother .',
+            "1",
+        ),
+        {"dev": ("He left .", "She stayed .", "0")},
+        {"test": ("0", "PCCW 's chief .", "Current chief .")},
+    ),
+    "sts-b": (
+        ("A plane is taking off.", "An air plane is taking off.", 5.0),
+        {"dev": ("A man with a hard hat is dancing.", "A man wearing a hard hat is dancing.", 3.8)},
+        {"test": ("0", "A girl is styling her hair.", "A girl is brushing her hair.")},
+    ),
+    "qqp": (
+        ("How is the life of a math student?", "Which level is enough for jlpt5?", "0"),
+        {"dev": ("Why are African-Americans so beautiful?", "Why are hispanics so beautiful?", "1")},
+        {"test": ("0", "Why am I mentally very lonely?", "How can I get over it?")},
+    ),
+    "mnli": (
+        (QUOTED, "Product and geography are what make cream skimming work.", "neutral"),
+        {
+            "dev_matched": ("The new rights are nice.", "Everyone really likes them.", "neutral"),
+            "dev_mismatched": ("Your contribution helped.", "It did not help.", "contradiction"),
+        },
+        {
+            "test_matched": ("0", "Hierbas, ans seco.", "Hierbas is a name."),
+            "test_mismatched": ("0", "What have you decided?", "I decided."),
+        },
+    ),
+    "qnli": (
+        ("When did the third Digimon series begin?", "Unlike the two seasons before it.", "not_entailment"),
+        {"dev": ("What came into force?", "The treaty came.", "entailment")},
+        {"test": ("0", "What organization is devoted to Jihad?", "For some decades.")},
+    ),
+    "rte": (
+        ("No Weapons of Mass Destruction Found.", "Weapons of Mass Destruction Found.", "not_entailment"),
+        {"dev": ("Dana Reeve died.", "Christopher Reeve had an accident.", "not_entailment")},
+        {"test": ("0", "Mangla was built.", "Mangla is a dam.")},
+    ),
+    "wnli": (
+        ("I stuck a pin through a carrot.", "The carrot had a hole.", "1"),
+        {"dev": ("The drain is clogged.", "The hair is clogged.", "0")},
+        {"test": ("0", "Maude and Dora had seen trains.", "Horses had seen trains.")},
+    ),
 }
 
 
@@ -210,22 +278,36 @@ def test_crlf_line_endings_and_blank_lines(tmp_path):
 
 def test_lone_carriage_return_inside_a_field_is_dropped_as_in_googles_reader(tmp_path):
     # TensorFlow's line reader (tf.gfile under Google's _read_tsv) drops every CR and splits lines at LF only.
-    write_tsv(tmp_path / "train.tsv", ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t1\t2\tfirst\rhalf\tsecond",
-                                       "0\t3\t4\tplain\tpair"])
+    write_tsv(
+        tmp_path / "train.tsv",
+        ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t1\t2\tfirst\rhalf\tsecond", "0\t3\t4\tplain\tpair"],
+    )
     train = PROCESSORS["mrpc"].train_examples(tmp_path)
     assert [(example.text_a, example.text_b, example.label) for example in train] == [
-        ("firsthalf", "second", "1"), ("plain", "pair", "0")]
+        ("firsthalf", "second", "1"),
+        ("plain", "pair", "0"),
+    ]
 
 
 def test_qqp_rows_with_missing_fields_are_skipped_with_a_warning_naming_file_and_lines(tmp_path):
     header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"
-    write_tsv(tmp_path / "train.tsv", [header, "1\t1\t2\tWhy?\tHow?\t0", "2\t3\t4\tWhat is a",
-                                       "question cut by a newline?\tWhere?\t1", "3\t5\t6\tWho?\tWhom?\t1"])
+    write_tsv(
+        tmp_path / "train.tsv",
+        [
+            header,
+            "1\t1\t2\tWhy?\tHow?\t0",
+            "2\t3\t4\tWhat is a",
+            "question cut by a newline?\tWhere?\t1",
+            "3\t5\t6\tWho?\tWhom?\t1",
+        ],
+    )
     warnings = []
     train = PROCESSORS["qqp"].train_examples(tmp_path, warnings.append)
     assert [example.text_a for example in train] == ["Why?", "Who?"]
-    assert warnings == [f"warning: {tmp_path / 'train.tsv'}: skipped 2 rows with fewer than 6 tab-separated fields "
-                        "(lines 3, 4), as HF's QQP processor skips them"]
+    assert warnings == [
+        f"warning: {tmp_path / 'train.tsv'}: skipped 2 rows with fewer than 6 tab-separated fields "
+        "(lines 3, 4), as HF's QQP processor skips them"
+    ]
     # Every other task still refuses such a row.
     write_tsv(tmp_path / "train.tsv", ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t1\t2\ta"])
     with pytest.raises(GlueDataError, match=r"train\.tsv:2: 4 tab-separated fields"):
@@ -242,14 +324,16 @@ def test_short_row_names_file_and_line(tmp_path):
 
 def test_mnli_test_row_in_a_labelled_file_is_short(tmp_path):
     write_tsv(tmp_path / "dev_matched.tsv", FILES["MNLI/test_matched.tsv"])
-    with pytest.raises(GlueDataError, match=r"dev_matched\.tsv:2: 10 tab-separated fields, MNLI dev_matched rows "
-                                            r"need at least 11"):
+    with pytest.raises(
+        GlueDataError,
+        match=r"dev_matched\.tsv:2: 10 tab-separated fields, MNLI dev_matched rows "
+        r"need at least 11",
+    ):
         PROCESSORS["mnli"].dev_sets(tmp_path)
 
 
 def test_unknown_label_names_file_line_and_label(tmp_path):
-    write_tsv(tmp_path / "dev.tsv", ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t1\t2\ta\tb",
-                                     "yes\t3\t4\tc\td"])
+    write_tsv(tmp_path / "dev.tsv", ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", "1\t1\t2\ta\tb", "yes\t3\t4\tc\td"])
     with pytest.raises(GlueDataError) as info:
         PROCESSORS["mrpc"].dev_sets(tmp_path)
     assert str(info.value) == f"{tmp_path / 'dev.tsv'}:3: unknown label 'yes' for MRPC, expected one of 0, 1"
@@ -290,9 +374,11 @@ def ids(*tokens):
 
 
 def test_encode_pair_and_single_examples(tokenizer):
-    examples = [InputExample("a", "The cat sat.", "the dog ran", "entailment"),
-                InputExample("b", "the mat", None, "neutral"),
-                InputExample("c", "cat", "dog", None)]
+    examples = [
+        InputExample("a", "The cat sat.", "the dog ran", "entailment"),
+        InputExample("b", "the mat", None, "neutral"),
+        InputExample("c", "cat", "dog", None),
+    ]
     features = encode_examples(examples, tokenizer, "mnli", 12)
     assert set(features) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
     for name in ("input_ids", "token_type_ids", "attention_mask"):
@@ -334,7 +420,8 @@ def test_classification_metrics_by_hand():
     accuracy = 5 / 7
     for task in ("mrpc", "qqp"):
         assert compute_metrics(task, PREDICTIONS, LABELS) == pytest.approx(
-            {"acc": accuracy, "f1": f1, "acc_and_f1": (accuracy + f1) / 2})
+            {"acc": accuracy, "f1": f1, "acc_and_f1": (accuracy + f1) / 2}
+        )
     for task in ("sst-2", "mnli", "qnli", "rte", "wnli"):
         assert compute_metrics(task, PREDICTIONS, LABELS) == {"acc": pytest.approx(accuracy)}
     # no positive label or prediction: F1 is 0, as sklearn's zero_division=0 gives
@@ -369,8 +456,21 @@ def test_metrics_refuse_unlabelled_and_mismatched():
 def test_submission_file_names():
     names = {(task, split): submission_file_name(task, split) for task in EXPECTED for split in PROCESSORS[task].test}
     names[("ax", "test")] = submission_file_name("ax", "test")
-    assert sorted(names.values()) == sorted(["CoLA.tsv", "SST-2.tsv", "MRPC.tsv", "STS-B.tsv", "QQP.tsv", "MNLI-m.tsv",
-                                             "MNLI-mm.tsv", "QNLI.tsv", "RTE.tsv", "WNLI.tsv", "AX.tsv"])
+    assert sorted(names.values()) == sorted(
+        [
+            "CoLA.tsv",
+            "SST-2.tsv",
+            "MRPC.tsv",
+            "STS-B.tsv",
+            "QQP.tsv",
+            "MNLI-m.tsv",
+            "MNLI-mm.tsv",
+            "QNLI.tsv",
+            "RTE.tsv",
+            "WNLI.tsv",
+            "AX.tsv",
+        ]
+    )
     assert names[("mnli", "test_mismatched")] == "MNLI-mm.tsv"
     assert submission_file_name("MNLI", "test_matched") == "MNLI-m.tsv"
     with pytest.raises(ValueError, match="MNLI has no test split 'test'"):

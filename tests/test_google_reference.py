@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from bertbench.tasks import glue
-from bertbench.tasks.squad import GoogleAnswerText, convert_examples, postprocess, read_examples
+from bertbench.tasks.squad.answers import GoogleAnswerText, postprocess
+from bertbench.tasks.squad.features import convert_examples
+from bertbench.tasks.squad.reading import read_examples
 from bertbench.tasks.tokenization import BertTokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "google_bert"
@@ -46,8 +48,10 @@ def first_difference(expected, actual) -> str:
     expected, actual = list(expected), list(actual)
     index = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), min(len(expected), len(actual)))
     window = slice(max(0, index - 3), index + 4)
-    return (f"first difference at position {index} (lengths {len(expected)} vs {len(actual)}): "
-            f"Google ...{expected[window]}... bertbench ...{actual[window]}...")
+    return (
+        f"first difference at position {index} (lengths {len(expected)} vs {len(actual)}): "
+        f"Google ...{expected[window]}... bertbench ...{actual[window]}..."
+    )
 
 
 def mismatch_report(mismatches: list[str], total: int, what: str) -> str:
@@ -74,8 +78,10 @@ def test_tokens_of_every_real_text_line(casing):
         text = lines[case["line"]]
         actual = tokenizer(CASINGS[casing]).tokenize(text)
         if actual != case[casing]:
-            mismatches.append(f"real_text.txt line {case['line']}: {text!r}\n  {first_difference(case[casing], actual)}"
-                              f"\n  Google    {case[casing]}\n  bertbench {actual}")
+            mismatches.append(
+                f"real_text.txt line {case['line']}: {text!r}\n  {first_difference(case[casing], actual)}"
+                f"\n  Google    {case[casing]}\n  bertbench {actual}"
+            )
     assert not mismatches, mismatch_report(mismatches, len(cases), f"{casing} lines")
 
 
@@ -86,8 +92,10 @@ EDGE_CASES = token_cases("edge")
 @pytest.mark.parametrize("case", EDGE_CASES, ids=[case["name"] for case in EDGE_CASES])
 def test_tokens_of_edge_cases(case, casing):
     actual = tokenizer(CASINGS[casing]).tokenize(case["text"])
-    assert actual == case[casing], (f"{case['name']}: {case['text']!r}\n  {first_difference(case[casing], actual)}"
-                                     f"\n  Google    {case[casing]}\n  bertbench {actual}")
+    assert actual == case[casing], (
+        f"{case['name']}: {case['text']!r}\n  {first_difference(case[casing], actual)}"
+        f"\n  Google    {case[casing]}\n  bertbench {actual}"
+    )
 
 
 DEPARTURES = token_cases("documented_departure")
@@ -97,11 +105,13 @@ DEPARTURES = token_cases("documented_departure")
 @pytest.mark.parametrize("case", DEPARTURES, ids=[case["name"] for case in DEPARTURES])
 def test_tokens_of_documented_departures(case):
     actual = tokenizer(True).tokenize(case["text"])
-    assert actual == case["uncased"], (f"{case['name']}: {case['text']!r}\n  Google    {case['uncased']}\n"
-                                       f"  bertbench {actual}")
+    assert actual == case["uncased"], (
+        f"{case['name']}: {case['text']!r}\n  Google    {case['uncased']}\n  bertbench {actual}"
+    )
 
 
 # ---- GLUE --------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("task", ["MRPC", "CoLA"])
 def test_glue_reader_gives_googles_examples(task):
@@ -115,8 +125,9 @@ def test_glue_reader_gives_googles_examples(task):
     for row in actual + google:
         row.pop("guid")
     assert len(actual) == len(google)
-    mismatches = [f"row {i}:\n  Google    {g}\n  bertbench {a}" for i, (g, a) in enumerate(zip(google, actual))
-                  if g != a]
+    mismatches = [
+        f"row {i}:\n  Google    {g}\n  bertbench {a}" for i, (g, a) in enumerate(zip(google, actual)) if g != a
+    ]
     assert not mismatches, mismatch_report(mismatches, len(google), f"{task} examples")
 
 
@@ -130,17 +141,20 @@ def test_glue_features_through_bertbench_reader_and_encoder(task, max_seq_length
     mismatches = []
     for row, case in enumerate(expected):
         google = case["features"][str(max_seq_length)]
-        actual = {"input_ids": features["input_ids"][row].tolist(),
-                  "input_mask": features["attention_mask"][row].tolist(),
-                  "segment_ids": features["token_type_ids"][row].tolist(),
-                  "label_id": int(features["labels"][row])}
+        actual = {
+            "input_ids": features["input_ids"][row].tolist(),
+            "input_mask": features["attention_mask"][row].tolist(),
+            "segment_ids": features["token_type_ids"][row].tolist(),
+            "label_id": int(features["labels"][row]),
+        }
         for key in ("input_ids", "input_mask", "segment_ids", "label_id"):
             if actual[key] != google[key]:
                 mismatches.append(
                     f"{case['guid']} text_a={case['text_a']!r} text_b={case['text_b']!r}: {key}\n"
                     f"  Google    {tokenizer(True).convert_ids_to_tokens(google['input_ids'])}\n"
                     f"  bertbench {tokenizer(True).convert_ids_to_tokens(actual['input_ids'])}\n"
-                    f"  {first_difference(google[key], actual[key]) if key != 'label_id' else ''}")
+                    f"  {first_difference(google[key], actual[key]) if key != 'label_id' else ''}"
+                )
                 break
     assert not mismatches, mismatch_report(mismatches, len(expected), f"{task} features at {max_seq_length}")
 
@@ -153,11 +167,16 @@ def test_glue_features_through_encode(max_seq_length):
     for case in data["examples"]:
         google = case["features"][str(max_seq_length)]
         inputs = tokenizer(True).encode(case["text_a"], case["text_b"], max_seq_length)
-        actual = {"input_ids": inputs.input_ids, "input_mask": inputs.attention_mask,
-                  "segment_ids": inputs.token_type_ids}
+        actual = {
+            "input_ids": inputs.input_ids,
+            "input_mask": inputs.attention_mask,
+            "segment_ids": inputs.token_type_ids,
+        }
         if any(actual[key] != google[key] for key in actual):
-            mismatches.append(f"{case['task']} {case['guid']} text_a={case['text_a']!r} text_b={case['text_b']!r}\n"
-                              f"  Google    {google}\n  bertbench {actual}")
+            mismatches.append(
+                f"{case['task']} {case['guid']} text_a={case['text_a']!r} text_b={case['text_b']!r}\n"
+                f"  Google    {google}\n  bertbench {actual}"
+            )
     assert not mismatches, mismatch_report(mismatches, len(data["examples"]), "encode results")
 
 
@@ -175,14 +194,22 @@ def bertbench_squad(version: str, training: bool):
     data = fixture("squad_features.json.gz")
     settings = data["settings"]
     examples = read_examples(FIXTURES / data[version]["file"], training=training, version_2=version == "v2.0")
-    features = convert_examples(examples, tokenizer(settings["do_lower_case"]), settings["max_seq_length"],
-                                settings["doc_stride"], settings["max_query_length"], training=training)
+    features = convert_examples(
+        examples,
+        tokenizer(settings["do_lower_case"]),
+        settings["max_seq_length"],
+        settings["doc_stride"],
+        settings["max_query_length"],
+        training=training,
+    )
     return examples, features
 
 
 def window_name(version, google, question_ids):
-    return (f"{version} question {question_ids[google['example_index']]} window {google['doc_span_index']} "
-            f"(unique_id {google['unique_id']})")
+    return (
+        f"{version} question {question_ids[google['example_index']]} window {google['doc_span_index']} "
+        f"(unique_id {google['unique_id']})"
+    )
 
 
 @pytest.mark.parametrize("version", SQUAD_VERSIONS)
@@ -193,7 +220,8 @@ def test_squad_eval_features(version):
     google_windows = [(f["example_index"], f["doc_span_index"]) for f in data["eval"]]
     assert len(features) == len(data["eval"]), (
         f"{len(data['eval'])} windows from Google, {len(features)} from bertbench; windows per question: "
-        f"{first_difference([i for i, _ in google_windows], features.example_index.tolist())}")
+        f"{first_difference([i for i, _ in google_windows], features.example_index.tolist())}"
+    )
     assert features.example_index.tolist() == [i for i, _ in google_windows]
     vocab = tokenizer(squad_settings()["do_lower_case"])
     mismatches = []
@@ -208,17 +236,21 @@ def test_squad_eval_features(version):
             "input_ids": (google["input_ids"], features.inputs["input_ids"][row].tolist()),
             "segment_ids": (google["segment_ids"], features.inputs["token_type_ids"][row].tolist()),
             "input_mask": (google["input_mask"], features.inputs["attention_mask"][row].tolist()),
-            "context positions (token_to_orig_map keys)": (in_context.tolist(),
-                                                           (features.token_offsets[row, :, 0] >= 0).tolist()),
+            "context positions (token_to_orig_map keys)": (
+                in_context.tolist(),
+                (features.token_offsets[row, :, 0] >= 0).tolist(),
+            ),
             "token_is_max_context": (max_context.tolist(), features.max_context[row].tolist()),
         }
         for key, (expected, actual) in comparisons.items():
             if expected != actual:
                 actual_tokens = vocab.convert_ids_to_tokens(features.inputs["input_ids"][row].tolist())
-                mismatches.append(f"{window_name(version, google, data['question_ids'])}: {key}\n"
-                                  f"  {first_difference(expected, actual)}\n"
-                                  f"  Google tokens    {google['tokens']}\n"
-                                  f"  bertbench tokens {actual_tokens[:length + 2]}")
+                mismatches.append(
+                    f"{window_name(version, google, data['question_ids'])}: {key}\n"
+                    f"  {first_difference(expected, actual)}\n"
+                    f"  Google tokens    {google['tokens']}\n"
+                    f"  bertbench tokens {actual_tokens[: length + 2]}"
+                )
                 break
     assert not mismatches, mismatch_report(mismatches, len(data["eval"]), f"{version} eval windows")
 
@@ -242,10 +274,11 @@ def test_squad_training_features(version):
             mismatches.append(
                 f"{window_name(version, google, data['question_ids'])}: answer {example.answer_text!r} "
                 f"(impossible: {impossible})\n"
-                f"  Google    start/end {start}, {end}: {google['tokens'][start:end + 1]}\n"
+                f"  Google    start/end {start}, {end}: {google['tokens'][start : end + 1]}\n"
                 f"  bertbench start/end {starts[row]}, {ends[row]}: "
-                f"{vocab.convert_ids_to_tokens(features.inputs['input_ids'][row, starts[row]:ends[row] + 1].tolist())}"
-                + ("" if same_ids else "\n  (the windows' input_ids differ too)"))
+                f"{vocab.convert_ids_to_tokens(features.inputs['input_ids'][row, starts[row] : ends[row] + 1].tolist())}"
+                + ("" if same_ids else "\n  (the windows' input_ids differ too)")
+            )
     assert not mismatches, mismatch_report(mismatches, len(features), f"{version} training windows")
 
 
@@ -253,6 +286,7 @@ def google_training_reads(squad: dict) -> tuple[list[str], list[str]]:
     """The question ids Google's read_squad_examples (run_squad.py, is_training=True) keeps and those it skips with
     "Could not find answer", its rule transcribed: the context split into words at its is_whitespace characters,
     char_to_word_offset, and the answer's whitespace_tokenize words looked for in the words it spans."""
+
     def is_whitespace(c):
         return c == " " or c == "\t" or c == "\r" or c == "\n" or ord(c) == 0x202F
 
@@ -277,7 +311,7 @@ def google_training_reads(squad: dict) -> tuple[list[str], list[str]]:
                 answer = qa["answers"][0]
                 start_position = char_to_word_offset[answer["answer_start"]]
                 end_position = char_to_word_offset[answer["answer_start"] + len(answer["text"]) - 1]
-                actual_text = " ".join(doc_tokens[start_position:end_position + 1])
+                actual_text = " ".join(doc_tokens[start_position : end_position + 1])
                 cleaned_answer_text = " ".join(answer["text"].strip().split())
                 (skipped if actual_text.find(cleaned_answer_text) == -1 else kept).append(qa["id"])
     return kept, skipped
@@ -295,10 +329,10 @@ def with_no_break_spaces(squad: dict) -> dict:
                 space = answer["text"].find(" ")
                 if space > 0:
                     at = answer["answer_start"] + space
-                    context = context[:at] + "\u00a0" + context[at + 1:]
+                    context = context[:at] + "\u00a0" + context[at + 1 :]
             paragraph["context"] = context
             for answer in answers:
-                answer["text"] = context[answer["answer_start"]:answer["answer_start"] + len(answer["text"])]
+                answer["text"] = context[answer["answer_start"] : answer["answer_start"] + len(answer["text"])]
     return squad
 
 
@@ -330,15 +364,27 @@ def bertbench_predictions(version: str):
     start_logits = logits["start_logits"][rows].astype(np.float64) / scale
     end_logits = logits["end_logits"][rows].astype(np.float64) / scale
     examples, features = bertbench_squad(version, training=False)
-    return postprocess(examples, features, start_logits, end_logits, settings["n_best_size"],
-                       settings["max_answer_length"], version == "v2.0", settings["null_score_diff_threshold"],
-                       GoogleAnswerText(tokenizer(settings["do_lower_case"])))
+    return postprocess(
+        examples,
+        features,
+        start_logits,
+        end_logits,
+        settings["n_best_size"],
+        settings["max_answer_length"],
+        version == "v2.0",
+        settings["null_score_diff_threshold"],
+        GoogleAnswerText(tokenizer(settings["do_lower_case"])),
+    )
 
 
 def squad_contexts(version):
     squad = load_json(fixture("squad_features.json.gz")[version]["file"])
-    return {qa["id"]: paragraph["context"] for article in squad["data"] for paragraph in article["paragraphs"]
-            for qa in paragraph["qas"]}
+    return {
+        qa["id"]: paragraph["context"]
+        for article in squad["data"]
+        for paragraph in article["paragraphs"]
+        for qa in paragraph["qas"]
+    }
 
 
 @pytest.mark.parametrize("version", SQUAD_VERSIONS)
@@ -348,10 +394,13 @@ def test_squad_predictions(version):
     predictions = bertbench_predictions(version)
     assert list(predictions.answers) == list(google)
     contexts = squad_contexts(version)
-    mismatches = [f"question {question_id}: Google {answer!r}, bertbench {predictions.answers[question_id]!r}"
-                  f"{answer_difference(answer, predictions.answers[question_id])}\n"
-                  f"  context {contexts[question_id]!r}"
-                  for question_id, answer in google.items() if predictions.answers[question_id] != answer]
+    mismatches = [
+        f"question {question_id}: Google {answer!r}, bertbench {predictions.answers[question_id]!r}"
+        f"{answer_difference(answer, predictions.answers[question_id])}\n"
+        f"  context {contexts[question_id]!r}"
+        for question_id, answer in google.items()
+        if predictions.answers[question_id] != answer
+    ]
     assert not mismatches, mismatch_report(mismatches, len(google), f"{version} answers")
 
 
@@ -360,8 +409,10 @@ def answer_difference(google: str, ours: str) -> str:
     if " ".join(ours.split()) == google:
         return " (only in whitespace: Google joins the context's whitespace-split words with single spaces)"
     if ours and ours in google:
-        return (" (Google's is the whole whitespace-split words around bertbench's: its get_final_text falls back "
-                "to them when lower-casing/accent stripping changes the words' length)")
+        return (
+            " (Google's is the whole whitespace-split words around bertbench's: its get_final_text falls back "
+            "to them when lower-casing/accent stripping changes the words' length)"
+        )
     return ""
 
 
@@ -369,8 +420,11 @@ def test_squad_null_odds():
     google = load_json("squad/null_odds_v2.json")
     null_odds = bertbench_predictions("v2.0").null_odds
     assert list(null_odds) == list(google)
-    mismatches = [f"question {question_id}: Google {odds!r}, bertbench {null_odds[question_id]!r}"
-                  for question_id, odds in google.items() if abs(null_odds[question_id] - odds) > 1e-5]
+    mismatches = [
+        f"question {question_id}: Google {odds!r}, bertbench {null_odds[question_id]!r}"
+        for question_id, odds in google.items()
+        if abs(null_odds[question_id] - odds) > 1e-5
+    ]
     assert not mismatches, mismatch_report(mismatches, len(google), "v2.0 null odds")
 
 
@@ -384,13 +438,19 @@ def test_squad_nbest(version):
     mismatches = []
     for question_id, entries in google.items():
         ours = nbest[question_id]
-        differing = [index for index, (a, b) in enumerate(zip(entries, ours)) if a["text"] != b["text"] or any(
-            abs(a[key] - b[key]) > 1e-6 for key in ("probability", "start_logit", "end_logit"))]
+        differing = [
+            index
+            for index, (a, b) in enumerate(zip(entries, ours))
+            if a["text"] != b["text"]
+            or any(abs(a[key] - b[key]) > 1e-6 for key in ("probability", "start_logit", "end_logit"))
+        ]
         if differing or len(ours) != len(entries):
             index = differing[0] if differing else min(len(ours), len(entries))
             google_entry = entries[index] if index < len(entries) else None
             our_entry = ours[index] if index < len(ours) else None
             hint = answer_difference(google_entry["text"], our_entry["text"]) if google_entry and our_entry else ""
-            mismatches.append(f"question {question_id}: entry {index} of {len(entries)} (bertbench {len(ours)})"
-                              f"{hint}\n  Google    {google_entry}\n  bertbench {our_entry}")
+            mismatches.append(
+                f"question {question_id}: entry {index} of {len(entries)} (bertbench {len(ours)})"
+                f"{hint}\n  Google    {google_entry}\n  bertbench {our_entry}"
+            )
     assert not mismatches, mismatch_report(mismatches, len(google), f"{version} n-best lists")

@@ -5,10 +5,10 @@ flash kernel), and the saved bytes sit between full's and the baseline's: the ba
 
 import pytest
 import torch
+from helpers import tiny_batch, tiny_config
 
 from bertbench.model.factory import build_model
 from bertbench.model.saved_activations import saved_activation_bytes
-from conftest import tiny_batch, tiny_config
 
 pytestmark = pytest.mark.gpu
 CONFIG = tiny_config(num_hidden_layers=4)  # head_dim 16, which flash attention takes; Google's dropout 0.1
@@ -18,14 +18,26 @@ def bf16_step(policy, unpad, seed=7):
     """One forward+backward under bf16 autocast with dropout on: loss, gradients, saved bytes, the batch's mask."""
     torch.manual_seed(0)
     modeling_name = "baseline" if policy == "baseline" else "recompute"
-    model = build_model("classification", CONFIG, modeling_name, "full" if policy == "baseline" else policy,
-                        unpad=unpad, attention_kernel="varlen" if unpad else None, num_labels=2).cuda().train()
+    model = (
+        build_model(
+            "classification",
+            CONFIG,
+            modeling_name,
+            "full" if policy == "baseline" else policy,
+            unpad=unpad,
+            attention_kernel="varlen" if unpad else None,
+            num_labels=2,
+        )
+        .cuda()
+        .train()
+    )
     input_ids, token_type_ids, attention_mask = (t.cuda() for t in tiny_batch(CONFIG, batch=4, seq=32))
     labels = torch.tensor([0, 1, 1, 0], device="cuda")
     torch.manual_seed(seed)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out, saved = saved_activation_bytes(
-            lambda: model(input_ids, token_type_ids, attention_mask, labels=labels), model)
+            lambda: model(input_ids, token_type_ids, attention_mask, labels=labels), model
+        )
     out.loss.backward()
     return out.loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}, saved, attention_mask
 

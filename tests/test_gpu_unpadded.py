@@ -8,17 +8,24 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import (
+    HEAD_KWARGS,
+    POLICIES,
+    assert_close_to_fp64,
+    forward_backward,
+    lengths_mask,
+    tiny_config,
+    varied_batch,
+)
 
 from bertbench.model import attention
-from bertbench.training.distributed import Distributed
 from bertbench.model.factory import TASKS, build_model
 from bertbench.model.packing import Packer
+from bertbench.model.precision import PRECISION_DTYPES
 from bertbench.tasks.synthetic import synthetic_batch
+from bertbench.training.config import TrainConfig
+from bertbench.training.distributed import Distributed
 from bertbench.training.step import TrainStep
-from bertbench.training.config import PRECISION_DTYPES, TrainConfig
-from conftest import tiny_config
-from test_recompute import POLICIES
-from test_unpadded import HEAD_KWARGS, assert_close_to_fp64, forward_backward, lengths_mask, varied_batch
 
 pytestmark = pytest.mark.gpu
 DEVICE = torch.device("cuda")
@@ -54,7 +61,7 @@ def test_the_op_is_each_sequences_attention_with_its_gradients(dtype, bound):
     reference = [x.detach().double().requires_grad_() for x in inputs]
     pieces, start = [], 0
     for length in lengths:
-        q, k, v = (x[start:start + length].transpose(0, 1) for x in reference)
+        q, k, v = (x[start : start + length].transpose(0, 1) for x in reference)
         pieces.append(F.scaled_dot_product_attention(q, k, v).transpose(0, 1))
         start += length
     expected = torch.cat(pieces)
@@ -70,8 +77,9 @@ def test_the_ops_dropout_replays_from_its_rng_state():
     torch.manual_seed(0)
     lengths = [100, 28, 128]
     cu_seqlens = F.pad(torch.tensor(lengths).cumsum(0), (1, 0)).int().to(DEVICE)
-    inputs = [torch.randn(sum(lengths), 4, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
-              for _ in range(3)]
+    inputs = [
+        torch.randn(sum(lengths), 4, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+    ]
 
     def run(seed):
         torch.cuda.manual_seed(seed)
@@ -95,8 +103,7 @@ def assert_gpu_paths_agree(task, precision, modeling_name="baseline", policy="fu
 
     def model(unpad):  # built anew, not copied: a copy's checkpointed forward would call the original's blocks
         torch.manual_seed(0)
-        return build_model(task, NO_DROPOUT, modeling_name, policy, unpad=unpad,
-                           **HEAD_KWARGS.get(task, {})).to(DEVICE)
+        return build_model(task, NO_DROPOUT, modeling_name, policy, unpad=unpad, **HEAD_KWARGS.get(task, {})).to(DEVICE)
 
     ours, padded, fp64 = model(True), model(False), model(False).double()
     bert = ours if task == "encoder" else ours.bert
@@ -137,6 +144,7 @@ def test_recompute_replays_the_flash_dropout_masks(policy, every_k):
     """A checkpointed block restores the CUDA RNG state, so its recomputed attention draws the masks the forward
     drew: the same loss, bit for bit, and the same gradients (up to the order of the kernels' atomic adds); another
     seed gives another loss."""
+
     def make(name):
         torch.manual_seed(0)
         return build_model("classification", DROPOUT, name, policy, every_k, num_labels=2)
@@ -162,8 +170,17 @@ def training_batches(seed, count, batch=16, seq=64):
 def trained(cuda_graphs, steps=4, accumulation=2, compile=False):
     torch.manual_seed(0)
     model = build_model("classification", DROPOUT, num_labels=2)
-    step = TrainStep(model, TrainConfig(num_train_steps=100, precision="bf16", cuda_graphs=cuda_graphs,
-                                        gradient_accumulation_steps=accumulation, compile=compile), GPU)
+    step = TrainStep(
+        model,
+        TrainConfig(
+            num_train_steps=100,
+            precision="bf16",
+            cuda_graphs=cuda_graphs,
+            gradient_accumulation_steps=accumulation,
+            compile=compile,
+        ),
+        GPU,
+    )
     if not cuda_graphs:  # the eager step on the graphed one's bucketed rows: the same kernels, the same masks
         step.packer = dataclasses.replace(step.packer, bucketed=True)
     torch.manual_seed(1)
@@ -193,8 +210,11 @@ def test_the_training_step_makes_no_host_sync():
     debugging set to fail on any synchronisation."""
     for cuda_graphs in (True, False):
         torch.manual_seed(0)
-        step = TrainStep(build_model("classification", DROPOUT, num_labels=2),
-                         TrainConfig(num_train_steps=100, precision="bf16", cuda_graphs=cuda_graphs), GPU)
+        step = TrainStep(
+            build_model("classification", DROPOUT, num_labels=2),
+            TrainConfig(num_train_steps=100, precision="bf16", cuda_graphs=cuda_graphs),
+            GPU,
+        )
         batches = training_batches(3, 3)
         step(batches)  # the captures (warm-up, allocation) happen here
         torch.cuda.synchronize()

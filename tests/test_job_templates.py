@@ -14,24 +14,40 @@ import time
 
 import pytest
 import yaml
+from helpers import free_port
 
 from bertbench.tasks.synthetic import write_glue_task
-from conftest import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEMPLATES = os.path.join(ROOT, "job_templates")
 BERT_DIR = os.path.join(HERE, "fixtures", "tf1_tiny")
 # The templates' GPU-sized defaults, replaced by what the CPU runs in seconds (MRPC: the task job_env writes).
-CPU_SETTINGS = {"TASK": "MRPC", "PRECISION": "fp32", "USE_XLA": "false", "BATCH_SIZE": "8", "LEARNING_RATE": "1e-3",
-                "SEQ_LENGTH": "32", "EPOCHS": "1.0", "GPUS_PER_NODE": "1", "RDZV_TIMEOUT": "120"}
+CPU_SETTINGS = {
+    "TASK": "MRPC",
+    "PRECISION": "fp32",
+    "USE_XLA": "false",
+    "BATCH_SIZE": "8",
+    "LEARNING_RATE": "1e-3",
+    "SEQ_LENGTH": "32",
+    "EPOCHS": "1.0",
+    "GPUS_PER_NODE": "1",
+    "RDZV_TIMEOUT": "120",
+}
 
 
 @pytest.fixture
 def job_env(tmp_path):
     write_glue_task(tmp_path / "glue", "MRPC", train=128, dev=24, test=8)
-    return dict(os.environ, BERT_DIR=BERT_DIR, GLUE_DIR=str(tmp_path / "glue"), RESULTS_DIR=str(tmp_path / "results"),
-                PYTHON=sys.executable, MASTER_PORT=str(free_port()), **CPU_SETTINGS)
+    return dict(
+        os.environ,
+        BERT_DIR=BERT_DIR,
+        GLUE_DIR=str(tmp_path / "glue"),
+        RESULTS_DIR=str(tmp_path / "results"),
+        PYTHON=sys.executable,
+        MASTER_PORT=str(free_port()),
+        **CPU_SETTINGS,
+    )
 
 
 def read_json(path):
@@ -43,8 +59,13 @@ def pbs_env(job_env, tmp_path, hosts):
     """What PBS gives a job: PBS_NODEFILE (a line per MPI process: mpiprocs lines per host), PBS_O_WORKDIR (where
     qsub ran: the repository), PBS_JOBID, PBS_ENVIRONMENT."""
     (tmp_path / "nodefile").write_text("".join(f"{host}\n" for host in hosts))
-    return dict(job_env, PBS_NODEFILE=str(tmp_path / "nodefile"), PBS_O_WORKDIR=ROOT, PBS_JOBID="4242.pbs-server",
-                PBS_ENVIRONMENT="PBS_BATCH")
+    return dict(
+        job_env,
+        PBS_NODEFILE=str(tmp_path / "nodefile"),
+        PBS_O_WORKDIR=ROOT,
+        PBS_JOBID="4242.pbs-server",
+        PBS_ENVIRONMENT="PBS_BATCH",
+    )
 
 
 def run_job(script, env, cwd):
@@ -61,10 +82,28 @@ STARTERS = {
     "srun": ("srun", False, "srun --nodelist=node-1 /bin/bash -c "),
 }
 # Words and values a shell would take apart if anything re-parsed them once too often or too few times.
-TRICKY_ARGS = ["two words", "--b='x y'", 'say "hi"', "", "*", "$HOME", "back\\slash", "semi; echo injected",
-               "tab\there", "new\nline", "héllo"]
-FORWARDED = {"EXTRA_FLAGS": "--a=1 --b='x y'", "MODELING": "recompute", "RECOMPUTE_POLICY": "selective",
-             "MAX_TRAIN_SECONDS": "30", "LR_SCALING": "sqrt", "CORES_PER_GPU": "2", "OMP_NUM_THREADS": "1"}
+TRICKY_ARGS = [
+    "two words",
+    "--b='x y'",
+    'say "hi"',
+    "",
+    "*",
+    "$HOME",
+    "back\\slash",
+    "semi; echo injected",
+    "tab\there",
+    "new\nline",
+    "héllo",
+]
+FORWARDED = {
+    "EXTRA_FLAGS": "--a=1 --b='x y'",
+    "MODELING": "recompute",
+    "RECOMPUTE_POLICY": "selective",
+    "MAX_TRAIN_SECONDS": "30",
+    "LR_SCALING": "sqrt",
+    "CORES_PER_GPU": "2",
+    "OMP_NUM_THREADS": "1",
+}
 # A node's command that records what it got: its arguments (NUL-separated), environment and working directory, in
 # $RESULTS_DIR (forwarded by every_node.sh).
 RECORDER = """#!/bin/bash
@@ -81,10 +120,19 @@ def every_node_env(tmp_path, starter, hosts=("localhost",) * 4 + ("node-1",) * 4
     workdir = tmp_path / "job dir 'with' \"quotes\""
     workdir.mkdir(exist_ok=True)
     (tmp_path / "nodefile").write_text("".join(f"{host}\n" for host in hosts))
-    env = dict(os.environ, PBS_NODEFILE=str(tmp_path / "nodefile"), PBS_O_WORKDIR=str(workdir),
-               PBS_JOBID="4242.pbs-server", PBS_ENVIRONMENT="PBS_BATCH", RESULTS_DIR=str(tmp_path / "results dir"),
-               SQUAD_DIR=str(tmp_path / "squad 'data'"), MASTER_PORT="29555", NOT_FORWARDED="job script only",
-               STARTER_LOG=str(tmp_path / "starter.log"), **FORWARDED)
+    env = dict(
+        os.environ,
+        PBS_NODEFILE=str(tmp_path / "nodefile"),
+        PBS_O_WORKDIR=str(workdir),
+        PBS_JOBID="4242.pbs-server",
+        PBS_ENVIRONMENT="PBS_BATCH",
+        RESULTS_DIR=str(tmp_path / "results dir"),
+        SQUAD_DIR=str(tmp_path / "squad 'data'"),
+        MASTER_PORT="29555",
+        NOT_FORWARDED="job script only",
+        STARTER_LOG=str(tmp_path / "starter.log"),
+        **FORWARDED,
+    )
     os.makedirs(env["RESULTS_DIR"], exist_ok=True)
     if starter is None:
         env.pop("PBS_REMOTE_SHELL", None)
@@ -100,8 +148,9 @@ def every_node_env(tmp_path, starter, hosts=("localhost",) * 4 + ("node-1",) * 4
 def run_on_every_node(env, *command):
     every_node = shlex.quote(os.path.join(TEMPLATES, "pbs", "every_node.sh"))
     script = f'set -euo pipefail; source {every_node}; run_on_every_node "$@"'
-    return subprocess.run(["bash", "-c", script, "bash", *command], env=env, cwd=env["HOME"], capture_output=True,
-                          timeout=60)
+    return subprocess.run(
+        ["bash", "-c", script, "bash", *command], env=env, cwd=env["HOME"], capture_output=True, timeout=60
+    )
 
 
 def read_node(results_dir, rank):
@@ -127,10 +176,15 @@ def test_run_on_every_node_gives_each_node_its_arguments_and_environment_intact(
         argv, node_env, pwd = read_node(env["RESULTS_DIR"], rank)
         assert argv == TRICKY_ARGS
         assert pwd == os.path.realpath(env["PBS_O_WORKDIR"])
-        assert {name: node_env.get(name) for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                                      "RDZV_ID")} == \
-            {"NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "localhost", "MASTER_PORT": "29555",
-             "RDZV_ID": "4242.pbs-server"}
+        assert {
+            name: node_env.get(name) for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_ID")
+        } == {
+            "NNODES": "2",
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": "localhost",
+            "MASTER_PORT": "29555",
+            "RDZV_ID": "4242.pbs-server",
+        }
         for name in (*FORWARDED, "SQUAD_DIR", "RESULTS_DIR", "PATH"):
             assert node_env.get(name) == env[name], name
     # The local node keeps the job's whole environment; a remote one gets what was forwarded (and, from srun, all).
@@ -148,8 +202,9 @@ def test_run_on_every_node_fails_when_a_remote_node_fails(tmp_path, starter):
     # The node's status comes back through each starter but pbsdsh, which exits 0 whatever its task did: there its
     # report line ("pbsdsh: task 0x00000000 exit status 3") must count.
     assert done.returncode == (1 if starter == "pbsdsh" else 3), done.stderr.decode()
-    assert sorted(os.listdir(env["RESULTS_DIR"])) == [f"node{rank}.{kind}" for rank in (0, 1)
-                                                      for kind in ("argv", "env", "pwd")]  # both ran
+    assert sorted(os.listdir(env["RESULTS_DIR"])) == [
+        f"node{rank}.{kind}" for rank in (0, 1) for kind in ("argv", "env", "pwd")
+    ]  # both ran
 
 
 def test_old_quoting_fails_under_the_tm_spawn_stand_in(tmp_path):
@@ -165,15 +220,17 @@ def test_old_quoting_fails_under_the_tm_spawn_stand_in(tmp_path):
     outcomes = {}
     for stand_in in ("local_rsh", "pbs_tmrsh"):
         env["STARTER"] = os.path.join(HERE, "fixtures", stand_in)
-        done = subprocess.run(["bash", "-c", old_way, "bash", recorder, "two words"], env=env, capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            ["bash", "-c", old_way, "bash", recorder, "two words"], env=env, capture_output=True, text=True, timeout=60
+        )
         recorded = os.path.join(env["RESULTS_DIR"], "node1.argv")
         outcomes[stand_in] = (done.returncode, os.path.exists(recorded))
         if os.path.exists(recorded):
             os.remove(recorded)
         if stand_in == "pbs_tmrsh":
-            assert re.search(r"^bash: line 1: cd .* && exec env NODE_RANK=1 .*: No such file or directory$",
-                             done.stderr, re.M), done.stderr
+            assert re.search(
+                r"^bash: line 1: cd .* && exec env NODE_RANK=1 .*: No such file or directory$", done.stderr, re.M
+            ), done.stderr
     assert outcomes == {"local_rsh": (0, True), "pbs_tmrsh": (127, False)}
 
 
@@ -190,14 +247,24 @@ def test_run_on_every_node_without_a_starter_fails_before_any_node_starts(tmp_pa
     assert done.returncode == 2
     assert done.stderr.decode().splitlines() == [
         f"every_node.sh: error: PBS_REMOTE_SHELL='{spec}' is not a command here; the 2 hosts need one to start the "
-        "others (pbs_tmrsh, pbsdsh, ssh, rsh or srun)"]
+        "others (pbs_tmrsh, pbsdsh, ssh, rsh or srun)"
+    ]
     assert os.listdir(env["RESULTS_DIR"]) == []
 
 
 # What the singularity stand-in records of the knobs the templates pass through the environment (scripts/common.sh).
-KNOBS_SEEN = " ".join(f"{name}=${{{name}:-}}" for name in ("MODELING", "RECOMPUTE_POLICY", "MAX_TRAIN_SECONDS",
-                                                            "LR_SCALING", "EXTRA_FLAGS", "CORES_PER_GPU",
-                                                            "OMP_NUM_THREADS"))
+KNOBS_SEEN = " ".join(
+    f"{name}=${{{name}:-}}"
+    for name in (
+        "MODELING",
+        "RECOMPUTE_POLICY",
+        "MAX_TRAIN_SECONDS",
+        "LR_SCALING",
+        "EXTRA_FLAGS",
+        "CORES_PER_GPU",
+        "OMP_NUM_THREADS",
+    )
+)
 
 
 @pytest.mark.slow
@@ -213,15 +280,21 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
     sif_log = tmp_path / "sif"
     (bin_dir / "singularity").write_text(
         f'#!/usr/bin/env bash\necho "node $NODE_RANK: {KNOBS_SEEN} $*" >> {shlex.quote(str(sif_log))}\n'
-        '[ "$1" = exec ] || exit 64\nshift\nwhile [[ "$1" == --* ]]; do shift; done\nshift\nexec "$@"\n')
+        '[ "$1" = exec ] || exit 64\nshift\nwhile [[ "$1" == --* ]]; do shift; done\nshift\nexec "$@"\n'
+    )
     (bin_dir / "singularity").chmod(0o755)
     env = pbs_env(job_env, tmp_path, ["localhost"] * 4 + ["127.0.0.1"] * 4)
     workdir = tmp_path / "qsub dir"
     workdir.symlink_to(ROOT)
     env.pop("PBS_REMOTE_SHELL", None)
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", IMAGE="/images/bertbench.sif", PBS_O_WORKDIR=str(workdir),
-               STARTER_LOG=str(tmp_path / "starter.log"), EXTRA_FLAGS="--log_step_count_steps=4",
-               LOGLEVEL="INFO")  # torchrun's agents say what they did
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        IMAGE="/images/bertbench.sif",
+        PBS_O_WORKDIR=str(workdir),
+        STARTER_LOG=str(tmp_path / "starter.log"),
+        EXTRA_FLAGS="--log_step_count_steps=4",
+        LOGLEVEL="INFO",
+    )  # torchrun's agents say what they did
     done = run_job(os.path.join(TEMPLATES, "pbs", "optimized_2x4gpu.pbs"), env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -229,17 +302,26 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
     assert len(starts) == 1 and starts[0].startswith("pbs_tmrsh 127.0.0.1 /bin/bash -c ")  # the first host: here
     calls = dict(call.split(": ", 1) for call in sif_log.read_text().splitlines())
     assert sorted(calls) == ["node 0", "node 1"] and calls["node 0"] == calls["node 1"]  # the same knobs everywhere
-    assert calls["node 1"].startswith("MODELING=recompute RECOMPUTE_POLICY= MAX_TRAIN_SECONDS= LR_SCALING=linear "
-                                      "EXTRA_FLAGS=--log_step_count_steps=4 CORES_PER_GPU=5 OMP_NUM_THREADS=1 "
-                                      "exec --nv /images/bertbench.sif scripts/run_glue.sh MRPC 8 1e-3 fp32 false 1 "
-                                      "32 64 "), calls
+    assert calls["node 1"].startswith(
+        "MODELING=recompute RECOMPUTE_POLICY= MAX_TRAIN_SECONDS= LR_SCALING=linear "
+        "EXTRA_FLAGS=--log_step_count_steps=4 CORES_PER_GPU=5 OMP_NUM_THREADS=1 "
+        "exec --nv /images/bertbench.sif scripts/run_glue.sh MRPC 8 1e-3 fp32 false 1 "
+        "32 64 "
+    ), calls
     run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_recompute-full_gpu1_nodes2"
     train = read_json(run_dir / "train_results.json")
-    assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (2, 2, "recompute",
-                                                                                             "linear")
+    assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (
+        2,
+        2,
+        "recompute",
+        "linear",
+    )
     assert train["learning_rate"] == pytest.approx(2e-3) and train["global_step"] == 8  # 128 / (8 x 2)
-    assert sorted(name for name in os.listdir(run_dir) if name.endswith(".log")) == \
-        ["command.log", "train.node0.log", "train.node1.log"]
+    assert sorted(name for name in os.listdir(run_dir) if name.endswith(".log")) == [
+        "command.log",
+        "train.node0.log",
+        "train.node1.log",
+    ]
     node_logs = [(run_dir / name).read_text() for name in ("train.node0.log", "train.node1.log")]
     # Each node's agent joined the 2-node group, as one of its two ranks (c10d hands them out in the order the agents
     # arrive, not by NODE_RANK); the job's status 0 says their workers finished.
@@ -253,16 +335,16 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
     assert "--rdzv-backend=c10d --rdzv-endpoint=localhost:" in (run_dir / "command.log").read_text()
 
 
-@pytest.mark.parametrize("template, batch, xla", [("baseline_1gpu.pbs", "24", "true"),
-                                                   ("optimized_2x4gpu.pbs", "48", "false")])
+@pytest.mark.parametrize(
+    "template, batch, xla", [("baseline_1gpu.pbs", "24", "true"), ("optimized_2x4gpu.pbs", "48", "false")]
+)
 def test_pbs_jobs_default_to_the_originals_runs(job_env, tmp_path, template, batch, xla):
     """Nothing set: the baseline job is the original's run_glue.sh defaults, the optimized job the original's
     optimized run (batch 48 per GPU, no XLA). A PYTHON stand-in records the runner's command instead of training."""
     record = tmp_path / "python.argv"
     (tmp_path / "python").write_text(f'#!/bin/sh\nfor word in "$@"; do echo "$word" >> "{record}"; done\n')
     (tmp_path / "python").chmod(0o755)
-    env = {name: value for name, value in pbs_env(job_env, tmp_path, ["localhost"]).items()
-           if name not in CPU_SETTINGS}
+    env = {name: value for name, value in pbs_env(job_env, tmp_path, ["localhost"]).items() if name not in CPU_SETTINGS}
     done = run_job(os.path.join(TEMPLATES, "pbs", template), dict(env, PYTHON=str(tmp_path / "python")), tmp_path)
     assert done.returncode == 0, done.stderr
     argv = record.read_text().splitlines()
@@ -299,8 +381,10 @@ def slurm_cluster(tmp_path_factory):
     free ports); yields the environment that points sbatch at it."""
     missing = [name for name in SLURM_PROGRAMS if find_program(name) is None]
     if missing:
-        pytest.skip(f"Slurm cannot be started here: {', '.join(missing)} not installed (Debian's slurmctld slurmd "
-                    "slurm-client munge; .ci/run installs them)")
+        pytest.skip(
+            f"Slurm cannot be started here: {', '.join(missing)} not installed (Debian's slurmctld slurmd "
+            "slurm-client munge; .ci/run installs them)"
+        )
     if os.geteuid() != 0:
         pytest.skip("Slurm cannot be started here: its daemons need root")
     root = tmp_path_factory.mktemp("slurm")
@@ -309,10 +393,19 @@ def slurm_cluster(tmp_path_factory):
     (root / "munge" / "munge.key").write_bytes(os.urandom(1024))
     (root / "munge" / "munge.key").chmod(0o600)
     socket_path = root / "munge" / "munge.socket"
-    subprocess.run([find_program("munged"), "--force", f"--socket={socket_path}",
-                    f"--key-file={root / 'munge' / 'munge.key'}", f"--pid-file={root / 'munge' / 'munged.pid'}",
-                    f"--log-file={root / 'munge' / 'munged.log'}", f"--seed-file={root / 'munge' / 'seed'}"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            find_program("munged"),
+            "--force",
+            f"--socket={socket_path}",
+            f"--key-file={root / 'munge' / 'munge.key'}",
+            f"--pid-file={root / 'munge' / 'munged.pid'}",
+            f"--log-file={root / 'munge' / 'munged.log'}",
+            f"--seed-file={root / 'munge' / 'seed'}",
+        ],
+        check=True,
+        capture_output=True,
+    )
     conf = root / "slurm.conf"
     conf.write_text(f"""ClusterName=bertbench
 SlurmctldHost=localhost(127.0.0.1)
@@ -323,12 +416,12 @@ AuthInfo=socket={socket_path}
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
-StateSaveLocation={root / 'state'}
-SlurmdSpoolDir={root / 'spool'}
-SlurmctldPidFile={root / 'slurmctld.pid'}
-SlurmdPidFile={root / 'slurmd.pid'}
-SlurmctldLogFile={root / 'log' / 'slurmctld.log'}
-SlurmdLogFile={root / 'log' / 'slurmd.log'}
+StateSaveLocation={root / "state"}
+SlurmdSpoolDir={root / "spool"}
+SlurmctldPidFile={root / "slurmctld.pid"}
+SlurmdPidFile={root / "slurmd.pid"}
+SlurmctldLogFile={root / "log" / "slurmctld.log"}
+SlurmdLogFile={root / "log" / "slurmd.log"}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -344,8 +437,14 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     try:
         subprocess.run([find_program("slurmctld")], env=env, check=True, capture_output=True)
         subprocess.run([find_program("slurmd"), "-N", "localhost"], env=env, check=True, capture_output=True)
-        wait_for(lambda: subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
-                                        text=True).stdout.strip() == "idle", 60, "the Slurm node never became idle")
+        wait_for(
+            lambda: (
+                subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout.strip()
+                == "idle"
+            ),
+            60,
+            "the Slurm node never became idle",
+        )
         yield env
     finally:
         subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
@@ -363,8 +462,13 @@ def test_run_on_every_node_through_a_real_srun(slurm_cluster, tmp_path):
     assert done.returncode == 0, done.stderr.decode()
     for rank in (0, 1):
         argv, node_env, pwd = read_node(env["RESULTS_DIR"], rank)
-        assert (argv, pwd, node_env["NODE_RANK"], node_env["NNODES"], node_env["MASTER_ADDR"]) == \
-            (TRICKY_ARGS, os.path.realpath(env["PBS_O_WORKDIR"]), str(rank), "2", "head-node")
+        assert (argv, pwd, node_env["NODE_RANK"], node_env["NNODES"], node_env["MASTER_ADDR"]) == (
+            TRICKY_ARGS,
+            os.path.realpath(env["PBS_O_WORKDIR"]),
+            str(rank),
+            "2",
+            "head-node",
+        )
         assert all(node_env.get(name) == env[name] for name in FORWARDED)
     assert read_node(env["RESULTS_DIR"], 1)[1]["SLURM_STEP_NUM_TASKS"] == "1"  # a step of its own
 
@@ -374,13 +478,31 @@ def test_slurm_job_srun_torchrun_two_tasks(slurm_cluster, job_env, tmp_path):
     env = {**job_env, "SLURM_CONF": slurm_cluster["SLURM_CONF"]}
     # The template asks for 2 nodes x 4 GPUs; this cluster is one CPU node: 2 tasks there, a process each.
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
-         f"--output={tmp_path / 'slurm-%j.out'}", "--export=ALL",
-         os.path.join(TEMPLATES, "slurm", "run_glue.sbatch")],
-        env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--gpus-per-node=0",
+            "--cpus-per-task=1",
+            f"--output={tmp_path / 'slurm-%j.out'}",
+            "--export=ALL",
+            os.path.join(TEMPLATES, "slurm", "run_glue.sbatch"),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     job_id = submitted.stdout.strip().split(";")[0]
-    wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True,
-                                        text=True).stdout.strip(), 300, f"Slurm job {job_id} did not finish")
+    wait_for(
+        lambda: (
+            not subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True).stdout.strip()
+        ),
+        300,
+        f"Slurm job {job_id} did not finish",
+    )
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
     state = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, output[-3000:]
@@ -392,6 +514,7 @@ def test_slurm_job_srun_torchrun_two_tasks(slurm_cluster, job_env, tmp_path):
 
 
 # ---- Kubernetes and the container recipes --------------------------------------------------------------------------
+
 
 def manifest():
     with open(os.path.join(TEMPLATES, "k8s", "pytorchjob.yaml")) as handle:
@@ -408,7 +531,7 @@ def test_pytorchjob_is_well_formed():
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 1)
-    container, = replicas["Worker"]["template"]["spec"]["containers"]
+    (container,) = replicas["Worker"]["template"]["spec"]["containers"]
     env = {item["name"]: item["value"] for item in container["env"]}
     gpus = container["resources"]["limits"]["nvidia.com/gpu"]
     assert job["spec"]["nprocPerNode"] == env["NPROC_PER_NODE"] == str(gpus)
@@ -432,23 +555,45 @@ def test_pytorchjob_pods_run_as_the_operator_starts_them(job_env, tmp_path):
     for replica_type in ("Master", "Worker"):
         for _ in range(specs[replica_type]["replicas"]):
             pods.append(specs[replica_type]["template"]["spec"]["containers"][0])
-    operator = {"PET_NNODES": str(len(pods)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": job_env["MASTER_PORT"],
-                "WORLD_SIZE": str(len(pods)), "PYTHONUNBUFFERED": "1"}
+    operator = {
+        "PET_NNODES": str(len(pods)),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": job_env["MASTER_PORT"],
+        "WORLD_SIZE": str(len(pods)),
+        "PYTHONUNBUFFERED": "1",
+    }
     processes = []
     for rank, container in enumerate(pods):
         env = {item["name"]: item["value"] for item in container["env"]}
-        env.update(CPU_SETTINGS, BERT_DIR=BERT_DIR, GLUE_DIR=job_env["GLUE_DIR"], RESULTS_DIR=job_env["RESULTS_DIR"],
-                   NPROC_PER_NODE="1")
+        env.update(
+            CPU_SETTINGS,
+            BERT_DIR=BERT_DIR,
+            GLUE_DIR=job_env["GLUE_DIR"],
+            RESULTS_DIR=job_env["RESULTS_DIR"],
+            NPROC_PER_NODE="1",
+        )
         env.update(operator, PET_NODE_RANK=str(rank), RANK=str(rank))
         command = [expand(word, env) for word in container["command"] + container["args"]]
-        processes.append(subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env, "PYTHON": sys.executable},
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        processes.append(
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env={**os.environ, **env, "PYTHON": sys.executable},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [process.communicate(timeout=300)[0] for process in processes]
     assert [process.returncode for process in processes] == [0, 0], "\n".join(outputs)[-4000:]
     run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_recompute-full_gpu1_nodes2"
     train = read_json(run_dir / "train_results.json")
-    assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (2, 2, "recompute",
-                                                                                             "linear")
+    assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (
+        2,
+        2,
+        "recompute",
+        "linear",
+    )
     assert "".join(outputs).count("***** Eval results") == 1
 
 
@@ -468,10 +613,16 @@ def test_container_recipes_copy_what_the_repository_has():
     assert "pip install ." in dockerfile and "pip install --no-cache-dir /opt/bertbench" in definition
 
 
-@pytest.mark.parametrize("script", sorted(
-    os.path.relpath(os.path.join(directory, name), ROOT)
-    for top in ("scripts", "job_templates") for directory, _, names in os.walk(os.path.join(ROOT, top))
-    for name in names if name.endswith((".sh", ".pbs", ".sbatch"))))
+@pytest.mark.parametrize(
+    "script",
+    sorted(
+        os.path.relpath(os.path.join(directory, name), ROOT)
+        for top in ("scripts", "job_templates")
+        for directory, _, names in os.walk(os.path.join(ROOT, top))
+        for name in names
+        if name.endswith((".sh", ".pbs", ".sbatch"))
+    ),
+)
 def test_shell_scripts_parse(script):
     done = subprocess.run(["bash", "-n", os.path.join(ROOT, script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

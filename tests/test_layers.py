@@ -37,47 +37,138 @@ def under(name: str, package: str) -> bool:
 
 
 def test_the_modules_were_found():
-    assert {"bertbench.training.loop", "bertbench.training.step", "bertbench.bench.throughput", "bertbench.demo.run",
-            "bertbench.tasks.glue"} <= set(MODULES)
+    assert {
+        "bertbench.training.loop",
+        "bertbench.training.step",
+        "bertbench.bench.throughput",
+        "bertbench.demo.run",
+        "bertbench.tasks.glue",
+    } <= set(MODULES)
+
+
+# The packages from the bottom up: a module imports its own package and the packages below it, never one above.
+# bench/ and demo/ share the top; the package's own top-level modules (the CLI, the original's module names) sit
+# above everything but them.
+LAYERS = [("common",), ("model",), ("training",), ("tasks",), ("weights",), ("runners",), ("(top)",), ("bench", "demo")]
+LEVEL = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else "(top)"
+
+
+def test_every_package_has_its_layer():
+    packages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
+    assert packages | {"(top)"} == set(LEVEL), "a new package needs its place in LAYERS"
+
+
+def test_packages_import_only_their_own_layer_and_those_below():
+    upward = {}
+    for module, imports in MODULES.items():
+        level = LEVEL[package_of(module)]
+        # a module, or a name from one (the package's own __init__ holds only its version)
+        modules = {
+            name for name in imports if name in MODULES or name.rpartition(".")[0] in set(MODULES) - {"bertbench"}
+        }
+        above = sorted(
+            name
+            for name in modules
+            if name != "bertbench" and LEVEL[package_of(name)] > level and package_of(name) != package_of(module)
+        )
+        if above:
+            upward[module] = above
+    assert upward == {}
 
 
 @pytest.mark.parametrize("leaf", ["bertbench.bench", "bertbench.demo"])
 def test_the_core_never_imports_the_benches_or_the_demo(leaf):
-    offenders = {module: sorted(name for name in imports if under(name, leaf))
-                 for module, imports in MODULES.items()
-                 if not (under(module, "bertbench.bench") or under(module, "bertbench.demo"))}
+    offenders = {
+        module: sorted(name for name in imports if under(name, leaf))
+        for module, imports in MODULES.items()
+        if not (under(module, "bertbench.bench") or under(module, "bertbench.demo"))
+    }
     assert {module: names for module, names in offenders.items() if names} == {}
 
 
 def test_the_benches_and_the_demo_do_not_lean_on_each_other():
-    crossing = {module: sorted(name for name in imports if under(name, "bertbench.demo" if under(
-        module, "bertbench.bench") else "bertbench.bench"))
-                for module, imports in MODULES.items()
-                if under(module, "bertbench.bench") or under(module, "bertbench.demo")}
+    crossing = {
+        module: sorted(
+            name
+            for name in imports
+            if under(name, "bertbench.demo" if under(module, "bertbench.bench") else "bertbench.bench")
+        )
+        for module, imports in MODULES.items()
+        if under(module, "bertbench.bench") or under(module, "bertbench.demo")
+    }
     assert {module: names for module, names in crossing.items() if names} == {}
 
 
-@pytest.mark.parametrize("model_module", ["bertbench.model.modeling", "bertbench.model.recompute", "bertbench.model.config",
-                                          "bertbench.model.factory"])
+@pytest.mark.parametrize(
+    "model_module",
+    ["bertbench.model.modeling", "bertbench.model.recompute", "bertbench.model.config", "bertbench.model.factory"],
+)
 def test_model_code_has_no_training_code(model_module):
-    training = ("bertbench.training.loop", "bertbench.training.step", "bertbench.training.state", "bertbench.training.stats",
-                "bertbench.training.optim", "bertbench.runners.command", "bertbench.training.checkpoint", "bertbench.model.saved_activations")
+    training = (
+        "bertbench.training.loop",
+        "bertbench.training.step",
+        "bertbench.training.state",
+        "bertbench.training.stats",
+        "bertbench.training.optim",
+        "bertbench.runners",
+        "bertbench.training.checkpoint",
+        "bertbench.model.saved_activations",
+    )
     assert sorted(name for name in MODULES[model_module] if name.startswith(training)) == []
 
 
 def test_the_training_step_and_state_do_not_import_the_loop_or_the_runners():
-    for module in ("bertbench.training.step", "bertbench.training.state", "bertbench.training.stats", "bertbench.training.batches",
-                   "bertbench.training.config"):
-        assert not {name for name in MODULES[module]
-                    if name.startswith(("bertbench.training.loop", "bertbench.runners.command", "bertbench.run_"))}, module
+    for module in (
+        "bertbench.training.step",
+        "bertbench.training.state",
+        "bertbench.training.stats",
+        "bertbench.training.batches",
+        "bertbench.training.config",
+    ):
+        assert not {
+            name
+            for name in MODULES[module]
+            if name.startswith(("bertbench.training.loop", "bertbench.runners", "bertbench.run_"))
+        }, module
 
 
 def test_data_creation_loads_no_training_code():
     # Its worker processes import this module: the loop, the runners and the weights code have no place there.
-    loaded = subprocess.run([sys.executable, "-c", "import sys, bertbench.tasks.create_pretraining_data; "
-                             "print(' '.join(m for m in sys.modules if m.startswith(('bertbench', 'torch'))))"],
-                            capture_output=True, text=True, check=True).stdout.split()
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, bertbench.tasks.create_pretraining_data; "
+            "print(' '.join(m for m in sys.modules if m.startswith(('bertbench', 'torch'))))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert "bertbench.tasks.create_pretraining_data" in loaded and "torch" not in loaded  # ~1 s and 200 MiB a worker
-    assert sorted(name for name in loaded if name.startswith((
-        "bertbench.training.loop", "bertbench.runners.command", "bertbench.run_", "bertbench.weights.hf", "bertbench.train_",
-        "bertbench.bench", "bertbench.demo", "bertbench.training.optim", "bertbench.model.recompute", "bertbench.model.modeling"))) == []
+    assert (
+        sorted(
+            name
+            for name in loaded
+            if name.startswith(
+                (
+                    "bertbench.training.loop",
+                    "bertbench.runners",
+                    "bertbench.run_",
+                    "bertbench.weights.hf",
+                    "bertbench.train_",
+                    "bertbench.bench",
+                    "bertbench.demo",
+                    "bertbench.training.optim",
+                    "bertbench.model.recompute",
+                    "bertbench.model.modeling",
+                )
+            )
+        )
+        == []
+    )

@@ -17,18 +17,21 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_BERT, snapshot, write_bert_dir, write_nvidia_shard
 
 from bertbench import cli
-from bertbench.runners import evaluate_squad, classifier as run_classifier, pretraining as run_pretraining, squad as run_squad
-from bertbench.tasks import create_pretraining_data
-from bertbench.weights import convert
+from bertbench.common.run_files import LOCK
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import build_model
-from bertbench.runners.run_lock import LOCK_NAME
+from bertbench.runners import classifier as run_classifier
+from bertbench.runners import evaluate_squad
+from bertbench.runners import pretraining as run_pretraining
+from bertbench.runners import squad as run_squad
+from bertbench.tasks import create_pretraining_data
 from bertbench.tasks.synthetic import write_corpus, write_glue_task, write_squad
-from bertbench.weights.tf_checkpoint import _block_entries, _read_block, _varint, masked_crc32c
+from bertbench.weights import convert
 from bertbench.weights.hf import save_hf_directory
-from conftest import TINY_BERT, snapshot, write_bert_dir, write_nvidia_shard
+from bertbench.weights.tf_checkpoint import block_entries, masked_crc32c, read_block, read_varint
 
 TF1 = Path(__file__).parent / "fixtures" / "tf1_tiny"
 COMMANDS = {  # name -> (program name on stderr, main)
@@ -66,27 +69,57 @@ def inputs(tmp_path_factory) -> Path:
 
 
 def classify_flags(inputs: Path, out: Path, *extra: str, data_dir=None, vocab=None, config=None) -> list[str]:
-    return [f"--task_name={'MRPC' if data_dir is None else Path(data_dir).name}",
-            f"--data_dir={data_dir or inputs / 'glue' / 'MRPC'}", f"--vocab_file={vocab or inputs / 'bert/vocab.txt'}",
-            f"--bert_config_file={config or inputs / 'bert/bert_config.json'}", "--max_seq_length=32",
-            "--train_batch_size=16", "--learning_rate=2e-3", "--num_train_epochs=1", "--save_checkpoints_secs=0",
-            "--log_step_count_steps=1000", f"--output_dir={out}", *extra]
+    return [
+        f"--task_name={'MRPC' if data_dir is None else Path(data_dir).name}",
+        f"--data_dir={data_dir or inputs / 'glue' / 'MRPC'}",
+        f"--vocab_file={vocab or inputs / 'bert/vocab.txt'}",
+        f"--bert_config_file={config or inputs / 'bert/bert_config.json'}",
+        "--max_seq_length=32",
+        "--train_batch_size=16",
+        "--learning_rate=2e-3",
+        "--num_train_epochs=1",
+        "--save_checkpoints_secs=0",
+        "--log_step_count_steps=1000",
+        f"--output_dir={out}",
+        *extra,
+    ]
 
 
 def squad_flags(inputs: Path, out: Path, *extra: str, version="1.1", train=None, predict=None) -> list[str]:
     squad = inputs / "squad"
-    return [f"--train_file={train or squad / f'train-v{version}.json'}",
-            f"--predict_file={predict or squad / f'dev-v{version}.json'}", f"--vocab_file={inputs / 'bert/vocab.txt'}",
-            f"--bert_config_file={inputs / 'bert/bert_config.json'}", f"--version_2_with_negative={version == '2.0'}",
-            "--max_seq_length=32", "--max_query_length=8", "--doc_stride=8", "--train_batch_size=4",
-            "--save_checkpoints_secs=0", "--do_train", "--do_predict", f"--output_dir={out}", *extra]
+    return [
+        f"--train_file={train or squad / f'train-v{version}.json'}",
+        f"--predict_file={predict or squad / f'dev-v{version}.json'}",
+        f"--vocab_file={inputs / 'bert/vocab.txt'}",
+        f"--bert_config_file={inputs / 'bert/bert_config.json'}",
+        f"--version_2_with_negative={version == '2.0'}",
+        "--max_seq_length=32",
+        "--max_query_length=8",
+        "--doc_stride=8",
+        "--train_batch_size=4",
+        "--save_checkpoints_secs=0",
+        "--do_train",
+        "--do_predict",
+        f"--output_dir={out}",
+        *extra,
+    ]
 
 
 def pretrain_flags(inputs: Path, out: Path, *extra: str, shards=None, eval_dir=None) -> list[str]:
-    return [f"--input_dir={shards or inputs / 'shards'}", f"--eval_dir={eval_dir or inputs / 'eval'}",
-            f"--bert_config_file={inputs / 'bert/bert_config.json'}", "--max_seq_length=32",
-            "--max_predictions_per_seq=5", "--train_batch_size=8", "--num_train_steps=2", "--do_train",
-            "--save_checkpoints_secs=0", "--log_step_count_steps=1000", f"--output_dir={out}", *extra]
+    return [
+        f"--input_dir={shards or inputs / 'shards'}",
+        f"--eval_dir={eval_dir or inputs / 'eval'}",
+        f"--bert_config_file={inputs / 'bert/bert_config.json'}",
+        "--max_seq_length=32",
+        "--max_predictions_per_seq=5",
+        "--train_batch_size=8",
+        "--num_train_steps=2",
+        "--do_train",
+        "--save_checkpoints_secs=0",
+        "--log_step_count_steps=1000",
+        f"--output_dir={out}",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -97,21 +130,22 @@ def finished_runs(inputs, tmp_path_factory) -> dict[str, Path]:
     it was."""
     root = tmp_path_factory.mktemp("finished")
     runs = {"classify": root / "classify", "pretrain": root / "pretrain"}
-    assert run_classifier.main(classify_flags(inputs, runs["classify"], "--do_train", "--do_eval",
-                                              "--do_predict")) == 0
+    assert run_classifier.main(classify_flags(inputs, runs["classify"], "--do_train", "--do_eval", "--do_predict")) == 0
     assert run_pretraining.main(pretrain_flags(inputs, runs["pretrain"], "--do_eval")) == 0
     for name, finished in list(runs.items()):
-        (finished / LOCK_NAME).unlink()
+        (finished / LOCK).unlink()
         unsaved = runs[f"{name}-unsaved"] = root / f"{name}-unsaved"
         unsaved.mkdir()
         shutil.copy(finished / "bertbench_run.json", unsaved)
         logged = (finished / "metrics.jsonl").read_text().splitlines()
         (unsaved / "metrics.jsonl").write_text(
-            "".join(line + "\n" for line in logged if json.loads(line)["checkpoint_step"] is None))
+            "".join(line + "\n" for line in logged if json.loads(line)["checkpoint_step"] is None)
+        )
     return runs
 
 
 # ---- corruption helpers: each writes a broken copy under the case's tmp directory and returns its path ------------
+
 
 def copy_tree(source: Path, tmp: Path) -> Path:
     target = tmp / source.name
@@ -130,14 +164,16 @@ def edit_tsv(path: Path, edit: Callable[[list[str]], list[str]]) -> None:
 
 def replace_line(number: int, text: str) -> Callable[[Path], None]:
     """A broken_glue damage: line `number` (1-based) becomes `text`."""
-    return lambda path: edit_tsv(path, lambda lines: lines[:number - 1] + [text] + lines[number:])
+    return lambda path: edit_tsv(path, lambda lines: lines[: number - 1] + [text] + lines[number:])
 
 
 def replace_label(number: int, label: str) -> Callable[[Path], None]:
     """A broken_glue damage: the last field of line `number` (the label of STS-B and MNLI rows) becomes `label`."""
+
     def edit(lines: list[str]) -> list[str]:
         others = lines[number - 1].rsplit("\t", 1)[0]
-        return lines[:number - 1] + [f"{others}\t{label}"] + lines[number:]
+        return lines[: number - 1] + [f"{others}\t{label}"] + lines[number:]
+
     return lambda path: edit_tsv(path, edit)
 
 
@@ -203,7 +239,7 @@ def tf1_copy(tmp: Path) -> Path:
 
 def truncate(path: Path, keep: float = 0.5) -> Path:
     data = path.read_bytes()
-    path.write_bytes(data[:int(len(data) * keep)])
+    path.write_bytes(data[: int(len(data) * keep)])
     return path
 
 
@@ -212,19 +248,19 @@ def reshape_tf_tensor(index_path: Path, name: str, old: int, new: int) -> None:
     from another model would have it."""
     raw = bytearray(index_path.read_bytes())
     footer = bytes(raw[-48:])
-    _, pos = _varint(footer, 0, "footer")
-    _, pos = _varint(footer, pos, "footer")
-    for _, handle in _block_entries(_read_block(bytes(raw), footer[pos:], "top"), "top"):
-        offset, pos = _varint(handle, 0, "handle")
-        size, _ = _varint(handle, pos, "handle")
-        block = bytes(raw[offset:offset + size])
-        for key, value in _block_entries(block, "block"):
+    _, pos = read_varint(footer, 0, "footer")
+    _, pos = read_varint(footer, pos, "footer")
+    for _, handle in block_entries(read_block(bytes(raw), footer[pos:], "top"), "top"):
+        offset, pos = read_varint(handle, 0, "handle")
+        size, _ = read_varint(handle, pos, "handle")
+        block = bytes(raw[offset : offset + size])
+        for key, value in block_entries(block, "block"):
             if key == name.encode():
                 start = offset + block.index(value)
                 dim = value.index(bytes([0x08, old]))  # TensorShapeProto.Dim.size, a one-byte varint
                 raw[start + dim + 1] = new
-                crc = masked_crc32c(bytes(raw[offset:offset + size + 1]))
-                raw[offset + size + 1:offset + size + 5] = crc.to_bytes(4, "little")
+                crc = masked_crc32c(bytes(raw[offset : offset + size + 1]))
+                raw[offset + size + 1 : offset + size + 5] = crc.to_bytes(4, "little")
                 index_path.write_bytes(bytes(raw))
                 return
     raise AssertionError(f"no tensor {name} in {index_path}")
@@ -248,6 +284,7 @@ def hf_without_weights(inputs: Path, tmp: Path) -> Path:
 
 def hf_with_wrong_shape(inputs: Path, tmp: Path) -> Path:
     from safetensors.torch import load_file, save_file
+
     directory = hf_copy(inputs, tmp)
     state = load_file(directory / "model.safetensors")
     state["bert.embeddings.position_embeddings.weight"] = torch.zeros(63, TINY_BERT["hidden_size"])
@@ -283,6 +320,7 @@ def set_value(key: str, where, value) -> Callable:
         data[where] = value
         del handle[key]
         handle.create_dataset(key, data=data)
+
     return damage
 
 
@@ -291,6 +329,7 @@ def replace_dataset(key: str, make: Callable[[np.ndarray], np.ndarray]) -> Calla
         data = make(handle[key][()])
         del handle[key]
         handle.create_dataset(key, data=data)
+
     return damage
 
 
@@ -300,6 +339,7 @@ def longer_sequences(handle):
 
 
 # ---- the corpus -----------------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -318,6 +358,7 @@ def glue_case(id, split, damage, expect, *extra, task="MRPC", state="absent"):
         task_dir = broken_glue(inputs, tmp, split, damage, task)
         flags = extra or ("--do_train", "--do_eval", "--do_predict")
         return classify_flags(inputs, out, *flags, data_dir=task_dir), f"{task_dir / split}.tsv{expect}"
+
     return Case(id, "classify", build, state)
 
 
@@ -326,6 +367,7 @@ def squad_case(id, edit, expect, *extra, name="train-v1.1.json", version="1.1", 
         path = broken_squad(inputs, tmp, edit, name)
         which = {"train" if name.startswith("train") else "predict": path}
         return squad_flags(inputs, out, *extra, version=version, **which), (f"{path}: ", expect)
+
     return Case(id, "squad", build, state)
 
 
@@ -333,6 +375,7 @@ def config_case(id, changes, expect, state="absent"):
     def build(inputs, tmp, out):
         path = bert_config(tmp, **changes)
         return classify_flags(inputs, out, "--do_train", "--do_eval", config=path), f"{path}: {expect}"
+
     return Case(id, "classify", build, state)
 
 
@@ -340,12 +383,16 @@ def vocab_case(id, edit, expect, state="absent"):
     def build(inputs, tmp, out):
         path = vocab_file(inputs, tmp, edit)
         return classify_flags(inputs, out, "--do_train", vocab=path), (f"{path}", expect)
+
     return Case(id, "classify", build, state)
 
 
 def flag_case(id, command, extra, expect, state="absent"):
-    make = {"classify": lambda inputs, out: classify_flags(inputs, out, "--do_train", "--do_eval"),
-            "squad": squad_flags, "pretrain": pretrain_flags}[command]
+    make = {
+        "classify": lambda inputs, out: classify_flags(inputs, out, "--do_train", "--do_eval"),
+        "squad": squad_flags,
+        "pretrain": pretrain_flags,
+    }[command]
     return Case(id, command, lambda inputs, tmp, out: (make(inputs, out) + list(extra), expect), state)
 
 
@@ -355,39 +402,62 @@ def shard_case(id, damage, expect, which="shards", state="absent"):
         given = {"shards" if which == "shards" else "eval_dir": directory}
         shard = directory / sorted(os.listdir(directory))[0]
         return pretrain_flags(inputs, out, **given), f"{shard}: {expect}"
+
     return Case(id, "pretrain", build, state)
 
 
 def small_shard_case(id, state):
     """A shard of 4 sequences for the runs' batch of 8: no batch can be drawn from it."""
+
     def build(inputs, tmp, out):
         (tmp / "small").mkdir()
         shard = write_nvidia_shard(tmp / "small" / "part_0.hdf5", count=4)
-        return pretrain_flags(inputs, out, shards=shard.parent), f"{shard}: 4 sequences, the most of any training " \
-            "shard, fewer than --train_batch_size 8"
+        return pretrain_flags(
+            inputs, out, shards=shard.parent
+        ), f"{shard}: 4 sequences, the most of any training shard, fewer than --train_batch_size 8"
+
     return Case(id, "pretrain", build, state)
 
 
 def tf1_case(id, damage, expect, command="classify", state="absent"):
     """A damaged copy of the TF1 fixture's checkpoint, warm-started from (classify) or converted (convert)."""
+
     def build(inputs, tmp, out):
         prefix = tf1_copy(tmp)
         culprit = damage(prefix)
         if command == "convert":
-            argv = ["--tf-checkpoint", str(prefix), "--bert-config", str(TF1 / "bert_config.json"), "--output",
-                    str(out), "--vocab-file", str(TF1 / "vocab.txt")]
+            argv = [
+                "--tf-checkpoint",
+                str(prefix),
+                "--bert-config",
+                str(TF1 / "bert_config.json"),
+                "--output",
+                str(out),
+                "--vocab-file",
+                str(TF1 / "vocab.txt"),
+            ]
         else:
-            argv = classify_flags(inputs, out, "--do_train", f"--init_checkpoint={prefix}",
-                                  vocab=TF1 / "vocab.txt", config=TF1 / "bert_config.json")
+            argv = classify_flags(
+                inputs,
+                out,
+                "--do_train",
+                f"--init_checkpoint={prefix}",
+                vocab=TF1 / "vocab.txt",
+                config=TF1 / "bert_config.json",
+            )
         return argv, f"{culprit}: {expect}"
+
     return Case(id, command, build, state)
 
 
 def hf_case(id, make, expect, culprit="model.safetensors", state="absent"):
     def build(inputs, tmp, out):
         directory = make(inputs, tmp)
-        return (classify_flags(inputs, out, "--do_train", f"--init_checkpoint={directory}"),
-                f"{directory / culprit}: {expect}")
+        return (
+            classify_flags(inputs, out, "--do_train", f"--init_checkpoint={directory}"),
+            f"{directory / culprit}: {expect}",
+        )
+
     return Case(id, "classify", build, state)
 
 
@@ -426,88 +496,218 @@ def _answer(qa):
 
 CASES = [
     # ---- GLUE TSVs --------------------------------------------------------------------------------------------------
-    glue_case("glue-train-row-missing-columns", "train", replace_line(5, "1\t10\t11\tthe cat sees ."),
-              ":5: 4 tab-separated fields"),
-    glue_case("glue-train-bad-label", "train", replace_line(4, "2\t6\t7\tthe cat sees .\tthe dog sees ."),
-              ":4: unknown label '2'"),
+    glue_case(
+        "glue-train-row-missing-columns",
+        "train",
+        replace_line(5, "1\t10\t11\tthe cat sees ."),
+        ":5: 4 tab-separated fields",
+    ),
+    glue_case(
+        "glue-train-bad-label",
+        "train",
+        replace_line(4, "2\t6\t7\tthe cat sees .\tthe dog sees ."),
+        ":4: unknown label '2'",
+    ),
     glue_case("glue-train-empty-file", "train", empty, ": no examples"),
     glue_case("glue-train-header-only", "train", keep_lines(0, 1), ": no examples"),
     glue_case("glue-train-missing-header", "train", keep_lines(1, None), ":1: an example (MRPC label"),
-    glue_case("glue-dev-wrong-column-count", "dev", replace_line(3, "0\tthe happy cat sees ."),
-              ":3: 2 tab-separated fields"),
-    glue_case("glue-dev-label-yes", "dev", replace_line(3, "yes\t4\t5\tthe cat sees .\tthe dog sees ."),
-              ":3: unknown label 'yes'"),
-    glue_case("glue-test-broken-refused-before-training", "test", replace_line(4, "2\tthe cat sees ."),
-              ":4: 2 tab-separated fields"),
-    glue_case("glue-test-broken-on-a-finished-run", "test", replace_line(2, "0"), ":2: 1 tab-separated field",
-              state="classify"),
-    glue_case("glue-test-broken-predict-only", "test", replace_line(2, "0"), ":2: 1 tab-separated field",
-              "--do_predict", state="classify"),
-    glue_case("glue-stsb-score-not-a-number", "train", replace_label(3, "five"), ":3: label 'five' is not a number",
-              task="STS-B"),
-    glue_case("glue-mnli-dev-mismatched-bad-label", "dev_mismatched", replace_label(3, "maybe"),
-              ":3: unknown label 'maybe'", task="MNLI"),
+    glue_case(
+        "glue-dev-wrong-column-count", "dev", replace_line(3, "0\tthe happy cat sees ."), ":3: 2 tab-separated fields"
+    ),
+    glue_case(
+        "glue-dev-label-yes",
+        "dev",
+        replace_line(3, "yes\t4\t5\tthe cat sees .\tthe dog sees ."),
+        ":3: unknown label 'yes'",
+    ),
+    glue_case(
+        "glue-test-broken-refused-before-training",
+        "test",
+        replace_line(4, "2\tthe cat sees ."),
+        ":4: 2 tab-separated fields",
+    ),
+    glue_case(
+        "glue-test-broken-on-a-finished-run",
+        "test",
+        replace_line(2, "0"),
+        ":2: 1 tab-separated field",
+        state="classify",
+    ),
+    glue_case(
+        "glue-test-broken-predict-only",
+        "test",
+        replace_line(2, "0"),
+        ":2: 1 tab-separated field",
+        "--do_predict",
+        state="classify",
+    ),
+    glue_case(
+        "glue-stsb-score-not-a-number",
+        "train",
+        replace_label(3, "five"),
+        ":3: label 'five' is not a number",
+        task="STS-B",
+    ),
+    glue_case(
+        "glue-mnli-dev-mismatched-bad-label",
+        "dev_mismatched",
+        replace_label(3, "maybe"),
+        ":3: unknown label 'maybe'",
+        task="MNLI",
+    ),
     glue_case("glue-train-non-utf8", "train", not_utf8, ":2: not valid UTF-8", "--do_train"),
     glue_case("glue-dev-missing", "dev", Path.unlink, ": no such file", "--do_train", "--do_eval", state="empty"),
-
     # ---- SQuAD JSON -------------------------------------------------------------------------------------------------
-    Case("squad-not-json", "squad", lambda inputs, tmp, out: (
-        squad_flags(inputs, out, train=write_bytes(tmp / "train.json", b'{"version": "1.1", "data": [')),
-        f"{tmp / 'train.json'}: not valid JSON")),
-    Case("squad-top-level-list", "squad", lambda inputs, tmp, out: (
-        squad_flags(inputs, out, train=write_json(tmp / "train.json", squad_data(inputs)["data"])),
-        f"{tmp / 'train.json'}: not a SQuAD file")),
-    Case("squad-non-utf8", "squad", lambda inputs, tmp, out: (
-        squad_flags(inputs, out, train=write_bytes(
-            tmp / "train.json", (inputs / "squad/train-v1.1.json").read_bytes().replace(b"the", b"th\xff", 1))),
-        f"{tmp / 'train.json'}: not valid JSON")),
+    Case(
+        "squad-not-json",
+        "squad",
+        lambda inputs, tmp, out: (
+            squad_flags(inputs, out, train=write_bytes(tmp / "train.json", b'{"version": "1.1", "data": [')),
+            f"{tmp / 'train.json'}: not valid JSON",
+        ),
+    ),
+    Case(
+        "squad-top-level-list",
+        "squad",
+        lambda inputs, tmp, out: (
+            squad_flags(inputs, out, train=write_json(tmp / "train.json", squad_data(inputs)["data"])),
+            f"{tmp / 'train.json'}: not a SQuAD file",
+        ),
+    ),
+    Case(
+        "squad-non-utf8",
+        "squad",
+        lambda inputs, tmp, out: (
+            squad_flags(
+                inputs,
+                out,
+                train=write_bytes(
+                    tmp / "train.json", (inputs / "squad/train-v1.1.json").read_bytes().replace(b"the", b"th\xff", 1)
+                ),
+            ),
+            f"{tmp / 'train.json'}: not valid JSON",
+        ),
+    ),
     squad_case("squad-no-data-key", lambda d: d["data"].pop("data"), "not a SQuAD file (no 'data' list)"),
     squad_case("squad-no-context", lambda d: d["paragraph"].pop("context"), "has no 'context' field"),
     squad_case("squad-no-qas", lambda d: d["paragraph"].pop("qas"), "a paragraph has no 'qas' field"),
     squad_case("squad-no-answers", lambda d: d["qa"].pop("answers"), "has no 'answers' field"),
     squad_case("squad-no-id", lambda d: d["qa"].pop("id"), "a question has no 'id' field"),
-    squad_case("squad-answer-start-outside-context",
-               lambda d: _answer(d["qa"]).update(answer_start=len(d["paragraph"]["context"]) + 5),
-               "answer_start"),
-    squad_case("squad-answer-text-not-at-answer-start",
-               lambda d: _answer(d["qa"]).update(answer_start=_answer(d["qa"])["answer_start"] + 1),
-               "points at"),
-    squad_case("squad-answer-start-is-text", lambda d: _answer(d["qa"]).update(answer_start="4"),
-               "answer_start is '4'"),
+    squad_case(
+        "squad-answer-start-outside-context",
+        lambda d: _answer(d["qa"]).update(answer_start=len(d["paragraph"]["context"]) + 5),
+        "answer_start",
+    ),
+    squad_case(
+        "squad-answer-text-not-at-answer-start",
+        lambda d: _answer(d["qa"]).update(answer_start=_answer(d["qa"])["answer_start"] + 1),
+        "points at",
+    ),
+    squad_case(
+        "squad-answer-start-is-text", lambda d: _answer(d["qa"]).update(answer_start="4"), "answer_start is '4'"
+    ),
     squad_case("squad-question-not-text", lambda d: d["qa"].update(question=7), "the question is 7"),
-    squad_case("squad-duplicate-id", lambda d: d["qa"].update(id=d["paragraph"]["qas"][1]["id"]),
-               "the id is used twice"),
-    squad_case("squad-v2-is-impossible-a-string", lambda d: d["qa"].update(is_impossible="false"),
-               "is_impossible is 'false'", name="train-v2.0.json", version="2.0"),
-    squad_case("squad-v2-question-in-a-v1-run", lambda d: d["qa"].update(is_impossible=True, answers=[]),
-               "--version_2_with_negative", name="train-v1.1.json"),
-    squad_case("squad-predict-file-no-qas", lambda d: d["paragraph"].pop("qas"), "a paragraph has no 'qas' field",
-               name="dev-v1.1.json"),
-    squad_case("squad-predict-answer-text-not-text", lambda d: _answer(d["qa"]).update(text=3),
-               "answer", name="dev-v1.1.json"),
-    squad_case("squad-v2-predict-is-impossible-a-number", lambda d: d["qa"].update(is_impossible=1),
-               "is_impossible", name="dev-v2.0.json", version="2.0"),
-    Case("evaluate-squad-predictions-a-list", "evaluate", lambda inputs, tmp, out: (
-        [str(inputs / "squad/dev-v1.1.json"), str(write_json(tmp / "predictions.json", ["calm owl"])),
-         f"--out-file={out / 'scores.json'}"], f"{tmp / 'predictions.json'}: expected a JSON object")),
-    Case("evaluate-squad-prediction-not-text", "evaluate", lambda inputs, tmp, out: (
-        [str(inputs / "squad/dev-v1.1.json"), str(write_json(tmp / "predictions.json", {"demo-1-0-0": 5})),
-         f"--out-file={out / 'scores.json'}"], f"{tmp / 'predictions.json'}: question demo-1-0-0")),
-    Case("evaluate-squad-data-not-json", "evaluate", lambda inputs, tmp, out: (
-        [str(write_bytes(tmp / "dev.json", b"<html>")), str(write_json(tmp / "predictions.json", {})),
-         f"--out-file={out / 'scores.json'}"], f"{tmp / 'dev.json'}: not valid JSON"), state="empty"),
-    Case("evaluate-squad-na-prob-not-a-number", "evaluate", lambda inputs, tmp, out: (
-        [str(inputs / "squad/dev-v2.0.json"), str(write_json(tmp / "predictions.json", {})),
-         f"--na-prob-file={write_json(tmp / 'null_odds.json', {'demo-1-0-0': 'high'})}",
-         f"--out-file={out / 'scores.json'}"], f"{tmp / 'null_odds.json'}: question demo-1-0-0")),
-
+    squad_case(
+        "squad-duplicate-id", lambda d: d["qa"].update(id=d["paragraph"]["qas"][1]["id"]), "the id is used twice"
+    ),
+    squad_case(
+        "squad-v2-is-impossible-a-string",
+        lambda d: d["qa"].update(is_impossible="false"),
+        "is_impossible is 'false'",
+        name="train-v2.0.json",
+        version="2.0",
+    ),
+    squad_case(
+        "squad-v2-question-in-a-v1-run",
+        lambda d: d["qa"].update(is_impossible=True, answers=[]),
+        "--version_2_with_negative",
+        name="train-v1.1.json",
+    ),
+    squad_case(
+        "squad-predict-file-no-qas",
+        lambda d: d["paragraph"].pop("qas"),
+        "a paragraph has no 'qas' field",
+        name="dev-v1.1.json",
+    ),
+    squad_case(
+        "squad-predict-answer-text-not-text", lambda d: _answer(d["qa"]).update(text=3), "answer", name="dev-v1.1.json"
+    ),
+    squad_case(
+        "squad-v2-predict-is-impossible-a-number",
+        lambda d: d["qa"].update(is_impossible=1),
+        "is_impossible",
+        name="dev-v2.0.json",
+        version="2.0",
+    ),
+    Case(
+        "evaluate-squad-predictions-a-list",
+        "evaluate",
+        lambda inputs, tmp, out: (
+            [
+                str(inputs / "squad/dev-v1.1.json"),
+                str(write_json(tmp / "predictions.json", ["calm owl"])),
+                f"--out-file={out / 'scores.json'}",
+            ],
+            f"{tmp / 'predictions.json'}: expected a JSON object",
+        ),
+    ),
+    Case(
+        "evaluate-squad-prediction-not-text",
+        "evaluate",
+        lambda inputs, tmp, out: (
+            [
+                str(inputs / "squad/dev-v1.1.json"),
+                str(write_json(tmp / "predictions.json", {"demo-1-0-0": 5})),
+                f"--out-file={out / 'scores.json'}",
+            ],
+            f"{tmp / 'predictions.json'}: question demo-1-0-0",
+        ),
+    ),
+    Case(
+        "evaluate-squad-data-not-json",
+        "evaluate",
+        lambda inputs, tmp, out: (
+            [
+                str(write_bytes(tmp / "dev.json", b"<html>")),
+                str(write_json(tmp / "predictions.json", {})),
+                f"--out-file={out / 'scores.json'}",
+            ],
+            f"{tmp / 'dev.json'}: not valid JSON",
+        ),
+        state="empty",
+    ),
+    Case(
+        "evaluate-squad-na-prob-not-a-number",
+        "evaluate",
+        lambda inputs, tmp, out: (
+            [
+                str(inputs / "squad/dev-v2.0.json"),
+                str(write_json(tmp / "predictions.json", {})),
+                f"--na-prob-file={write_json(tmp / 'null_odds.json', {'demo-1-0-0': 'high'})}",
+                f"--out-file={out / 'scores.json'}",
+            ],
+            f"{tmp / 'null_odds.json'}: question demo-1-0-0",
+        ),
+    ),
     # ---- bert_config.json -------------------------------------------------------------------------------------------
-    Case("config-not-json", "classify", lambda inputs, tmp, out: (
-        classify_flags(inputs, out, "--do_train", config=write_bytes(tmp / "bert_config.json", b"{'vocab_size': 48}")),
-        f"{tmp / 'bert_config.json'}: not valid JSON")),
-    Case("config-top-level-list", "classify", lambda inputs, tmp, out: (
-        classify_flags(inputs, out, "--do_train", config=write_json(tmp / "bert_config.json", [TINY_BERT])),
-        f"{tmp / 'bert_config.json'}: expected a JSON object")),
+    Case(
+        "config-not-json",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(
+                inputs, out, "--do_train", config=write_bytes(tmp / "bert_config.json", b"{'vocab_size': 48}")
+            ),
+            f"{tmp / 'bert_config.json'}: not valid JSON",
+        ),
+    ),
+    Case(
+        "config-top-level-list",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(inputs, out, "--do_train", config=write_json(tmp / "bert_config.json", [TINY_BERT])),
+            f"{tmp / 'bert_config.json'}: expected a JSON object",
+        ),
+    ),
     config_case("config-missing-key", {"hidden_act": None}, "missing key 'hidden_act'"),
     config_case("config-unknown-key", {"hidden_sizes": 32}, "unknown key 'hidden_sizes'"),
     config_case("config-initializer-range-text", {"initializer_range": "x"}, "initializer_range"),
@@ -519,151 +719,322 @@ CASES = [
     config_case("config-dropout-1.5", {"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
     config_case("config-type-vocab-size-1", {"type_vocab_size": 1}, "type_vocab_size"),
     config_case("config-layer-norm-eps-0", {"layer_norm_eps": 0}, "layer_norm_eps"),
-    config_case("config-weights-larger-than-memory", {"vocab_size": 10 ** 12}, "the model's fp32 weights alone take "
-                "119,209.3 GiB (embeddings: vocab_size=1000000000000 x hidden_size=32, 119,209.3 GiB), more than"),
-    config_case("config-layers-larger-than-memory", {"num_hidden_layers": 10 ** 8}, "the model's fp32 weights alone "
-                "take 3,182.9 GiB (layers: num_hidden_layers=100000000 x (4 x hidden_size=32 squared + 2 x "
-                "hidden_size x intermediate_size=64), 3,182.9 GiB), more than"),
+    config_case(
+        "config-weights-larger-than-memory",
+        {"vocab_size": 10**12},
+        "the model's fp32 weights alone take "
+        "119,209.3 GiB (embeddings: vocab_size=1000000000000 x hidden_size=32, 119,209.3 GiB), more than",
+    ),
+    config_case(
+        "config-layers-larger-than-memory",
+        {"num_hidden_layers": 10**8},
+        "the model's fp32 weights alone "
+        "take 3,182.9 GiB (layers: num_hidden_layers=100000000 x (4 x hidden_size=32 squared + 2 x "
+        "hidden_size x intermediate_size=64), 3,182.9 GiB), more than",
+    ),
     config_case("config-on-a-finished-run", {"hidden_act": None}, "missing key 'hidden_act'", state="classify"),
-    Case("config-hf-of-another-model-type", "classify", lambda inputs, tmp, out: (
-        classify_flags(inputs, out, "--do_train", config=hf_of_another_model_type(inputs, tmp)),
-        f"{tmp / 'hf' / 'config.json'}: key 'model_type' is 'roberta'")),
-
+    Case(
+        "config-hf-of-another-model-type",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(inputs, out, "--do_train", config=hf_of_another_model_type(inputs, tmp)),
+            f"{tmp / 'hf' / 'config.json'}: key 'model_type' is 'roberta'",
+        ),
+    ),
     # ---- vocab.txt --------------------------------------------------------------------------------------------------
     vocab_case("vocab-empty", lambda tokens: [], ": empty vocabulary file"),
     vocab_case("vocab-missing-cls", without("[CLS]"), ": missing special token [CLS]"),
-    vocab_case("vocab-missing-sep-and-unk", lambda tokens: [t for t in tokens if t not in ("[SEP]", "[UNK]")],
-               ": missing special tokens [UNK], [SEP]"),
+    vocab_case(
+        "vocab-missing-sep-and-unk",
+        lambda tokens: [t for t in tokens if t not in ("[SEP]", "[UNK]")],
+        ": missing special tokens [UNK], [SEP]",
+    ),
     vocab_case("vocab-missing-pad", without("[PAD]"), ": missing special token [PAD]"),
     vocab_case("vocab-duplicate-token", lambda tokens: tokens + ["cat"], ":43: duplicate token 'cat'"),
     vocab_case("vocab-empty-line", lambda tokens: tokens[:6] + [""] + tokens[6:], ":7: empty line"),
-    vocab_case("vocab-duplicate-on-a-finished-run", lambda tokens: tokens + ["[CLS]"], ":43: duplicate token '[CLS]'",
-               state="classify"),
-    Case("vocab-non-utf8", "classify", lambda inputs, tmp, out: (
-        classify_flags(inputs, out, "--do_train", vocab=write_bytes(
-            tmp / "vocab.txt", (inputs / "bert/vocab.txt").read_bytes().replace(b"cat", b"c\xe0t"))),
-        f"{tmp / 'vocab.txt'}:")),
-    vocab_case("vocab-bigger-than-vocab-size", lambda tokens: tokens + [f"word{i}" for i in range(10)],
-               ": 52 tokens"),
-    Case("vocab-missing-mask-for-pretraining-data", "data", lambda inputs, tmp, out: (
-        [f"--input_file={inputs / 'corpus.txt'}", f"--vocab_file={vocab_file(inputs, tmp, without('[MASK]'))}",
-         f"--output_dir={out}", "--max_seq_length=32", "--max_predictions_per_seq=5"],
-        f"{tmp / 'vocab.txt'}: missing special token [MASK]")),
-
+    vocab_case(
+        "vocab-duplicate-on-a-finished-run",
+        lambda tokens: tokens + ["[CLS]"],
+        ":43: duplicate token '[CLS]'",
+        state="classify",
+    ),
+    Case(
+        "vocab-non-utf8",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(
+                inputs,
+                out,
+                "--do_train",
+                vocab=write_bytes(
+                    tmp / "vocab.txt", (inputs / "bert/vocab.txt").read_bytes().replace(b"cat", b"c\xe0t")
+                ),
+            ),
+            f"{tmp / 'vocab.txt'}:",
+        ),
+    ),
+    vocab_case("vocab-bigger-than-vocab-size", lambda tokens: tokens + [f"word{i}" for i in range(10)], ": 52 tokens"),
+    Case(
+        "vocab-missing-mask-for-pretraining-data",
+        "data",
+        lambda inputs, tmp, out: (
+            [
+                f"--input_file={inputs / 'corpus.txt'}",
+                f"--vocab_file={vocab_file(inputs, tmp, without('[MASK]'))}",
+                f"--output_dir={out}",
+                "--max_seq_length=32",
+                "--max_predictions_per_seq=5",
+            ],
+            f"{tmp / 'vocab.txt'}: missing special token [MASK]",
+        ),
+    ),
     # ---- TF1 checkpoints --------------------------------------------------------------------------------------------
     tf1_case("tf1-truncated-index", _truncated_index, "not a TensorFlow checkpoint index"),
     tf1_case("tf1-truncated-data", _truncated_data, "truncated"),
     tf1_case("tf1-missing-data", _missing_data, "no such file"),
     tf1_case("tf1-tensor-of-wrong-shape", _reshaped, "variable bert/embeddings/LayerNorm/beta has shape [31]"),
     tf1_case("tf1-truncated-data-in-an-existing-directory", _truncated_data, "truncated", state="empty"),
-    tf1_case("tf1-tensor-of-wrong-shape-in-an-existing-directory", _reshaped,
-             "variable bert/embeddings/LayerNorm/beta has shape [31]", state="empty"),
+    tf1_case(
+        "tf1-tensor-of-wrong-shape-in-an-existing-directory",
+        _reshaped,
+        "variable bert/embeddings/LayerNorm/beta has shape [31]",
+        state="empty",
+    ),
     tf1_case("convert-tf1-truncated-index", _truncated_index, "not a TensorFlow checkpoint index", "convert"),
     tf1_case("convert-tf1-truncated-data", _truncated_data, "truncated", "convert"),
     tf1_case("convert-tf1-missing-data", _missing_data, "no such file", "convert"),
-    tf1_case("convert-tf1-tensor-of-wrong-shape", _reshaped, "variable bert/embeddings/LayerNorm/beta has shape [31]",
-             "convert"),
-    Case("convert-bad-bert-config", "convert", lambda inputs, tmp, out: (
-        ["--tf-checkpoint", str(TF1 / "bert_model.ckpt"), "--bert-config",
-         str(bert_config(tmp, num_attention_heads=3)), "--output", str(out)],
-        f"{tmp / 'bert_config.json'}: hidden_size"), state="empty"),
-
+    tf1_case(
+        "convert-tf1-tensor-of-wrong-shape",
+        _reshaped,
+        "variable bert/embeddings/LayerNorm/beta has shape [31]",
+        "convert",
+    ),
+    Case(
+        "convert-bad-bert-config",
+        "convert",
+        lambda inputs, tmp, out: (
+            [
+                "--tf-checkpoint",
+                str(TF1 / "bert_model.ckpt"),
+                "--bert-config",
+                str(bert_config(tmp, num_attention_heads=3)),
+                "--output",
+                str(out),
+            ],
+            f"{tmp / 'bert_config.json'}: hidden_size",
+        ),
+        state="empty",
+    ),
     # ---- HF checkpoints ---------------------------------------------------------------------------------------------
     hf_case("hf-truncated-safetensors", hf_truncated, "cannot read weights"),
     hf_case("hf-safetensors-wrong-shape", hf_with_wrong_shape, "bert.embeddings.position_embeddings.weight has shape"),
     hf_case("hf-garbage-pytorch-model-bin", hf_with_garbage_bin, "cannot read weights", "pytorch_model.bin"),
-    hf_case("hf-config-of-another-model-type", hf_of_another_model_type, "key 'model_type' is 'roberta'",
-            "config.json"),
+    hf_case(
+        "hf-config-of-another-model-type", hf_of_another_model_type, "key 'model_type' is 'roberta'", "config.json"
+    ),
     hf_case("hf-directory-without-weights", hf_without_weights, "no model.safetensors", ""),
-    hf_case("hf-truncated-safetensors-on-an-unsaved-run", hf_truncated, "cannot read weights",
-            state="classify-unsaved"),
-    hf_case("hf-safetensors-wrong-shape-on-an-unsaved-run", hf_with_wrong_shape,
-            "bert.embeddings.position_embeddings.weight has shape", state="classify-unsaved"),
-    hf_case("hf-garbage-pytorch-model-bin-in-an-existing-directory", hf_with_garbage_bin, "cannot read weights",
-            "pytorch_model.bin", state="empty"),
-    Case("init-checkpoint-directory-of-unrelated-files-on-an-unsaved-run", "classify", lambda inputs, tmp, out: (
-        classify_flags(inputs, out, "--do_train", "--init_checkpoint="
-                       f"{write_bytes(tmp / 'notes' / 'a.txt', b'').parent}"),
-        f"{tmp / 'notes'}: no model.safetensors"), state="classify-unsaved"),
-
+    hf_case(
+        "hf-truncated-safetensors-on-an-unsaved-run", hf_truncated, "cannot read weights", state="classify-unsaved"
+    ),
+    hf_case(
+        "hf-safetensors-wrong-shape-on-an-unsaved-run",
+        hf_with_wrong_shape,
+        "bert.embeddings.position_embeddings.weight has shape",
+        state="classify-unsaved",
+    ),
+    hf_case(
+        "hf-garbage-pytorch-model-bin-in-an-existing-directory",
+        hf_with_garbage_bin,
+        "cannot read weights",
+        "pytorch_model.bin",
+        state="empty",
+    ),
+    Case(
+        "init-checkpoint-directory-of-unrelated-files-on-an-unsaved-run",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(
+                inputs, out, "--do_train", f"--init_checkpoint={write_bytes(tmp / 'notes' / 'a.txt', b'').parent}"
+            ),
+            f"{tmp / 'notes'}: no model.safetensors",
+        ),
+        state="classify-unsaved",
+    ),
     # ---- hdf5 pre-training shards -----------------------------------------------------------------------------------
-    Case("shard-not-hdf5", "pretrain", lambda inputs, tmp, out: (
-        pretrain_flags(inputs, out, shards=write_bytes(tmp / "shards" / "part_0.hdf5", b"input_ids\n1 2 3\n").parent),
-        f"{tmp / 'shards' / 'part_0.hdf5'}: cannot be read as hdf5")),
-    Case("shard-directory-without-shards", "pretrain", lambda inputs, tmp, out: (
-        pretrain_flags(inputs, out, shards=write_bytes(tmp / "shards" / "part_0.txt", b"").parent),
-        f"{tmp / 'shards'}: no .hdf5 or .h5 shard")),
-    shard_case("shard-missing-dataset", lambda handle: handle.__delitem__("masked_lm_ids"),
-               "no dataset masked_lm_ids"),
-    shard_case("shard-wrong-shapes", replace_dataset("segment_ids", lambda data: data[:, :16]),
-               "segment_ids has shape [16, 16]"),
-    shard_case("shard-train-ids-outside-the-vocab", set_value("input_ids", (3, 1), 48),
-               "row 3: input_ids value 48"),
-    shard_case("shard-train-float-ids", replace_dataset("input_ids", lambda data: data.astype(np.float32)),
-               "input_ids holds float32"),
-    shard_case("shard-eval-ids-outside-the-vocab", set_value("masked_lm_ids", (2, 0), 1000),
-               "row 2: masked_lm_ids value 1000", "eval"),
-    shard_case("shard-eval-masked-position-outside-the-sequence", set_value("masked_lm_positions", (1, 0), 31),
-               "row 1: masked position 31 is outside its sequence", "eval"),
+    Case(
+        "shard-not-hdf5",
+        "pretrain",
+        lambda inputs, tmp, out: (
+            pretrain_flags(
+                inputs, out, shards=write_bytes(tmp / "shards" / "part_0.hdf5", b"input_ids\n1 2 3\n").parent
+            ),
+            f"{tmp / 'shards' / 'part_0.hdf5'}: cannot be read as hdf5",
+        ),
+    ),
+    Case(
+        "shard-directory-without-shards",
+        "pretrain",
+        lambda inputs, tmp, out: (
+            pretrain_flags(inputs, out, shards=write_bytes(tmp / "shards" / "part_0.txt", b"").parent),
+            f"{tmp / 'shards'}: no .hdf5 or .h5 shard",
+        ),
+    ),
+    shard_case("shard-missing-dataset", lambda handle: handle.__delitem__("masked_lm_ids"), "no dataset masked_lm_ids"),
+    shard_case(
+        "shard-wrong-shapes",
+        replace_dataset("segment_ids", lambda data: data[:, :16]),
+        "segment_ids has shape [16, 16]",
+    ),
+    shard_case("shard-train-ids-outside-the-vocab", set_value("input_ids", (3, 1), 48), "row 3: input_ids value 48"),
+    shard_case(
+        "shard-train-float-ids",
+        replace_dataset("input_ids", lambda data: data.astype(np.float32)),
+        "input_ids holds float32",
+    ),
+    shard_case(
+        "shard-eval-ids-outside-the-vocab",
+        set_value("masked_lm_ids", (2, 0), 1000),
+        "row 2: masked_lm_ids value 1000",
+        "eval",
+    ),
+    shard_case(
+        "shard-eval-masked-position-outside-the-sequence",
+        set_value("masked_lm_positions", (1, 0), 31),
+        "row 1: masked position 31 is outside its sequence",
+        "eval",
+    ),
     shard_case("shard-eval-segment-id-2", set_value("segment_ids", (0, 2), 2), "row 0: segment_ids value 2", "eval"),
-    shard_case("shard-eval-float-dtype", replace_dataset("masked_lm_positions", lambda data: data.astype(np.float64)),
-               "masked_lm_positions holds float64", "eval"),
-    shard_case("shard-eval-next-sentence-label-5", set_value("next_sentence_labels", 4, 5),
-               "row 4: next_sentence_labels value 5", "eval", state="pretrain"),
-    shard_case("shard-eval-longer-than-max-seq-length", longer_sequences, "sequences of 64 tokens, longer than "
-               "--max_seq_length 32", "eval", state="pretrain"),
+    shard_case(
+        "shard-eval-float-dtype",
+        replace_dataset("masked_lm_positions", lambda data: data.astype(np.float64)),
+        "masked_lm_positions holds float64",
+        "eval",
+    ),
+    shard_case(
+        "shard-eval-next-sentence-label-5",
+        set_value("next_sentence_labels", 4, 5),
+        "row 4: next_sentence_labels value 5",
+        "eval",
+        state="pretrain",
+    ),
+    shard_case(
+        "shard-eval-longer-than-max-seq-length",
+        longer_sequences,
+        "sequences of 64 tokens, longer than --max_seq_length 32",
+        "eval",
+        state="pretrain",
+    ),
     small_shard_case("shard-smaller-than-a-batch-on-an-unsaved-run", "pretrain-unsaved"),
     small_shard_case("shard-smaller-than-a-batch-on-a-finished-run", "pretrain"),
-
     # ---- flags ------------------------------------------------------------------------------------------------------
     flag_case("flag-bad-int", "classify", ["--train_batch_size=many"], "--train_batch_size"),
     flag_case("flag-bad-bool", "classify", ["--do_train=maybe"], "--do_train"),
     flag_case("flag-unknown", "classify", ["--no_such_flag=1"], "--no_such_flag"),
     flag_case("flag-num-accumulation-steps-0", "classify", ["--num_accumulation_steps=0"], "--num_accumulation_steps"),
-    flag_case("flag-num-accumulation-steps-0-pretraining", "pretrain", ["--num_accumulation_steps=0"],
-              "--num_accumulation_steps"),
+    flag_case(
+        "flag-num-accumulation-steps-0-pretraining",
+        "pretrain",
+        ["--num_accumulation_steps=0"],
+        "--num_accumulation_steps",
+    ),
     flag_case("flag-learning-rate-nan", "classify", ["--learning_rate=nan"], "--learning_rate"),
     flag_case("flag-num-train-epochs-nan", "classify", ["--num_train_epochs=nan"], "--num_train_epochs"),
     flag_case("flag-warmup-proportion-2", "classify", ["--warmup_proportion=2"], "--warmup_proportion"),
-    flag_case("flag-max-seq-length-beyond-positions", "classify", ["--max_seq_length=128"],
-              "max_position_embeddings is 64"),
+    flag_case(
+        "flag-max-seq-length-beyond-positions", "classify", ["--max_seq_length=128"], "max_position_embeddings is 64"
+    ),
     flag_case("flag-max-seq-length-2", "classify", ["--max_seq_length=2"], "--max_seq_length"),
-    flag_case("flag-recompute-every-0", "classify", ["--modeling=recompute", "--recompute-policy=every-k",
-                                                     "--recompute-every=0"], "--recompute-every"),
-    flag_case("flag-recompute-every-0-in-an-existing-directory", "classify",
-              ["--modeling=recompute", "--recompute-policy=every-k", "--recompute-every=0"], "--recompute-every",
-              state="empty"),
+    flag_case(
+        "flag-recompute-every-0",
+        "classify",
+        ["--modeling=recompute", "--recompute-policy=every-k", "--recompute-every=0"],
+        "--recompute-every",
+    ),
+    flag_case(
+        "flag-recompute-every-0-in-an-existing-directory",
+        "classify",
+        ["--modeling=recompute", "--recompute-policy=every-k", "--recompute-every=0"],
+        "--recompute-every",
+        state="empty",
+    ),
     flag_case("flag-device-nonsense", "classify", ["--device=nonsense"], "nonsense"),
-    flag_case("flag-device-nonsense-on-a-finished-run", "pretrain", ["--device=nonsense"], "nonsense",
-              state="pretrain"),
+    flag_case(
+        "flag-device-nonsense-on-a-finished-run", "pretrain", ["--device=nonsense"], "nonsense", state="pretrain"
+    ),
     flag_case("flag-keep-checkpoint-max-0", "classify", ["--keep_checkpoint_max=0"], "--keep_checkpoint_max"),
-    flag_case("flag-save-checkpoints-steps-negative", "classify", ["--save_checkpoints_steps=-1"],
-              "--save_checkpoints_steps"),
+    flag_case(
+        "flag-save-checkpoints-steps-negative", "classify", ["--save_checkpoints_steps=-1"], "--save_checkpoints_steps"
+    ),
     flag_case("flag-eval-batch-size-0", "classify", ["--eval_batch_size=0"], "--eval_batch_size"),
     flag_case("flag-optimizer-unknown", "classify", ["--optimizer_type=sgd"], "--optimizer_type"),
-    flag_case("flag-max-predictions-not-below-seq", "pretrain", ["--max_predictions_per_seq=32"],
-              "--max_predictions_per_seq"),
+    flag_case(
+        "flag-max-predictions-not-below-seq", "pretrain", ["--max_predictions_per_seq=32"], "--max_predictions_per_seq"
+    ),
     flag_case("flag-warmup-steps-beyond-steps", "pretrain", ["--num_warmup_steps=9"], "--num_warmup_steps"),
     flag_case("flag-length-bins-not-numbers", "pretrain", ["--length_bins=short,long"], "--length_bins"),
     flag_case("flag-doc-stride-0", "squad", ["--doc_stride=0"], "--doc_stride"),
-    flag_case("flag-learning-rate-conflicts-with-the-run", "classify", ["--learning_rate=1e-5"], "--learning_rate",
-              state="classify"),
-    flag_case("flag-num-accumulation-steps-0-on-a-finished-run", "classify", ["--num_accumulation_steps=0"],
-              "--num_accumulation_steps", state="classify"),
-    Case("flag-device-cuda-without-cuda", "classify", lambda inputs, tmp, out: (
-        classify_flags(inputs, out, "--do_train", "--device=cuda"), "'cuda'")),
-    Case("flag-masked-lm-prob-1.5", "data", lambda inputs, tmp, out: (
-        [f"--input_file={inputs / 'corpus.txt'}", f"--vocab_file={inputs / 'bert/vocab.txt'}",
-         f"--output_dir={out}", "--masked_lm_prob=1.5"], "--masked_lm_prob")),
-    Case("flag-input-file-missing", "data", lambda inputs, tmp, out: (
-        [f"--input_file={tmp / 'nothing.txt'}", f"--vocab_file={inputs / 'bert/vocab.txt'}", f"--output_dir={out}"],
-        f"{tmp / 'nothing.txt'}: no such file"), state="empty"),
-    Case("corpus-non-utf8", "data", lambda inputs, tmp, out: (
-        [f"--input_file={write_bytes(tmp / 'corpus.txt', b'the cat sees .' + bytes([10, 0xC3, 0x28, 10]))}",
-         f"--vocab_file={inputs / 'bert/vocab.txt'}", f"--output_dir={out}"], f"{tmp / 'corpus.txt'}:2:")),
+    flag_case(
+        "flag-learning-rate-conflicts-with-the-run",
+        "classify",
+        ["--learning_rate=1e-5"],
+        "--learning_rate",
+        state="classify",
+    ),
+    flag_case(
+        "flag-num-accumulation-steps-0-on-a-finished-run",
+        "classify",
+        ["--num_accumulation_steps=0"],
+        "--num_accumulation_steps",
+        state="classify",
+    ),
+    Case(
+        "flag-device-cuda-without-cuda",
+        "classify",
+        lambda inputs, tmp, out: (classify_flags(inputs, out, "--do_train", "--device=cuda"), "'cuda'"),
+    ),
+    Case(
+        "flag-masked-lm-prob-1.5",
+        "data",
+        lambda inputs, tmp, out: (
+            [
+                f"--input_file={inputs / 'corpus.txt'}",
+                f"--vocab_file={inputs / 'bert/vocab.txt'}",
+                f"--output_dir={out}",
+                "--masked_lm_prob=1.5",
+            ],
+            "--masked_lm_prob",
+        ),
+    ),
+    Case(
+        "flag-input-file-missing",
+        "data",
+        lambda inputs, tmp, out: (
+            [f"--input_file={tmp / 'nothing.txt'}", f"--vocab_file={inputs / 'bert/vocab.txt'}", f"--output_dir={out}"],
+            f"{tmp / 'nothing.txt'}: no such file",
+        ),
+        state="empty",
+    ),
+    Case(
+        "corpus-non-utf8",
+        "data",
+        lambda inputs, tmp, out: (
+            [
+                f"--input_file={write_bytes(tmp / 'corpus.txt', b'the cat sees .' + bytes([10, 0xC3, 0x28, 10]))}",
+                f"--vocab_file={inputs / 'bert/vocab.txt'}",
+                f"--output_dir={out}",
+            ],
+            f"{tmp / 'corpus.txt'}:2:",
+        ),
+    ),
     Case("cli-unknown-command", "cli", lambda inputs, tmp, out: (["train", f"--output_dir={out}"], "'train'")),
-    Case("cli-classify-bad-flag", "cli-classify", lambda inputs, tmp, out: (
-        ["classify"] + classify_flags(inputs, out, "--do_train", "--train_batch_size=1.5"), "--train_batch_size")),
+    Case(
+        "cli-classify-bad-flag",
+        "cli-classify",
+        lambda inputs, tmp, out: (
+            ["classify"] + classify_flags(inputs, out, "--do_train", "--train_batch_size=1.5"),
+            "--train_batch_size",
+        ),
+    ),
 ]
 
 

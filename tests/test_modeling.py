@@ -9,11 +9,11 @@ import json
 
 import pytest
 import torch
+from helpers import is_the_packing_skip, tiny_batch, tiny_config
 from torch._dynamo.utils import counters
 
 from bertbench.model import modeling
 from bertbench.model.config import BertConfig, ConfigError
-from conftest import is_the_packing_skip, tiny_batch, tiny_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -63,8 +63,9 @@ def test_encoder_matches_hf_bert_model(config, unpad):
     with torch.no_grad():
         out = ours(*batch)
     assert (out.packing is not None) == unpad
-    assert_close_to_fp64(out.sequence_output[real], ref32.last_hidden_state[real], ref64.last_hidden_state[real],
-                         "sequence_output")
+    assert_close_to_fp64(
+        out.sequence_output[real], ref32.last_hidden_state[real], ref64.last_hidden_state[real], "sequence_output"
+    )
     assert_close_to_fp64(out.pooled_output, ref32.pooler_output, ref64.pooler_output, "pooled_output")
     if unpad:  # the padding's states are not computed: zeros, as BertModelOutput says
         assert torch.equal(out.sequence_output[~real], torch.zeros_like(out.sequence_output[~real]))
@@ -81,20 +82,32 @@ def test_pretraining_heads_match_hf(config, unpad):
     labels = torch.tensor([[11, 12, 13], [14, 15, -100], [16, 17, 18]])
     nsp_labels = torch.tensor([0, 1, 0])
     with torch.no_grad():
-        out = ours(input_ids, token_type_ids, attention_mask, masked_lm_positions=positions,
-                   masked_lm_labels=labels, next_sentence_labels=nsp_labels)
+        out = ours(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            masked_lm_positions=positions,
+            masked_lm_labels=labels,
+            next_sentence_labels=nsp_labels,
+        )
         full = ours(input_ids, token_type_ids, attention_mask)
     rows = torch.arange(3)[:, None]
     assert out.mlm_logits.shape == (3, 3, config.vocab_size)
-    assert_close_to_fp64(out.mlm_logits, ref32.prediction_logits[rows, positions],
-                         ref64.prediction_logits[rows, positions], "mlm_logits at positions")
+    assert_close_to_fp64(
+        out.mlm_logits,
+        ref32.prediction_logits[rows, positions],
+        ref64.prediction_logits[rows, positions],
+        "mlm_logits at positions",
+    )
     assert attention_mask.bool()[rows, positions].all()  # the predicted positions are real tokens
-    assert_close_to_fp64(full.mlm_logits[real], ref32.prediction_logits[real], ref64.prediction_logits[real],
-                         "mlm_logits")
+    assert_close_to_fp64(
+        full.mlm_logits[real], ref32.prediction_logits[real], ref64.prediction_logits[real], "mlm_logits"
+    )
     assert_close_to_fp64(out.nsp_logits, ref32.seq_relationship_logits, ref64.seq_relationship_logits, "nsp")
     # Google's loss: mean NLL over the real masked positions plus mean NSP NLL.
-    mlm_nll = torch.nn.functional.cross_entropy(ref64.prediction_logits[rows, positions].flatten(0, 1),
-                                                labels.flatten(), ignore_index=-100)
+    mlm_nll = torch.nn.functional.cross_entropy(
+        ref64.prediction_logits[rows, positions].flatten(0, 1), labels.flatten(), ignore_index=-100
+    )
     nsp_nll = torch.nn.functional.cross_entropy(ref64.seq_relationship_logits, nsp_labels)
     assert out.loss.item() == pytest.approx((mlm_nll + nsp_nll).item(), rel=1e-5)
 
@@ -119,8 +132,9 @@ def test_classifier_and_regressor_match_hf(config, unpad):
         reference.load_state_dict(ours.state_dict(), strict=False)
         with torch.no_grad():
             out = ours(input_ids, token_type_ids, attention_mask, labels=labels)
-            ref = reference(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                            labels=labels)
+            ref = reference(
+                input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, labels=labels
+            )
         torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
         assert out.logits.shape == (3, num_labels)
@@ -151,8 +165,13 @@ def test_question_answering_matches_hf(config, unpad):
     starts, ends = torch.tensor([1, 4, 0]), torch.tensor([3, 6, 0])
     with torch.no_grad():
         out = ours(input_ids, token_type_ids, attention_mask, start_positions=starts, end_positions=ends)
-        ref = reference(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                        start_positions=starts, end_positions=ends)
+        ref = reference(
+            input_ids=input_ids,
+            token_type_ids=token_type_ids,
+            attention_mask=attention_mask,
+            start_positions=starts,
+            end_positions=ends,
+        )
     torch.testing.assert_close(out.start_logits[real], ref.start_logits[real], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.end_logits[real], ref.end_logits[real], rtol=1e-5, atol=1e-5)
     if not unpad:
@@ -183,7 +202,7 @@ def test_gelu_is_exact_erf_and_layernorm_eps(config):
     model = modeling.BertModel(config)
     activation = model.encoder.layer[0].intermediate.activation
     x = torch.tensor([-3.0, -0.5, 0.0, 0.7, 2.0])
-    torch.testing.assert_close(activation(x), x * 0.5 * (1 + torch.erf(x / 2 ** 0.5)))
+    torch.testing.assert_close(activation(x), x * 0.5 * (1 + torch.erf(x / 2**0.5)))
     assert model.embeddings.LayerNorm.eps == 1e-12
 
 
@@ -193,10 +212,19 @@ def test_sequence_longer_than_positions_is_refused(config):
         model(torch.zeros(1, config.max_position_embeddings + 1, dtype=torch.long))
 
 
-GOOGLE_BASE = {"attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-               "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
-               "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 12,
-               "type_vocab_size": 2, "vocab_size": 30522}
+GOOGLE_BASE = {
+    "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "hidden_size": 768,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 512,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "type_vocab_size": 2,
+    "vocab_size": 30522,
+}
 
 
 def test_config_reads_google_and_hf_files(tmp_path):
@@ -214,14 +242,17 @@ def test_config_reads_google_and_hf_files(tmp_path):
     assert transformers.BertConfig.from_json_file(round_trip).hidden_size == 768
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_sizes": 768}, "unknown key 'hidden_sizes'"),
-    ({"num_hidden_layers": None}, "missing key 'num_hidden_layers'"),
-    ({"hidden_act": "gelu_fast"}, "hidden_act"),
-    ({"hidden_size": 100}, "hidden_size: 100 is not a multiple"),
-    ({"vocab_size": -1}, "vocab_size"),
-    ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_sizes": 768}, "unknown key 'hidden_sizes'"),
+        ({"num_hidden_layers": None}, "missing key 'num_hidden_layers'"),
+        ({"hidden_act": "gelu_fast"}, "hidden_act"),
+        ({"hidden_size": 100}, "hidden_size: 100 is not a multiple"),
+        ({"vocab_size": -1}, "vocab_size"),
+        ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob"),
+    ],
+)
 def test_config_errors_name_the_file_and_key(tmp_path, change, message):
     values = dict(GOOGLE_BASE)
     for key, value in change.items():
@@ -279,5 +310,9 @@ def test_the_forward_compiles_to_one_graph_with_the_eager_output(config, unpad):
     unpadded = torch.ones_like(attention_mask)
     compiled = torch.compile(model, backend="eager")  # dynamo's graph run eagerly: tracing is what is tested here
     for mask in (attention_mask, unpadded):
-        torch.testing.assert_close(compiled(input_ids, token_type_ids, mask).logits,
-                                   model(input_ids, token_type_ids, mask).logits, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            compiled(input_ids, token_type_ids, mask).logits,
+            model(input_ids, token_type_ids, mask).logits,
+            rtol=1e-5,
+            atol=1e-6,
+        )

@@ -9,15 +9,21 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config
+from optimizer_references import (
+    AdamWeightDecay,
+    FedGradients,
+    FusedLamb,
+    clip_by_global_norm,
+    global_norm,
+    google_trajectory,
+)
 from torch import nn
 
 from bertbench.model import modeling
 from bertbench.training import optim
-from bertbench.training.step import TrainStep
 from bertbench.training.config import TrainConfig
-from conftest import tiny_config
-from optimizer_references import (AdamWeightDecay, FedGradients, FusedLamb, clip_by_global_norm, global_norm,
-                                  google_trajectory)
+from bertbench.training.step import TrainStep
 
 # (optimizer, adam_bias_correction): every rule build_optimizer makes.
 RULES = [("adamw", False), ("adamw", True), ("lamb", False), ("nvlamb", False)]
@@ -26,10 +32,13 @@ RULES = [("adamw", False), ("adamw", True), ("lamb", False), ("nvlamb", False)]
 def initial_values(seed: int = 0) -> dict[str, np.ndarray]:
     """A decayed embedding and kernel, zero-initialised biases, LayerNorm at ones and zeros (BERT's initialisation)."""
     rng = np.random.default_rng(seed)
-    return {"embeddings.word_embeddings.weight": rng.normal(0, 0.02, (10, 4)).astype(np.float32),
-            "dense.weight": rng.normal(0, 0.5, (6, 4)).astype(np.float32),
-            "dense.bias": np.zeros(6, np.float32),
-            "LayerNorm.weight": np.ones(6, np.float32), "LayerNorm.bias": np.zeros(6, np.float32)}
+    return {
+        "embeddings.word_embeddings.weight": rng.normal(0, 0.02, (10, 4)).astype(np.float32),
+        "dense.weight": rng.normal(0, 0.5, (6, 4)).astype(np.float32),
+        "dense.bias": np.zeros(6, np.float32),
+        "LayerNorm.weight": np.ones(6, np.float32),
+        "LayerNorm.bias": np.zeros(6, np.float32),
+    }
 
 
 def decays(names, weight_decay: float = 0.01) -> list[float]:
@@ -60,8 +69,9 @@ def reference_for(name: str, bias_correction: bool, initial: dict[str, np.ndarra
 def assert_matches(model: nn.Module, reference, names, step: int, rtol: float = 1e-5) -> None:
     parameters = dict(model.named_parameters())
     for name, expected in zip(names, reference.params):
-        np.testing.assert_allclose(parameters[name].detach().numpy(), expected, rtol=rtol, atol=1e-7,
-                                   err_msg=f"{name} after step {step + 1}")
+        np.testing.assert_allclose(
+            parameters[name].detach().numpy(), expected, rtol=rtol, atol=1e-7, err_msg=f"{name} after step {step + 1}"
+        )
 
 
 @pytest.mark.parametrize("bias_correction, expected", [(False, 0.6838), (True, 0.9)])
@@ -96,17 +106,25 @@ def test_each_rule_follows_its_source_step_by_step(name, bias_correction):
     assert not np.allclose(parameters["LayerNorm.weight"].detach().numpy(), 1.0, atol=1e-3)
 
 
-@pytest.mark.parametrize("name, bias_correction, fused",
-                         [(*rule, None) for rule in RULES] + [("adamw", False, True), ("lamb", False, True),
-                                                              ("nvlamb", False, True)])
+@pytest.mark.parametrize(
+    "name, bias_correction, fused",
+    [(*rule, None) for rule in RULES] + [("adamw", False, True), ("lamb", False, True), ("nvlamb", False, True)],
+)
 def test_train_step_clips_then_steps_as_the_source(name, bias_correction, fused):
     """The real step: TrainStep's clipping at 1.0 (Google's and apex's formula), the optimizer, the schedule; also
     with the fused rules a GPU runs, forced on the CPU, which take the clipping into their own pass (torch's AdamW
     does so on the CPU too)."""
     initial = initial_values(seed=2)
     model = FedGradients(initial)
-    step = TrainStep(model, TrainConfig(num_train_steps=60, learning_rate=1e-2 if name == "adamw" else 5e-2,
-                                        optimizer=name, adam_bias_correction=bias_correction))
+    step = TrainStep(
+        model,
+        TrainConfig(
+            num_train_steps=60,
+            learning_rate=1e-2 if name == "adamw" else 5e-2,
+            optimizer=name,
+            adam_bias_correction=bias_correction,
+        ),
+    )
     if fused is not None:
         step.optimizer.fused = fused
     reference, reference_step = reference_for(name, bias_correction, initial, max_grad_norm=1.0)
@@ -163,13 +181,20 @@ def test_train_step_follows_googles_own_trajectory():
     steps = google.num_train_steps
 
     def largest_difference(weights_after_each_step) -> float:
-        return max(float(np.max(np.abs(np.asarray(weights[name]) - google.params[t][name])))
-                   for t, weights in enumerate(weights_after_each_step) for name in google.initial)
+        return max(
+            float(np.max(np.abs(np.asarray(weights[name]) - google.params[t][name])))
+            for t, weights in enumerate(weights_after_each_step)
+            for name in google.initial
+        )
 
     def bertbench(bias_correction: bool, fused: bool | None = None):
         model = FedGradients(google.initial)
-        train = TrainStep(model, TrainConfig(num_train_steps=steps, learning_rate=0.01, warmup_proportion=0.1,
-                                             adam_bias_correction=bias_correction))
+        train = TrainStep(
+            model,
+            TrainConfig(
+                num_train_steps=steps, learning_rate=0.01, warmup_proportion=0.1, adam_bias_correction=bias_correction
+            ),
+        )
         if fused is not None:  # the one-pass kernel a GPU runs, here on the CPU
             train.optimizer.fused = fused
         for t in range(steps):
@@ -244,7 +269,9 @@ def test_weight_decay_skips_bias_and_layer_norm():
 
 
 def test_schedule_is_googles_warmup_then_decay_over_the_whole_run():
-    factor = lambda step, **kw: optim.warmup_decay_factor(step, num_train_steps=100, num_warmup_steps=10, **kw)
+    def factor(step, **kw):
+        return optim.warmup_decay_factor(step, num_train_steps=100, num_warmup_steps=10, **kw)
+
     assert [factor(step) for step in (0, 5, 9)] == [0.0, 0.5, 0.9]
     assert factor(10) == pytest.approx(0.9)  # decay counts from step 0, so it starts below the peak
     assert factor(50) == pytest.approx(0.5) and factor(100) == 0.0 and factor(150) == 0.0
@@ -271,10 +298,12 @@ def test_schedule_drives_the_optimizer_learning_rate():
 @pytest.mark.parametrize("name, bias_correction", RULES)
 def test_each_rule_trains_a_tiny_bert(name, bias_correction):
     torch.manual_seed(0)
-    model = modeling.BertForSequenceClassification(tiny_config(hidden_dropout_prob=0.0,
-                                                               attention_probs_dropout_prob=0.0), num_labels=2)
-    optimizer = optim.build_optimizer(model, name, learning_rate=1e-3 if name == "adamw" else 5e-2,
-                                      adam_bias_correction=bias_correction)
+    model = modeling.BertForSequenceClassification(
+        tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), num_labels=2
+    )
+    optimizer = optim.build_optimizer(
+        model, name, learning_rate=1e-3 if name == "adamw" else 5e-2, adam_bias_correction=bias_correction
+    )
     input_ids = torch.randint(5, 100, (8, 12))
     labels = torch.tensor([0, 1] * 4)
     first = model(input_ids, labels=labels).loss.item()
@@ -293,7 +322,6 @@ def test_bias_corrected_adamw_is_torchs_fused_and_unknown_names_fail():
         optim.build_optimizer(model, "sgd", 1e-3)
     with pytest.raises(ValueError, match="invalid LAMB"):
         optim.Lamb(model.parameters(), lr=-1.0)
-
 
 
 @pytest.mark.parametrize("name", ["lamb", "nvlamb"])
@@ -325,8 +353,9 @@ def test_fused_lamb_is_the_eager_rule_and_compiles_once_per_group(name):
         assert fused_state[index]["step"] == eager_state[index]["step"]
         for moment in ("exp_avg", "exp_avg_sq"):  # m cancels towards 0: rounding relative to the largest entry
             expected = eager_state[index][moment]
-            torch.testing.assert_close(fused_state[index][moment], expected, rtol=0,
-                                       atol=1e-6 * expected.abs().max().item())
+            torch.testing.assert_close(
+                fused_state[index][moment], expected, rtol=0, atol=1e-6 * expected.abs().max().item()
+            )
     # a graph for each group, and one for the undecayed group a tensor short (the missing gradient); none per step
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 3
 
@@ -334,12 +363,14 @@ def test_fused_lamb_is_the_eager_rule_and_compiles_once_per_group(name):
 def test_fused_lamb_that_cannot_compile_steps_eagerly_clipped_and_says_so(monkeypatch):
     """Inductor failing on a machine (no working Triton, a compiler error) must not stop a run: the step that found
     it takes the eager rule, with the clipping the fused pass would have folded in, and warns once."""
+
     def failing():
         def compiled(*args):
             raise torch._dynamo.exc.BackendCompilerFailed(lambda *a: None, RuntimeError("triton missing"), None)
+
         return compiled
 
-    monkeypatch.setattr(optim, "_compiled_lamb_update", failing)
+    monkeypatch.setattr(optim, "compiled_lamb_update", failing)
     torch.manual_seed(0)
     model = modeling.BertForSequenceClassification(tiny_config(), num_labels=2)
     twins = {fused: copy.deepcopy(model) for fused in (False, True)}

@@ -6,12 +6,25 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from helpers import write_nvidia_shard
 
 from bertbench.model.config import IGNORE_INDEX
-from bertbench.tasks.pretraining import (NVIDIA_DTYPES, SHARD_KEYS, PretrainingBatches, ShardError, ShardLimits,
-                                         accuracies, bin_of, check_layout, find_shards, model_batch,
-                                         parse_length_bins, prediction_counts, read_eval_set, read_shard)
-from conftest import write_nvidia_shard
+from bertbench.tasks.pretraining import (
+    NVIDIA_DTYPES,
+    SHARD_KEYS,
+    PretrainingBatches,
+    ShardError,
+    ShardLimits,
+    accuracies,
+    bin_of,
+    check_layout,
+    find_shards,
+    model_batch,
+    parse_length_bins,
+    prediction_counts,
+    read_eval_set,
+    read_shard,
+)
 
 LIMITS = ShardLimits(max_seq_length=32, max_predictions_per_seq=5, vocab_size=48)
 
@@ -49,14 +62,23 @@ def test_model_batch_marks_prediction_padding_and_cuts_to_a_width(tmp_path):
     assert batch["attention_mask"].sum(1).tolist() == [10, 12]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda h: h.__delitem__("masked_lm_ids"), "no dataset masked_lm_ids"),
-    (lambda h: (h.__delitem__("segment_ids"), h.create_dataset("segment_ids", data=np.zeros((8, 30), "i1"))),
-     r"segment_ids has shape \[8, 30\]"),
-    (lambda h: (h.__delitem__("next_sentence_labels"),
-                h.create_dataset("next_sentence_labels", data=np.zeros(5, "i1"))),
-     r"next_sentence_labels has shape \[5\]"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda h: h.__delitem__("masked_lm_ids"), "no dataset masked_lm_ids"),
+        (
+            lambda h: (h.__delitem__("segment_ids"), h.create_dataset("segment_ids", data=np.zeros((8, 30), "i1"))),
+            r"segment_ids has shape \[8, 30\]",
+        ),
+        (
+            lambda h: (
+                h.__delitem__("next_sentence_labels"),
+                h.create_dataset("next_sentence_labels", data=np.zeros(5, "i1")),
+            ),
+            r"next_sentence_labels has shape \[5\]",
+        ),
+    ],
+)
 def test_layout_errors_name_the_file(tmp_path, damage, message):
     path = str(write_nvidia_shard(tmp_path / "bad.hdf5", count=8))
     with h5py.File(path, "a") as handle:
@@ -66,12 +88,15 @@ def test_layout_errors_name_the_file(tmp_path, damage, message):
             check(path, LIMITS)
 
 
-@pytest.mark.parametrize("key, row, value, message", [
-    ("masked_lm_positions", 2, 40, r"row 2: masked position 40 is outside its sequence"),
-    ("input_ids", 5, 48, r"row 5: input_ids value 48 is outside 0..47"),
-    ("masked_lm_ids", 1, -1, r"row 1: masked_lm_ids value -1"),
-    ("next_sentence_labels", 0, 2, r"row 0: next_sentence_labels value 2 is outside 0..1"),
-])
+@pytest.mark.parametrize(
+    "key, row, value, message",
+    [
+        ("masked_lm_positions", 2, 40, r"row 2: masked position 40 is outside its sequence"),
+        ("input_ids", 5, 48, r"row 5: input_ids value 48 is outside 0..47"),
+        ("masked_lm_ids", 1, -1, r"row 1: masked_lm_ids value -1"),
+        ("next_sentence_labels", 0, 2, r"row 0: next_sentence_labels value 2 is outside 0..1"),
+    ],
+)
 def test_value_errors_name_the_file_and_row(tmp_path, key, row, value, message):
     path = str(write_nvidia_shard(tmp_path / "bad.hdf5", count=8))
     with h5py.File(path, "a") as handle:
@@ -89,8 +114,9 @@ def test_shards_wider_than_the_run_or_not_hdf5_are_refused(tmp_path):
     wide = str(write_nvidia_shard(tmp_path / "wide.hdf5", seq=64))
     with pytest.raises(ShardError, match="wide.hdf5: sequences of 64 tokens, longer than --max_seq_length 32"):
         check_layout(wide, LIMITS)
-    with pytest.raises(ShardError, match="wide.hdf5: up to 5 masked positions per sequence, more than "
-                                         "--max_predictions_per_seq 2"):
+    with pytest.raises(
+        ShardError, match="wide.hdf5: up to 5 masked positions per sequence, more than --max_predictions_per_seq 2"
+    ):
         read_shard(wide, ShardLimits(max_seq_length=64, max_predictions_per_seq=2, vocab_size=48))
     text = tmp_path / "notes.hdf5"
     text.write_text("not hdf5")
@@ -103,8 +129,10 @@ def test_find_shards_takes_directories_files_and_patterns(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         write_nvidia_shard(tmp_path / name, count=2)
     assert find_shards(str(tmp_path / "a")) == [str(tmp_path / "a/b/y.h5"), str(tmp_path / "a/x.hdf5")]
-    assert find_shards(f"{tmp_path}/c/*.hdf5,{tmp_path}/a/x.hdf5") == [str(tmp_path / "a/x.hdf5"),
-                                                                      str(tmp_path / "c/z.hdf5")]
+    assert find_shards(f"{tmp_path}/c/*.hdf5,{tmp_path}/a/x.hdf5") == [
+        str(tmp_path / "a/x.hdf5"),
+        str(tmp_path / "c/z.hdf5"),
+    ]
     with pytest.raises(ShardError, match="nothing"):
         find_shards(f"{tmp_path}/none/*.hdf5")
     with pytest.raises(ShardError, match="no such shard file"):
@@ -206,8 +234,10 @@ def test_eval_set_pads_shards_to_the_widest(tmp_path):
 
 
 def test_accuracies_count_masked_tokens_only():
-    batch = {"masked_lm_labels": torch.tensor([[5, 6, IGNORE_INDEX], [7, IGNORE_INDEX, IGNORE_INDEX]]),
-             "next_sentence_labels": torch.tensor([0, 1])}
+    batch = {
+        "masked_lm_labels": torch.tensor([[5, 6, IGNORE_INDEX], [7, IGNORE_INDEX, IGNORE_INDEX]]),
+        "next_sentence_labels": torch.tensor([0, 1]),
+    }
     logits = torch.zeros(2, 3, 10)
     logits[0, 0, 5] = logits[0, 1, 9] = logits[1, 0, 7] = logits[0, 2, 1] = 1  # right, wrong, right, (padding)
     output = types.SimpleNamespace(mlm_logits=logits, nsp_logits=torch.tensor([[1.0, 0.0], [1.0, 0.0]]))

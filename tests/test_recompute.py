@@ -7,18 +7,13 @@ import collections
 
 import pytest
 import torch
+from helpers import POLICIES, SAVED_LIMITS, make, parse_model_flags, tiny_batch, tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from bertbench.model import modeling, recompute
-from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.model.factory import build_model
-from conftest import tiny_batch, tiny_config
-
-POLICIES = [("full", 2), ("every-k", 2), ("every-k", 3), ("selective", 2)]
-# The most a policy's forward may save for backward, as a share of the baseline's (tiny_config with 4 layers; its
-# intermediate size is small next to the CPU attention's score matrices, so selective's share is high here).
-SAVED_LIMITS = {"full": 0.25, "every-k": 0.8, "selective": 0.95}
+from bertbench.model.saved_activations import saved_activation_bytes
 
 
 def run_step(model, seed=7, batch=None):
@@ -30,17 +25,12 @@ def run_step(model, seed=7, batch=None):
     torch.manual_seed(seed)
     with FlopCounterMode(display=False) as counter:
         out, saved = saved_activation_bytes(
-            lambda: model(input_ids, token_type_ids, attention_mask, labels=labels), model)
+            lambda: model(input_ids, token_type_ids, attention_mask, labels=labels), model
+        )
         out.loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     flops = {str(op): count for op, count in counter.get_flop_counts()["Global"].items()}
     return out.loss.detach(), grads, saved, flops
-
-
-def make(modeling_name, policy="full", every_k=2, config=None, unpad=False, attention_kernel=None):
-    torch.manual_seed(0)
-    return build_model("classification", config or tiny_config(num_hidden_layers=4), modeling_name, policy,
-                       every_k, unpad, attention_kernel, num_labels=2)
 
 
 def layer_forward_flops(config, unpad=False):
@@ -151,7 +141,8 @@ def test_selective_keeps_the_baseline_bytes_less_each_gelu_output(unpad, precisi
         torch.manual_seed(7)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             out, saved[name] = saved_activation_bytes(
-                lambda: model(input_ids, token_type_ids, attention_mask, labels=torch.tensor([0, 1, 1, 0])), model)
+                lambda: model(input_ids, token_type_ids, attention_mask, labels=torch.tensor([0, 1, 1, 0])), model
+            )
         out.loss.backward()
     element = 2 if precision == "bf16" else 4
     gelu_outputs = config.num_hidden_layers * tokens * config.intermediate_size * element
@@ -168,8 +159,9 @@ def test_checkpointed_layer_indices():
         recompute.checkpointed_layers("every-k", 4, 0)
 
 
-@pytest.mark.parametrize("name", ["BertModel", "BertForPreTraining", "BertForSequenceClassification",
-                                  "BertForQuestionAnswering"])
+@pytest.mark.parametrize(
+    "name", ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering"]
+)
 def test_same_interface_and_state_dict_names(name):
     config = tiny_config()
     head_kwargs = {"num_labels": 3} if name == "BertForSequenceClassification" else {}
@@ -200,8 +192,14 @@ def test_pretraining_with_positions_same_gradients():
         torch.manual_seed(0)
         model = build_model("pretraining", config, model_name, "full").train()
         torch.manual_seed(3)
-        out = model(input_ids, token_type_ids, attention_mask, masked_lm_positions=positions,
-                    masked_lm_labels=labels, next_sentence_labels=torch.tensor([0, 1]))
+        out = model(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            masked_lm_positions=positions,
+            masked_lm_labels=labels,
+            next_sentence_labels=torch.tensor([0, 1]),
+        )
         out.loss.backward()
         grads.append(model.bert.embeddings.word_embeddings.weight.grad)
     assert torch.equal(grads[0], grads[1])
@@ -258,34 +256,20 @@ def test_cuda_recompute_keeps_less_allocated_memory():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        loss = model(input_ids, token_type_ids, attention_mask, labels=torch.zeros(16, dtype=torch.long,
-                                                                                   device="cuda")).loss
+        loss = model(
+            input_ids, token_type_ids, attention_mask, labels=torch.zeros(16, dtype=torch.long, device="cuda")
+        ).loss
         peaks[name] = torch.cuda.max_memory_allocated() - before
         loss.backward()
     assert peaks["recompute"] < peaks["baseline"]
 
 
-def parse_model_flags(argv):
-    """The modeling flags of a command as a runner reads them: a FlagParser (absl booleans), its defaults under the
-    flags the command gives (runner.resolve_command)."""
-    import argparse
-
-    from bertbench.common.flags import FlagParser
-    from bertbench.model.factory import add_model_arguments
-
-    parser = FlagParser()
-    add_model_arguments(parser)
-    return argparse.Namespace(**{**parser.defaults, **vars(parser.parse_args(argv))})
-
-
 def test_modeling_flags_build_the_chosen_module():
-    from bertbench.model.factory import model_from_args
-
-    baseline = model_from_args(parse_model_flags([]), "classification", tiny_config(), num_labels=2)
+    baseline = parse_model_flags([]).build("classification", tiny_config(), num_labels=2)
     assert not hasattr(baseline, "recompute_policy")
     # the TF-style underscore spelling is accepted too, as the original runners' flags are
     args = parse_model_flags(["--modeling", "recompute", "--recompute_policy", "every-k", "--recompute-every", "3"])
-    model = model_from_args(args, "pretraining", tiny_config(num_hidden_layers=4))
+    model = args.build("pretraining", tiny_config(num_hidden_layers=4))
     assert model.recompute_policy == "every-3"
     with pytest.raises(SystemExit):
         parse_model_flags(["--recompute-policy", "half"])

@@ -11,14 +11,14 @@ import time
 
 import pytest
 import torch
+from helpers import TINY_BERT, write_bert_dir
 
 from bertbench import cli
-from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
-from bertbench.tasks.synthetic import vocabulary, write_glue_task
 from bertbench.model.factory import MODELINGS
 from bertbench.runners.classifier import SPEC, main
-from bertbench.runners.command import parse_command
-from conftest import TINY_BERT, write_bert_dir
+from bertbench.runners.config import parse_config
+from bertbench.tasks.synthetic import vocabulary, write_glue_task
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tf1_tiny")
 
@@ -34,17 +34,22 @@ def data(tmp_path_factory):
 
 
 def flags(data, out, task="MRPC", *extra):
-    return ([f"--task_name={task}", f"--data_dir={data / 'glue' / task}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
-             f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
-             "--train_batch_size=16", "--learning_rate=1e-3", "--log_step_count_steps=1000",
-             f"--output_dir={out}"] + list(extra))
+    return [
+        f"--task_name={task}",
+        f"--data_dir={data / 'glue' / task}",
+        f"--vocab_file={data / 'bert' / 'vocab.txt'}",
+        f"--bert_config_file={data / 'bert' / 'bert_config.json'}",
+        "--max_seq_length=32",
+        "--train_batch_size=16",
+        "--learning_rate=1e-3",
+        "--log_step_count_steps=1000",
+        f"--output_dir={out}",
+    ] + list(extra)
 
 
 def read_results(out):
     with open(out / "eval_results.json") as handle:
         return json.load(handle)
-
-
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +121,9 @@ def test_mnli_scores_both_dev_sets_and_writes_both_submissions(data, tmp_path):
 @pytest.mark.slow
 def test_stsb_regression_correlates(data, tmp_path):
     out = tmp_path / "stsb"
-    assert main(flags(data, out, "STS-B", "--do_train", "--do_eval", "--learning_rate=1e-3",
-                      "--num_train_epochs=10")) == 0
+    assert (
+        main(flags(data, out, "STS-B", "--do_train", "--do_eval", "--learning_rate=1e-3", "--num_train_epochs=10")) == 0
+    )
     results = read_results(out)
     assert results["dev_pearson"] > 0.8 and results["dev_spearmanr"] > 0.8
 
@@ -130,8 +136,23 @@ def modeling_runs(data, tmp_path_factory):
     for name, extra in [*((modeling, ()) for modeling in MODELINGS), ("padded", ("--unpad=false",))]:
         out = tmp_path_factory.mktemp(name) / "run"
         modeling = "baseline" if name == "padded" else name
-        assert main(flags(data, out, "MRPC", "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=0.5",
-                          f"--modeling={modeling}", "--recompute-policy=full", *extra)) == 0
+        assert (
+            main(
+                flags(
+                    data,
+                    out,
+                    "MRPC",
+                    "--do_train",
+                    "--do_eval",
+                    "--do_predict",
+                    "--num_train_epochs=0.5",
+                    f"--modeling={modeling}",
+                    "--recompute-policy=full",
+                    *extra,
+                )
+            )
+            == 0
+        )
         runs[name] = out
     return runs
 
@@ -149,19 +170,24 @@ def test_train_results_name_the_path_and_count_real_tokens(modeling_runs):
     """The built-in task's pairs are shorter than --max_seq_length=32: its batches run unpadded by default, padded
     with --unpad=false, and both runs report the same padding share and real tokens per sentence, the path's reason
     and why no CUDA graphs ran."""
-    unpadded, padded = (json.loads((modeling_runs[name] / "train_results.json").read_text())
-                        for name in ("baseline", "padded"))
+    unpadded, padded = (
+        json.loads((modeling_runs[name] / "train_results.json").read_text()) for name in ("baseline", "padded")
+    )
     assert (unpadded["path"], padded["path"]) == ("unpadded/auto", "padded")
     assert unpadded["path_reason"].startswith("the fastest measured on a CPU: per-sequence attention")
     assert padded["path_reason"].startswith("--unpad=false")
-    assert unpadded["execution"] == {"cuda_graphs": None, "cuda_graphs_off": "CUDA graphs need a CUDA GPU (this is cpu)"}
+    assert unpadded["execution"] == {
+        "cuda_graphs": None,
+        "cuda_graphs_off": "CUDA graphs need a CUDA GPU (this is cpu)",
+    }
     assert unpadded["padding_fraction"] == padded["padding_fraction"] and 0.2 < padded["padding_fraction"] < 0.8
     for train in (unpadded, padded):
         real_per_sentence = train["real_tokens_per_second"] / train["sentences_per_second"]
         assert real_per_sentence == pytest.approx((1 - train["padding_fraction"]) * 32, rel=1e-9)
         assert train["steady_real_tokens_per_second"] > 0
     assert read_results(modeling_runs["padded"])["dev_acc"] == pytest.approx(
-        read_results(modeling_runs["baseline"])["dev_acc"], abs=0.05)
+        read_results(modeling_runs["baseline"])["dev_acc"], abs=0.05
+    )
 
 
 def test_a_resumed_training_keeps_its_path(modeling_runs, error_line):
@@ -173,8 +199,11 @@ def test_a_resumed_training_keeps_its_path(modeling_runs, error_line):
 
 
 def test_recompute_module_ends_with_the_baselines_weights(modeling_runs):
-    final = {modeling: load_checkpoint(list_checkpoints(out)[-1][1])["model"] for modeling, out in modeling_runs.items()
-             if modeling in MODELINGS}
+    final = {
+        modeling: load_checkpoint(list_checkpoints(out)[-1][1])["model"]
+        for modeling, out in modeling_runs.items()
+        if modeling in MODELINGS
+    }
     for name, tensor in final["baseline"].items():
         torch.testing.assert_close(final["recompute"][name], tensor, rtol=1e-5, atol=1e-6)
 
@@ -182,8 +211,10 @@ def test_recompute_module_ends_with_the_baselines_weights(modeling_runs):
 def test_time_budget_stops_training_then_evaluates(data, tmp_path, capsys):
     out = tmp_path / "budget"
     # 200 epochs are 6,400 steps: far more than half a second holds on any machine.
-    assert main(flags(data, out, "MRPC", "--do_train", "--do_eval", "--num_train_epochs=200",
-                      "--max_train_seconds=0.5")) == 0
+    assert (
+        main(flags(data, out, "MRPC", "--do_train", "--do_eval", "--num_train_epochs=200", "--max_train_seconds=0.5"))
+        == 0
+    )
     train = json.loads((out / "train_results.json").read_text())
     assert train["budget_exhausted"] and train["interrupted_by"] is None and 0 < train["global_step"] < 6400
     results = read_results(out)  # evaluation ran, on the model of the step the budget stopped at
@@ -194,24 +225,39 @@ def test_time_budget_stops_training_then_evaluates(data, tmp_path, capsys):
 
 
 def test_absl_boolean_spellings_and_nvidias_names(tmp_path):
-    given = ["--output_dir", str(tmp_path), "--vocab_file=v", "--bert_config_file=c", "--task_name=MRPC",
-             "--data_dir=d"]
-    command, _ = parse_command(SPEC, given + ["--do_train", "--do_eval=false", "--nodo_lower_case", "--amp",
-                                              "--horovod"])
-    settings = command.settings
+    given = [
+        "--output_dir",
+        str(tmp_path),
+        "--vocab_file=v",
+        "--bert_config_file=c",
+        "--task_name=MRPC",
+        "--data_dir=d",
+    ]
+    command, _ = parse_config(
+        SPEC, given + ["--do_train", "--do_eval=false", "--nodo_lower_case", "--amp", "--horovod"]
+    )
+    settings = command.task
     assert settings.do_train and not settings.do_eval and not settings.do_lower_case and settings.horovod
-    assert command.train["precision"] == "fp16" and command.run.save_checkpoints_secs == 1200
-    command, _ = parse_command(SPEC, given + ["--do_eval", "--precision=bf16", "--no_sync_gradients"])
-    assert command.train["precision"] == "bf16" and not command.train["sync_gradients"]
-    assert not command.settings.do_train
+    assert command.train.precision == "fp16" and command.run.save_checkpoints_secs == 1200
+    command, _ = parse_config(SPEC, given + ["--do_eval", "--precision=bf16", "--no_sync_gradients"])
+    assert command.train is None and not command.task.do_train  # an evaluation: nothing to train
+    assert command.flags.precision == "bf16" and not command.flags.sync_gradients  # recorded as given
 
 
 def test_init_from_a_tf1_checkpoint(data, tmp_path, capsys):
     """Google's own files: the TF1 fixture's vocab, config and checkpoint, on the built-in MRPC files."""
     out = tmp_path / "tf1"
-    assert main(flags(data, out, "MRPC", "--do_train", "--do_eval", "--num_train_epochs=0.25") +
-                [f"--vocab_file={FIXTURES}/vocab.txt", f"--bert_config_file={FIXTURES}/bert_config.json",
-                 f"--init_checkpoint={FIXTURES}/bert_model.ckpt"]) == 0
+    assert (
+        main(
+            flags(data, out, "MRPC", "--do_train", "--do_eval", "--num_train_epochs=0.25")
+            + [
+                f"--vocab_file={FIXTURES}/vocab.txt",
+                f"--bert_config_file={FIXTURES}/bert_config.json",
+                f"--init_checkpoint={FIXTURES}/bert_model.ckpt",
+            ]
+        )
+        == 0
+    )
     assert "loaded" in capsys.readouterr().out and read_results(out)["global_step"] == 8
 
 
@@ -219,6 +265,7 @@ def test_init_from_an_hf_directory(data, tmp_path, capsys):
     from bertbench.model.config import BertConfig
     from bertbench.model.factory import build_model
     from bertbench.weights.hf import save_hf_directory
+
     config = BertConfig.from_json_file(data / "bert" / "bert_config.json")
     torch.manual_seed(1)
     pretrained = build_model("pretraining", config)
@@ -230,12 +277,12 @@ def test_init_from_an_hf_directory(data, tmp_path, capsys):
 
 
 def test_classify_subcommand(data, tmp_path):
-    assert cli.main(["classify"] + flags(data, tmp_path / "cli", "MRPC", "--do_train", "--num_train_epochs=0.25")) \
-        == 0
+    assert cli.main(["classify"] + flags(data, tmp_path / "cli", "MRPC", "--do_train", "--num_train_epochs=0.25")) == 0
     assert list_checkpoints(tmp_path / "cli")
 
 
 # ---- bad input: one line naming the file, exit 2, nothing overwritten ---------------------------------------------
+
 
 def test_missing_glue_file(data, tmp_path, error_line):
     (tmp_path / "empty").mkdir()
@@ -261,8 +308,13 @@ def test_label_outside_the_tasks_labels(data, tmp_path, error_line):
 def test_vocab_larger_than_the_embeddings(data, tmp_path, error_line):
     config = dict(TINY_BERT, vocab_size=20)
     (tmp_path / "bert_config.json").write_text(json.dumps(config))
-    assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") +
-                [f"--bert_config_file={tmp_path / 'bert_config.json'}"]) == 2
+    assert (
+        main(
+            flags(data, tmp_path / "out", "MRPC", "--do_train")
+            + [f"--bert_config_file={tmp_path / 'bert_config.json'}"]
+        )
+        == 2
+    )
     line = error_line()
     assert f"vocab.txt: {len(vocabulary())} tokens" in line and "vocab_size 20" in line
 
@@ -288,21 +340,34 @@ def test_corrupt_checkpoint(data, tmp_path, error_line):
     assert open(path, "rb").read() == damaged and len(list_checkpoints(out)) == 1
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--max_seq_length=128"], "max_position_embeddings is 64"),
-    (["--init_checkpoint=/nonexistent/bert_model.ckpt"], "/nonexistent/bert_model.ckpt"),
-    (["--do_train=false"], "at least one of --do_train, --do_eval or --do_predict"),
-    (["--precision=bf16", "--amp"], "--precision=bf16 and --amp=true contradict each other: precision bf16 or fp16"),
-    (["--num_train_epochs=0.01"], "make no full step"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--max_seq_length=128"], "max_position_embeddings is 64"),
+        (["--init_checkpoint=/nonexistent/bert_model.ckpt"], "/nonexistent/bert_model.ckpt"),
+        (["--do_train=false"], "at least one of --do_train, --do_eval or --do_predict"),
+        (
+            ["--precision=bf16", "--amp"],
+            "--precision=bf16 and --amp=true contradict each other: precision bf16 or fp16",
+        ),
+        (["--num_train_epochs=0.01"], "make no full step"),
+    ],
+)
 def test_bad_flags(data, tmp_path, extra, message, error_line):
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_train") + extra) == 2
     assert message in error_line()
     assert not list_checkpoints(tmp_path / "out")
 
 
-@pytest.mark.parametrize("flag, value", [("--train_batch_size=0", "0"), ("--max_train_samples=-5", "-5"),
-                                         ("--num_train_epochs=0", "0.0"), ("--max_train_seconds=0", "0.0")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--train_batch_size=0", "0"),
+        ("--max_train_samples=-5", "-5"),
+        ("--num_train_epochs=0", "0.0"),
+        ("--max_train_seconds=0", "0.0"),
+    ],
+)
 def test_non_positive_sizes_are_usage_errors(data, tmp_path, error_line, flag, value):
     # One line naming the flag (no usage block), exit status 2, nothing written.
     assert main(flags(data, tmp_path / "out", "MRPC", "--do_train", flag)) == 2
@@ -321,8 +386,16 @@ STEPS = 160  # 5 epochs of 32 batches
 
 
 def arguments(data, out):
-    return flags(data, out, "MRPC", "--do_train", "--num_train_epochs=5", "--learning_rate=1e-3",
-                 "--save_checkpoints_steps=25", "--log_step_count_steps=10")
+    return flags(
+        data,
+        out,
+        "MRPC",
+        "--do_train",
+        "--num_train_epochs=5",
+        "--learning_rate=1e-3",
+        "--save_checkpoints_steps=25",
+        "--log_step_count_steps=10",
+    )
 
 
 def command(data, out):
@@ -357,8 +430,7 @@ def assert_same_weights(first, second):
 
 
 @pytest.mark.slow
-def test_sigkill_then_sigterm_then_the_same_command_ends_with_the_uninterrupted_weights(data, tmp_path,
-                                                                                       uninterrupted):
+def test_sigkill_then_sigterm_then_the_same_command_ends_with_the_uninterrupted_weights(data, tmp_path, uninterrupted):
     """One run, stopped twice as clusters stop jobs: SIGKILL (a node lost, an OOM killer) leaves the last
     checkpoint; SIGTERM (scancel, qdel, a time limit) saves at the step boundary and exits 143. Each time the same
     command resumes, and the run ends with the weights of a run never stopped."""
@@ -366,7 +438,7 @@ def test_sigkill_then_sigterm_then_the_same_command_ends_with_the_uninterrupted_
     process = start_and_wait_for_a_checkpoint(data, out)
     process.kill()
     assert process.wait() == -signal.SIGKILL
-    (killed_at, _), = list_checkpoints(out)
+    ((killed_at, _),) = list_checkpoints(out)
     assert 0 < killed_at < STEPS
 
     process = start_and_wait_for_a_checkpoint(data, out, after_step=killed_at)

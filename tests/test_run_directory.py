@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 import torch
+from helpers import classifier_flags, flip_byte, snapshot, write_bert_dir
 
-from bertbench.training.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
+from bertbench.common.run_files import LOCK
 from bertbench.runners.classifier import main
-from bertbench.runners.run_lock import LOCK_NAME, RunDirectoryBusy, RunLock
+from bertbench.runners.run_lock import RunDirectoryBusy, RunLock
 from bertbench.tasks.synthetic import write_glue_task
-from conftest import snapshot, write_bert_dir
-from test_checkpoint import flip_byte
+from bertbench.training.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +28,9 @@ def data(tmp_path_factory):
 
 
 def flags(data, out, *extra):
-    return ["--task_name=MRPC", f"--data_dir={data / 'glue' / 'MRPC'}", f"--vocab_file={data / 'bert' / 'vocab.txt'}",
-            f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
-            "--train_batch_size=16", "--learning_rate=2e-3", "--log_step_count_steps=4", "--save_checkpoints_secs=0",
-            "--save_checkpoints_steps=8", "--keep_checkpoint_max=3", "--do_train", "--do_eval", f"--output_dir={out}",
-            *extra]
+    return classifier_flags(
+        data, out, "--do_train", "--do_eval", *extra, learning_rate="2e-3", log_every=4, save_every=8, keep=3
+    )
 
 
 def read_json(path):
@@ -51,8 +49,7 @@ HOLD = textwrap.dedent("""
 """)
 
 
-def test_a_second_command_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(data, tmp_path,
-                                                                                          error_line):
+def test_a_second_command_is_refused_naming_the_holder_and_a_killed_holder_leaves_no_lock(data, tmp_path, error_line):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
     try:
@@ -61,7 +58,7 @@ def test_a_second_command_is_refused_naming_the_holder_and_a_killed_holder_leave
         message = error_line()
         assert f"{out}: another run is using this directory (pid {holder.pid} on " in message
         assert "use another --output_dir" in message
-        assert sorted(os.listdir(out)) == [LOCK_NAME]  # the refused command wrote nothing
+        assert sorted(os.listdir(out)) == [LOCK]  # the refused command wrote nothing
     finally:
         holder.kill()  # SIGKILL: no clean-up of its own
         holder.wait()
@@ -69,8 +66,7 @@ def test_a_second_command_is_refused_naming_the_holder_and_a_killed_holder_leave
     assert read_json(out / "train_results.json")["global_step"] == 24
 
 
-def test_the_lock_is_exclusive_within_a_process_too_and_a_failed_start_leaves_no_directory(tmp_path, data,
-                                                                                          error_line):
+def test_the_lock_is_exclusive_within_a_process_too_and_a_failed_start_leaves_no_directory(tmp_path, data, error_line):
     with RunLock(tmp_path / "held"):
         with pytest.raises(RunDirectoryBusy, match="another run is using this directory"):
             RunLock(tmp_path / "held").__enter__()
@@ -81,6 +77,7 @@ def test_the_lock_is_exclusive_within_a_process_too_and_a_failed_start_leaves_no
 
 
 # ---- figures over every invocation ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def whole(data, tmp_path_factory):
@@ -139,6 +136,7 @@ def test_a_run_killed_after_a_checkpoint_keeps_the_figures_it_saved(data, whole,
 
 # ---- verified checkpoints and no silent restart -------------------------------------------------------------------
 
+
 def test_a_damaged_newest_checkpoint_is_passed_over_with_a_warning(data, whole, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(flags(data, out)) == 0
@@ -168,8 +166,10 @@ def test_every_checkpoint_damaged_or_gone_is_refused_and_nothing_is_touched(data
         os.remove(path)
     before = snapshot(out)
     assert main(flags(data, out)) == 2
-    assert "this run has saved checkpoints (train_results.json is there) but holds none now, so it cannot resume; " \
-           "to start it over, remove the directory" in error_line()
+    assert (
+        "this run has saved checkpoints (train_results.json is there) but holds none now, so it cannot resume; "
+        "to start it over, remove the directory" in error_line()
+    )
     assert snapshot(out) == before
     os.remove(out / "train_results.json")  # as a SIGKILL leaves it: only the metrics log tells of the checkpoints
     before = snapshot(out)
@@ -185,11 +185,16 @@ def test_leftover_temporary_files_are_removed_at_start(data, whole, capsys):
     assert not leftover.exists() and f"removed {leftover}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag, message", [("--modeling=recompute", "made with --modeling=baseline"),
-                                           ("--recompute-policy=selective", "made with --recompute_policy=full"),
-                                           ("--precision=bf16", "trained with precision fp32, the command gives bf16"),
-                                           ("--amp", "trained with precision fp32, the command gives fp16"),
-                                           ("--use_xla", "trained with compile False, the command gives True")])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--modeling=recompute", "made with --modeling=baseline"),
+        ("--recompute-policy=selective", "made with --recompute_policy=full"),
+        ("--precision=bf16", "trained with precision fp32, the command gives bf16"),
+        ("--amp", "trained with precision fp32, the command gives fp16"),
+        ("--use_xla", "trained with compile False, the command gives True"),
+    ],
+)
 def test_a_flag_that_changes_what_the_run_measures_cannot_change_on_resume(data, whole, flag, message, error_line):
     before = snapshot(whole)
     assert main(flags(data, whole, flag)) == 2

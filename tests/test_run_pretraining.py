@@ -10,12 +10,12 @@ import sys
 import h5py
 import pytest
 import torch
+from helpers import write_bert_dir, write_nvidia_shard
 
 from bertbench import cli
-from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
 from bertbench.model.factory import MODELINGS
 from bertbench.runners.pretraining import main
-from conftest import write_bert_dir, write_nvidia_shard
+from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +36,19 @@ def data(tmp_path_factory):
 
 
 def flags(data, out, *extra, train="train", evaluate="eval"):
-    return [f"--input_dir={data / train}", f"--eval_dir={data / evaluate}",
-            f"--bert_config_file={data / 'bert' / 'bert_config.json'}", "--max_seq_length=32",
-            "--max_predictions_per_seq=5", "--train_batch_size=8", "--learning_rate=2e-3",
-            "--log_step_count_steps=5", "--save_checkpoints_secs=0", f"--output_dir={out}", *extra]
+    return [
+        f"--input_dir={data / train}",
+        f"--eval_dir={data / evaluate}",
+        f"--bert_config_file={data / 'bert' / 'bert_config.json'}",
+        "--max_seq_length=32",
+        "--max_predictions_per_seq=5",
+        "--train_batch_size=8",
+        "--learning_rate=2e-3",
+        "--log_step_count_steps=5",
+        "--save_checkpoints_secs=0",
+        f"--output_dir={out}",
+        *extra,
+    ]
 
 
 def read_json(path):
@@ -54,8 +63,21 @@ def final_weights(out):
 @pytest.fixture(scope="module")
 def phase1(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("phase1") / "run"
-    assert main(flags(data, out, "--do_train", "--do_eval", "--num_train_steps=30", "--eval_iter_samples=80",
-                      "--save_checkpoints_steps=10", "--keep_checkpoint_max=5")) == 0
+    assert (
+        main(
+            flags(
+                data,
+                out,
+                "--do_train",
+                "--do_eval",
+                "--num_train_steps=30",
+                "--eval_iter_samples=80",
+                "--save_checkpoints_steps=10",
+                "--keep_checkpoint_max=5",
+            )
+        )
+        == 0
+    )
     return out
 
 
@@ -78,8 +100,22 @@ def test_phase1_trains_evaluates_and_writes_every_result(phase1):
 
 def test_phase2_continues_the_step_count_and_restarts_the_schedule(phase1, data, tmp_path):
     out = tmp_path / "phase2"
-    assert main(flags(data, out, "--do_train", "--phase2", f"--init_checkpoint={phase1}", "--num_train_steps=10",
-                      "--warmup_proportion=0.5", "--learning_rate=1e-3", "--phase1_end_step=30")) == 0
+    assert (
+        main(
+            flags(
+                data,
+                out,
+                "--do_train",
+                "--phase2",
+                f"--init_checkpoint={phase1}",
+                "--num_train_steps=10",
+                "--warmup_proportion=0.5",
+                "--learning_rate=1e-3",
+                "--phase1_end_step=30",
+            )
+        )
+        == 0
+    )
     train = read_json(out / "train_results.json")
     assert train["global_step"] == 40 and train["steps"] == 10 and train["schedule_start_step"] == 30
     assert [step for step, _ in list_checkpoints(out)] == [40]
@@ -98,8 +134,16 @@ def test_phase2_continues_the_step_count_and_restarts_the_schedule(phase1, data,
 def test_phase2_resumes_without_phase1s_directory(phase1, data, tmp_path):
     copy, out = tmp_path / "phase1", tmp_path / "phase2"
     shutil.copytree(phase1, copy)
-    arguments = flags(data, out, "--do_train", "--phase2", f"--init_checkpoint={copy}", "--num_train_steps=10",
-                      "--save_checkpoints_steps=5", "--keep_checkpoint_max=2")
+    arguments = flags(
+        data,
+        out,
+        "--do_train",
+        "--phase2",
+        f"--init_checkpoint={copy}",
+        "--num_train_steps=10",
+        "--save_checkpoints_steps=5",
+        "--keep_checkpoint_max=2",
+    )
     assert main(arguments) == 0
     os.remove(list_checkpoints(out)[-1][1])  # back to step 35, and phase 1's run is gone
     shutil.rmtree(copy)
@@ -111,8 +155,20 @@ def test_phase2_resumes_without_phase1s_directory(phase1, data, tmp_path):
 
 def test_phase2_refuses_another_phase1_end_step(phase1, data, tmp_path, error_line):
     out = tmp_path / "phase2"
-    assert main(flags(data, out, "--do_train", "--phase2", f"--init_checkpoint={phase1}", "--num_train_steps=5",
-                      "--phase1_end_step=7038")) == 2
+    assert (
+        main(
+            flags(
+                data,
+                out,
+                "--do_train",
+                "--phase2",
+                f"--init_checkpoint={phase1}",
+                "--num_train_steps=5",
+                "--phase1_end_step=7038",
+            )
+        )
+        == 2
+    )
     assert "phase 1 ended at step 30, not --phase1_end_step 7038" in error_line()
     assert not out.exists()
 
@@ -132,8 +188,22 @@ def test_a_run_resumed_from_a_middle_checkpoint_ends_with_the_same_weights(phase
 
 def test_target_accuracy_stops_training_and_reports_the_time_to_train(data, tmp_path):
     out = tmp_path / "target"
-    assert main(flags(data, out, "--do_train", "--do_eval", "--num_train_steps=200", "--eval_iter_samples=40",
-                      "--target_mlm_accuracy=0.9", train="easy", evaluate="easy_eval.hdf5")) == 0
+    assert (
+        main(
+            flags(
+                data,
+                out,
+                "--do_train",
+                "--do_eval",
+                "--num_train_steps=200",
+                "--eval_iter_samples=40",
+                "--target_mlm_accuracy=0.9",
+                train="easy",
+                evaluate="easy_eval.hdf5",
+            )
+        )
+        == 0
+    )
     train = read_json(out / "train_results.json")
     assert train["target_reached"] is True and train["target_mlm_accuracy"] == 0.9
     assert train["global_step"] == train["steps_to_target"] < 200 and train["steps_to_target"] % 5 == 0
@@ -150,9 +220,11 @@ def test_length_bins_cut_the_padding(data, tmp_path):
     assert with_bins < without / 2
 
 
-@pytest.mark.parametrize("extra", [["--precision=bf16"],
-                                   ["--num_accumulation_steps=2", "--optimizer_type=adam", "--decay=linear"]],
-                         ids=["bf16", "adamw-accumulated"])
+@pytest.mark.parametrize(
+    "extra",
+    [["--precision=bf16"], ["--num_accumulation_steps=2", "--optimizer_type=adam", "--decay=linear"]],
+    ids=["bf16", "adamw-accumulated"],
+)
 def test_precision_and_optimizer_variants_train(data, tmp_path, extra):
     out = tmp_path / "run"
     assert main(flags(data, out, "--do_train", "--num_train_steps=6", *extra)) == 0
@@ -165,8 +237,20 @@ def modeling_runs(data, tmp_path_factory):
     runs = {}
     for modeling in MODELINGS:
         out = tmp_path_factory.mktemp(modeling) / "run"
-        assert main(flags(data, out, "--do_train", "--do_eval", "--num_train_steps=4", f"--modeling={modeling}",
-                          "--recompute-policy=full")) == 0
+        assert (
+            main(
+                flags(
+                    data,
+                    out,
+                    "--do_train",
+                    "--do_eval",
+                    "--num_train_steps=4",
+                    f"--modeling={modeling}",
+                    "--recompute-policy=full",
+                )
+            )
+            == 0
+        )
         runs[modeling] = out
     return runs
 
@@ -187,8 +271,10 @@ def test_recompute_ends_with_the_baselines_weights(modeling_runs):
 
 def test_warmup_in_steps_is_this_phases_share_and_the_flags_stay_as_given(data, tmp_path):
     out = tmp_path / "run"
-    assert main(flags(data, out, "--do_train", "--num_train_steps=8", "--num_warmup_steps=2",
-                      "--optimizer_type=adam")) == 0
+    assert (
+        main(flags(data, out, "--do_train", "--num_train_steps=8", "--num_warmup_steps=2", "--optimizer_type=adam"))
+        == 0
+    )
     config = load_checkpoint(list_checkpoints(out)[-1][1])["train_config"]
     assert config["warmup_proportion"] == 0.25 and config["optimizer"] == "adamw" and config["decay"] == "poly"
     assert config["decay_power"] == 0.5 and config["num_train_steps"] == 8
@@ -216,13 +302,17 @@ def damaged_copy(data, tmp_path, damage):
     return shards
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda h: h.__delitem__("input_mask"), "part_00002.hdf5: no dataset input_mask"),
-    (lambda h: h["masked_lm_positions"].__setitem__((3, 0), 31), "part_00002.hdf5: row 3: masked position 31 is "
-                                                                  "outside its sequence"),
-])
-def test_a_bad_training_shard_fails_in_one_line_before_anything_is_written(data, tmp_path, damage, message,
-                                                                           error_line):
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda h: h.__delitem__("input_mask"), "part_00002.hdf5: no dataset input_mask"),
+        (
+            lambda h: h["masked_lm_positions"].__setitem__((3, 0), 31),
+            "part_00002.hdf5: row 3: masked position 31 is outside its sequence",
+        ),
+    ],
+)
+def test_a_bad_training_shard_fails_in_one_line_before_anything_is_written(data, tmp_path, damage, message, error_line):
     shards = damaged_copy(data, tmp_path, damage)
     out = tmp_path / "run"
     status = main(flags(data, out, "--do_train", "--num_train_steps=40", f"--input_dir={shards}"))
@@ -241,14 +331,20 @@ def test_a_bad_eval_shard_fails_before_training(data, tmp_path, error_line):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--do_train"], "--do_train needs --num_train_steps"),
-    (["--num_train_steps=5"], "at least one of --do_train or --do_eval"),
-    (["--do_train", "--num_train_steps=5", "--target_mlm_accuracy=0.7"], "give --eval_iter_samples"),
-    (["--do_train", "--num_train_steps=5", "--phase2"], "--phase2 needs --init_checkpoint"),
-    (["--do_train", "--num_train_steps=5", "--length_bins=8,16"], "--length_bins must end at --max_seq_length 32"),
-    (["--do_train", "--num_train_steps=5", "--input_dir=/nonexistent/*.hdf5"], "/nonexistent/*.hdf5: no such shard"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--do_train"], "--do_train needs --num_train_steps"),
+        (["--num_train_steps=5"], "at least one of --do_train or --do_eval"),
+        (["--do_train", "--num_train_steps=5", "--target_mlm_accuracy=0.7"], "give --eval_iter_samples"),
+        (["--do_train", "--num_train_steps=5", "--phase2"], "--phase2 needs --init_checkpoint"),
+        (["--do_train", "--num_train_steps=5", "--length_bins=8,16"], "--length_bins must end at --max_seq_length 32"),
+        (
+            ["--do_train", "--num_train_steps=5", "--input_dir=/nonexistent/*.hdf5"],
+            "/nonexistent/*.hdf5: no such shard",
+        ),
+    ],
+)
 def test_bad_flags(data, tmp_path, extra, message, error_line):
     assert main(flags(data, tmp_path / "run", *extra)) == 2
     assert message in error_line()
@@ -257,9 +353,24 @@ def test_bad_flags(data, tmp_path, extra, message, error_line):
 @pytest.mark.slow
 def test_two_processes_read_their_own_shards_and_resume(data, tmp_path):
     out = tmp_path / "ddp"
-    command = [sys.executable, "-m", "bertbench.runners.launch", "--standalone", "--nproc-per-node=2", "-m",
-               "bertbench.runners.pretraining", *flags(data, out, "--do_train", "--do_eval", "--num_train_steps=8",
-                                                   "--save_checkpoints_steps=4", "--keep_checkpoint_max=2")]
+    command = [
+        sys.executable,
+        "-m",
+        "bertbench.runners.launch",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "bertbench.runners.pretraining",
+        *flags(
+            data,
+            out,
+            "--do_train",
+            "--do_eval",
+            "--num_train_steps=8",
+            "--save_checkpoints_steps=4",
+            "--keep_checkpoint_max=2",
+        ),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     train = read_json(out / "train_results.json")

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import free_port
 
-from bertbench.training.checkpoint import list_checkpoints
 from bertbench.tasks.synthetic import write_glue_task, write_squad
-from conftest import free_port
+from bertbench.training.checkpoint import list_checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -21,13 +21,19 @@ BERT_DIR = os.path.join(ROOT, "tests", "fixtures", "tf1_tiny")
 @pytest.fixture
 def env(tmp_path):
     write_glue_task(tmp_path / "glue", "MRPC", train=256, dev=64, test=16)
-    return dict(os.environ, BERT_DIR=BERT_DIR, GLUE_DIR=str(tmp_path / "glue"),
-                RESULTS_DIR=str(tmp_path / "results"), PYTHON=sys.executable)
+    return dict(
+        os.environ,
+        BERT_DIR=BERT_DIR,
+        GLUE_DIR=str(tmp_path / "glue"),
+        RESULTS_DIR=str(tmp_path / "results"),
+        PYTHON=sys.executable,
+    )
 
 
 def run_glue(env, *arguments):
-    return subprocess.run(["bash", os.path.join(SCRIPTS, "run_glue.sh"), *arguments], env=env, capture_output=True,
-                          text=True)
+    return subprocess.run(
+        ["bash", os.path.join(SCRIPTS, "run_glue.sh"), *arguments], env=env, capture_output=True, text=True
+    )
 
 
 # task batch lr precision use_xla num_gpu seq doc_stride epochs warmup init_checkpoint ("" = $BERT_DIR's)
@@ -44,13 +50,18 @@ def test_run_glue_trains_from_the_tf1_checkpoint_and_eval_sh_scores_it(env, tmp_
     assert results["global_step"] == 16 and results["dev_examples"] == 64
     assert (run_dir / "train.log").read_text().count("***** Training summary *****") == 1
     args = json.loads((run_dir / "bertbench_run.json").read_text())["args"]
-    assert (args["train_batch_size"], args["learning_rate"], args["precision"], args["use_xla"]) == \
-        (16, 1e-3, "fp32", False)
+    assert (args["train_batch_size"], args["learning_rate"], args["precision"], args["use_xla"]) == (
+        16,
+        1e-3,
+        "fp32",
+        False,
+    )
 
     os.remove(run_dir / "eval_results.json")
     # a run directory (the SQuAD test gives eval.sh a directory of runs)
-    scored = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh"), str(run_dir)], env=env, capture_output=True,
-                            text=True)
+    scored = subprocess.run(
+        ["bash", os.path.join(SCRIPTS, "eval.sh"), str(run_dir)], env=env, capture_output=True, text=True
+    )
     assert scored.returncode == 0, scored.stderr
     assert f"dev_acc = {results['dev_acc']}" in scored.stdout
     assert json.loads((run_dir / "eval_results.json").read_text())["dev_acc"] == results["dev_acc"]
@@ -74,11 +85,17 @@ def recorded_command(env, tmp_path, script, *arguments):
     records them instead of training."""
     record = tmp_path / "python.argv"
     fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\necho "OMP_NUM_THREADS=$OMP_NUM_THREADS" > "{record}"\n'
-                    f'for word in "$@"; do echo "$word" >> "{record}"; done\n')
+    fake.write_text(
+        f'#!/bin/sh\necho "OMP_NUM_THREADS=$OMP_NUM_THREADS" > "{record}"\n'
+        f'for word in "$@"; do echo "$word" >> "{record}"; done\n'
+    )
     fake.chmod(0o755)
-    done = subprocess.run(["bash", os.path.join(SCRIPTS, script), *arguments], env=dict(env, PYTHON=str(fake)),
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", os.path.join(SCRIPTS, script), *arguments],
+        env=dict(env, PYTHON=str(fake)),
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     threads, *argv = record.read_text().splitlines()
     return argv, threads
@@ -86,34 +103,67 @@ def recorded_command(env, tmp_path, script, *arguments):
 
 def test_run_glue_defaults_are_the_originals(env, tmp_path):
     """No arguments: MNLI 24 5e-5 fp16 true 1 128 64 3.0 0.1 $BERT_DIR/bert_model.ckpt, on one process."""
-    argv, threads = recorded_command({name: value for name, value in env.items() if name != "OMP_NUM_THREADS"},
-                                     tmp_path, "run_glue.sh")
+    argv, threads = recorded_command(
+        {name: value for name, value in env.items() if name != "OMP_NUM_THREADS"}, tmp_path, "run_glue.sh"
+    )
     run_dir = f"{tmp_path}/results/MNLI_fp16_bs24_lr5e-5_seq128_baseline_gpu1"
-    assert argv == ["-m", "bertbench.run_classifier", "--task_name=MNLI", "--do_train=true", "--do_eval=true",
-                    f"--data_dir={env['GLUE_DIR']}/MNLI", f"--vocab_file={BERT_DIR}/vocab.txt",
-                    f"--bert_config_file={BERT_DIR}/bert_config.json", f"--init_checkpoint={BERT_DIR}/bert_model.ckpt",
-                    "--max_seq_length=128", "--train_batch_size=24", "--learning_rate=5e-5", "--num_train_epochs=3.0",
-                    "--warmup_proportion=0.1", "--precision=fp16", "--use_xla=true", f"--output_dir={run_dir}"]
+    assert argv == [
+        "-m",
+        "bertbench.run_classifier",
+        "--task_name=MNLI",
+        "--do_train=true",
+        "--do_eval=true",
+        f"--data_dir={env['GLUE_DIR']}/MNLI",
+        f"--vocab_file={BERT_DIR}/vocab.txt",
+        f"--bert_config_file={BERT_DIR}/bert_config.json",
+        f"--init_checkpoint={BERT_DIR}/bert_model.ckpt",
+        "--max_seq_length=128",
+        "--train_batch_size=24",
+        "--learning_rate=5e-5",
+        "--num_train_epochs=3.0",
+        "--warmup_proportion=0.1",
+        "--precision=fp16",
+        "--use_xla=true",
+        f"--output_dir={run_dir}",
+    ]
     assert threads == "OMP_NUM_THREADS="
 
 
 def test_the_template_knobs_become_runner_flags_that_the_command_line_overrides(env, tmp_path):
-    env = dict(env, MODELING="recompute", RECOMPUTE_POLICY="selective", MAX_TRAIN_SECONDS="1200",
-               LR_SCALING="linear", EXTRA_FLAGS="--seed=3  --do_predict", CORES_PER_GPU="5",
-               OMP_NUM_THREADS="20")  # as PBS Pro sets it: the chunk's ncpus, for all of its processes
+    env = dict(
+        env,
+        MODELING="recompute",
+        RECOMPUTE_POLICY="selective",
+        MAX_TRAIN_SECONDS="1200",
+        LR_SCALING="linear",
+        EXTRA_FLAGS="--seed=3  --do_predict",
+        CORES_PER_GPU="5",
+        OMP_NUM_THREADS="20",
+    )  # as PBS Pro sets it: the chunk's ncpus, for all of its processes
     argv, threads = recorded_command(env, tmp_path, "run_glue.sh", *POSITIONAL, "--seed=4")
-    knobs = ["--modeling=recompute", "--recompute_policy=selective", "--max_train_seconds=1200",
-             "--lr_scaling=linear", "--seed=3", "--do_predict", "--seed=4"]
-    assert argv[-len(knobs):] == knobs  # the script's own flags come last: the runner takes the last one
+    knobs = [
+        "--modeling=recompute",
+        "--recompute_policy=selective",
+        "--max_train_seconds=1200",
+        "--lr_scaling=linear",
+        "--seed=3",
+        "--do_predict",
+        "--seed=4",
+    ]
+    assert argv[-len(knobs) :] == knobs  # the script's own flags come last: the runner takes the last one
     assert argv[-len(knobs) - 1].endswith("/MRPC_fp32_bs16_lr1e-3_seq32_recompute-selective_gpu1")
     assert threads == "OMP_NUM_THREADS=5"
-    squad_argv, _ = recorded_command(dict(env, SQUAD_DIR=str(tmp_path)), tmp_path, "run_squad.sh",
-                                     *SQUAD_POSITIONAL)
-    assert squad_argv[1 - len(knobs):] == knobs[:-1]
-    bad = subprocess.run(["bash", os.path.join(SCRIPTS, "run_glue.sh"), *POSITIONAL],
-                         env=dict(env, CORES_PER_GPU="five"), capture_output=True, text=True)
-    assert bad.returncode == 2 and "run_glue.sh: error: CORES_PER_GPU must be a positive integer, got 'five'" in \
-        bad.stderr
+    squad_argv, _ = recorded_command(dict(env, SQUAD_DIR=str(tmp_path)), tmp_path, "run_squad.sh", *SQUAD_POSITIONAL)
+    assert squad_argv[1 - len(knobs) :] == knobs[:-1]
+    bad = subprocess.run(
+        ["bash", os.path.join(SCRIPTS, "run_glue.sh"), *POSITIONAL],
+        env=dict(env, CORES_PER_GPU="five"),
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        bad.returncode == 2 and "run_glue.sh: error: CORES_PER_GPU must be a positive integer, got 'five'" in bad.stderr
+    )
 
 
 def test_bad_arguments_and_missing_runs(env, tmp_path):
@@ -121,11 +171,13 @@ def test_bad_arguments_and_missing_runs(env, tmp_path):
     arguments[3] = "fp64"
     done = run_glue(env, *arguments)
     assert done.returncode == 2 and "precision must be fp16, fp32 or bf16, got 'fp64'" in done.stderr
-    missing = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh"), str(tmp_path / "nothing")], env=env,
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        ["bash", os.path.join(SCRIPTS, "eval.sh"), str(tmp_path / "nothing")], env=env, capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "no run directory" in missing.stderr
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_its_input_checks_leaves_nothing_behind(env, tmp_path):
     """The original's first command without its download: one line naming the file, status 2, and no run directory
     or logs (a directory that was there before keeps what it had)."""
@@ -144,8 +196,9 @@ def test_a_run_that_fails_its_input_checks_leaves_nothing_behind(env, tmp_path):
 
 
 def run_squad(env, *arguments):
-    return subprocess.run(["bash", os.path.join(SCRIPTS, "run_squad.sh"), *arguments], env=env, capture_output=True,
-                          text=True)
+    return subprocess.run(
+        ["bash", os.path.join(SCRIPTS, "run_squad.sh"), *arguments], env=env, capture_output=True, text=True
+    )
 
 
 # batch lr precision use_xla num_gpu seq doc_stride bert_model squad_version init_checkpoint ("" = $BERT_DIR's) epochs
@@ -176,10 +229,15 @@ def test_run_squad_trains_predicts_scores_and_eval_sh_predicts_again(env, tmp_pa
     assert (run_dir / "predictions.json").read_text() == predictions
 
 
-@pytest.mark.parametrize("index, value, message", [(2, "fp64", "precision must be fp16, fp32 or bf16"),
-                                                   (7, "huge", "bert_model must be large or base"),
-                                                   (8, "3.0", "squad_version must be 1.1 or 2.0"),
-                                                   (4, "0", "num_gpu must be a positive integer")])
+@pytest.mark.parametrize(
+    "index, value, message",
+    [
+        (2, "fp64", "precision must be fp16, fp32 or bf16"),
+        (7, "huge", "bert_model must be large or base"),
+        (8, "3.0", "squad_version must be 1.1 or 2.0"),
+        (4, "0", "num_gpu must be a positive integer"),
+    ],
+)
 def test_run_squad_bad_arguments(env, index, value, message):
     arguments = SQUAD_POSITIONAL.copy()
     arguments[index] = value
@@ -187,15 +245,24 @@ def test_run_squad_bad_arguments(env, index, value, message):
     assert done.returncode == 2 and f"run_squad.sh: error: {message}, got '{value}'" in done.stderr
 
 
-@pytest.mark.parametrize("flags, tag", [
-    ((), "_baseline"), (("--modeling=recompute",), "_recompute-full"),
-    (("--modeling", "recompute", "--recompute_policy", "every-k", "--recompute-every=3"), "_recompute-every-k3"),
-    (("--recompute-policy=selective", "--modeling=recompute"), "_recompute-selective"),
-    (("--modeling=recompute", "--modeling=baseline", "--learning_rate=1e-3"), "_baseline")])
+@pytest.mark.parametrize(
+    "flags, tag",
+    [
+        ((), "_baseline"),
+        (("--modeling=recompute",), "_recompute-full"),
+        (("--modeling", "recompute", "--recompute_policy", "every-k", "--recompute-every=3"), "_recompute-every-k3"),
+        (("--recompute-policy=selective", "--modeling=recompute"), "_recompute-selective"),
+        (("--modeling=recompute", "--modeling=baseline", "--learning_rate=1e-3"), "_baseline"),
+    ],
+)
 def test_run_directory_names_carry_the_modeling_module_and_policy(flags, tag):
     """Baseline and recompute runs of the same positional arguments never share a directory."""
-    done = subprocess.run(["bash", "-c", f'source {SCRIPTS}/common.sh && modeling_tag "$@"', "modeling_tag", *flags],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["bash", "-c", f'source {SCRIPTS}/common.sh && modeling_tag "$@"', "modeling_tag", *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout == f"{tag}\n"
 
 
@@ -215,11 +282,21 @@ def test_run_squad_with_two_processes_goes_through_torchrun(env, tmp_path):
 
 def resolve_nodes(**variables):
     """NNODES NODE_RANK MASTER_ADDR MASTER_PORT as common.sh's resolve_nodes sets them, or its error (status 2)."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("SLURM_", "PET_", "NNODES", "NODE_RANK", "MASTER_"))}
-    done = subprocess.run(["bash", "-c", f'source {SCRIPTS}/common.sh; resolve_nodes test.sh; '
-                                         'echo "$NNODES $NODE_RANK $MASTER_ADDR $MASTER_PORT"'],
-                          env={**env, **variables}, capture_output=True, text=True)
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("SLURM_", "PET_", "NNODES", "NODE_RANK", "MASTER_"))
+    }
+    done = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'source {SCRIPTS}/common.sh; resolve_nodes test.sh; echo "$NNODES $NODE_RANK $MASTER_ADDR $MASTER_PORT"',
+        ],
+        env={**env, **variables},
+        capture_output=True,
+        text=True,
+    )
     return done.stdout.strip() if done.returncode == 0 else (done.returncode, done.stderr.strip())
 
 
@@ -227,26 +304,39 @@ def test_nodes_from_the_environment_or_the_scheduler(tmp_path):
     assert resolve_nodes() == "1 0  29500"
     assert resolve_nodes(NNODES="2", NODE_RANK="1", MASTER_ADDR="node1", MASTER_PORT="1234") == "2 1 node1 1234"
     # a Kubeflow PyTorchJob pod
-    assert resolve_nodes(PET_NNODES="3", PET_NODE_RANK="2", MASTER_ADDR="job-master-0", MASTER_PORT="23456") == \
-        "3 2 job-master-0 23456"
+    assert (
+        resolve_nodes(PET_NNODES="3", PET_NODE_RANK="2", MASTER_ADDR="job-master-0", MASTER_PORT="23456")
+        == "3 2 job-master-0 23456"
+    )
     # a task of an srun step: one node per task, the rendezvous on the step's first host
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(
-        '#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu[03-04]" ] && printf "gpu03\\ngpu04\\n"\n')
+        '#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu[03-04]" ] && printf "gpu03\\ngpu04\\n"\n'
+    )
     (bin_dir / "scontrol").chmod(0o755)
-    assert resolve_nodes(SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1", SLURM_STEP_NODELIST="gpu[03-04]",
-                         PATH=f"{bin_dir}:{os.environ['PATH']}") == "2 1 gpu03 29500"
+    assert (
+        resolve_nodes(
+            SLURM_STEP_NUM_TASKS="2",
+            SLURM_PROCID="1",
+            SLURM_STEP_NODELIST="gpu[03-04]",
+            PATH=f"{bin_dir}:{os.environ['PATH']}",
+        )
+        == "2 1 gpu03 29500"
+    )
     # the batch script itself is not a step: one node
     assert resolve_nodes(SLURM_NTASKS="8", SLURM_PROCID="0") == "1 0  29500"
 
 
-@pytest.mark.parametrize("variables, message", [
-    ({"NNODES": "two"}, "NNODES must be a positive integer, got 'two'"),
-    ({"NNODES": "2", "MASTER_ADDR": "node1"}, "NODE_RANK must be 0..1 on each of the NNODES=2 nodes, got ''"),
-    ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "node1"}, "NODE_RANK must be 0..1"),
-    ({"NNODES": "2", "NODE_RANK": "0"}, "NNODES=2 needs MASTER_ADDR, the rendezvous host every node can reach"),
-])
+@pytest.mark.parametrize(
+    "variables, message",
+    [
+        ({"NNODES": "two"}, "NNODES must be a positive integer, got 'two'"),
+        ({"NNODES": "2", "MASTER_ADDR": "node1"}, "NODE_RANK must be 0..1 on each of the NNODES=2 nodes, got ''"),
+        ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "node1"}, "NODE_RANK must be 0..1"),
+        ({"NNODES": "2", "NODE_RANK": "0"}, "NNODES=2 needs MASTER_ADDR, the rendezvous host every node can reach"),
+    ],
+)
 def test_nodes_that_do_not_describe_a_job_are_refused(variables, message):
     status, error = resolve_nodes(**variables)
     assert status == 2 and error.startswith(f"test.sh: error: {message}")
@@ -254,12 +344,16 @@ def test_nodes_that_do_not_describe_a_job_are_refused(variables, message):
 
 @pytest.mark.slow
 def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
-    env = dict(env, NNODES="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               RDZV_TIMEOUT="1")
+    env = dict(env, NNODES="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RDZV_TIMEOUT="1")
     done = run_glue(env, *POSITIONAL)
     assert done.returncode == 1
-    assert done.stdout.strip().splitlines()[-1].startswith(
-        "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2' at 127.0.0.1:")
+    assert (
+        done.stdout.strip()
+        .splitlines()[-1]
+        .startswith(
+            "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2' at 127.0.0.1:"
+        )
+    )
     run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2"
     assert sorted(os.listdir(run_dir)) == ["command.log", "train.node0.log"]  # nothing of a run
 
@@ -267,22 +361,35 @@ def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
 @pytest.fixture
 def pretraining_env(tmp_path):
     """BERT_DIR with a tiny model that takes 512 positions, and phase 1 / phase 2 / eval shards of NVIDIA's shapes."""
-    from conftest import write_bert_dir, write_nvidia_shard
+    from helpers import write_bert_dir, write_nvidia_shard
+
     bert_dir = write_bert_dir(tmp_path / "bert", max_position_embeddings=512)
     for phase, seq, predictions in ((1, 128, 20), (2, 512, 80)):
         for index in range(2):
             (tmp_path / f"phase{phase}").mkdir(exist_ok=True)
-            write_nvidia_shard(tmp_path / f"phase{phase}" / f"part_{index}.hdf5", count=12, seq=seq,
-                               predictions=predictions, seed=index)
+            write_nvidia_shard(
+                tmp_path / f"phase{phase}" / f"part_{index}.hdf5",
+                count=12,
+                seq=seq,
+                predictions=predictions,
+                seed=index,
+            )
     write_nvidia_shard(tmp_path / "eval.hdf5", count=8, seq=128, predictions=20, seed=7)
-    return dict(os.environ, BERT_DIR=str(bert_dir), DATA_DIR_PHASE1=str(tmp_path / "phase1"),
-                DATA_DIR_PHASE2=str(tmp_path / "phase2"), EVAL_DIR=str(tmp_path / "eval.hdf5"),
-                RESULTS_DIR=str(tmp_path / "results"), PYTHON=sys.executable)
+    return dict(
+        os.environ,
+        BERT_DIR=str(bert_dir),
+        DATA_DIR_PHASE1=str(tmp_path / "phase1"),
+        DATA_DIR_PHASE2=str(tmp_path / "phase2"),
+        EVAL_DIR=str(tmp_path / "eval.hdf5"),
+        RESULTS_DIR=str(tmp_path / "results"),
+        PYTHON=sys.executable,
+    )
 
 
 def run_pretraining(env, *arguments):
-    return subprocess.run(["bash", os.path.join(SCRIPTS, "run_pretraining.sh"), *arguments], env=env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["bash", os.path.join(SCRIPTS, "run_pretraining.sh"), *arguments], env=env, capture_output=True, text=True
+    )
 
 
 # phase batch lr precision num_gpu warmup train_steps accumulation save_checkpoint_steps seed
@@ -305,11 +412,14 @@ def test_run_pretraining_phase1_then_phase2_continues_it(pretraining_env, tmp_pa
     assert "python" in (run_root / "phase2" / "command.log").read_text()
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["3"], "phase must be 1 or 2, got '3'"),
-    (["2"], "phase 2 starts from phase 1's run directory"),
-    (["1", "4", "1e-3", "fp8"], "precision must be fp16, fp32 or bf16, got 'fp8'"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["3"], "phase must be 1 or 2, got '3'"),
+        (["2"], "phase 2 starts from phase 1's run directory"),
+        (["1", "4", "1e-3", "fp8"], "precision must be fp16, fp32 or bf16, got 'fp8'"),
+    ],
+)
 def test_run_pretraining_bad_arguments(pretraining_env, arguments, message):
     done = run_pretraining(pretraining_env, *arguments)
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -23,8 +23,10 @@ HERE = Path(__file__).resolve().parent
 DELAYS = [0, 0.05, 0.11, 0.17, 0.4, 1.1]
 TRAINING = "SIGTERM received: saving a checkpoint at the end of this step, then stopping"
 # Before cli.main's run_command, or in it: the process's own handler names the program, the command itself.
-OTHER_PHASE = [[f"{program}: stopped by SIGTERM; every file already written is whole, none half-written"]
-               for program in ("bertbench", "bertbench classify")]
+OTHER_PHASE = [
+    [f"{program}: stopped by SIGTERM; every file already written is whole, none half-written"]
+    for program in ("bertbench", "bertbench classify")
+]
 
 
 def catches_sigterm(pid):
@@ -50,8 +52,10 @@ def run_child(argv, log, delay=None, exit_quickly=False):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         sys.argv = ["bertbench", *argv]
         import bertbench
+
         importlib.reload(bertbench)  # bertbench's start-up in a process the `bertbench` script starts
         from bertbench.cli import main
+
         if exit_quickly:
             os._exit(main())
         sys.exit(main())
@@ -66,8 +70,9 @@ def run_child(argv, log, delay=None, exit_quickly=False):
 
 def sweep(inputs: Path, work: Path) -> list[str]:
     """Every problem seen, one line each."""
+    from helpers import runner_command
+
     from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
-    from conftest import runner_command
 
     def command(out):
         return ["classify", *runner_command("classifier", inputs, out, "--save_checkpoints_steps=1")[1]]
@@ -104,8 +109,13 @@ def sweep(inputs: Path, work: Path) -> list[str]:
     for _ in range(4):  # on a busy machine the phases shift: look for training between the last stop and done
         if problems or "training" in seen.values() or "done" not in seen.values():
             break
-        trial((max(delay for delay, phase in seen.items() if phase != "done")
-               + min(delay for delay, phase in seen.items() if phase == "done")) / 2)
+        trial(
+            (
+                max(delay for delay, phase in seen.items() if phase != "done")
+                + min(delay for delay, phase in seen.items() if phase == "done")
+            )
+            / 2
+        )
     if not problems and set(seen.values()) != {"training", "other", "done"}:
         problems.append(f"the sweep did not see every phase: {seen}")
     return problems
@@ -113,8 +123,9 @@ def sweep(inputs: Path, work: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_sigterm_at_every_moment_of_a_run_ends_in_one_line_and_the_run_resumes_exactly(runner_inputs, tmp_path):
-    done = subprocess.run([sys.executable, __file__, str(runner_inputs), str(tmp_path)], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, __file__, str(runner_inputs), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -122,8 +133,10 @@ def test_sigterm_at_every_moment_of_a_run_ends_in_one_line_and_the_run_resumes_e
 def test_a_command_handles_sigterm_before_it_imports_torch(argv0, handled):
     """`python -m bertbench.runners.classifier` (torchrun's workers) imports torch for seconds before its main: the
     package's import installs the handler first, in a command only (argv[0] is "-m" while -m imports the package)."""
-    probe = (f"import signal, sys; sys.argv[0] = {argv0!r}; import bertbench; "
-             "print(signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, 'torch' in sys.modules)")
+    probe = (
+        f"import signal, sys; sys.argv[0] = {argv0!r}; import bertbench; "
+        "print(signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, 'torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=HERE.parent, check=True)
     assert done.stdout.split() == [str(handled), "False"]
 

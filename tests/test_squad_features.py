@@ -7,12 +7,42 @@ import random
 import numpy as np
 import pytest
 
-from bertbench.tasks.squad import (GoogleAnswerText, SquadDataError, SquadExample, convert_examples, postprocess,
-                                    read_examples)
+from bertbench.tasks.squad.answers import GoogleAnswerText, postprocess
+from bertbench.tasks.squad.features import convert_examples
+from bertbench.tasks.squad.reading import SquadDataError, SquadExample, read_examples
 from bertbench.tasks.tokenization import BertTokenizer
 
-WORDS = ["the", "cafe", "muller", "est", "ouvert", "a", "big", "dog", "barks", "at", "night", "$", "100", "##0",
-         "in", "new", "york", "'", "s", "北", "京", "大", "学", "is", ".", ",", "un", "##believ", "##able"]
+WORDS = [
+    "the",
+    "cafe",
+    "muller",
+    "est",
+    "ouvert",
+    "a",
+    "big",
+    "dog",
+    "barks",
+    "at",
+    "night",
+    "$",
+    "100",
+    "##0",
+    "in",
+    "new",
+    "york",
+    "'",
+    "s",
+    "北",
+    "京",
+    "大",
+    "学",
+    "is",
+    ".",
+    ",",
+    "un",
+    "##believ",
+    "##able",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +61,21 @@ def example(context, answer=None, start=None, question="what is it ?", question_
 
 def answer_tokens(features, tokenizer, row=0):
     start, end = (int(features.inputs[name][row]) for name in ("start_positions", "end_positions"))
-    return tokenizer.convert_ids_to_tokens(features.inputs["input_ids"][row, start:end + 1].tolist())
+    return tokenizer.convert_ids_to_tokens(features.inputs["input_ids"][row, start : end + 1].tolist())
 
 
-@pytest.mark.parametrize("context, answer, tokens", [
-    ("Le Café  Müller est ouvert.", "Müller", ["muller"]),  # accents stripped by the tokenizer, offsets kept
-    ("Le Café  Müller est ouvert.", "Café  Müller", ["cafe", "muller"]),  # a run of spaces inside the answer
-    ("a dog\t barks\n\nat night", "barks\n\nat", ["barks", "at"]),
-    ("北京大学 is big", "京大", ["京", "大"]),  # CJK characters are tokens of their own
-    ("it is unbelievable .", "unbelievable", ["un", "##believ", "##able"]),
-    ("the dog's $1000 cafe", "$1000", ["$", "100", "##0"]),
-    ("New York's cafe", "York", ["york"]),
-])
+@pytest.mark.parametrize(
+    "context, answer, tokens",
+    [
+        ("Le Café  Müller est ouvert.", "Müller", ["muller"]),  # accents stripped by the tokenizer, offsets kept
+        ("Le Café  Müller est ouvert.", "Café  Müller", ["cafe", "muller"]),  # a run of spaces inside the answer
+        ("a dog\t barks\n\nat night", "barks\n\nat", ["barks", "at"]),
+        ("北京大学 is big", "京大", ["京", "大"]),  # CJK characters are tokens of their own
+        ("it is unbelievable .", "unbelievable", ["un", "##believ", "##able"]),
+        ("the dog's $1000 cafe", "$1000", ["$", "100", "##0"]),
+        ("New York's cafe", "York", ["york"]),
+    ],
+)
 def test_answers_map_to_exactly_their_tokens(tokenizer, context, answer, tokens):
     features = convert_examples([example(context, answer)], tokenizer, 32, 8, 8, training=True)
     assert answer_tokens(features, tokenizer) == tokens
@@ -78,51 +111,59 @@ def google_is_max_context(spans, index, position):
 
 
 @pytest.mark.parametrize("max_seq_length, doc_stride", [(16, 3), (16, 5), (20, 128), (24, 7)])
-def test_windows_cover_the_context_like_googles_and_answers_outside_point_at_cls(tokenizer, max_seq_length,
-                                                                                 doc_stride):
-    words = [random.Random(seed).choice(["a", "big", "dog", "barks", "at", "night", "in", "new", "york"])
-             for seed in range(40)]
+def test_windows_cover_the_context_like_googles_and_answers_outside_point_at_cls(tokenizer, max_seq_length, doc_stride):
+    words = [
+        random.Random(seed).choice(["a", "big", "dog", "barks", "at", "night", "in", "new", "york"])
+        for seed in range(40)
+    ]
     context = " ".join(words)
     answer_word = 27
     start = len(" ".join(words[:answer_word])) + 1
-    answer = " ".join(words[answer_word:answer_word + 2])
+    answer = " ".join(words[answer_word : answer_word + 2])
     question = "who is it ?"  # 4 tokens
-    train = convert_examples([example(context, answer, start, question)], tokenizer, max_seq_length, doc_stride, 8,
-                             training=True)
-    predict = convert_examples([example(context, answer, start, question)], tokenizer, max_seq_length, doc_stride,
-                               8, training=False)
+    train = convert_examples(
+        [example(context, answer, start, question)], tokenizer, max_seq_length, doc_stride, 8, training=True
+    )
+    predict = convert_examples(
+        [example(context, answer, start, question)], tokenizer, max_seq_length, doc_stride, 8, training=False
+    )
     spans = google_windows(len(words), max_seq_length - 4 - 3, doc_stride)
     assert len(train) == len(predict) == len(spans)
     for row, (span_start, length) in enumerate(spans):
         ids = train.inputs["input_ids"][row]
-        assert tokenizer.convert_ids_to_tokens(ids[6:6 + length].tolist()) == words[span_start:span_start + length]
+        assert tokenizer.convert_ids_to_tokens(ids[6 : 6 + length].tolist()) == words[span_start : span_start + length]
         assert ids[6 + length] == tokenizer.sep_id and int(train.inputs["attention_mask"][row].sum()) == 7 + length
-        assert train.inputs["token_type_ids"][row].tolist() == [0] * 6 + [1] * (length + 1) + \
-            [0] * (max_seq_length - 7 - length)
+        assert train.inputs["token_type_ids"][row].tolist() == [0] * 6 + [1] * (length + 1) + [0] * (
+            max_seq_length - 7 - length
+        )
         inside = span_start <= answer_word and answer_word + 1 < span_start + length
         positions = (int(train.inputs["start_positions"][row]), int(train.inputs["end_positions"][row]))
         assert positions == ((6 + answer_word - span_start, 7 + answer_word - span_start) if inside else (0, 0))
         offsets = predict.token_offsets[row]
-        assert (offsets[:6] == -1).all() and (offsets[6 + length:] == -1).all()
-        assert [context[a:b] for a, b in offsets[6:6 + length]] == words[span_start:span_start + length]
+        assert (offsets[:6] == -1).all() and (offsets[6 + length :] == -1).all()
+        assert [context[a:b] for a, b in offsets[6 : 6 + length]] == words[span_start : span_start + length]
         expected = [google_is_max_context(spans, row, span_start + i) for i in range(length)]
-        assert predict.max_context[row, 6:6 + length].tolist() == expected
+        assert predict.max_context[row, 6 : 6 + length].tolist() == expected
         assert not predict.max_context[row, :6].any()
     assert any(train.inputs["start_positions"] > 0) and any(train.inputs["start_positions"] == 0)
 
 
 def test_questions_are_cut_and_unanswerable_questions_point_at_cls(tokenizer):
     long_question = " ".join(["what"] * 20)
-    features = convert_examples([example("a big dog", None, question=long_question)], tokenizer, 16, 4, 5,
-                                training=True)
+    features = convert_examples(
+        [example("a big dog", None, question=long_question)], tokenizer, 16, 4, 5, training=True
+    )
     ids = features.inputs["input_ids"][0]
     assert tokenizer.convert_ids_to_tokens(ids[:7].tolist()) == ["[CLS]"] + ["what"] * 5 + ["[SEP]"]
     assert (int(features.inputs["start_positions"][0]), int(features.inputs["end_positions"][0])) == (0, 0)
 
 
 def test_examples_share_tokenized_contexts_and_keep_their_order(tokenizer):
-    examples = [example("a big dog barks", "dog", question_id="1"), example("at night", "night", question_id="2"),
-                example("a big dog barks", "barks", question_id="3")]
+    examples = [
+        example("a big dog barks", "dog", question_id="1"),
+        example("at night", "night", question_id="2"),
+        example("a big dog barks", "barks", question_id="3"),
+    ]
     features = convert_examples(examples, tokenizer, 16, 4, 4, training=True)
     assert features.example_index.tolist() == [0, 1, 2]
     assert [answer_tokens(features, tokenizer, row) for row in range(3)] == [["dog"], ["night"], ["barks"]]
@@ -162,21 +203,28 @@ def test_answer_text_comes_from_the_context_not_from_word_pieces(tokenizer):
     muller = tokens.index("muller")
     starts, ends = logits_for(features, [(0, cafe, ouvert, 5.0), (0, muller, muller, 2.0)], 32)
     nbest = postprocess(examples, features, starts, ends, n_best_size=5, max_answer_length=10).nbest["q"]
-    assert [entry["text"] for entry in nbest] == ["Café  Müller est   ouvert", "Café  Müller", "Müller est   ouvert",
-                                                  "Müller"]
+    assert [entry["text"] for entry in nbest] == [
+        "Café  Müller est   ouvert",
+        "Café  Müller",
+        "Müller est   ouvert",
+        "Müller",
+    ]
     weights = [math.exp(10), math.exp(7), math.exp(7), math.exp(4)]
     assert [entry["probability"] for entry in nbest] == pytest.approx([weight / sum(weights) for weight in weights])
 
 
-@pytest.mark.parametrize("context, answer", [
-    ("the Cafe\u0301 is big", "Cafe\u0301"),  # a decomposed accent: the mark is stripped, and kept in the answer
-    ("the Cafe\u0301. is big", "Cafe\u0301"),  # before punctuation
-    ("the cafe\u200b\u0301 is big", "cafe\u200b\u0301"),  # a zero-width space, then a mark
-    ("the cafe\x07 is big", "cafe\x07"),  # an ASCII control character
-    ("the \u0301cafe is big", "\u0301cafe"),  # a mark opening a word goes with the token after it
-    ("\u200b\u0301cafe is big", "\u200b\u0301cafe"),  # at the start of the context
-    ("the dog\u0301 \u0301cafe is big", "\u0301cafe"),  # the mark after "dog" stays with "dog"
-])
+@pytest.mark.parametrize(
+    "context, answer",
+    [
+        ("the Cafe\u0301 is big", "Cafe\u0301"),  # a decomposed accent: the mark is stripped, and kept in the answer
+        ("the Cafe\u0301. is big", "Cafe\u0301"),  # before punctuation
+        ("the cafe\u200b\u0301 is big", "cafe\u200b\u0301"),  # a zero-width space, then a mark
+        ("the cafe\x07 is big", "cafe\x07"),  # an ASCII control character
+        ("the \u0301cafe is big", "\u0301cafe"),  # a mark opening a word goes with the token after it
+        ("\u200b\u0301cafe is big", "\u200b\u0301cafe"),  # at the start of the context
+        ("the dog\u0301 \u0301cafe is big", "\u0301cafe"),  # the mark after "dog" stays with "dog"
+    ],
+)
 def test_an_answer_keeps_the_characters_the_normalizer_deletes_around_its_tokens(tokenizer, context, answer):
     # Google answers with whole original words here ("GNU Cafe\u0301" scores EM 100 against the same gold text).
     examples = [example(context, question="who ?")]
@@ -189,19 +237,27 @@ def test_an_answer_keeps_the_characters_the_normalizer_deletes_around_its_tokens
     assert answer_tokens(training, tokenizer) == ["cafe"]
 
 
-@pytest.mark.parametrize("context, first, last, google, exact", [
-    # Google joins the span's words with single spaces.
-    ("Le Café  Müller est   ouvert, un-believable!", "cafe", "ouvert", "Café Müller est ouvert",
-     "Café  Müller est   ouvert"),
-    # Where stripping an accent changes a word's length, Google gives back the whole words, punctuation included.
-    ("the (Cafe\u0301) is big", "cafe", "cafe", "(Cafe\u0301)", "Cafe\u0301"),
-    # Otherwise it trims the words to the predicted tokens.
-    ("the big dog's cafe.", "dog", "dog", "dog", "dog"),
-    # A no-break space is inside a word for Google's run_squad, and its length test fails on it too.
-    ("the dog barks\u00a0a night", "a", "a", "barks\u00a0a", "a"),
-    # It takes the first place the tokens' text occurs in the words: the "a" of "Cafe", not the "A" predicted.
-    ("the Cafe-A is big", "a", "a", "a", "A"),
-])
+@pytest.mark.parametrize(
+    "context, first, last, google, exact",
+    [
+        # Google joins the span's words with single spaces.
+        (
+            "Le Café  Müller est   ouvert, un-believable!",
+            "cafe",
+            "ouvert",
+            "Café Müller est ouvert",
+            "Café  Müller est   ouvert",
+        ),
+        # Where stripping an accent changes a word's length, Google gives back the whole words, punctuation included.
+        ("the (Cafe\u0301) is big", "cafe", "cafe", "(Cafe\u0301)", "Cafe\u0301"),
+        # Otherwise it trims the words to the predicted tokens.
+        ("the big dog's cafe.", "dog", "dog", "dog", "dog"),
+        # A no-break space is inside a word for Google's run_squad, and its length test fails on it too.
+        ("the dog barks\u00a0a night", "a", "a", "barks\u00a0a", "a"),
+        # It takes the first place the tokens' text occurs in the words: the "a" of "Cafe", not the "A" predicted.
+        ("the Cafe-A is big", "a", "a", "a", "A"),
+    ],
+)
 def test_googles_answer_text(tokenizer, context, first, last, google, exact):
     examples = [example(context, question="who ?")]
     features = convert_examples(examples, tokenizer, 32, 8, 8, training=False)
@@ -222,8 +278,10 @@ def test_spans_must_be_ordered_short_inside_the_context_and_max_context(tokenize
     ends[0, [position["who"], position["dog"], position["york"], position["night"]]] = 20.0, 10.0, 8.0, 2.0
     # in the question: 40; "night ... dog" ends before it starts: 20; "night in new york" is 4 tokens: 18
     nbest = postprocess(examples, features, starts, ends, n_best_size=20, max_answer_length=3).nbest["q"]
-    assert [(entry["text"], entry["start_logit"] + entry["end_logit"]) for entry in nbest[:2]] == \
-        [("night", 12.0), ("a big dog", 11.0)]
+    assert [(entry["text"], entry["start_logit"] + entry["end_logit"]) for entry in nbest[:2]] == [
+        ("night", 12.0),
+        ("a big dog", 11.0),
+    ]
     answers = postprocess(examples, features, starts, ends, n_best_size=20, max_answer_length=4).answers
     assert answers["q"] == "night in new york"
 
@@ -256,8 +314,9 @@ def test_version_2_null_score_against_the_best_span(tokenizer):
     predictions = postprocess(examples, features, starts, ends, version_2=True)
     assert predictions.answers == {"x": "dog"} and predictions.null_odds == {"x": pytest.approx(-2.0)}
     assert "" in [entry["text"] for entry in predictions.nbest["x"]]
-    assert postprocess(examples, features, starts, ends, version_2=True,
-                       null_score_diff_threshold=-2.5).answers == {"x": ""}
+    assert postprocess(examples, features, starts, ends, version_2=True, null_score_diff_threshold=-2.5).answers == {
+        "x": ""
+    }
     assert postprocess(examples, features, starts, ends).null_odds is None
 
 
@@ -273,6 +332,7 @@ def test_no_valid_span_gives_googles_placeholder_or_no_answer(tokenizer):
 
 # ---- reading files --------------------------------------------------------------------------------------------
 
+
 def squad_file(tmp_path, paragraphs, version="1.1"):
     path = tmp_path / "squad.json"
     path.write_text(json.dumps({"version": version, "data": [{"title": "t", "paragraphs": paragraphs}]}))
@@ -285,11 +345,20 @@ def qa(question_id, text=None, start=None, **extra):
 
 
 def test_read_examples_keeps_order_first_answer_and_impossible(tmp_path):
-    path = squad_file(tmp_path, [{"context": "a big dog", "qas": [qa("1", "big", 2), qa("2", is_impossible=True)]},
-                                 {"context": "barks", "qas": [qa("3", "barks", 0)]}], version="v2.0")
+    path = squad_file(
+        tmp_path,
+        [
+            {"context": "a big dog", "qas": [qa("1", "big", 2), qa("2", is_impossible=True)]},
+            {"context": "barks", "qas": [qa("3", "barks", 0)]},
+        ],
+        version="v2.0",
+    )
     examples = read_examples(path, training=True, version_2=True)
-    assert [(e.question_id, e.answer_text, e.answer_start, e.is_impossible) for e in examples] == \
-        [("1", "big", 2, False), ("2", "", -1, True), ("3", "barks", 0, False)]
+    assert [(e.question_id, e.answer_text, e.answer_start, e.is_impossible) for e in examples] == [
+        ("1", "big", 2, False),
+        ("2", "", -1, True),
+        ("3", "barks", 0, False),
+    ]
     # for prediction the answers are not read (the scorer reads them), so dev files need no answer_start
     assert [e.answer_start for e in read_examples(path, training=False, version_2=False)] == [-1, -1, -1]
 
@@ -301,24 +370,52 @@ def test_training_skips_the_answers_googles_reader_cannot_find_unless_kept(tmp_p
     def at(context, question_id, text):
         return qa(question_id, text, context.index(text))
 
-    first, second, third = ("the dog barks\u00a0a night", "北京\u3000大学 is big",
-                            "a big\u202fdog, an unbelievable dog\t barks")
-    path = squad_file(tmp_path, [
-        {"context": first, "qas": [at(first, "nbsp", "barks\u00a0a"), at(first, "word", "a night"),
-                                   qa("none", is_impossible=True)]},
-        {"context": second, "qas": [at(second, "ideographic", "北京\u3000大学")]},
-        {"context": third, "qas": [at(third, "narrow", "big\u202fdog"), at(third, "inside", "believ"),
-                                   at(third, "tab", "dog\t barks")]},
-    ], version="v2.0")
+    first, second, third = (
+        "the dog barks\u00a0a night",
+        "北京\u3000大学 is big",
+        "a big\u202fdog, an unbelievable dog\t barks",
+    )
+    path = squad_file(
+        tmp_path,
+        [
+            {
+                "context": first,
+                "qas": [
+                    at(first, "nbsp", "barks\u00a0a"),
+                    at(first, "word", "a night"),
+                    qa("none", is_impossible=True),
+                ],
+            },
+            {"context": second, "qas": [at(second, "ideographic", "北京\u3000大学")]},
+            {
+                "context": third,
+                "qas": [
+                    at(third, "narrow", "big\u202fdog"),
+                    at(third, "inside", "believ"),
+                    at(third, "tab", "dog\t barks"),
+                ],
+            },
+        ],
+        version="v2.0",
+    )
     warnings = []
     examples = read_examples(path, training=True, version_2=True, warn=warnings.append)
     assert [example.question_id for example in examples] == ["word", "none", "narrow", "inside", "tab"]
-    assert warnings == [f"warning: {path}: skipped 2 training questions as Google's run_squad skips them, their "
-                        "answer text not found in the context's whitespace-split words (its \"Could not find "
-                        "answer\"; --keep_unaligned_answers trains on them): nbsp, ideographic"]
+    assert warnings == [
+        f"warning: {path}: skipped 2 training questions as Google's run_squad skips them, their "
+        "answer text not found in the context's whitespace-split words (its \"Could not find "
+        'answer"; --keep_unaligned_answers trains on them): nbsp, ideographic'
+    ]
     kept = read_examples(path, training=True, version_2=True, keep_unaligned_answers=True, warn=warnings.append)
-    assert [example.question_id for example in kept] == ["nbsp", "word", "none", "ideographic", "narrow", "inside",
-                                                         "tab"]
+    assert [example.question_id for example in kept] == [
+        "nbsp",
+        "word",
+        "none",
+        "ideographic",
+        "narrow",
+        "inside",
+        "tab",
+    ]
     assert len(read_examples(path, training=False, version_2=True, warn=warnings.append)) == 7
     assert len(warnings) == 1
 
@@ -329,21 +426,32 @@ def test_a_file_whose_every_answer_is_skipped_says_so(tmp_path):
         read_examples(path, training=True, version_2=False, warn=lambda line: None)
 
 
-@pytest.mark.parametrize("paragraphs, message", [
-    ([{"context": "a big dog", "qas": [qa("q7", "big", 3)]}],
-     "question q7: answer_start 3 points at 'ig ' in the context, not at the answer text 'big'"),
-    ([{"context": "   ", "qas": [qa("q8", "big", 2)]}], "the paragraph of question q8: empty context"),
-    ([{"context": "a big dog", "qas": [{"id": "q9", "answers": []}]}], "question q9 has no 'question' field"),
-    ([{"context": "a big dog", "qas": [{"id": "q10", "question": "?", "answers": [{"text": "big"}]}]}],
-     "an answer of question q10 has no 'answer_start' field"),
-    ([{"context": "a big dog", "qas": [qa("q11")]}], "question q11: no answer to train on"),
-    ([{"context": "a big dog", "qas": [qa("q12", is_impossible=True)]}],
-     "question q12: is unanswerable (is_impossible), a SQuAD v2.0 question"),
-    ([{"context": "a big dog", "qas": [qa("q13", "big", 2), qa("q13", "dog", 6)]}], "question q13: the id is used "
-                                                                                    "twice"),
-    ([{"context": "a big dog", "qas": [qa("q14", "big", "2")]}], "question q14: answer_start is '2'"),
-    ([{"qas": [qa("q15", "big", 2)]}], "the paragraph of question q15 has no 'context' field"),
-])
+@pytest.mark.parametrize(
+    "paragraphs, message",
+    [
+        (
+            [{"context": "a big dog", "qas": [qa("q7", "big", 3)]}],
+            "question q7: answer_start 3 points at 'ig ' in the context, not at the answer text 'big'",
+        ),
+        ([{"context": "   ", "qas": [qa("q8", "big", 2)]}], "the paragraph of question q8: empty context"),
+        ([{"context": "a big dog", "qas": [{"id": "q9", "answers": []}]}], "question q9 has no 'question' field"),
+        (
+            [{"context": "a big dog", "qas": [{"id": "q10", "question": "?", "answers": [{"text": "big"}]}]}],
+            "an answer of question q10 has no 'answer_start' field",
+        ),
+        ([{"context": "a big dog", "qas": [qa("q11")]}], "question q11: no answer to train on"),
+        (
+            [{"context": "a big dog", "qas": [qa("q12", is_impossible=True)]}],
+            "question q12: is unanswerable (is_impossible), a SQuAD v2.0 question",
+        ),
+        (
+            [{"context": "a big dog", "qas": [qa("q13", "big", 2), qa("q13", "dog", 6)]}],
+            "question q13: the id is used twice",
+        ),
+        ([{"context": "a big dog", "qas": [qa("q14", "big", "2")]}], "question q14: answer_start is '2'"),
+        ([{"qas": [qa("q15", "big", 2)]}], "the paragraph of question q15 has no 'context' field"),
+    ],
+)
 def test_bad_training_files_name_the_file_and_question(tmp_path, paragraphs, message):
     path = squad_file(tmp_path, paragraphs)
     with pytest.raises(SquadDataError) as error:

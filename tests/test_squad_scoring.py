@@ -6,8 +6,17 @@ import random
 import pytest
 
 from bertbench import cli
-from bertbench.tasks.squad import (ScoredQuestion, SquadDataError, _best_threshold, evaluate, exact_match, f1_score,
-                                   normalize_answer, read_predictions, read_questions)
+from bertbench.tasks.squad.reading import SquadDataError
+from bertbench.tasks.squad.scoring import (
+    ScoredQuestion,
+    evaluate,
+    exact_match,
+    f1_score,
+    find_best_threshold,
+    normalize_answer,
+    read_predictions,
+    read_questions,
+)
 
 
 def test_normalisation():
@@ -38,10 +47,15 @@ def squad_file(tmp_path, questions, version=None):
     return path
 
 
-V1 = [{"id": "q1", "question": "?", "answers": [{"text": "Denver Broncos", "answer_start": 0},
-                                                 {"text": "Broncos", "answer_start": 7}]},
-      {"id": "q2", "question": "?", "answers": [{"text": "Santa Clara, California", "answer_start": 0}]},
-      {"id": "q3", "question": "?", "answers": [{"text": "Levi's Stadium", "answer_start": 0}]}]
+V1 = [
+    {
+        "id": "q1",
+        "question": "?",
+        "answers": [{"text": "Denver Broncos", "answer_start": 0}, {"text": "Broncos", "answer_start": 7}],
+    },
+    {"id": "q2", "question": "?", "answers": [{"text": "Santa Clara, California", "answer_start": 0}]},
+    {"id": "q3", "question": "?", "answers": [{"text": "Levi's Stadium", "answer_start": 0}]},
+]
 
 
 def test_v1_file_by_hand(tmp_path):
@@ -54,12 +68,23 @@ def test_v1_file_by_hand(tmp_path):
     assert warnings == ["Unanswered question q3 will receive score 0."]
 
 
-V2 = [{"id": "q1", "question": "?", "answers": [{"text": "Normans", "answer_start": 0}], "is_impossible": False},
-      {"id": "q2", "question": "?", "answers": [], "is_impossible": True,
-       "plausible_answers": [{"text": "France", "answer_start": 0}]},
-      {"id": "q3", "question": "?", "answers": [], "is_impossible": True},
-      {"id": "q4", "question": "?", "answers": [{"text": "10th and 11th centuries", "answer_start": 0}],
-       "is_impossible": False}]
+V2 = [
+    {"id": "q1", "question": "?", "answers": [{"text": "Normans", "answer_start": 0}], "is_impossible": False},
+    {
+        "id": "q2",
+        "question": "?",
+        "answers": [],
+        "is_impossible": True,
+        "plausible_answers": [{"text": "France", "answer_start": 0}],
+    },
+    {"id": "q3", "question": "?", "answers": [], "is_impossible": True},
+    {
+        "id": "q4",
+        "question": "?",
+        "answers": [{"text": "10th and 11th centuries", "answer_start": 0}],
+        "is_impossible": False,
+    },
+]
 V2_PREDICTIONS = {"q1": "Normans", "q2": "", "q3": "France", "q4": "10th century"}
 
 
@@ -68,9 +93,19 @@ def test_v2_file_by_hand(tmp_path):
     assert version_2
     figures = evaluate(questions, V2_PREDICTIONS, version_2)
     # q4: F1 of "10th century" vs "10th and 11th centuries" = 2 * 0.5 * 0.25 / 0.75 = 1/3.
-    assert figures == pytest.approx({"exact": 50.0, "f1": 100 * (2 + 1 / 3) / 4, "total": 4,
-                                     "HasAns_exact": 50.0, "HasAns_f1": 100 * (4 / 3) / 2, "HasAns_total": 2,
-                                     "NoAns_exact": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2})
+    assert figures == pytest.approx(
+        {
+            "exact": 50.0,
+            "f1": 100 * (2 + 1 / 3) / 4,
+            "total": 4,
+            "HasAns_exact": 50.0,
+            "HasAns_f1": 100 * (4 / 3) / 2,
+            "HasAns_total": 2,
+            "NoAns_exact": 50.0,
+            "NoAns_f1": 50.0,
+            "NoAns_total": 2,
+        }
+    )
 
 
 def test_v2_no_answer_threshold_and_best_threshold_by_hand(tmp_path):
@@ -123,7 +158,7 @@ def test_best_threshold_admits_tied_questions_in_the_probability_files_order(tmp
         probabilities = {q: generator.choice([0.0, 0.25, 0.5]) for q in ids}
         exact = {q: float(generator.random() < 0.5) for q in has_answer}
         predictions = {q: generator.choice(["", "x"]) for q in has_answer}
-        ours = _best_threshold(predictions, exact, probabilities, has_answer)
+        ours = find_best_threshold(predictions, exact, probabilities, has_answer)
         assert ours == official_find_best_thresh(predictions, exact, probabilities, has_answer)
 
 
@@ -143,11 +178,14 @@ def test_command_prints_json_and_warns(tmp_path, capsys):
     assert printed == json.loads(out.read_text()) and printed["exact_match"] == pytest.approx(200 / 3)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "data.json: not valid JSON"),
-    ('{"data": [{"paragraphs": [{"qas": [{"id": "q9", "question": "?"}]}]}]}', "question q9 has no 'answers'"),
-    ('{"version": "v2.0"}', "no 'data' list"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "data.json: not valid JSON"),
+        ('{"data": [{"paragraphs": [{"qas": [{"id": "q9", "question": "?"}]}]}]}', "question q9 has no 'answers'"),
+        ('{"version": "v2.0"}', "no 'data' list"),
+    ],
+)
 def test_bad_data_files(tmp_path, capsys, content, message):
     (tmp_path / "data.json").write_text(content)
     (tmp_path / "predictions.json").write_text("{}")

@@ -7,8 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertbench.weights.tf_checkpoint import (CheckpointError, TFCheckpoint, _varint, list_variables, masked_crc32c,
-                                     read_tf_checkpoint)
+from bertbench.weights.tf_checkpoint import (
+    CheckpointError,
+    TFCheckpoint,
+    list_variables,
+    masked_crc32c,
+    read_tf_checkpoint,
+    read_varint,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf1_tiny"
 PREFIXES = ["bert_model.ckpt", "classifier.ckpt", "dtypes/dtypes.ckpt", "tf2/ckpt-2"]
@@ -17,8 +23,11 @@ VARIABLES = json.loads((FIXTURE / "expected_variables.json").read_text())
 
 
 def expected_for(prefix):
-    return {key.split(":", 1)[1]: (dtype, tuple(shape)) for key, (dtype, shape) in VARIABLES.items()
-            if key.startswith(prefix + ":")}
+    return {
+        key.split(":", 1)[1]: (dtype, tuple(shape))
+        for key, (dtype, shape) in VARIABLES.items()
+        if key.startswith(prefix + ":")
+    }
 
 
 def copy_checkpoint(tmp_path, prefix="bert_model.ckpt"):
@@ -58,11 +67,18 @@ def test_reads_all_of_an_nvidia_style_checkpoint_with_slots_and_step():
 def test_reads_selected_names_and_every_dtype_from_two_shards():
     checkpoint = TFCheckpoint(FIXTURE / "dtypes" / "dtypes.ckpt")
     assert checkpoint.num_shards == 2
-    values = read_tf_checkpoint(FIXTURE / "dtypes" / "dtypes.ckpt",
-                                names=["half", "bfloat16", "double", "int32", "int64", "flags", "scalar"])
+    values = read_tf_checkpoint(
+        FIXTURE / "dtypes" / "dtypes.ckpt", names=["half", "bfloat16", "double", "int32", "int64", "flags", "scalar"]
+    )
     assert {name: value.dtype.name for name, value in values.items()} == {
-        "half": "float16", "bfloat16": "float32", "double": "float64", "int32": "int32", "int64": "int64",
-        "flags": "bool", "scalar": "float32"}
+        "half": "float16",
+        "bfloat16": "float32",
+        "double": "float64",
+        "int32": "int32",
+        "int64": "int64",
+        "flags": "bool",
+        "scalar": "float32",
+    }
     assert values["scalar"].shape == ()
 
 
@@ -78,13 +94,17 @@ def test_refuses_string_and_partitioned_variables():
 
 def test_tf2_directory_follows_the_checkpoint_file_and_skips_the_object_graph():
     values = read_tf_checkpoint(FIXTURE / "tf2")
-    assert set(values) == {"kernel/.ATTRIBUTES/VARIABLE_VALUE", "save_counter/.ATTRIBUTES/VARIABLE_VALUE",
-                           "step/.ATTRIBUTES/VARIABLE_VALUE"}
+    assert set(values) == {
+        "kernel/.ATTRIBUTES/VARIABLE_VALUE",
+        "save_counter/.ATTRIBUTES/VARIABLE_VALUE",
+        "step/.ATTRIBUTES/VARIABLE_VALUE",
+    }
     assert values["step/.ATTRIBUTES/VARIABLE_VALUE"] == 2  # ckpt-2, the latest, not ckpt-1
 
 
-@pytest.mark.parametrize("form", ["bert_model.ckpt", "bert_model.ckpt.index",
-                                  "bert_model.ckpt.data-00000-of-00001", "."])
+@pytest.mark.parametrize(
+    "form", ["bert_model.ckpt", "bert_model.ckpt.index", "bert_model.ckpt.data-00000-of-00001", "."]
+)
 def test_path_forms(tmp_path, form):
     copy_checkpoint(tmp_path)
     assert TFCheckpoint(tmp_path / form).prefix == str(tmp_path / "bert_model.ckpt")
@@ -97,8 +117,11 @@ def test_checkpoint_file_with_a_path_from_another_machine(tmp_path):
 
 
 def test_directory_with_several_checkpoints_is_ambiguous():
-    with pytest.raises(CheckpointError, match=r"tf1_tiny: expected exactly one \*\.index checkpoint, found "
-                                              r"bert_model\.ckpt\.index, classifier\.ckpt\.index"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tf1_tiny: expected exactly one \*\.index checkpoint, found "
+        r"bert_model\.ckpt\.index, classifier\.ckpt\.index",
+    ):
         TFCheckpoint(FIXTURE)
 
 
@@ -159,12 +182,14 @@ def test_compressed_block_is_refused(tmp_path):
     index = tmp_path / "bert_model.ckpt.index"
     raw = bytearray(index.read_bytes())
     footer = bytes(raw[-48:])
-    _, pos = _varint(footer, 0, "footer")
-    _, pos = _varint(footer, pos, "footer")
-    offset, pos = _varint(footer, pos, "footer")
-    size, _ = _varint(footer, pos, "footer")
+    _, pos = read_varint(footer, 0, "footer")
+    _, pos = read_varint(footer, pos, "footer")
+    offset, pos = read_varint(footer, pos, "footer")
+    size, _ = read_varint(footer, pos, "footer")
     raw[offset + size] = 1  # snappy, with a CRC that matches so only the compression type is wrong
-    raw[offset + size + 1:offset + size + 5] = masked_crc32c(bytes(raw[offset:offset + size + 1])).to_bytes(4, "little")
+    raw[offset + size + 1 : offset + size + 5] = masked_crc32c(bytes(raw[offset : offset + size + 1])).to_bytes(
+        4, "little"
+    )
     index.write_bytes(raw)
     with pytest.raises(CheckpointError, match=r"uses compression type 1"):
         list_variables(prefix)

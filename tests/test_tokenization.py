@@ -15,17 +15,87 @@ from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegac
 from bertbench.tasks.tokenization import BertTokenizer, VocabError, load_vocab, truncated_pair_lengths
 
 VOCAB = [
-    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
     # punctuation, ASCII symbols Google counts as punctuation, and Unicode punctuation
-    ".", ",", "!", "?", "'", "\"", "(", ")", "-", "$", "^", "`", "#", "@", "&", "*", "~", "[", "]",
-    "¿", "¡", "«", "»", "—", "…", "、", "。", "「", "」",
+    ".",
+    ",",
+    "!",
+    "?",
+    "'",
+    '"',
+    "(",
+    ")",
+    "-",
+    "$",
+    "^",
+    "`",
+    "#",
+    "@",
+    "&",
+    "*",
+    "~",
+    "[",
+    "]",
+    "¿",
+    "¡",
+    "«",
+    "»",
+    "—",
+    "…",
+    "、",
+    "。",
+    "「",
+    "」",
     # lower-case words and continuation pieces
-    "the", "quick", "brown", "fox", "jump", "##s", "##ed", "##ing", "over", "lazy", "dog", "hello", "world",
-    "hel", "##lo", "un", "##aff", "##able", "cafe", "naive", "que", "hola", "mask", "a", "##a", "x", "5", "2",
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jump",
+    "##s",
+    "##ed",
+    "##ing",
+    "over",
+    "lazy",
+    "dog",
+    "hello",
+    "world",
+    "hel",
+    "##lo",
+    "un",
+    "##aff",
+    "##able",
+    "cafe",
+    "naive",
+    "que",
+    "hola",
+    "mask",
+    "a",
+    "##a",
+    "x",
+    "5",
+    "2",
     # cased and accented forms, reachable only with do_lower_case=False
-    "The", "Hello", "Héllo", "Naïve", "café", "Café", "World", "Qué",
+    "The",
+    "Hello",
+    "Héllo",
+    "Naïve",
+    "café",
+    "Café",
+    "World",
+    "Qué",
     # CJK characters, one token each
-    "中", "国", "人", "你", "好", "日", "本",
+    "中",
+    "国",
+    "人",
+    "你",
+    "好",
+    "日",
+    "本",
 ]
 
 TEXTS = [
@@ -58,8 +128,9 @@ def vocab_file(tmp_path_factory):
 
 
 def reference_tokenizer(vocab_file, do_lower_case):
-    reference = BertTokenizerLegacy(str(vocab_file), do_lower_case=do_lower_case, tokenize_chinese_chars=True,
-                                    strip_accents=None)
+    reference = BertTokenizerLegacy(
+        str(vocab_file), do_lower_case=do_lower_case, tokenize_chinese_chars=True, strip_accents=None
+    )
     # Google's WordpieceTokenizer makes words over 200 characters [UNK]; the port's default is 100.
     reference.wordpiece_tokenizer.max_input_chars_per_word = 200
     return reference
@@ -67,8 +138,11 @@ def reference_tokenizer(vocab_file, do_lower_case):
 
 def google_tokenize(reference, text):
     """Google's FullTokenizer.tokenize: basic tokenization, then WordPiece on each word."""
-    return [piece for word in reference.basic_tokenizer.tokenize(text)
-            for piece in reference.wordpiece_tokenizer.tokenize(word)]
+    return [
+        piece
+        for word in reference.basic_tokenizer.tokenize(text)
+        for piece in reference.wordpiece_tokenizer.tokenize(word)
+    ]
 
 
 def google_truncate_seq_pair(tokens_a, tokens_b, max_length):
@@ -86,7 +160,7 @@ def google_features(reference, text_a, text_b, max_seq_length):
     tokens_a = google_tokenize(reference, text_a)
     tokens_b = google_tokenize(reference, text_b) if text_b else None
     if not tokens_b:
-        tokens_a = tokens_a[:max_seq_length - 2]
+        tokens_a = tokens_a[: max_seq_length - 2]
         tokens, segment_ids = ["[CLS]", *tokens_a, "[SEP]"], [0] * (len(tokens_a) + 2)
     else:
         google_truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
@@ -106,10 +180,13 @@ def test_tokenize_matches_google(vocab_file, do_lower_case, text):
     assert tokenizer.convert_tokens_to_ids(expected) == [tokenizer.vocab[token] for token in expected]
 
 
-@pytest.mark.parametrize("do_lower_case, expected", [
-    (True, ["hello", "naive", "cafe"]),
-    (False, ["Héllo", "Naïve", "café"]),
-])
+@pytest.mark.parametrize(
+    "do_lower_case, expected",
+    [
+        (True, ["hello", "naive", "cafe"]),
+        (False, ["Héllo", "Naïve", "café"]),
+    ],
+)
 def test_accents_are_stripped_only_when_lower_casing(vocab_file, do_lower_case, expected):
     tokenizer = BertTokenizer.from_vocab_file(vocab_file, do_lower_case=do_lower_case)
     assert tokenizer.tokenize("Héllo Naïve café") == expected
@@ -178,14 +255,37 @@ def test_pair_is_truncated_from_the_longer_side_and_padded(vocab_file):
     # B keeps 3 (the `tokenizers` longest-first rule would keep 3 and 4).
     encoded = tokenizer.encode("the quick brown fox", "lazy dogs jumped", max_seq_length=10)
     assert tokenizer.convert_ids_to_tokens(encoded.input_ids) == [
-        "[CLS]", "the", "quick", "brown", "fox", "[SEP]", "lazy", "dog", "##s", "[SEP]"]
+        "[CLS]",
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "[SEP]",
+        "lazy",
+        "dog",
+        "##s",
+        "[SEP]",
+    ]
     assert encoded.token_type_ids == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]
     assert encoded.attention_mask == [1] * 10
 
     encoded = tokenizer.encode("the quick brown fox", "lazy dogs jumped", max_seq_length=14)
     assert tokenizer.convert_ids_to_tokens(encoded.input_ids) == [
-        "[CLS]", "the", "quick", "brown", "fox", "[SEP]", "lazy", "dog", "##s", "jump", "##ed", "[SEP]",
-        "[PAD]", "[PAD]"]
+        "[CLS]",
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "[SEP]",
+        "lazy",
+        "dog",
+        "##s",
+        "jump",
+        "##ed",
+        "[SEP]",
+        "[PAD]",
+        "[PAD]",
+    ]
     assert encoded.token_type_ids == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0]
     assert encoded.attention_mask == [1] * 12 + [0] * 2
 
@@ -243,8 +343,18 @@ def test_offsets_point_into_the_original_text(vocab_file):
     text = "HÉLLO, Naïve Café-dogs!"
     encoding = tokenizer.backend.encode(text)
     pieces = [(token, text[start:end]) for token, (start, end) in zip(encoding.tokens, encoding.offsets)]
-    assert pieces == [("[CLS]", ""), ("hello", "HÉLLO"), (",", ","), ("naive", "Naïve"), ("cafe", "Café"),
-                      ("-", "-"), ("dog", "dog"), ("##s", "s"), ("!", "!"), ("[SEP]", "")]
+    assert pieces == [
+        ("[CLS]", ""),
+        ("hello", "HÉLLO"),
+        (",", ","),
+        ("naive", "Naïve"),
+        ("cafe", "Café"),
+        ("-", "-"),
+        ("dog", "dog"),
+        ("##s", "s"),
+        ("!", "!"),
+        ("[SEP]", ""),
+    ]
 
 
 def test_vocab_file_lines_are_ids(tmp_path):
@@ -256,14 +366,19 @@ def test_vocab_file_lines_are_ids(tmp_path):
     assert load_vocab(tmp_path) == vocab
 
 
-@pytest.mark.parametrize("lines, message", [
-    ([], r"vocab\.txt: empty vocabulary file$"),
-    (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "fox", "dog", "fox"],
-     r"vocab\.txt:8: duplicate token 'fox', first on line 6$"),
-    (["[PAD]", "[UNK]", "[CLS]", "[SEP]"], r"vocab\.txt: missing special token \[MASK\]$"),
-    (["[CLS]", "[SEP]", "[UNK]"], r"vocab\.txt: missing special tokens \[PAD\], \[MASK\]$"),
-    (["[PAD]", "[UNK]", "", "[CLS]", "[SEP]", "[MASK]"], r"vocab\.txt:3: empty line, expected one token per line$"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        ([], r"vocab\.txt: empty vocabulary file$"),
+        (
+            ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "fox", "dog", "fox"],
+            r"vocab\.txt:8: duplicate token 'fox', first on line 6$",
+        ),
+        (["[PAD]", "[UNK]", "[CLS]", "[SEP]"], r"vocab\.txt: missing special token \[MASK\]$"),
+        (["[CLS]", "[SEP]", "[UNK]"], r"vocab\.txt: missing special tokens \[PAD\], \[MASK\]$"),
+        (["[PAD]", "[UNK]", "", "[CLS]", "[SEP]", "[MASK]"], r"vocab\.txt:3: empty line, expected one token per line$"),
+    ],
+)
 def test_bad_vocab_is_reported_with_file_and_line(tmp_path, lines, message):
     path = write_vocab(tmp_path, lines)
     with pytest.raises(VocabError, match=message) as error:

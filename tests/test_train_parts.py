@@ -6,22 +6,23 @@ import copy
 
 import pytest
 import torch
+from helpers import Overflowing, tiny_config
 
+from bertbench.model.factory import build_model
 from bertbench.training.batches import ShuffledBatches
 from bertbench.training.checkpoint import CheckpointError, list_checkpoints
+from bertbench.training.config import RunConfig, TrainConfig
 from bertbench.training.loop import MAX_CONSECUTIVE_SKIPPED_STEPS, Estimator, TrainingDivergedError
-from bertbench.model.factory import build_model
 from bertbench.training.state import CONTINUE, FRESH, RESTORE, RESUME, WARM_START, decide_start
 from bertbench.training.stats import LoopStats, run_totals
 from bertbench.training.step import TrainStep
-from bertbench.training.config import RunConfig, TrainConfig
-from conftest import Overflowing, tiny_config
 
 
 def classifier(modeling="baseline", policy="full", dropout=0.0):
     torch.manual_seed(0)
-    config = tiny_config(hidden_size=32, intermediate_size=64, hidden_dropout_prob=dropout,
-                         attention_probs_dropout_prob=dropout)
+    config = tiny_config(
+        hidden_size=32, intermediate_size=64, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout
+    )
     return build_model("classification", config, modeling, policy, num_labels=2)
 
 
@@ -29,9 +30,13 @@ def batch(count=8, seq=12, seed=0):
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(5, 100, (count, seq), generator=generator)
     mask = torch.ones_like(input_ids)
-    mask[::2, seq - 3:] = 0
-    return {"input_ids": input_ids, "token_type_ids": torch.zeros_like(input_ids), "attention_mask": mask,
-            "labels": torch.randint(0, 2, (count,), generator=generator)}
+    mask[::2, seq - 3 :] = 0
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": torch.zeros_like(input_ids),
+        "attention_mask": mask,
+        "labels": torch.randint(0, 2, (count,), generator=generator),
+    }
 
 
 def raw_gradient_norm(model, data):
@@ -44,8 +49,13 @@ def raw_gradient_norm(model, data):
 def norm_seen_by_the_optimizer(step: TrainStep) -> list[float]:
     """The global gradient norm at each optimizer step, as the optimizer receives the gradients."""
     seen = []
-    step.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: seen.append(torch.linalg.vector_norm(
-        torch.stack([p.grad.norm() for p in step.model.parameters() if p.grad is not None])).item()))
+    step.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(
+            torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in step.model.parameters() if p.grad is not None])
+            ).item()
+        )
+    )
     return seen
 
 
@@ -54,8 +64,9 @@ def test_clipping_scales_the_gradients_to_the_limit_and_reports_the_raw_norm(acc
     model, data = classifier(), batch()
     raw = raw_gradient_norm(model, data).item()
     limit = raw / 4
-    step = TrainStep(model, TrainConfig(num_train_steps=10, max_grad_norm=limit,
-                                        gradient_accumulation_steps=accumulation))
+    step = TrainStep(
+        model, TrainConfig(num_train_steps=10, max_grad_norm=limit, gradient_accumulation_steps=accumulation)
+    )
     seen = norm_seen_by_the_optimizer(step)
     # The same batch twice with accumulation 2: each half-weighted, so the gradient is the batch's own.
     outcome = step(iter([data] * accumulation))
@@ -78,8 +89,12 @@ def test_64_fp16_overflows_in_a_row_stop_the_run_without_a_step_or_a_save(tmp_pa
     calls = []
     original = TrainStep.__call__
     monkeypatch.setattr(TrainStep, "__call__", lambda self, batches: calls.append(1) or original(self, batches))
-    estimator = Estimator(Overflowing(classifier()), RunConfig(str(tmp_path), save_checkpoints_secs=None),
-                          TrainConfig(num_train_steps=1000, precision="fp16"), log=lambda line: None)
+    estimator = Estimator(
+        Overflowing(classifier()),
+        RunConfig(str(tmp_path), save_checkpoints_secs=None),
+        TrainConfig(num_train_steps=1000, precision="fp16"),
+        log=lambda line: None,
+    )
     with pytest.raises(TrainingDivergedError, match=f"{MAX_CONSECUTIVE_SKIPPED_STEPS} fp16 steps in a row"):
         estimator.train(ShuffledBatches(batch(count=16), 8, seed=0))
     assert MAX_CONSECUTIVE_SKIPPED_STEPS == 64 and len(calls) == 64
@@ -108,8 +123,17 @@ def test_steady_throughput_leaves_out_the_first_steps_saves_and_evaluations():
         if step == 6:
             with stats.pause(save=False):  # an evaluation of 0.25 s
                 clock.now += 0.25
-    result = stats.result(global_step=10, epoch=1.0, resumed_from=None, restore_seconds=0.0, interrupted=None,
-                          budget_exhausted=False, target_reached=False, skipped=0, last_checkpoint=None)
+    result = stats.result(
+        global_step=10,
+        epoch=1.0,
+        resumed_from=None,
+        restore_seconds=0.0,
+        interrupted=None,
+        budget_exhausted=False,
+        target_reached=False,
+        skipped=0,
+        last_checkpoint=None,
+    )
     assert result.seconds == 10.75 and result.sentences == 40
     assert result.sentences_per_second == 40 / 10.75
     # Steps 3-10: 32 sequences in 8.75 s of which 0.75 s were a save and an evaluation.
@@ -122,8 +146,15 @@ def test_steady_throughput_leaves_out_the_first_steps_saves_and_evaluations():
     # A resumed run adds a second segment; a segment saved before real tokens were counted leaves the run without
     # real-token figures rather than with wrong ones.
     segment = stats.segment(10, ended="finished")
-    second = dict(segment, tokens=100, real_tokens=50, seconds=5.0, steady_seconds=4.0,
-                  steady_sentences_per_second=2.0, steady_real_tokens_per_second=10.0)
+    second = dict(
+        segment,
+        tokens=100,
+        real_tokens=50,
+        seconds=5.0,
+        steady_seconds=4.0,
+        steady_sentences_per_second=2.0,
+        steady_real_tokens_per_second=10.0,
+    )
     totals = run_totals([segment, second])
     assert totals["real_tokens_per_second"] == (340 + 50) / (10.75 + 5.0)
     assert totals["steady_real_tokens_per_second"] == (8 * 34 + 10.0 * 4.0) / (8.0 + 4.0)
@@ -139,8 +170,17 @@ def test_the_first_step_is_timed_from_the_loops_start():
         stats.count_batch(batch(count=2, seq=4))
         clock.now += seconds
         stats.after_step(torch.tensor(0.5), None, skipped=False)
-    result = stats.result(global_step=3, epoch=1.0, resumed_from=None, restore_seconds=0.0, interrupted=None,
-                          budget_exhausted=False, target_reached=False, skipped=0, last_checkpoint=None)
+    result = stats.result(
+        global_step=3,
+        epoch=1.0,
+        resumed_from=None,
+        restore_seconds=0.0,
+        interrupted=None,
+        budget_exhausted=False,
+        target_reached=False,
+        skipped=0,
+        last_checkpoint=None,
+    )
     assert result.first_step_seconds == 7.5 and result.steady_sentences_per_second == 2.0
 
 
@@ -162,8 +202,11 @@ def recompute_fp16_step(model):
     torch.manual_seed(1)
     step = TrainStep(model, TrainConfig(num_train_steps=10, precision="fp16", max_grad_norm=None))
     grads = {}
-    step.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: grads.update(
-        {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}))
+    step.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: grads.update(
+            {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        )
+    )
     outcome = step(iter([batch()]))
     assert step.scaler.is_enabled() and not outcome.skipped
     return outcome.loss, grads
@@ -181,20 +224,24 @@ def test_recompute_matches_the_baseline_under_fp16_loss_scaling(policy):
 def test_where_a_run_starts(tmp_path):
     run_dir, phase_one = tmp_path / "run", tmp_path / "phase1"
     assert decide_start(str(run_dir), training=True).kind == FRESH
-    assert decide_start(str(run_dir), training=True, init_checkpoint="bert_model.ckpt") == \
-        type(decide_start(str(run_dir), training=True))(WARM_START, "bert_model.ckpt", 0)
+    assert decide_start(str(run_dir), training=True, init_checkpoint="bert_model.ckpt") == type(
+        decide_start(str(run_dir), training=True)
+    )(WARM_START, "bert_model.ckpt", 0)
     with pytest.raises(CheckpointError, match="no checkpoint to evaluate and no --init_checkpoint"):
         decide_start(str(run_dir), training=False)
     assert decide_start(str(run_dir), training=False, init_checkpoint="hf_dir").kind == WARM_START
     with pytest.raises(CheckpointError, match="no bertbench checkpoint"):
         decide_start(str(run_dir), training=True, init_checkpoint=str(phase_one), continue_phase=True)
 
-    estimator = Estimator(classifier(), RunConfig(str(phase_one), save_checkpoints_secs=None),
-                          TrainConfig(num_train_steps=3), log=lambda line: None)
+    estimator = Estimator(
+        classifier(),
+        RunConfig(str(phase_one), save_checkpoints_secs=None),
+        TrainConfig(num_train_steps=3),
+        log=lambda line: None,
+    )
     saved = estimator.train(ShuffledBatches(batch(count=16), 8, seed=0)).last_checkpoint
     continued = decide_start(str(run_dir), training=True, init_checkpoint=str(phase_one), continue_phase=True)
     assert (continued.kind, continued.checkpoint, continued.step) == (CONTINUE, saved, 3)
     # The run's own checkpoint wins over any --init_checkpoint, when training and when scoring.
     assert decide_start(str(phase_one), training=True, init_checkpoint="x", continue_phase=True).kind == RESUME
-    assert decide_start(str(phase_one), training=False, init_checkpoint="x") == \
-        type(continued)(RESTORE, saved, 3)
+    assert decide_start(str(phase_one), training=False, init_checkpoint="x") == type(continued)(RESTORE, saved, 3)

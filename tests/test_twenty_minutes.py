@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import free_port
 
 from bertbench.tasks.synthetic import write_glue_task
-from conftest import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -26,18 +26,37 @@ def login_node(tmp_path):
     for tool in ("qsub", "pbs_tmrsh"):
         (bin_dir / tool).symlink_to(os.path.join(HERE, "fixtures", tool))
     write_glue_task(tmp_path / "glue", "MNLI", train=400, dev=32, test=8)
-    return dict(os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-                QSUB_SPOOL=str(tmp_path / "spool"), STARTER_LOG=str(tmp_path / "starter.log"),
-                BERT_DIR=os.path.join(HERE, "fixtures", "tf1_tiny"), GLUE_DIR=str(tmp_path / "glue"),
-                RESULTS_DIR=str(tmp_path / "results"), PYTHON=sys.executable, MASTER_PORT=str(free_port()),
-                # epochs enough that the 3-second budget ends both runs however fast the machine is
-                MAX_TRAIN_SECONDS="3", EPOCHS="100", BATCH_SIZE="8", LEARNING_RATE="1e-3", SEQ_LENGTH="32",
-                USE_XLA="false", GPUS_PER_NODE="1", RDZV_TIMEOUT="120")
+    return dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+        QSUB_SPOOL=str(tmp_path / "spool"),
+        STARTER_LOG=str(tmp_path / "starter.log"),
+        BERT_DIR=os.path.join(HERE, "fixtures", "tf1_tiny"),
+        GLUE_DIR=str(tmp_path / "glue"),
+        RESULTS_DIR=str(tmp_path / "results"),
+        PYTHON=sys.executable,
+        MASTER_PORT=str(free_port()),
+        # epochs enough that the 1-second budget ends both runs however fast the machine is
+        MAX_TRAIN_SECONDS="1",
+        EPOCHS="100",
+        BATCH_SIZE="8",
+        LEARNING_RATE="1e-3",
+        SEQ_LENGTH="32",
+        USE_XLA="false",
+        GPUS_PER_NODE="1",
+        RDZV_TIMEOUT="120",
+    )
 
 
 def recipe(env):
-    return subprocess.run([os.path.join(ROOT, "job_templates", "pbs", "twenty_minutes.sh")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=400)
+    return subprocess.run(
+        [os.path.join(ROOT, "job_templates", "pbs", "twenty_minutes.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
 
 
 @pytest.mark.slow
@@ -46,8 +65,11 @@ def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_the
     spool = tmp_path / "spool"
     outputs = "\n".join(path.read_text()[-3000:] for path in sorted(spool.glob("*.o*")))
     assert done.returncode == 0, done.stderr + outputs
-    assert done.stdout.splitlines() == ["baseline (1 GPU): 1.pbs-server", "optimized (2 x 4 GPUs): 2.pbs-server",
-                                        f"compare (after both): 3.pbs-server -> {tmp_path}/results/report/report.md"]
+    assert done.stdout.splitlines() == [
+        "baseline (1 GPU): 1.pbs-server",
+        "optimized (2 x 4 GPUs): 2.pbs-server",
+        f"compare (after both): 3.pbs-server -> {tmp_path}/results/report/report.md",
+    ]
     assert [(spool / f"{job}.pbs-server.status").read_text() for job in (1, 2, 3)] == ["0\n"] * 3, outputs
     submitted = (spool / "qsub.log").read_text().splitlines()
     assert submitted[2].startswith("-W depend=afterany:1.pbs-server:2.pbs-server ")
@@ -84,8 +106,9 @@ def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_the
 def test_the_recipe_refuses_before_submitting_anything(login_node, tmp_path):
     done = recipe(dict(login_node, MAX_TRAIN_SECONDS="twenty minutes"))
     assert done.returncode == 2
-    assert done.stderr == "twenty_minutes.sh: error: MAX_TRAIN_SECONDS must be a number of seconds, got 'twenty " \
-                          "minutes'\n"
+    assert (
+        done.stderr == "twenty_minutes.sh: error: MAX_TRAIN_SECONDS must be a number of seconds, got 'twenty minutes'\n"
+    )
     no_bert = {name: value for name, value in login_node.items() if name != "BERT_DIR"}
     done = recipe(no_bert)
     assert done.returncode == 2 and "twenty_minutes.sh: error: BERT_DIR is not set" in done.stderr
@@ -97,8 +120,9 @@ def recording_qsub(login_node, tmp_path):
     """A qsub that records its arguments and each job's -v list, and runs nothing."""
     bin_dir = tmp_path / "recording-bin"
     bin_dir.mkdir()
-    (bin_dir / "qsub").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/qsub.log\necho "$(wc -l < {tmp_path}/qsub.log)'
-                                  '.pbs-server"\n')
+    (bin_dir / "qsub").write_text(
+        f'#!/bin/sh\necho "$@" >> {tmp_path}/qsub.log\necho "$(wc -l < {tmp_path}/qsub.log).pbs-server"\n'
+    )
     (bin_dir / "qsub").chmod(0o755)
     return dict(login_node, PATH=f"{bin_dir}:{login_node['PATH']}")
 
@@ -128,8 +152,10 @@ def test_each_job_takes_its_own_batch_and_batch_size_still_sets_both(recording_q
     assert recipe(env).returncode == 0  # none: each job's own default
     assert all("BATCH_SIZE" not in variables for variables in job_variables(tmp_path).values())
     done = recipe(dict(env, OPTIMIZED_BATCH_SIZE="big"))
-    assert done.returncode == 2 and done.stderr == \
-        "twenty_minutes.sh: error: OPTIMIZED_BATCH_SIZE must be a positive integer, got 'big'\n"
+    assert (
+        done.returncode == 2
+        and done.stderr == "twenty_minutes.sh: error: OPTIMIZED_BATCH_SIZE must be a positive integer, got 'big'\n"
+    )
 
 
 def test_without_qsub_it_says_so_in_one_line(login_node, tmp_path):

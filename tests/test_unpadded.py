@@ -9,102 +9,32 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import (
+    HEAD_KWARGS,
+    POLICIES,
+    SAVED_LIMITS,
+    SEQ,
+    assert_close_to_fp64,
+    classifier_flags,
+    forward_backward,
+    lengths_mask,
+    make,
+    parse_model_flags,
+    tiny_batch,
+    tiny_config,
+    varied_batch,
+    write_bert_dir,
+)
 from torch.utils.flop_counter import FlopCounterMode
 
 from bertbench.model import attention, modeling
-from bertbench.model.factory import TASKS, build_model, model_from_args
+from bertbench.model.factory import TASKS, build_model
 from bertbench.model.packing import Packer, Packing, bucket_rows, filler_slots
 from bertbench.model.saved_activations import saved_activation_bytes
-from conftest import tiny_batch, tiny_config
-from test_recompute import POLICIES, SAVED_LIMITS, make, parse_model_flags
 
 KERNELS = attention.ATTENTION_KERNELS
 NO_DROPOUT = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-SEQ = 12
 LENGTHS = (12, 1, 7, 4)  # a full-length sequence, a one-token one and two between
-HEAD_KWARGS = {"classification": {"num_labels": 3}}
-
-
-def lengths_mask(lengths, seq=SEQ):
-    return (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
-
-
-def varied_batch(config, mask):
-    """Random ids and segment ids under `mask` ([batch, SEQ])."""
-    generator = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(1, config.vocab_size, mask.shape, generator=generator)
-    token_type_ids = torch.randint(0, config.type_vocab_size, mask.shape, generator=generator)
-    return input_ids, token_type_ids, mask
-
-
-def labels(task, mask):
-    """The labels of `task` for a 4-sequence batch, every predicted or answer position a real token of `mask`."""
-    if task == "classification":
-        values = {"labels": torch.tensor([0, 2, 1, 2], device=mask.device)}
-    elif task == "pretraining":
-        values = {"masked_lm_positions": torch.tensor([[1, 5, 11], [0, 0, 0], [2, 6, 3], [1, 3, 0]]),
-                  "masked_lm_labels": torch.tensor([[5, 6, 7], [8, -100, -100], [9, 10, 11], [12, 13, -100]]),
-                  "next_sentence_labels": torch.tensor([0, 1, 0, 1])}
-        positions = values["masked_lm_positions"]
-    elif task == "question_answering":
-        values = {"start_positions": torch.tensor([3, 0, 6, 1]), "end_positions": torch.tensor([5, 0, 6, 3])}
-        positions = torch.stack(list(values.values()), 1)
-    else:
-        return {}
-    if task != "classification":
-        assert mask.cpu().bool()[torch.arange(4)[:, None], positions].all()
-    return {name: value.to(mask.device) for name, value in values.items()}
-
-
-def span_loss_over_real_tokens(start_logits, end_logits, mask, starts, ends):
-    """The SQuAD loss with each span softmax over the real tokens only: what the unpadded path trains on."""
-    real = mask.bool()
-    start_logits, end_logits = (logits.masked_fill(~real, float("-inf")) for logits in (start_logits, end_logits))
-    return (F.cross_entropy(start_logits, starts) + F.cross_entropy(end_logits, ends)) / 2
-
-
-def outputs_and_loss(model, task, batch):
-    """What a head computes from the real tokens (each [batch, seq] output at the real positions only; the pooled
-    output of the sequences whose first position, which the pooler reads, is real), and a scalar loss of those only,
-    the same on either path."""
-    input_ids, token_type_ids, mask = batch
-    real = mask.bool()
-    given = labels(task, mask)
-    out = model(input_ids, token_type_ids, mask, **given)
-    if task == "encoder":
-        generator = torch.Generator().manual_seed(2)
-        weights, pooled_weights = (torch.randn(x.shape, generator=generator).to(x.device, x.dtype)
-                                   for x in (out.sequence_output, out.pooled_output))
-        pooled = real[:, 0]
-        loss = (out.sequence_output * weights)[real].sum() + (out.pooled_output * pooled_weights)[pooled].sum()
-        return {"sequence_output": out.sequence_output[real], "pooled_output": out.pooled_output[pooled]}, loss
-    if task == "classification":
-        return {"logits": out.logits, "loss": out.loss}, out.loss
-    if task == "pretraining":
-        return {"mlm_logits": out.mlm_logits, "nsp_logits": out.nsp_logits, "loss": out.loss}, out.loss
-    loss = span_loss_over_real_tokens(out.start_logits, out.end_logits, mask, given["start_positions"],
-                                      given["end_positions"])
-    if out.loss is not None and model.bert.unpad:
-        torch.testing.assert_close(out.loss, loss.to(out.loss.dtype), rtol=1e-6, atol=1e-7)
-    return {"start_logits": out.start_logits[real], "end_logits": out.end_logits[real], "loss": loss}, loss
-
-
-def forward_backward(model, task, batch):
-    """The outputs, and every parameter's gradient of the loss, of one forward and backward."""
-    outputs, loss = outputs_and_loss(model.train(), task, batch)
-    loss.backward()
-    return {**{name: value.detach() for name, value in outputs.items()},
-            **{f"grad of {name}": parameter.grad for name, parameter in model.named_parameters()}}
-
-
-def assert_close_to_fp64(ours, padded, fp64, name):
-    """The unpadded path's fp32 error against the padded path in fp64 must be of the order of the padded path's own
-    fp32 error (an output exactly zero in fp64, as the gradient of an unused position embedding, must be zero)."""
-    reference_error = (padded.double() - fp64).abs().max().item()
-    our_error = (ours.double() - fp64).abs().max().item()
-    bound = 4 * reference_error + 1e-6 * fp64.abs().max().item()
-    assert our_error <= bound, f"{name}: error {our_error:.3g} vs padded fp32 {reference_error:.3g}"
 
 
 def assert_paths_agree(task, kernel, batch, config=NO_DROPOUT):
@@ -157,10 +87,14 @@ def test_every_kernel_applies_attention_dropout_in_training_only(kernel):
     assert (trained - expected).abs().max() > 1e-2
 
 
-HOLES = torch.tensor([[1, 1, 0, 1, 0, 1, 1, 0, 0, 1, 0, 0],   # holes
-                      [0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0],   # padding first
-                      [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],   # full
-                      [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]])  # one token, the last
+HOLES = torch.tensor(
+    [
+        [1, 1, 0, 1, 0, 1, 1, 0, 0, 1, 0, 0],  # holes
+        [0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0],  # padding first
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],  # full
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    ]
+)  # one token, the last
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -191,8 +125,18 @@ def test_bucketed_rows_are_few_sizes_with_filler_sequences_that_nothing_reads():
     """Bucketing (for CUDA graphs) rounds the rows up to one of 8 sizes per doubling; the filler rows form
     sequences of at most the batch's length, in a fixed number of slots per bucket, read a row of zeros and go back
     to no position of the batch."""
-    assert [bucket_rows(tokens) for tokens in (1, 8, 9, 100, 127, 128, 129, 1000, 1025, 2100)] == \
-        [8, 8, 16, 104, 128, 128, 144, 1024, 1152, 2304]
+    assert [bucket_rows(tokens) for tokens in (1, 8, 9, 100, 127, 128, 129, 1000, 1025, 2100)] == [
+        8,
+        8,
+        16,
+        104,
+        128,
+        128,
+        144,
+        1024,
+        1152,
+        2304,
+    ]
     assert all(tokens <= bucket_rows(tokens) < tokens * 9 / 8 + 8 for tokens in range(1, 5000))
     mask = lengths_mask((12, 1, 7, 4))  # 24 tokens: bucket 24; 25 to 30 in bucket 32
     mask[3, 4:9] = 1  # 29 tokens
@@ -227,6 +171,7 @@ def test_bucket_filler_changes_no_output_and_no_gradient(task):
 
         def forward(*args, **kwargs):
             return original(*args, packing=rule_packer(batch[2]), **kwargs)
+
         net.forward = forward
         return forward_backward(net, task, batch)
 
@@ -293,13 +238,14 @@ def test_a_batch_with_little_padding_runs_padded(config):
     assert 0 < least < input_ids.shape[1]
     for padding, packed in ((least - 1, False), (least, True)):
         mask = torch.ones_like(input_ids)
-        mask[1, input_ids.shape[1] - padding:] = 0
+        mask[1, input_ids.shape[1] - padding :] = 0
         with torch.no_grad():
             out = model(input_ids, token_type_ids, mask)
             expected = modeling.set_unpadding(copy.deepcopy(model), False)(input_ids, token_type_ids, mask)
         assert (out.packing is not None) == packed, padding
-        torch.testing.assert_close(out.sequence_output[mask.bool()], expected.sequence_output[mask.bool()],
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            out.sequence_output[mask.bool()], expected.sequence_output[mask.bool()], rtol=1e-5, atol=1e-5
+        )
 
 
 VARIANTS = [("baseline", "full")] + [("recompute", policy) for policy, _ in POLICIES]
@@ -308,9 +254,13 @@ VARIANTS = [("baseline", "full")] + [("recompute", policy) for policy, _ in POLI
 @pytest.mark.parametrize("task", list(TASKS))
 def test_state_dict_names_are_the_same_on_every_path(task):
     config = tiny_config()
-    names = {(name, policy, unpad): list(build_model(task, config, name, policy, unpad=unpad,
-                                                     **HEAD_KWARGS.get(task, {})).state_dict())
-             for name, policy in VARIANTS for unpad in (True, False)}
+    names = {
+        (name, policy, unpad): list(
+            build_model(task, config, name, policy, unpad=unpad, **HEAD_KWARGS.get(task, {})).state_dict()
+        )
+        for name, policy in VARIANTS
+        for unpad in (True, False)
+    }
     first = next(iter(names.values()))
     assert all(keys == first for keys in names.values()), names.keys()
 
@@ -341,12 +291,13 @@ def packed_step(model, seed=7):
     model.train()
     torch.manual_seed(seed)
     out, saved = saved_activation_bytes(
-        lambda: model(input_ids, token_type_ids, attention_mask, labels=torch.tensor([0, 1, 1, 0])), model)
+        lambda: model(input_ids, token_type_ids, attention_mask, labels=torch.tensor([0, 1, 1, 0])), model
+    )
     out.loss.backward()
     return out.loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}, saved
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def baseline_step(kernel):
     return packed_step(make("baseline", unpad=True, attention_kernel=kernel))
 
@@ -389,15 +340,24 @@ def test_recompute_with_the_nested_kernel_is_refused_on_a_cpu_before_anything_ru
     from bertbench.bench import workload
     from bertbench.runners.classifier import main
     from bertbench.tasks.synthetic import write_glue_task
-    from conftest import write_bert_dir
 
     write_glue_task(tmp_path / "glue", "MRPC", train=32, dev=8, test=0)
     write_bert_dir(tmp_path / "bert")
     out = tmp_path / "run"
-    assert main(["--task_name=MRPC", f"--data_dir={tmp_path / 'glue' / 'MRPC'}", "--do_train",
-                 f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}", "--device=cpu", "--max_seq_length=32",
-                 f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}", f"--output_dir={out}",
-                 "--modeling=recompute", "--attention_kernel=nested"]) == 2
+    assert (
+        main(
+            classifier_flags(
+                tmp_path,
+                out,
+                "--do_train",
+                "--device=cpu",
+                "--modeling=recompute",
+                "--attention_kernel=nested",
+                batch=None,
+            )
+        )
+        == 2
+    )
     assert "--attention_kernel=nested with --modeling=recompute needs a GPU" in error_line()
     assert not out.exists()
     with pytest.raises(workload.BenchError, match="variant full/nested: --attention_kernel=nested"):
@@ -411,15 +371,23 @@ def test_unknown_kernels_are_refused():
         build_model("encoder", tiny_config(), attention_kernel="flash")
 
 
-@pytest.mark.parametrize("argv, unpad, kernel", [
-    ([], True, None), (["--unpad"], True, None), (["--unpad=false"], False, None), (["--nounpad"], False, None),
-    (["--no_unpad"], False, None), (["--unpad=true", "--attention_kernel", KERNELS[-1]], True, KERNELS[-1])]
-    + [(["--attention_kernel", kernel], True, kernel) for kernel in KERNELS])
+@pytest.mark.parametrize(
+    "argv, unpad, kernel",
+    [
+        ([], True, None),
+        (["--unpad"], True, None),
+        (["--unpad=false"], False, None),
+        (["--nounpad"], False, None),
+        (["--no_unpad"], False, None),
+        (["--unpad=true", "--attention_kernel", KERNELS[-1]], True, KERNELS[-1]),
+    ]
+    + [(["--attention_kernel", kernel], True, kernel) for kernel in KERNELS],
+)
 def test_unpad_flags_build_the_chosen_path(argv, unpad, kernel, config):
     args = parse_model_flags(argv)
-    model = model_from_args(args, "classification", config, num_labels=2)
+    model = args.build("classification", config, num_labels=2)
     assert (model.bert.unpad, model.bert.attention_kernel) == (unpad, kernel)
-    encoder = model_from_args(args, "encoder", config).eval()
+    encoder = args.build("encoder", config).eval()
     with torch.no_grad():
         packing = encoder(*tiny_batch(config)).packing
     if unpad:
@@ -464,9 +432,11 @@ def test_dense_flops_follow_the_real_tokens(kernel):
     model = build_model("encoder", BERT_TINY, attention_kernel=kernel).eval()
     unpadded = forward_flops(model, batch)
     padded = forward_flops(modeling.set_unpadding(model, False), batch)
-    dense = {path: flops.get("aten.addmm", 0) + flops.get("aten.mm", 0)
-             for path, flops in (("unpadded", unpadded), ("padded", padded))}
+    dense = {
+        path: flops.get("aten.addmm", 0) + flops.get("aten.mm", 0)
+        for path, flops in (("unpadded", unpadded), ("padded", padded))
+    }
     assert dense == {"unpadded": dense_flops(BERT_TINY, 64, 4), "padded": dense_flops(BERT_TINY, 128, 4)}
     if kernel == "per-sequence":  # q k^T and the weighted sum: 2 x 2 x length^2 x hidden per sequence and block
-        expected = sum(4 * length ** 2 * BERT_TINY.hidden_size * BERT_TINY.num_hidden_layers for length in lengths)
+        expected = sum(4 * length**2 * BERT_TINY.hidden_size * BERT_TINY.num_hidden_layers for length in lengths)
         assert unpadded.get("aten.bmm", 0) == expected

@@ -4,78 +4,113 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 import torch
 
-from bertbench.model.config import ConfigError
-from bertbench.training.distributed import resolve_device
 from bertbench.bench.workload import BenchError, BenchRunFailed
-from bertbench.common.errors import INPUT_ERROR, ArgumentParser, run_command
+from bertbench.common.commands import command_lines, dispatch
+from bertbench.common.errors import run_command
+from bertbench.common.flags import ArgumentParser
+from bertbench.model.config import ConfigError
+from bertbench.model.sizes import MODEL_SIZES
+from bertbench.training.distributed import resolve_device
 
+# bench -> (module with main(argv), one-line help): a command table of bertbench.common.commands.
 BENCHES = {
-    "suite": ("bertbench.bench.suite", "the standard figures of a machine in one command (pre-training MFU and vs "
-                                       "HF, real-text fine-tuning, recompute, largest batch, optimizer, compile): "
-                                       "one report"),
-    "throughput": ("bertbench.bench.throughput", "seq/s, tokens/s, TFLOP/s, MFU and memory over batch sizes, "
-                                                 "sequence lengths, variants and precisions"),
-    "memory": ("bertbench.bench.memory", "largest batch under a memory cap for each recompute policy, and the "
-                                         "slowdown at equal batch"),
-    "optimizer": ("bertbench.bench.optimizer", "clip + optimizer step of each rule, fused and eager, against the "
-                                               "device's memory-bandwidth floor"),
-    "scaling": ("bertbench.bench.scaling", "1..N processes under torchrun (or runs of the job templates): speedup "
-                                           "and efficiency"),
-    "budget": ("bertbench.bench.budget", "train for a fixed wall-clock budget, then evaluate: baseline on 1 worker "
-                                         "vs recompute on N"),
-    "finetuning": ("bertbench.bench.finetuning", "run_classifier or run_squad as users run them, on built-in data: "
-                                                 "steady seq/s and dev score per variant, checkpoint cost, resume "
-                                                 "after SIGKILL"),
-    "profile": ("bertbench.bench.profile", "torch.profiler trace of a few steps and the time in matmul / attention "
-                                           "/ other"),
-    "plan": ("bertbench.bench.plan", "predict throughput, efficiency and time-to-train on a cluster from a "
-                                     "measured step and the ring all-reduce cost"),
-    "squad-data": ("bertbench.bench.squad_data", "run_squad's feature creation (windows/s) and answer "
-                                                 "post-processing (questions/s) on SQuAD v1.1-sized files"),
-    "pretraining-data": ("bertbench.bench.pretraining_data", "create_pretraining_data's throughput and peak memory "
-                                                             "over worker counts, on your corpus or a generated one"),
+    "suite": (
+        "bertbench.bench.suite",
+        (
+            "the standard figures of a machine in one command (pre-training MFU and vs HF, real-text fine-tuning, "
+            "recompute, largest batch, optimizer, compile): one report"
+        ),
+    ),
+    "throughput": (
+        "bertbench.bench.throughput",
+        ("seq/s, tokens/s, TFLOP/s, MFU and memory over batch sizes, sequence lengths, variants and precisions"),
+    ),
+    "memory": (
+        "bertbench.bench.memory",
+        "largest batch under a memory cap for each recompute policy, and the slowdown at equal batch",
+    ),
+    "optimizer": (
+        "bertbench.bench.optimizer",
+        "clip + optimizer step of each rule, fused and eager, against the device's memory-bandwidth floor",
+    ),
+    "scaling": (
+        "bertbench.bench.scaling",
+        "1..N processes under torchrun (or runs of the job templates): speedup and efficiency",
+    ),
+    "budget": (
+        "bertbench.bench.budget",
+        "train for a fixed wall-clock budget, then evaluate: baseline on 1 worker vs recompute on N",
+    ),
+    "finetuning": (
+        "bertbench.bench.finetuning",
+        (
+            "run_classifier or run_squad as users run them, on built-in data: steady seq/s and dev score per "
+            "variant, checkpoint cost, resume after SIGKILL"
+        ),
+    ),
+    "profile": (
+        "bertbench.bench.profile",
+        "torch.profiler trace of a few steps and the time in matmul / attention / other",
+    ),
+    "plan": (
+        "bertbench.bench.plan",
+        (
+            "predict throughput, efficiency and time-to-train on a cluster from a measured step and the ring "
+            "all-reduce cost"
+        ),
+    ),
+    "squad-data": (
+        "bertbench.bench.squad_data",
+        ("run_squad's feature creation (windows/s) and answer post-processing (questions/s) on SQuAD v1.1-sized files"),
+    ),
+    "pretraining-data": (
+        "bertbench.bench.pretraining_data",
+        ("create_pretraining_data's throughput and peak memory over worker counts, on your corpus or a generated one"),
+    ),
 }
 
 
 def _usage() -> str:
     lines = ["usage: bertbench bench KIND [options]   (bertbench bench KIND --help for its options)", "", "kinds:"]
-    lines += [f"  {name:<16} {help_text}" for name, (_, help_text) in BENCHES.items()]
-    lines += ["", "Each writes KIND.json, KIND.md and KIND-*.png to --output_dir; `bertbench report DIR...` merges "
-              "runs."]
+    lines += command_lines(BENCHES, 16)
+    lines += [
+        "",
+        ("Each writes KIND.json, KIND.md and KIND-*.png to --output_dir; `bertbench report DIR...` merges runs."),
+    ]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        return run_command("bertbench bench", lambda: print(_usage()))
-    if not argv:
-        print("bertbench bench: error: no bench given; `bertbench bench --help` lists them", file=sys.stderr)
-        return INPUT_ERROR
-    if argv[0] not in BENCHES:
-        print(f"bertbench bench: error: unknown bench {argv[0]!r}: use {', '.join(BENCHES)}", file=sys.stderr)
-        return INPUT_ERROR
-    return importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:])
+    return dispatch("bertbench bench", list(sys.argv[1:] if argv is None else argv), BENCHES, _usage(), noun="bench")
 
 
 # ---- shared by the benches' entry points --------------------------------------------------------------------------
+
 
 def parser_for(bench: str, description: str) -> argparse.ArgumentParser:
     """An argument parser for `bertbench bench <bench>` with the output flags every bench has."""
     parser = ArgumentParser(prog=f"bertbench bench {bench}", description=description)
     output = parser.add_argument_group("output")
-    output.add_argument("--output_dir", "--output-dir", default=None,
-                        help=f"Where {bench}.json, {bench}.md and {bench}-*.png go (default: "
-                             f"bench_results/{bench}-<date>-<time>).")
+    output.add_argument(
+        "--output_dir",
+        "--output-dir",
+        default=None,
+        help=f"Where {bench}.json, {bench}.md and {bench}-*.png go (default: bench_results/{bench}-<date>-<time>).",
+    )
     output.add_argument("--overwrite", action="store_true", help="Replace this bench's files in --output_dir.")
     return parser
+
+
+def add_model_flag(group: argparse._ActionsContainer, default: str | None = "base", more: str = "") -> None:
+    """--model, as every bench that builds a model takes it: a named size (model.sizes) or a bert_config.json path
+    (workload.model_config reads it); `more` adds the bench's own words (what a default of None means)."""
+    group.add_argument("--model", default=default, help=f"{', '.join(MODEL_SIZES)} or a bert_config.json{more}.")
 
 
 def output_dir(args: argparse.Namespace, bench: str) -> str:

@@ -30,16 +30,21 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from bertbench.runners import classifier as run_classifier, squad as run_squad, command as runner
-from bertbench.tasks import synthetic
 from bertbench.bench import cli, workload
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
-from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
 from bertbench.bench.plots import line_plot
-from bertbench.training.checkpoint import list_checkpoints
-from bertbench.model.config import BertConfig
-from bertbench.common.durable import write_text_atomically
+from bertbench.common import run_files
+from bertbench.common.durable import write_atomically
 from bertbench.common.flags import as_flags
+from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
+from bertbench.model import sizes
+from bertbench.model.config import BertConfig
+from bertbench.runners import classifier as run_classifier
+from bertbench.runners import squad as run_squad
+from bertbench.runners.run_directory import read_json
+from bertbench.runners.skeleton import TaskRunner
+from bertbench.tasks import synthetic
+from bertbench.training.checkpoint import list_checkpoints
 from bertbench.training.config import RunConfig
 
 
@@ -48,42 +53,70 @@ class Task:
     """A runner on its built-in data: the model it trains by default (BertConfig fields), the defaults of its
     sequence length and epochs, and the dev figures its eval_results.json holds, by key and title."""
 
-    spec: runner.RunnerSpec
+    spec: TaskRunner
     model: dict
     max_seq_length: int
     epochs: float
     scores: dict
 
 
-TASKS = {"glue": Task(run_classifier.SPEC, synthetic.MODEL_SIZES["tiny"], 128, 1.0, {"dev_acc": "dev accuracy"}),
-         "squad": Task(run_squad.SPEC, synthetic.SQUAD_MODEL, 48, 6.0, {"f1": "dev F1", "exact": "dev exact match"})}
+TASKS = {
+    "glue": Task(run_classifier.SPEC, sizes.MODEL_SIZES["tiny"], 128, 1.0, {"dev_acc": "dev accuracy"}),
+    "squad": Task(run_squad.SPEC, sizes.SQUAD_MODEL, 48, 6.0, {"f1": "dev F1", "exact": "dev exact match"}),
+}
 DEFAULT_SAVE_SECONDS = RunConfig("").save_checkpoints_secs  # the original's 1200 s
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser_for("finetuning", __doc__.splitlines()[0])
     run = parser.add_argument_group("runs")
-    run.add_argument("--task", choices=tuple(TASKS), default="glue",
-                     help="glue: run_classifier on the built-in MRPC-sized task; squad: run_squad on the built-in "
-                          "SQuAD v2.0 files.")
-    run.add_argument("--model", default=None,
-                     help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json (its vocab_size becomes the "
-                          "built-in vocabulary's); default: tiny for glue, the demo's QA model (2 x 128, no dropout) "
-                          "for squad.")
-    run.add_argument("--variants", type=cli.comma_list(str), default=list(workload.ALL_VARIANTS),
-                     help="baseline, full, selective, every-K.")
+    run.add_argument(
+        "--task",
+        choices=tuple(TASKS),
+        default="glue",
+        help="glue: run_classifier on the built-in MRPC-sized task; squad: run_squad on the built-in SQuAD v2.0 files.",
+    )
+    cli.add_model_flag(
+        run,
+        None,
+        " (its vocab_size becomes the built-in vocabulary's); default: tiny for glue, "
+        "the demo's QA model (2 x 128, no dropout) for squad",
+    )
+    run.add_argument(
+        "--variants",
+        type=cli.comma_list(str),
+        default=list(workload.ALL_VARIANTS),
+        help="baseline, full, selective, every-K.",
+    )
     run.add_argument("--rounds", type=cli.positive_int, default=3, help="Runs of each variant, interleaved.")
-    run.add_argument("--max_seq_length", type=cli.positive_int, default=None,
-                     help="Tokens per sequence (default: 128 for glue, 48 for squad).")
+    run.add_argument(
+        "--max_seq_length",
+        type=cli.positive_int,
+        default=None,
+        help="Tokens per sequence (default: 128 for glue, 48 for squad).",
+    )
     run.add_argument("--train_batch_size", type=cli.positive_int, default=32, help="Sequences per step.")
-    run.add_argument("--learning_rate", type=float, default=1e-3,
-                     help="Peak learning rate (the built-in tasks train a model from scratch).")
-    run.add_argument("--num_train_epochs", type=float, default=None,
-                     help="Epochs of each run (default: 1 for glue, 6 for squad, as the demo's QA step).")
-    run.add_argument("--max_train_samples", type=cli.positive_int, default=None,
-                     help="Train on the first N examples only.")
-    run.add_argument("--save_checkpoints_secs", type=float, default=2.0,
-                     help="Timed saves of every run, short so that each run saves several times.")
+    run.add_argument(
+        "--learning_rate",
+        type=float,
+        default=1e-3,
+        help="Peak learning rate (the built-in tasks train a model from scratch).",
+    )
+    run.add_argument(
+        "--num_train_epochs",
+        type=float,
+        default=None,
+        help="Epochs of each run (default: 1 for glue, 6 for squad, as the demo's QA step).",
+    )
+    run.add_argument(
+        "--max_train_samples", type=cli.positive_int, default=None, help="Train on the first N examples only."
+    )
+    run.add_argument(
+        "--save_checkpoints_secs",
+        type=float,
+        default=2.0,
+        help="Timed saves of every run, short so that each run saves several times.",
+    )
     run.add_argument("--no_resume", action="store_true", help="Skip the resume-after-SIGKILL figure.")
     run.add_argument("--seed", type=int, default=12345, help="Seed of every run (the same weights at the start).")
     run.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
@@ -93,8 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
 def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
     variants = [workload.Variant.parse(name) for name in args.variants]
     cli.device(args.device)  # an unusable --device fails here, not in the first run
-    for name, value in (("--num_train_epochs", args.num_train_epochs), ("--learning_rate", args.learning_rate),
-                        ("--save_checkpoints_secs", args.save_checkpoints_secs)):
+    for name, value in (
+        ("--num_train_epochs", args.num_train_epochs),
+        ("--learning_rate", args.learning_rate),
+        ("--save_checkpoints_secs", args.save_checkpoints_secs),
+    ):
         if value is not None and not value > 0:
             raise workload.BenchError(f"{name} must be positive, got {value}")
     return variants
@@ -120,35 +156,55 @@ def write_inputs(root: str, args: argparse.Namespace, config: BertConfig) -> dic
     """The built-in data, vocab.txt and `config` as bert_config.json under `root`; the flags a run of the task reads
     them by."""
     config_file = os.path.join(root, "bert_config.json")
-    write_text_atomically(config_file, json.dumps(dataclasses.asdict(config), indent=2) + "\n")
-    values = {"vocab_file": synthetic.write_vocab(root), "bert_config_file": config_file,
-              "max_seq_length": seq_length(args), "train_batch_size": args.train_batch_size,
-              "learning_rate": args.learning_rate, "num_train_epochs": epochs(args),
-              "seed": args.seed, "device": args.device, "log_step_count_steps": 1000000,
-              "max_train_samples": args.max_train_samples}
+    write_atomically(config_file, json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+    values = {
+        "vocab_file": synthetic.write_vocab(root),
+        "bert_config_file": config_file,
+        "max_seq_length": seq_length(args),
+        "train_batch_size": args.train_batch_size,
+        "learning_rate": args.learning_rate,
+        "num_train_epochs": epochs(args),
+        "seed": args.seed,
+        "device": args.device,
+        "log_step_count_steps": 1000000,
+        "max_train_samples": args.max_train_samples,
+    }
     if args.task == "glue":
-        values.update(task_name="MRPC", data_dir=synthetic.write_glue_task(os.path.join(root, "glue"), "MRPC"),
-                      do_eval=True)
+        values.update(
+            task_name="MRPC", data_dir=synthetic.write_glue_task(os.path.join(root, "glue"), "MRPC"), do_eval=True
+        )
     else:
         train_file, dev_file = synthetic.write_squad(os.path.join(root, "squad"), "2.0", seed=args.seed)
-        values.update(train_file=train_file, predict_file=dev_file, do_predict=True, version_2_with_negative=True,
-                      doc_stride=16, max_query_length=16)
+        values.update(
+            train_file=train_file,
+            predict_file=dev_file,
+            do_predict=True,
+            version_2_with_negative=True,
+            doc_stride=16,
+            max_query_length=16,
+        )
     return values
 
 
-def train_once(spec: runner.RunnerSpec, values: dict, scores: Sequence[str]) -> dict:
-    """One run in this process through runner.run_values; its figures from train_results.json and
+def train_once(spec: TaskRunner, values: dict, scores: Sequence[str]) -> dict:
+    """One run in this process through TaskRunner.run_values; its figures from train_results.json and
     eval_results.json."""
     log = io.StringIO()
-    if runner.run_values(spec, values, log) != 0:
+    if spec.run_values(values, log) != 0:
         raise workload.BenchRunFailed(f"{spec.name} failed:\n{log.getvalue()}")
     out = values["output_dir"]
-    train, evaluated = runner.read_json(f"{out}/train_results.json"), runner.read_json(f"{out}/eval_results.json")
+    train = read_json(os.path.join(out, run_files.TRAIN_RESULTS))
+    evaluated = read_json(os.path.join(out, run_files.EVAL_RESULTS))
     checkpoint = list_checkpoints(out)[-1][1]
-    return {"steady_seq_per_s": train["steady_sentences_per_second"], "steps": train["global_step"],
-            "seconds": train["seconds"], "saves": train["checkpoint_saves"],
-            "seconds_per_save": train["checkpoint_seconds"] / max(1, train["checkpoint_saves"]),
-            "checkpoint_bytes": os.path.getsize(checkpoint), **{name: evaluated[name] for name in scores}}
+    return {
+        "steady_seq_per_s": train["steady_sentences_per_second"],
+        "steps": train["global_step"],
+        "seconds": train["seconds"],
+        "saves": train["checkpoint_saves"],
+        "seconds_per_save": train["checkpoint_seconds"] / max(1, train["checkpoint_saves"]),
+        "checkpoint_bytes": os.path.getsize(checkpoint),
+        **{name: evaluated[name] for name in scores},
+    }
 
 
 def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root: str, inputs: dict) -> list[dict]:
@@ -157,12 +213,20 @@ def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root:
     for round_index in range(args.rounds):
         for variant in variants if round_index % 2 == 0 else list(reversed(variants)):
             out = os.path.join(root, "runs", f"{variant.file_name}-{round_index}")
-            values = {**inputs, **variant.runner_values(), "do_train": True, "output_dir": out,
-                      "save_checkpoints_secs": args.save_checkpoints_secs}
+            values = {
+                **inputs,
+                **variant.runner_values(),
+                "do_train": True,
+                "output_dir": out,
+                "save_checkpoints_secs": args.save_checkpoints_secs,
+            }
             run = train_once(spec, values, scores)
             runs[variant.name].append(run)
-            print(f"  round {round_index + 1} {variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
-                  + "  ".join(f"{name} {run[name]:.3f}" for name in scores), flush=True)
+            print(
+                f"  round {round_index + 1} {variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
+                + "  ".join(f"{name} {run[name]:.3f}" for name in scores),
+                flush=True,
+            )
     rows = []
     for variant in variants:
         done = runs[variant.name]
@@ -181,19 +245,27 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
     """Kill a training process after its first checkpoint; time the same command from launch to training again."""
     spec = TASKS[args.task].spec
     out = os.path.join(root, "killed")
-    values = {**inputs, **variant.runner_values(), "do_train": True, "output_dir": out, "save_checkpoints_steps": 10,
-              "save_checkpoints_secs": 0}
+    values = {
+        **inputs,
+        **variant.runner_values(),
+        "do_train": True,
+        "output_dir": out,
+        "save_checkpoints_steps": 10,
+        "save_checkpoints_secs": 0,
+    }
     command = [sys.executable, "-m", f"bertbench.{spec.name}", *as_flags(values)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while not list_checkpoints(out):
         if process.poll() is not None:
-            raise workload.BenchRunFailed(f"{spec.name} ended (status {process.returncode}) before its first "
-                                          f"checkpoint: {' '.join(command)}")
+            raise workload.BenchRunFailed(
+                f"{spec.name} ended (status {process.returncode}) before its first checkpoint: {' '.join(command)}"
+            )
         time.sleep(0.01)
     process.kill()
-    if process.wait() == 0 or os.path.exists(os.path.join(out, "train_results.json")):
-        raise workload.BenchRunFailed("the run to kill finished first: give it more steps (--num_train_epochs, "
-                                      "--max_train_samples)")
+    if process.wait() == 0 or os.path.exists(os.path.join(out, run_files.TRAIN_RESULTS)):
+        raise workload.BenchRunFailed(
+            "the run to kill finished first: give it more steps (--num_train_epochs, --max_train_samples)"
+        )
     killed_at = list_checkpoints(out)[-1][0]
     started = time.perf_counter()
     resumed = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -204,42 +276,68 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
             to_training = time.perf_counter() - started
     if resumed.wait() != 0 or to_training is None:
         raise workload.BenchRunFailed(f"the resumed {spec.name} failed:\n{''.join(lines[-20:])}")
-    train = runner.read_json(f"{out}/train_results.json")
-    return {"variant": variant.name, "killed_after_checkpoint_step": killed_at, "resumed_from": train["resumed_from"],
-            "restore_seconds": train["restore_seconds"], "launch_to_training_seconds": to_training}
+    train = read_json(os.path.join(out, run_files.TRAIN_RESULTS))
+    return {
+        "variant": variant.name,
+        "killed_after_checkpoint_step": killed_at,
+        "resumed_from": train["resumed_from"],
+        "restore_seconds": train["restore_seconds"],
+        "launch_to_training_seconds": to_training,
+    }
 
 
 def markdown(args: argparse.Namespace, config: BertConfig, rows: list[dict], resume: dict | None) -> str:
     scores = TASKS[args.task].scores
-    table = [dict(row, **spread_fields("save_ms", spread([run["seconds_per_save"] * 1e3 for run in row["runs"]])),
-                  save_mib=row["checkpoint_bytes"] / 2**20) for row in rows]
-    columns = [("variant", "variant", ""),
-               spread_column("steady seq/s: median (min–max, CV)", "steady_seq_per_s", ".1f"),
-               (f"vs {rows[0]['variant']}", "vs_first_variant", ".3f"),
-               *[spread_column(title, name, ".3f") for name, title in scores.items()],
-               spread_column("ms per save", "save_ms", ".1f"), ("checkpoint MiB", "save_mib", ".1f"),
-               (f"save cost at {DEFAULT_SAVE_SECONDS:g} s", "save_share_at_default", ".4%")]
+    table = [
+        dict(
+            row,
+            **spread_fields("save_ms", spread([run["seconds_per_save"] * 1e3 for run in row["runs"]])),
+            save_mib=row["checkpoint_bytes"] / 2**20,
+        )
+        for row in rows
+    ]
+    columns = [
+        ("variant", "variant", ""),
+        spread_column("steady seq/s: median (min–max, CV)", "steady_seq_per_s", ".1f"),
+        (f"vs {rows[0]['variant']}", "vs_first_variant", ".3f"),
+        *[spread_column(title, name, ".3f") for name, title in scores.items()],
+        spread_column("ms per save", "save_ms", ".1f"),
+        ("checkpoint MiB", "save_mib", ".1f"),
+        (f"save cost at {DEFAULT_SAVE_SECONDS:g} s", "save_share_at_default", ".4%"),
+    ]
     spec = TASKS[args.task].spec
-    lines = [f"# Fine-tuning through {spec.name}: {args.model or 'built-in'} model ({config.num_hidden_layers} x "
-             f"{config.hidden_size}), built-in {args.task} data, seq {seq_length(args)}, batch "
-             f"{args.train_batch_size}, {epochs(args):g} epochs", "",
-             f"{args.rounds} rounds per variant, interleaved; median, range and CV (stdev / mean) over the rounds.",
-             "",
-             markdown_table(table, columns)]
+    lines = [
+        f"# Fine-tuning through {spec.name}: {args.model or 'built-in'} model ({config.num_hidden_layers} x "
+        f"{config.hidden_size}), built-in {args.task} data, seq {seq_length(args)}, batch "
+        f"{args.train_batch_size}, {epochs(args):g} epochs",
+        "",
+        f"{args.rounds} rounds per variant, interleaved; median, range and CV (stdev / mean) over the rounds.",
+        "",
+        markdown_table(table, columns),
+    ]
     if resume is not None:
-        lines += ["", f"Resume after SIGKILL ({resume['variant']}, killed after the step-"
-                      f"{resume['killed_after_checkpoint_step']} checkpoint): training again "
-                      f"{resume['launch_to_training_seconds']:.2f} s after launch, of which the restore took "
-                      f"{resume['restore_seconds'] * 1e3:.0f} ms."]
+        lines += [
+            "",
+            f"Resume after SIGKILL ({resume['variant']}, killed after the step-"
+            f"{resume['killed_after_checkpoint_step']} checkpoint): training again "
+            f"{resume['launch_to_training_seconds']:.2f} s after launch, of which the restore took "
+            f"{resume['restore_seconds'] * 1e3:.0f} ms.",
+        ]
     return "\n".join(lines)
 
 
 def plot(args: argparse.Namespace, rows: list[dict]):
     """Each run's steady seq/s by round, a line per variant: the spread and any drift at a glance."""
-    series = {row["variant"]: (list(range(1, len(row["runs"]) + 1)), [run["steady_seq_per_s"] for run in row["runs"]])
-              for row in rows}
-    return line_plot(series, "round", "steady sentences / s",
-                     f"{TASKS[args.task].spec.name}, {args.model or 'built-in'} model, built-in {args.task} data")
+    series = {
+        row["variant"]: (list(range(1, len(row["runs"]) + 1)), [run["steady_seq_per_s"] for run in row["runs"]])
+        for row in rows
+    }
+    return line_plot(
+        series,
+        "round",
+        "steady sentences / s",
+        f"{TASKS[args.task].spec.name}, {args.model or 'built-in'} model, built-in {args.task} data",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,9 +356,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             output.warn(noisy_warning(rows, "steady_seq_per_s", lambda row: row["variant"], "rounds"))
             resume = None if args.no_resume else resume_after_sigkill(args, variants[0], root, inputs)
         text = markdown(args, config, rows, resume)
-        print(output.write(vars(args), {"task": args.task, "runner": TASKS[args.task].spec.name,
-                                        "model_config": dataclasses.asdict(config), "rows": rows,
-                                        "resume_after_sigkill": resume}, text, {"seq-per-s": plot(args, rows)}))
+        print(
+            output.write(
+                vars(args),
+                {
+                    "task": args.task,
+                    "runner": TASKS[args.task].spec.name,
+                    "model_config": dataclasses.asdict(config),
+                    "rows": rows,
+                    "resume_after_sigkill": resume,
+                },
+                text,
+                {"seq-per-s": plot(args, rows)},
+            )
+        )
         print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 
     return cli.run("bertbench bench finetuning", body)

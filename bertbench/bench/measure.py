@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertbench.training.devices import synchronize
 from bertbench.model.saved_activations import saved_activation_bytes
+from bertbench.training.devices import synchronize
 
 
-def matmul_flops_per_second(size: int = 4096, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                            repeats: int = 5) -> float:
+def matmul_flops_per_second(
+    size: int = 4096, dtype: torch.dtype = torch.float32, device: str = "cpu", repeats: int = 5
+) -> float:
     """Best-of-`repeats` FLOP/s of a square matmul: the peak that model FLOP/s are compared against."""
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
@@ -28,8 +29,13 @@ def matmul_flops_per_second(size: int = 4096, dtype: torch.dtype = torch.float32
     return 2 * size**3 / best
 
 
-def time_steps(steps: dict[str, Callable], warmup: int, repeats: int, device: str = "cpu",
-               host_seconds: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+def time_steps(
+    steps: dict[str, Callable],
+    warmup: int,
+    repeats: int,
+    device: str = "cpu",
+    host_seconds: dict[str, list[float]] | None = None,
+) -> dict[str, list[float]]:
     """Seconds per call of each step, after `warmup` untimed calls. The steps are interleaved and the order flips
     every round (A B, B A, A B ...), so that drift of the machine and the cost of following another model's memory
     churn hit every contender alike. On a GPU, `host_seconds` (when given) gets each call's host time too."""
@@ -45,8 +51,9 @@ def time_steps(steps: dict[str, Callable], warmup: int, repeats: int, device: st
     return times
 
 
-def time_call(call: Callable[[], object], device: torch.device | str = "cpu",
-              host_seconds: list[float] | None = None) -> float:
+def time_call(
+    call: Callable[[], object], device: torch.device | str = "cpu", host_seconds: list[float] | None = None
+) -> float:
     """Seconds of one call: CUDA events around it on a GPU (the GPU's own clock, after the queue drains), the wall
     clock between synchronisations on the CPU. On a GPU, `host_seconds` gets the time the host took to issue the
     call's work (from an empty queue): under the call's GPU time, the GPU and not the host set the pace."""

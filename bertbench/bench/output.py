@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bertbench.common.durable import write_text_atomically
+from bertbench.common.durable import write_atomically
 from bertbench.common.noise import spread_text
 
 
@@ -26,26 +26,38 @@ def versions() -> dict[str, Any]:
     import numpy
 
     from bertbench import __version__
-    return {"bertbench": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": numpy.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None}
+
+    return {
+        "bertbench": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+    }
 
 
 def machine() -> dict[str, Any]:
     """The platform, processor, cores, memory, torch version, CPU threads and GPU the figures were measured on."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
-    return {"platform": platform.platform(), "processor": platform.processor(), "hostname": platform.node(),
-            "cpu_count": os.cpu_count(), "memory_bytes": memory, "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "hostname": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": memory,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
 
 
 def write_report(path: str | None, report: Mapping[str, Any]) -> None:
     """Write the figures as JSON to path (atomically), when a path is given."""
     if path:
-        write_text_atomically(path, json.dumps(report, indent=2) + "\n")
+        write_atomically(path, json.dumps(report, indent=2) + "\n")
 
 
 Cell = str | Callable[[Mapping[str, Any]], str]
@@ -54,11 +66,12 @@ Cell = str | Callable[[Mapping[str, Any]], str]
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str, Cell]]) -> str:
     """A GitHub markdown table; columns are (title, key in each row, format spec such as ".2f", or a function of
     the row that writes the cell, such as spread_column's). A missing or None value prints as "–"."""
-    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
+    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for row in rows:
-        cells = ["–" if row.get(key) is None else spec(row) if callable(spec) else format(row[key], spec)
-                 for _, key, spec in columns]
+        cells = [
+            "–" if row.get(key) is None else spec(row) if callable(spec) else format(row[key], spec)
+            for _, key, spec in columns
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -70,9 +83,13 @@ def spread_column(title: str, key: str, spec: str) -> tuple[str, str, Cell]:
 
 # ---- warnings: runs that are not comparable, superlinear efficiency (a busy machine: bertbench.common.noise) ----------
 
-def mismatch_warning(rows: Sequence[Mapping[str, Any]], fields: Mapping[str, str], name: str,
-                     consequence: str = "so speedup and efficiency between them mix that difference into the scaling"
-                     ) -> str | None:
+
+def mismatch_warning(
+    rows: Sequence[Mapping[str, Any]],
+    fields: Mapping[str, str],
+    name: str,
+    consequence: str = "so speedup and efficiency between them mix that difference into the scaling",
+) -> str | None:
     """A warning when runs compared with each other differ in any of `fields` (row key -> what it is), such as
     threads or device: their ratios then measure the difference too (`consequence` says what it spoils). `name` is
     the key naming a run."""
@@ -96,17 +113,20 @@ def efficiency_column(title: str, key: str) -> tuple[str, str, Cell]:
     return title, key, lambda row: f"{row[key]:.1%}" + (" (!)" if superlinear(row[key]) else "")
 
 
-def superlinear_warning(rows: Sequence[Mapping[str, Any]], key: str, describe: Callable[[Mapping[str, Any]], str]
-                        ) -> str | None:
+def superlinear_warning(
+    rows: Sequence[Mapping[str, Any]], key: str, describe: Callable[[Mapping[str, Any]], str]
+) -> str | None:
     """A warning for efficiencies above 100%: N processes doing more than N times one process's work."""
     above = [row for row in rows if superlinear(row.get(key))]
     if not above:
         return None
     worst = max(above, key=lambda row: row[key])
-    return (f"efficiency above 100% ({worst[key]:.1%} at {describe(worst)}, marked (!)): superlinear figures "
-            "usually mean the runs are not comparable (different threads per process, another device, or a "
-            "reference run slowed by a busy machine), not that data parallelism gained more than the processes "
-            "added")
+    return (
+        f"efficiency above 100% ({worst[key]:.1%} at {describe(worst)}, marked (!)): superlinear figures "
+        "usually mean the runs are not comparable (different threads per process, another device, or a "
+        "reference run slowed by a busy machine), not that data parallelism gained more than the processes "
+        "added"
+    )
 
 
 class BenchOutput:
@@ -114,18 +134,27 @@ class BenchOutput:
     `other_files` it writes itself (such as a trace); and the warnings of the run, printed as they arise and
     written with the figures."""
 
-    def __init__(self, directory: str, bench: str, argv: Sequence[str], overwrite: bool = False,
-                 program: str | None = None, other_files: Sequence[str] = ()):
+    def __init__(
+        self,
+        directory: str,
+        bench: str,
+        argv: Sequence[str],
+        overwrite: bool = False,
+        program: str | None = None,
+        other_files: Sequence[str] = (),
+    ):
         self.directory, self.bench = directory, bench
         self.warnings: list[str] = []
         self.command = " ".join([program or f"bertbench bench {bench}", *argv])
         if not overwrite and os.path.isdir(directory):
-            plots = sorted(name for name in os.listdir(directory)
-                           if name.startswith(f"{bench}-") and name.endswith(".png"))
+            plots = sorted(
+                name for name in os.listdir(directory) if name.startswith(f"{bench}-") and name.endswith(".png")
+            )
             for name in [f"{bench}.json", f"{bench}.md", *plots, *other_files]:
                 if os.path.exists(os.path.join(directory, name)):
-                    raise FileExistsError(f"{os.path.join(directory, name)} exists: choose another --output_dir "
-                                          "or pass --overwrite")
+                    raise FileExistsError(
+                        f"{os.path.join(directory, name)} exists: choose another --output_dir or pass --overwrite"
+                    )
 
     def path(self, suffix: str) -> str:
         return os.path.join(self.directory, f"{self.bench}{suffix}")
@@ -136,23 +165,30 @@ class BenchOutput:
             self.warnings.append(message)
             print(f"warning: {message}", flush=True)
 
-    def write(self, settings: Mapping[str, Any], figures: Mapping[str, Any], markdown: str,
-              plots: Mapping[str, Any] = ()) -> str:
+    def write(
+        self, settings: Mapping[str, Any], figures: Mapping[str, Any], markdown: str, plots: Mapping[str, Any] = ()
+    ) -> str:
         """Write the JSON (machine, versions, settings, figures, warnings), the markdown with a "**Warning:**" line
         per warning after its title, and each matplotlib figure in `plots` (name -> Figure); returns the markdown
         as written, to print."""
-        report = {"bench": self.bench, "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                  "command": self.command,
-                  "machine": machine(), "versions": versions(), "settings": dict(settings), **figures,
-                  "warnings": [*figures.get("warnings", []), *self.warnings]}
+        report = {
+            "bench": self.bench,
+            "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": self.command,
+            "machine": machine(),
+            "versions": versions(),
+            "settings": dict(settings),
+            **figures,
+            "warnings": [*figures.get("warnings", []), *self.warnings],
+        }
         os.makedirs(self.directory, exist_ok=True)
         for name, figure in dict(plots).items():
             buffer = io.BytesIO()
             figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-            write_bytes_atomically(self.path(f"-{name}.png"), buffer.getvalue())
+            write_atomically(self.path(f"-{name}.png"), buffer.getvalue())
         markdown = with_warnings(markdown, self.warnings)
-        write_text_atomically(self.path(".md"), markdown.rstrip("\n") + "\n")
-        write_text_atomically(self.path(".json"), json.dumps(report, indent=2) + "\n")
+        write_atomically(self.path(".md"), markdown.rstrip("\n") + "\n")
+        write_atomically(self.path(".json"), json.dumps(report, indent=2) + "\n")
         return markdown
 
 
@@ -163,14 +199,3 @@ def with_warnings(markdown: str, warnings: Sequence[str]) -> str:
         return markdown
     title, _, rest = markdown.partition("\n")
     return "\n\n".join([title, *(f"**Warning:** {message}" for message in warnings), rest.lstrip("\n")])
-
-
-def write_bytes_atomically(path: str, data: bytes) -> None:
-    temporary = f"{path}.tmp"
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)

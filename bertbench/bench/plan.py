@@ -49,12 +49,12 @@ from typing import Any
 import numpy
 
 from bertbench.bench import cli
-from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, efficiency_column, markdown_table, spread_column, superlinear_warning
-from bertbench.common.noise import noisy_warning, spread_text
+from bertbench.bench.plots import line_plot
 from bertbench.bench.workload import STEP_KINDS, BenchError, bert_config
+from bertbench.common.flags import description
+from bertbench.common.noise import noisy_warning, spread_text
 from bertbench.model.config import BertConfig
-from bertbench.common.errors import description
 
 # NVIDIA's BERT-large pre-training recipe (DeepLearningExamples, PyTorch/LanguageModeling/BERT), phase 1 at seq 128:
 # 7038 steps of 65536 sequences. Phase 2 (1563 steps of 32768 at seq 512) is a second plan with a seq-512 step.
@@ -94,8 +94,9 @@ def ring_seconds(nbytes: float, ranks: int, latency: float, bandwidth: float, bu
     return 2 * (ranks - 1) * latency * buckets + 2 * (ranks - 1) / ranks * nbytes / bandwidth
 
 
-def allreduce_seconds(nbytes: float, nodes: int, gpus_per_node: int, network: Network,
-                      buckets: int = 1) -> tuple[float, float]:
+def allreduce_seconds(
+    nbytes: float, nodes: int, gpus_per_node: int, network: Network, buckets: int = 1
+) -> tuple[float, float]:
     """(intra-node, inter-node) seconds of the hierarchical all-reduce of nbytes on nodes x gpus_per_node."""
     intra = ring_seconds(nbytes, gpus_per_node, network.intra_latency, network.intra_bandwidth, buckets)
     inter = ring_seconds(nbytes, nodes, network.inter_latency, network.inter_bandwidth, buckets)
@@ -107,8 +108,17 @@ def bucket_count(nbytes: float, bucket_mb: float) -> int:
     return max(1, math.ceil(nbytes / (bucket_mb * 2**20))) if bucket_mb > 0 else 1
 
 
-def predict(compute_seconds: float, batch_per_device: int, gradient_bytes: float, nodes: int, gpus_per_node: int,
-            network: Network, overlap: float, buckets: int, train_sequences: float) -> dict[str, Any]:
+def predict(
+    compute_seconds: float,
+    batch_per_device: int,
+    gradient_bytes: float,
+    nodes: int,
+    gpus_per_node: int,
+    network: Network,
+    overlap: float,
+    buckets: int,
+    train_sequences: float,
+) -> dict[str, Any]:
     """One row of the plan: nodes x gpus_per_node devices, each a batch_per_device step of compute_seconds."""
     intra, inter = allreduce_seconds(gradient_bytes, nodes, gpus_per_node, network, buckets)
     exposed = (1 - overlap) * (intra + inter)
@@ -116,13 +126,23 @@ def predict(compute_seconds: float, batch_per_device: int, gradient_bytes: float
     gpus = nodes * gpus_per_node
     throughput = gpus * batch_per_device / step
     speedup = throughput / (batch_per_device / compute_seconds)
-    return {"nodes": nodes, "gpus_per_node": gpus_per_node, "gpus": gpus, "global_batch": gpus * batch_per_device,
-            "compute_seconds": compute_seconds, "allreduce_intra_seconds": intra, "allreduce_inter_seconds": inter,
-            "allreduce_seconds": intra + inter,
-            "allreduce_latency_seconds": sum(allreduce_seconds(0.0, nodes, gpus_per_node, network, buckets)),
-            "exposed_allreduce_seconds": exposed, "step_seconds": step,
-            "seq_per_s": throughput, "speedup": speedup, "efficiency": speedup / gpus,
-            "time_to_train_hours": train_sequences / throughput / 3600}
+    return {
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "gpus": gpus,
+        "global_batch": gpus * batch_per_device,
+        "compute_seconds": compute_seconds,
+        "allreduce_intra_seconds": intra,
+        "allreduce_inter_seconds": inter,
+        "allreduce_seconds": intra + inter,
+        "allreduce_latency_seconds": sum(allreduce_seconds(0.0, nodes, gpus_per_node, network, buckets)),
+        "exposed_allreduce_seconds": exposed,
+        "step_seconds": step,
+        "seq_per_s": throughput,
+        "speedup": speedup,
+        "efficiency": speedup / gpus,
+        "time_to_train_hours": train_sequences / throughput / 3600,
+    }
 
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], processes: int) -> tuple[float, float]:
@@ -141,12 +161,15 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], proce
     if intercept < 0:
         intercept, slope = 0.0, float(moved @ times / (moved @ moved))
     if slope <= 0:
-        raise BenchError(f"all-reduce times do not grow with the size (largest {max(sizes_bytes):,.0f} bytes): "
-                         "cannot fit a bandwidth; time a bandwidth-bound size (16 MiB or more) too")
+        raise BenchError(
+            f"all-reduce times do not grow with the size (largest {max(sizes_bytes):,.0f} bytes): "
+            "cannot fit a bandwidth; time a bandwidth-bound size (16 MiB or more) too"
+        )
     return float(intercept) / steps, 1.0 / float(slope)
 
 
 # ---- reading other benches' JSON ------------------------------------------------------------------------------------
+
 
 def read_report(path: str, bench: str) -> dict[str, Any]:
     """A `bertbench bench <bench>` JSON file; a missing file, bad JSON or another bench's file is a BenchError."""
@@ -179,8 +202,14 @@ def positive_field(record: Any, key: str, path: str, where: str) -> float:
     return value
 
 
-THROUGHPUT_FILTERS = (("model", "model", str), ("kind", "kind", str), ("variant", "variant", str),
-                      ("precision", "precision", str), ("batch", "batch_per_device", int), ("seq", "seq", int))
+THROUGHPUT_FILTERS = (
+    ("model", "model", str),
+    ("kind", "kind", str),
+    ("variant", "variant", str),
+    ("precision", "precision", str),
+    ("batch", "batch_per_device", int),
+    ("seq", "seq", int),
+)
 
 
 def throughput_row(path: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -194,13 +223,16 @@ def throughput_row(path: str, args: argparse.Namespace) -> dict[str, Any]:
     matches = [row for row in rows if all(row[key] == value for key, value in wanted.items())]
     if len(matches) == 1:
         return matches[0]
-    described = "; ".join(" ".join(f"{key} {row[key]}" for key, _, _ in THROUGHPUT_FILTERS)
-                          for row in (matches or rows))
+    described = "; ".join(
+        " ".join(f"{key} {row[key]}" for key, _, _ in THROUGHPUT_FILTERS) for row in (matches or rows)
+    )
     if not matches:
         asked = ", ".join(f"{key} {value}" for key, value in wanted.items())
         raise BenchError(f"{path}: no row has {asked}; it has: {described}")
-    raise BenchError(f"{path}: {len(matches)} rows match; choose one with --model/--kind/--variant/--precision/"
-                     f"--batch_per_device/--seq: {described}")
+    raise BenchError(
+        f"{path}: {len(matches)} rows match; choose one with --model/--kind/--variant/--precision/"
+        f"--batch_per_device/--seq: {described}"
+    )
 
 
 def points(predicted: float, measured: float) -> float:
@@ -228,13 +260,16 @@ def validate(path: str, overlap: float, bucket_mb: float) -> tuple[list[dict[str
         rows = json_field(entry, "rows", path, where, list)
         measured = []
         for r, row in enumerate(rows):
-            values = {key: positive_field(row, key, path, f"{where}rows[{r}].")
-                      for key in ("processes", "batch_per_process", "step_seconds")}
+            values = {
+                key: positive_field(row, key, path, f"{where}rows[{r}].")
+                for key in ("processes", "batch_per_process", "step_seconds")
+            }
             values["efficiency"] = json_field(row, "efficiency", path, f"{where}rows[{r}].")
             values["nodes"] = row.get("nodes", 1)
             # the step's spread, where the scaling run measured one
-            values["spread"] = {f"measured_step_seconds{suffix}": row.get(f"step_seconds{suffix}")
-                                for suffix in ("_min", "_max", "_cv")}
+            values["spread"] = {
+                f"measured_step_seconds{suffix}": row.get(f"step_seconds{suffix}") for suffix in ("_min", "_max", "_cv")
+            }
             measured.append(values)
         single = [row for row in measured if row["processes"] == 1]
         if not single:
@@ -249,23 +284,33 @@ def validate(path: str, overlap: float, bucket_mb: float) -> tuple[list[dict[str
             for label, hidden in (("no_overlap", 0.0), ("overlap", overlap)):
                 step = row_compute + (1 - hidden) * allreduce_time
                 predicted[label] = (row["batch_per_process"] / step) / (batch / compute)
-            results.append({"model": name, "nodes": row["nodes"], "processes": int(row["processes"]),
-                            "measured_step_seconds": row["step_seconds"], **row["spread"],
-                            "predicted_allreduce_seconds": allreduce_time,
-                            "measured_efficiency": row["efficiency"],
-                            "predicted_efficiency_no_overlap": predicted["no_overlap"],
-                            "error_pp_no_overlap": points(predicted["no_overlap"], row["efficiency"]),
-                            "predicted_efficiency": predicted["overlap"],
-                            "error_pp": points(predicted["overlap"], row["efficiency"]),
-                            "latency_seconds": alpha, "bus_bandwidth_bytes_per_s": bandwidth,
-                            "gradient_bytes": gradient_bytes, "buckets": buckets})
+            results.append(
+                {
+                    "model": name,
+                    "nodes": row["nodes"],
+                    "processes": int(row["processes"]),
+                    "measured_step_seconds": row["step_seconds"],
+                    **row["spread"],
+                    "predicted_allreduce_seconds": allreduce_time,
+                    "measured_efficiency": row["efficiency"],
+                    "predicted_efficiency_no_overlap": predicted["no_overlap"],
+                    "error_pp_no_overlap": points(predicted["no_overlap"], row["efficiency"]),
+                    "predicted_efficiency": predicted["overlap"],
+                    "error_pp": points(predicted["overlap"], row["efficiency"]),
+                    "latency_seconds": alpha,
+                    "bus_bandwidth_bytes_per_s": bandwidth,
+                    "gradient_bytes": gradient_bytes,
+                    "buckets": buckets,
+                }
+            )
     return results, [message for message in report.get("warnings", []) if isinstance(message, str)]
 
 
 # ---- the command ----------------------------------------------------------------------------------------------------
 
+
 def layout(text: str) -> tuple[int, int]:
-    """"NODESxGPUS" such as 128x8."""
+    """ "NODESxGPUS" such as 128x8."""
     match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
     if not match or int(match[1]) < 1 or int(match[2]) < 1:
         raise ValueError(f"{text!r} is not NODESxGPUS with both positive, such as 2x4")
@@ -295,58 +340,120 @@ NON_NEGATIVE = number(0.0)
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = cli.parser_for("plan", description(__doc__))
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default=None,
-                       help="tiny, mini, base, large or a bert_config.json path; unset: base, or the "
-                            "--from_throughput row's model.")
-    model.add_argument("--kind", choices=STEP_KINDS, default=None,
-                       help="pretraining (MLM + NSP heads) or finetuning (2-way classifier); unset: pretraining, "
-                            "or the --from_throughput row's kind.")
-    model.add_argument("--gradient_bytes_per_parameter", type=POSITIVE, default=4.0,
-                       help="4: fp32 gradients (also under bf16/fp16 autocast, whose weights stay fp32); "
-                            "2: bf16 gradients.")
+    cli.add_model_flag(model, None, "; unset: base, or the --from_throughput row's model")
+    model.add_argument(
+        "--kind",
+        choices=STEP_KINDS,
+        default=None,
+        help="pretraining (MLM + NSP heads) or finetuning (2-way classifier); unset: pretraining, "
+        "or the --from_throughput row's kind.",
+    )
+    model.add_argument(
+        "--gradient_bytes_per_parameter",
+        type=POSITIVE,
+        default=4.0,
+        help="4: fp32 gradients (also under bf16/fp16 autocast, whose weights stay fp32); 2: bf16 gradients.",
+    )
     step = parser.add_argument_group("the measured single-device step")
-    step.add_argument("--step_seconds", type=POSITIVE, default=None,
-                      help="Seconds of one training step on one device at --batch_per_device.")
-    step.add_argument("--batch_per_device", type=cli.positive_int, default=None,
-                      help="Sequences per device and step (also selects the --from_throughput row).")
-    step.add_argument("--from_throughput", metavar="FILE", default=None,
-                      help="Take the step from a `bertbench bench throughput` throughput.json instead.")
+    step.add_argument(
+        "--step_seconds",
+        type=POSITIVE,
+        default=None,
+        help="Seconds of one training step on one device at --batch_per_device.",
+    )
+    step.add_argument(
+        "--batch_per_device",
+        type=cli.positive_int,
+        default=None,
+        help="Sequences per device and step (also selects the --from_throughput row).",
+    )
+    step.add_argument(
+        "--from_throughput",
+        metavar="FILE",
+        default=None,
+        help="Take the step from a `bertbench bench throughput` throughput.json instead.",
+    )
     step.add_argument("--variant", default=None, help="Select the --from_throughput row of this variant.")
     step.add_argument("--precision", default=None, help="Select the --from_throughput row of this precision.")
-    step.add_argument("--seq", type=cli.positive_int, default=None,
-                      help="Sequence length of the step (also selects the --from_throughput row); sets the "
-                           "position table of a named --model when over 512.")
+    step.add_argument(
+        "--seq",
+        type=cli.positive_int,
+        default=None,
+        help="Sequence length of the step (also selects the --from_throughput row); sets the "
+        "position table of a named --model when over 512.",
+    )
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--gpus_per_node", type=cli.positive_int, default=8, help="GPUs of each node.")
-    cluster.add_argument("--nodes", type=cli.comma_list(cli.positive_int), default=[1, 2, 4, 8, 16, 32, 64, 128],
-                         help="Node counts to predict, each with --gpus_per_node GPUs.")
-    cluster.add_argument("--layouts", type=cli.comma_list(layout), default=None,
-                         help="NODESxGPUS layouts such as 2x4,128x8, instead of --nodes x --gpus_per_node.")
+    cluster.add_argument(
+        "--nodes",
+        type=cli.comma_list(cli.positive_int),
+        default=[1, 2, 4, 8, 16, 32, 64, 128],
+        help="Node counts to predict, each with --gpus_per_node GPUs.",
+    )
+    cluster.add_argument(
+        "--layouts",
+        type=cli.comma_list(layout),
+        default=None,
+        help="NODESxGPUS layouts such as 2x4,128x8, instead of --nodes x --gpus_per_node.",
+    )
     network = parser.add_argument_group(
-        "network (assumptions: replace them with all_reduce_perf figures from nccl-tests on your cluster)")
-    network.add_argument("--intra_bandwidth", type=POSITIVE, default=150.0,
-                         help="All-reduce bus bandwidth per GPU inside a node, GB/s. 150: half of an A100's NVLink "
-                              "bandwidth per direction (300 GB/s), a conservative NVLink figure; PCIe-only nodes "
-                              "reach far less.")
-    network.add_argument("--intra_latency_us", type=NON_NEGATIVE, default=5.0,
-                         help="Latency of one ring step inside a node, microseconds.")
-    network.add_argument("--inter_bandwidth", type=POSITIVE, default=25.0,
-                         help="NIC bandwidth of a node, GB/s, shared by its GPUs. 25: one 200 Gb/s InfiniBand HDR "
-                              "NIC; DGX-class nodes have one per GPU (8 x 25 = 200, or 8 x 50 = 400 with NDR).")
-    network.add_argument("--inter_latency_us", type=NON_NEGATIVE, default=10.0,
-                         help="Latency of one ring step between nodes, microseconds.")
-    network.add_argument("--bucket_mb", type=NON_NEGATIVE, default=25.0,
-                         help="DDP's bucket_cap_mb (MiB): each bucket is an all-reduce paying the latency terms; "
-                              "0: one all-reduce of the whole gradient.")
-    network.add_argument("--overlap", type=number(0.0, 1.0), default=0.0,
-                         help="Share of the all-reduce hidden behind the backward: 0 is the conservative bound, 1 "
-                              "the compute-bound limit; DDP runs land in between.")
-    parser.add_argument("--time_to_train_sequences", type=POSITIVE, default=PHASE1_SEQUENCES,
-                        help="Sequences to train on for the time-to-train column; the default is phase 1 (seq 128) "
-                             "of NVIDIA's BERT-large recipe: 7038 steps x 65536.")
-    parser.add_argument("--validate", metavar="SCALING_JSON", default=None,
-                        help="Also compare the model with a `bertbench bench scaling` scaling.json: alpha and bus "
-                             "bandwidth from its all-reduce fit, compute from its 1-process step.")
+        "network (assumptions: replace them with all_reduce_perf figures from nccl-tests on your cluster)"
+    )
+    network.add_argument(
+        "--intra_bandwidth",
+        type=POSITIVE,
+        default=150.0,
+        help="All-reduce bus bandwidth per GPU inside a node, GB/s. 150: half of an A100's NVLink "
+        "bandwidth per direction (300 GB/s), a conservative NVLink figure; PCIe-only nodes "
+        "reach far less.",
+    )
+    network.add_argument(
+        "--intra_latency_us",
+        type=NON_NEGATIVE,
+        default=5.0,
+        help="Latency of one ring step inside a node, microseconds.",
+    )
+    network.add_argument(
+        "--inter_bandwidth",
+        type=POSITIVE,
+        default=25.0,
+        help="NIC bandwidth of a node, GB/s, shared by its GPUs. 25: one 200 Gb/s InfiniBand HDR "
+        "NIC; DGX-class nodes have one per GPU (8 x 25 = 200, or 8 x 50 = 400 with NDR).",
+    )
+    network.add_argument(
+        "--inter_latency_us",
+        type=NON_NEGATIVE,
+        default=10.0,
+        help="Latency of one ring step between nodes, microseconds.",
+    )
+    network.add_argument(
+        "--bucket_mb",
+        type=NON_NEGATIVE,
+        default=25.0,
+        help="DDP's bucket_cap_mb (MiB): each bucket is an all-reduce paying the latency terms; "
+        "0: one all-reduce of the whole gradient.",
+    )
+    network.add_argument(
+        "--overlap",
+        type=number(0.0, 1.0),
+        default=0.0,
+        help="Share of the all-reduce hidden behind the backward: 0 is the conservative bound, 1 "
+        "the compute-bound limit; DDP runs land in between.",
+    )
+    parser.add_argument(
+        "--time_to_train_sequences",
+        type=POSITIVE,
+        default=PHASE1_SEQUENCES,
+        help="Sequences to train on for the time-to-train column; the default is phase 1 (seq 128) "
+        "of NVIDIA's BERT-large recipe: 7038 steps x 65536.",
+    )
+    parser.add_argument(
+        "--validate",
+        metavar="SCALING_JSON",
+        default=None,
+        help="Also compare the model with a `bertbench bench scaling` scaling.json: alpha and bus "
+        "bandwidth from its all-reduce fit, compute from its 1-process step.",
+    )
     args = parser.parse_args(argv)
     if args.step_seconds is not None and args.from_throughput is not None:
         parser.error("give --step_seconds or --from_throughput, not both")
@@ -355,35 +462,50 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.from_throughput is None and (args.variant is not None or args.precision is not None):
         parser.error("--variant and --precision select a --from_throughput row")
     if args.step_seconds is None and args.from_throughput is None and args.validate is None:
-        parser.error("give the measured step: --step_seconds and --batch_per_device, or --from_throughput FILE "
-                     "(or only --validate SCALING_JSON)")
+        parser.error(
+            "give the measured step: --step_seconds and --batch_per_device, or --from_throughput FILE "
+            "(or only --validate SCALING_JSON)"
+        )
     return args
 
 
-PLAN_COLUMNS = [("nodes", "nodes", "d"), ("GPUs", "gpus", "d"), ("global batch", "global_batch", "d"),
-                ("step (s)", "step_seconds", ".4f"), ("all-reduce (s)", "allreduce_seconds", ".4f"),
-                ("exposed (s)", "exposed_allreduce_seconds", ".4f"), ("seq/s", "seq_per_s", ",.0f"),
-                ("speedup", "speedup", ".1f"), ("efficiency", "efficiency", ".1%"),
-                ("time to train (h)", "time_to_train_hours", ",.1f")]
-VALIDATION_COLUMNS = [("model", "model", "s"), ("processes", "processes", "d"),
-                      spread_column("step (s): median (min–max, CV)", "measured_step_seconds", ".4f"),
-                      ("all-reduce, model (s)", "predicted_allreduce_seconds", ".4f"),
-                      efficiency_column("measured", "measured_efficiency"),
-                      ("predicted, overlap 0", "predicted_efficiency_no_overlap", ".1%"),
-                      ("error, overlap 0 (pp)", "error_pp_no_overlap", "+.1f"),
-                      ("predicted, --overlap", "predicted_efficiency", ".1%"), ("error (pp)", "error_pp", "+.1f")]
+PLAN_COLUMNS = [
+    ("nodes", "nodes", "d"),
+    ("GPUs", "gpus", "d"),
+    ("global batch", "global_batch", "d"),
+    ("step (s)", "step_seconds", ".4f"),
+    ("all-reduce (s)", "allreduce_seconds", ".4f"),
+    ("exposed (s)", "exposed_allreduce_seconds", ".4f"),
+    ("seq/s", "seq_per_s", ",.0f"),
+    ("speedup", "speedup", ".1f"),
+    ("efficiency", "efficiency", ".1%"),
+    ("time to train (h)", "time_to_train_hours", ",.1f"),
+]
+VALIDATION_COLUMNS = [
+    ("model", "model", "s"),
+    ("processes", "processes", "d"),
+    spread_column("step (s): median (min–max, CV)", "measured_step_seconds", ".4f"),
+    ("all-reduce, model (s)", "predicted_allreduce_seconds", ".4f"),
+    efficiency_column("measured", "measured_efficiency"),
+    ("predicted, overlap 0", "predicted_efficiency_no_overlap", ".1%"),
+    ("error, overlap 0 (pp)", "error_pp_no_overlap", "+.1f"),
+    ("predicted, --overlap", "predicted_efficiency", ".1%"),
+    ("error (pp)", "error_pp", "+.1f"),
+]
 
 
-def plan(args: argparse.Namespace, network: Network
-         ) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any], str | None]:
+def plan(
+    args: argparse.Namespace, network: Network
+) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any], str | None]:
     """(settings, figures, markdown, plots, warning) of the prediction over the layouts; the warning says when the
     measured step it starts from was noisy."""
     if args.from_throughput is not None:
         row = throughput_row(args.from_throughput, args)
         model, kind, seq, batch = row["model"], row["kind"], row["seq"], row["batch"]
         compute, source = row["step_seconds"], f"{args.from_throughput}: {row['variant']} {row['precision']}"
-        measured = {key: row.get(key) for key in ("step_seconds", "step_seconds_min", "step_seconds_max",
-                                                   "step_seconds_cv")}
+        measured = {
+            key: row.get(key) for key in ("step_seconds", "step_seconds_min", "step_seconds_max", "step_seconds_cv")
+        }
     else:
         model, kind, seq, batch = args.model or "base", args.kind or "pretraining", args.seq, args.batch_per_device
         compute, source = args.step_seconds, "--step_seconds"
@@ -393,30 +515,58 @@ def plan(args: argparse.Namespace, network: Network
     gradient_bytes = parameters * args.gradient_bytes_per_parameter
     buckets = bucket_count(gradient_bytes, args.bucket_mb)
     layouts = sorted(args.layouts or [(nodes, args.gpus_per_node) for nodes in args.nodes], key=lambda x: x[0] * x[1])
-    rows = [predict(compute, batch, gradient_bytes, nodes, gpus, network, args.overlap, buckets,
-                    args.time_to_train_sequences) for nodes, gpus in layouts]
-    settings = {"model": model, "kind": kind, "seq": seq, "batch_per_device": batch, **measured,
-                "step_source": source, "parameters": parameters, "gradient_bytes": gradient_bytes, "buckets": buckets,
-                "layouts": [f"{nodes}x{gpus}" for nodes, gpus in layouts]}
+    rows = [
+        predict(
+            compute, batch, gradient_bytes, nodes, gpus, network, args.overlap, buckets, args.time_to_train_sequences
+        )
+        for nodes, gpus in layouts
+    ]
+    settings = {
+        "model": model,
+        "kind": kind,
+        "seq": seq,
+        "batch_per_device": batch,
+        **measured,
+        "step_source": source,
+        "parameters": parameters,
+        "gradient_bytes": gradient_bytes,
+        "buckets": buckets,
+        "layouts": [f"{nodes}x{gpus}" for nodes, gpus in layouts],
+    }
     step = spread_text(measured, "step_seconds", ".4g")
-    title = (f"Data-parallel plan: {model} {kind}, batch {batch} per device, {step} s per single-device step "
-             f"({source}); {parameters / 1e6:.1f} M parameters = "
-             f"{gradient_bytes / 2**20:,.0f} MiB of gradients in "
-             f"{buckets} bucket(s); overlap {args.overlap:g}; network: intra {args.intra_bandwidth:g} GB/s + "
-             f"{args.intra_latency_us:g} us, inter {args.inter_bandwidth:g} GB/s per node + "
-             f"{args.inter_latency_us:g} us; time to train {args.time_to_train_sequences:,.0f} sequences.")
+    title = (
+        f"Data-parallel plan: {model} {kind}, batch {batch} per device, {step} s per single-device step "
+        f"({source}); {parameters / 1e6:.1f} M parameters = "
+        f"{gradient_bytes / 2**20:,.0f} MiB of gradients in "
+        f"{buckets} bucket(s); overlap {args.overlap:g}; network: intra {args.intra_bandwidth:g} GB/s + "
+        f"{args.intra_latency_us:g} us, inter {args.inter_bandwidth:g} GB/s per node + "
+        f"{args.inter_latency_us:g} us; time to train {args.time_to_train_sequences:,.0f} sequences."
+    )
     gpus = [row["gpus"] for row in rows]
     # The layouts' predictions are points (markers, not joined: between two layouts the model is no straight line
     # on these axes); linear scaling is drawn at many GPU counts, so it is the curve it is.
     dense = numpy.geomspace(gpus[0], gpus[-1], 200) if gpus[-1] > gpus[0] else numpy.asarray(gpus, dtype=float)
     plots = {
-        "efficiency": line_plot({f"overlap {args.overlap:g}": (gpus, [row["efficiency"] for row in rows])}, "GPUs",
-                                "scaling efficiency", f"{model} {kind}: predicted efficiency", log_x=True,
-                                reference=(gpus, [1.0] * len(gpus), "compute-bound (all hidden)"), joined=False,
-                                y_from_zero=True),
-        "throughput": line_plot({f"overlap {args.overlap:g}": (gpus, [row["seq_per_s"] for row in rows])}, "GPUs",
-                                "sequences/s", f"{model} {kind}: predicted throughput", log_x=True, log_y=True,
-                                reference=(dense, dense * batch / compute, "linear"), joined=False),
+        "efficiency": line_plot(
+            {f"overlap {args.overlap:g}": (gpus, [row["efficiency"] for row in rows])},
+            "GPUs",
+            "scaling efficiency",
+            f"{model} {kind}: predicted efficiency",
+            log_x=True,
+            reference=(gpus, [1.0] * len(gpus), "compute-bound (all hidden)"),
+            joined=False,
+            y_from_zero=True,
+        ),
+        "throughput": line_plot(
+            {f"overlap {args.overlap:g}": (gpus, [row["seq_per_s"] for row in rows])},
+            "GPUs",
+            "sequences/s",
+            f"{model} {kind}: predicted throughput",
+            log_x=True,
+            log_y=True,
+            reference=(dense, dense * batch / compute, "linear"),
+            joined=False,
+        ),
     }
     noisy = noisy_warning([measured], "step_seconds", lambda _: source, "measured step")
     return settings, {"rows": rows}, f"{title}\n\n{markdown_table(rows, PLAN_COLUMNS)}", plots, noisy
@@ -427,10 +577,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
     def body() -> int:
-        network = Network(args.intra_bandwidth * GB, args.intra_latency_us * 1e-6, args.inter_bandwidth * GB,
-                          args.inter_latency_us * 1e-6)
-        settings: dict[str, Any] = {name: value for name, value in vars(args).items()
-                                    if name not in ("output_dir", "overwrite")}
+        network = Network(
+            args.intra_bandwidth * GB,
+            args.intra_latency_us * 1e-6,
+            args.inter_bandwidth * GB,
+            args.inter_latency_us * 1e-6,
+        )
+        settings: dict[str, Any] = {
+            name: value for name, value in vars(args).items() if name not in ("output_dir", "overwrite")
+        }
         figures: dict[str, Any] = {}
         sections: list[str] = []
         plots: Mapping[str, Any] = {}
@@ -442,13 +597,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             output.warn(noisy)
         if args.validate is not None:
             figures["validation"], measured_warnings = validate(args.validate, args.overlap, args.bucket_mb)
-            sections.append(f"Validation against {args.validate} (alpha and bus bandwidth fitted there; error = "
-                            f"predicted - measured efficiency; --overlap {args.overlap:g}):\n\n"
-                            + markdown_table(figures["validation"], VALIDATION_COLUMNS))
+            sections.append(
+                f"Validation against {args.validate} (alpha and bus bandwidth fitted there; error = "
+                f"predicted - measured efficiency; --overlap {args.overlap:g}):\n\n"
+                + markdown_table(figures["validation"], VALIDATION_COLUMNS)
+            )
             for message in measured_warnings:
                 output.warn(f"{args.validate} says: {message}")
-            output.warn(superlinear_warning(figures["validation"], "measured_efficiency",
-                                            lambda row: f"{row['processes']} processes of {row['model']}"))
+            output.warn(
+                superlinear_warning(
+                    figures["validation"],
+                    "measured_efficiency",
+                    lambda row: f"{row['processes']} processes of {row['model']}",
+                )
+            )
         print(output.write(settings, figures, "\n\n".join(sections), plots))
         return 0
 

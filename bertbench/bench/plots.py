@@ -15,8 +15,13 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-VARIANT_COLOURS = {"baseline": "tab:blue", "full": "tab:orange", "selective": "tab:green", "every-2": "tab:red",
-                   "hf": "tab:purple"}
+VARIANT_COLOURS = {
+    "baseline": "tab:blue",
+    "full": "tab:orange",
+    "selective": "tab:green",
+    "every-2": "tab:red",
+    "hf": "tab:purple",
+}
 EVERY_K_COLOURS = ("tab:brown", "tab:pink", "tab:olive")  # every-3, every-4, every-5; then again
 # Series that name no variant ("measured", "main process"): colours no variant has.
 OTHER_COLOURS = ("black", "tab:cyan", "darkgoldenrod", "slateblue", "darkgreen")
@@ -34,10 +39,18 @@ def variant_colour(label: str) -> str | None:
     return None
 
 
-def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: str, log_x: bool = False,
-              reference: tuple[Sequence[float], Sequence[float], str] | None = None, log_y: bool = False,
-              joined: bool = True, y_from_zero: bool = False,
-              marks: Mapping[str, tuple[float, float, str]] | None = None) -> Figure:
+def line_plot(
+    series: Mapping[str, Sequence],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    log_x: bool = False,
+    reference: tuple[Sequence[float], Sequence[float], str] | None = None,
+    log_y: bool = False,
+    joined: bool = True,
+    y_from_zero: bool = False,
+    marks: Mapping[str, tuple[float, float, str]] | None = None,
+) -> Figure:
     """A line with markers per series: label -> (xs, ys), or (xs, ys, lows, highs) to draw each point's min-max
     as an error bar. `reference` is a dashed line (xs, ys, label) such as ideal scaling; `joined=False` draws
     markers only (points of a model whose curve between them is not a straight line); `y_from_zero` starts the
@@ -62,8 +75,16 @@ def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: s
             lows, highs = bounds
             below = [y - (y if low is None else low) for y, low in zip(ys, lows)]
             above = [(y if high is None else high) - y for y, high in zip(ys, highs)]
-            axes.errorbar(xs, ys, yerr=[below, above], marker="o", linestyle=style, color=colour, capsize=3,
-                          label=f"{label} (min-max)")
+            axes.errorbar(
+                xs,
+                ys,
+                yerr=[below, above],
+                marker="o",
+                linestyle=style,
+                color=colour,
+                capsize=3,
+                label=f"{label} (min-max)",
+            )
         else:
             axes.plot(xs, ys, marker="o", linestyle=style, color=colour, label=label)
     if reference is not None:
@@ -72,8 +93,14 @@ def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: s
     for index, (label, (x, y, text)) in enumerate((marks or {}).items()):
         axes.plot([x], [y], marker="*", markersize=14, linestyle="none", color=colours.get(label, "black"))
         # stacked, so that the labels of marks close together (similar largest batches) do not overlap
-        axes.annotate(text, (x, y), textcoords="offset points", xytext=(6, 6 + 11 * index), fontsize=8,
-                      color=colours.get(label, "black"))
+        axes.annotate(
+            text,
+            (x, y),
+            textcoords="offset points",
+            xytext=(6, 6 + 11 * index),
+            fontsize=8,
+            color=colours.get(label, "black"),
+        )
     if log_x:
         axes.set_xscale("log", base=2)
         axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))  # 1, 2, 4 rather than 2^0, 2^1, 2^2
@@ -90,8 +117,9 @@ def line_plot(series: Mapping[str, Sequence], xlabel: str, ylabel: str, title: s
     return figure
 
 
-def bar_plot(groups: Mapping[str, Mapping[str, float]], ylabel: str, title: str,
-             reference: float | None = None) -> Figure:
+def bar_plot(
+    groups: Mapping[str, Mapping[str, float]], ylabel: str, title: str, reference: float | None = None
+) -> Figure:
     """Grouped bars: a colour per group (label -> {category: value}), the categories along the x axis; `reference`
     is a dashed horizontal line (1.0 for ratios)."""
     figure = Figure(figsize=(7.2, 4.2))
@@ -100,8 +128,11 @@ def bar_plot(groups: Mapping[str, Mapping[str, float]], ylabel: str, title: str,
     width = 0.8 / max(1, len(groups))
     others = itertools.cycle(OTHER_COLOURS)
     for index, (label, values) in enumerate(groups.items()):
-        positions = [number + (index - (len(groups) - 1) / 2) * width for number, category in enumerate(categories)
-                     if category in values]
+        positions = [
+            number + (index - (len(groups) - 1) / 2) * width
+            for number, category in enumerate(categories)
+            if category in values
+        ]
         heights = [values[category] for category in categories if category in values]
         bars = axes.bar(positions, heights, width, label=label, color=variant_colour(label) or next(others))
         axes.bar_label(bars, fmt="%.2f", fontsize=7)

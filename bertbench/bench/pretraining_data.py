@@ -30,12 +30,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertbench.tasks import synthetic
 from bertbench.bench import cli, workload
-from bertbench.bench.plots import line_plot
 from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench.plots import line_plot
+from bertbench.common.durable import move_files
 from bertbench.common.noise import LoadWatch
-from bertbench.tasks.create_pretraining_data import STATS_FILE
+from bertbench.tasks import synthetic
+from bertbench.tasks.pretraining_data.shards import STATS_FILE
 from bertbench.tasks.tokenization import VocabError, load_vocab
 
 BENCH = "pretraining-data"
@@ -53,8 +54,46 @@ LEXICON_SIZE = 60000
 # Slots for "##" pieces (syllables and suffixes that continue a word): enough to split rare words into a few pieces
 # rather than into characters; the rest of the vocab is whole words.
 CONTINUATION_PIECES = 3000
-ONSETS = ["", "s", "t", "b", "m", "d", "l", "p", "r", "c", "h", "f", "n", "w", "g", "st", "tr", "pr", "br", "ch", "sh",
-          "th", "gr", "cl", "pl", "k", "v", "fl", "dr", "cr", "sl", "sp", "j", "y", "wh", "str", "fr", "z"]
+ONSETS = [
+    "",
+    "s",
+    "t",
+    "b",
+    "m",
+    "d",
+    "l",
+    "p",
+    "r",
+    "c",
+    "h",
+    "f",
+    "n",
+    "w",
+    "g",
+    "st",
+    "tr",
+    "pr",
+    "br",
+    "ch",
+    "sh",
+    "th",
+    "gr",
+    "cl",
+    "pl",
+    "k",
+    "v",
+    "fl",
+    "dr",
+    "cr",
+    "sl",
+    "sp",
+    "j",
+    "y",
+    "wh",
+    "str",
+    "fr",
+    "z",
+]
 NUCLEI = ["a", "e", "i", "o", "u", "ea", "ou", "ai", "ee", "oo", "io", "oa", "y"]
 CODAS = ["", "n", "r", "s", "t", "l", "nd", "m", "st", "ng", "d", "ck", "nt", "rd", "sh", "th", "x"]
 SUFFIXES = ["s", "ed", "ing", "er", "ly", "es", "ion", "al", "ness", "ment", "able", "ful", "est", "less", "ity"]
@@ -80,11 +119,17 @@ class Lexicon:
         seen: set[str] = set()
         while len(self.words) < size:  # a few rounds: a candidate that repeats an earlier word is drawn again
             ranks = np.arange(len(self.words), size)
-            lengths = np.where(ranks < ONE_SYLLABLE_RANKS, 1, np.where(ranks < TWO_SYLLABLE_RANKS, 2,
-                                                                        2 + (rng.random(len(ranks)) < 0.5)))
+            lengths = np.where(
+                ranks < ONE_SYLLABLE_RANKS,
+                1,
+                np.where(ranks < TWO_SYLLABLE_RANKS, 2, 2 + (rng.random(len(ranks)) < 0.5)),
+            )
             drawn = rng.choice(len(syllables), size=(len(ranks), 3), p=weights)
-            suffixes = np.where((ranks >= SUFFIX_FROM_RANK) & (rng.random(len(ranks)) < SUFFIX_SHARE),
-                                rng.integers(len(SUFFIXES), size=len(ranks)), -1)
+            suffixes = np.where(
+                (ranks >= SUFFIX_FROM_RANK) & (rng.random(len(ranks)) < SUFFIX_SHARE),
+                rng.integers(len(SUFFIXES), size=len(ranks)),
+                -1,
+            )
             for length, row, suffix in zip(lengths.tolist(), drawn.tolist(), suffixes.tolist()):
                 parts = [syllables[index] for index in row[:length]] + ([SUFFIXES[suffix]] if suffix >= 0 else [])
                 word = "".join(parts)
@@ -99,8 +144,10 @@ class Lexicon:
     @staticmethod
     def _syllables() -> tuple[list[str], np.ndarray]:
         """Every onset + nucleus + coda, each part's options weighted 1/(i+1) in list order (common ones first)."""
+
         def weights(count: int) -> np.ndarray:
             return 1.0 / np.arange(1, count + 1)
+
         joint = np.einsum("i,j,k->ijk", weights(len(ONSETS)), weights(len(NUCLEI)), weights(len(CODAS))).ravel()
         syllables = [onset + nucleus + coda for onset in ONSETS for nucleus in NUCLEI for coda in CODAS]
         return syllables, joint / joint.sum()
@@ -117,9 +164,12 @@ def generate_corpus(path: str, megabytes: float, seed: int) -> Lexicon:
     size = len(lexicon.words)
     separators = [" ", ", "] + [ending + "\n" for ending in ENDINGS] + [ending + "\n\n" for ending in ENDINGS]
     # Every piece of text there is: the words, capitalised (a sentence's first), then what follows a word.
-    table = np.array([word.encode() for word in lexicon.words]
-                     + [word.capitalize().encode() for word in lexicon.words]
-                     + [separator.encode() for separator in separators], dtype=object)
+    table = np.array(
+        [word.encode() for word in lexicon.words]
+        + [word.capitalize().encode() for word in lexicon.words]
+        + [separator.encode() for separator in separators],
+        dtype=object,
+    )
     space, comma, sentence_end, document_end = 2 * size, 2 * size + 1, 2 * size + 2, 2 * size + 2 + len(ENDINGS)
     mean_sentences, mean_words = np.mean(SENTENCES_PER_DOCUMENT), np.mean(WORDS_PER_SENTENCE)
     bytes_per_document = mean_sentences * mean_words * (lexicon.mean_word_bytes() + 1 + COMMA_SHARE)
@@ -177,21 +227,39 @@ def make_synthetic_corpus(directory: str, megabytes: float, seed: int, vocab_fil
         vocab_file = os.path.join(directory, "vocab.txt")
         with open(vocab_file, "w", encoding="utf-8") as handle:
             handle.write("\n".join(synthetic_vocab(lexicon)) + "\n")
-    return {"source": "synthetic", "files": [corpus], "bytes": os.path.getsize(corpus), "seed": seed,
-            "lexicon_words": len(lexicon.words), "vocab_file": vocab_file,
-            "generate_seconds": time.perf_counter() - started}
+    return {
+        "source": "synthetic",
+        "files": [corpus],
+        "bytes": os.path.getsize(corpus),
+        "seed": seed,
+        "lexicon_words": len(lexicon.words),
+        "vocab_file": vocab_file,
+        "generate_seconds": time.perf_counter() - started,
+    }
 
 
 # ---- the bench ------------------------------------------------------------------------------------------------------
 
-COLUMNS = [("workers", "workers", "d"), ("seq", "max_seq_length", "d"), ("length bins", "bins", ""),
-           ("input MB", "input_mb", ",.1f"), ("documents", "documents", ",d"), ("sentences", "sentences", ",d"),
-           ("instances", "instances", ",d"), ("seconds", "seconds", ",.1f"), ("sentences/s", "sentences_per_s", ",.0f"),
-           ("MB/s", "mb_per_s", ",.2f"), ("instances/s", "instances_per_s", ",.0f"), ("speed-up", "speedup", ".2f"),
-           ("peak RSS main (MiB)", "peak_rss_main_mib", ",.0f"),
-           ("peak RSS worker (MiB)", "peak_rss_worker_mib", ",.0f"),
-           ("output MB", "output_mb", ",.1f"), ("padding", "padding_fraction", ".1%"),
-           ("padding in bins", "padding_fraction_with_bins", ".1%"), ("padding saved", "padding_saved_fraction", ".1%")]
+COLUMNS = [
+    ("workers", "workers", "d"),
+    ("seq", "max_seq_length", "d"),
+    ("length bins", "bins", ""),
+    ("input MB", "input_mb", ",.1f"),
+    ("documents", "documents", ",d"),
+    ("sentences", "sentences", ",d"),
+    ("instances", "instances", ",d"),
+    ("seconds", "seconds", ",.1f"),
+    ("sentences/s", "sentences_per_s", ",.0f"),
+    ("MB/s", "mb_per_s", ",.2f"),
+    ("instances/s", "instances_per_s", ",.0f"),
+    ("speed-up", "speedup", ".2f"),
+    ("peak RSS main (MiB)", "peak_rss_main_mib", ",.0f"),
+    ("peak RSS worker (MiB)", "peak_rss_worker_mib", ",.0f"),
+    ("output MB", "output_mb", ",.1f"),
+    ("padding", "padding_fraction", ".1%"),
+    ("padding in bins", "padding_fraction_with_bins", ".1%"),
+    ("padding saved", "padding_saved_fraction", ".1%"),
+]
 
 
 def positive_float(text: str) -> float:
@@ -205,39 +273,73 @@ def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser_for(BENCH, __doc__.splitlines()[0])
     corpus = parser.add_argument_group("corpus: the user's, or a synthetic one (the default)")
     source = corpus.add_mutually_exclusive_group()
-    source.add_argument("--corpus", nargs="+", metavar="FILE",
-                        help="Text files in Google's format (a sentence per line, a blank line between documents); "
-                             "needs --vocab_file.")
-    source.add_argument("--megabytes", type=positive_float, default=120.0,
-                        help="Size of the synthetic corpus (MB of text): 120 makes 15 chunks of 8 MB, enough for "
-                             "8 workers.")
-    corpus.add_argument("--vocab_file", default=None,
-                        help="vocab.txt (default for the synthetic corpus: one of BERT-base's size made from it).")
+    source.add_argument(
+        "--corpus",
+        nargs="+",
+        metavar="FILE",
+        help="Text files in Google's format (a sentence per line, a blank line between documents); needs --vocab_file.",
+    )
+    source.add_argument(
+        "--megabytes",
+        type=positive_float,
+        default=120.0,
+        help="Size of the synthetic corpus (MB of text): 120 makes 15 chunks of 8 MB, enough for 8 workers.",
+    )
+    corpus.add_argument(
+        "--vocab_file",
+        default=None,
+        help="vocab.txt (default for the synthetic corpus: one of BERT-base's size made from it).",
+    )
     corpus.add_argument("--seed", type=int, default=0, help="Seed of the synthetic corpus: same seed, same bytes.")
-    corpus.add_argument("--keep_corpus", action="store_true",
-                        help=f"Keep the synthetic corpus and vocab as {KEPT_CORPUS} and {KEPT_VOCAB} in --output_dir "
-                             "(they are removed with the shards otherwise).")
+    corpus.add_argument(
+        "--keep_corpus",
+        action="store_true",
+        help=f"Keep the synthetic corpus and vocab as {KEPT_CORPUS} and {KEPT_VOCAB} in --output_dir "
+        "(they are removed with the shards otherwise).",
+    )
     data = parser.add_argument_group("create_pretraining_data's settings")
-    data.add_argument("--workers", type=cli.comma_list(cli.positive_int), default=[1, 2],
-                      help="--num_workers of each run; the first is the reference of the speed-up.")
+    data.add_argument(
+        "--workers",
+        type=cli.comma_list(cli.positive_int),
+        default=[1, 2],
+        help="--num_workers of each run; the first is the reference of the speed-up.",
+    )
     data.add_argument("--max_seq_length", type=cli.positive_int, default=128, help="Tokens per instance.")
-    data.add_argument("--max_predictions_per_seq", type=cli.positive_int, default=20, help="Most masked tokens per "
-                                                                                          "instance.")
-    data.add_argument("--dupe_factor", type=cli.positive_int, default=1,
-                      help="Passes over each chunk (Google's default is 10). Instances, output and the time spent "
-                           "making and writing them grow linearly with it, while the text is read and tokenized "
-                           "once, so one pass is the quickest figure of both parts.")
+    data.add_argument(
+        "--max_predictions_per_seq", type=cli.positive_int, default=20, help="Most masked tokens per instance."
+    )
+    data.add_argument(
+        "--dupe_factor",
+        type=cli.positive_int,
+        default=1,
+        help="Passes over each chunk (Google's default is 10). Instances, output and the time spent "
+        "making and writing them grow linearly with it, while the text is read and tokenized "
+        "once, so one pass is the quickest figure of both parts.",
+    )
     data.add_argument("--num_shards", type=cli.positive_int, default=16, help="Output shards (per length bin).")
-    data.add_argument("--chunk_megabytes", type=positive_float, default=8.0,
-                      help="Text per chunk: what each worker holds at a time, and so its memory.")
-    data.add_argument("--length_bins", type=cli.comma_list(cli.positive_int), default=None,
-                      help="Bin edges ending at --max_seq_length, e.g. 32,64,128: instances are padded only to "
-                           "their bin's edge (the padding saved is reported).")
-    data.add_argument("--length_bins_at", type=cli.positive_int, default=None, metavar="SEQ",
-                      help="Also one run at max_seq_length SEQ (phase 2: 512) with length bins at its quarters "
-                           "(128,256,384,512) and 15.6%% of SEQ predictions (80), with the most --workers: the "
-                           "padding bins save on long sequences. Off by default: it takes about as long again as "
-                           "the other runs together.")
+    data.add_argument(
+        "--chunk_megabytes",
+        type=positive_float,
+        default=8.0,
+        help="Text per chunk: what each worker holds at a time, and so its memory.",
+    )
+    data.add_argument(
+        "--length_bins",
+        type=cli.comma_list(cli.positive_int),
+        default=None,
+        help="Bin edges ending at --max_seq_length, e.g. 32,64,128: instances are padded only to "
+        "their bin's edge (the padding saved is reported).",
+    )
+    data.add_argument(
+        "--length_bins_at",
+        type=cli.positive_int,
+        default=None,
+        metavar="SEQ",
+        help="Also one run at max_seq_length SEQ (phase 2: 512) with length bins at its quarters "
+        "(128,256,384,512) and 15.6%% of SEQ predictions (80), with the most --workers: the "
+        "padding bins save on long sequences. Off by default: it takes about as long again as "
+        "the other runs together.",
+    )
     return parser
 
 
@@ -247,8 +349,10 @@ def corpus_files(paths: Sequence[str]) -> list[str]:
         if not os.path.isfile(path):
             raise workload.BenchError(f"--corpus {path}: no such file")
         if "," in path:
-            raise workload.BenchError(f"--corpus {path}: a comma in a file name is not supported "
-                                      "(create_pretraining_data's --input_file is comma-separated)")
+            raise workload.BenchError(
+                f"--corpus {path}: a comma in a file name is not supported "
+                "(create_pretraining_data's --input_file is comma-separated)"
+            )
     return [glob.escape(path) for path in paths]
 
 
@@ -259,16 +363,33 @@ def check_vocab(path: str) -> None:
         raise workload.BenchError(f"--vocab_file {error}") from None
 
 
-def run_once(files: Sequence[str], vocab_file: str, work: str, workers: int, seq: int, predictions: int,
-             bins: Sequence[int] | None, args: argparse.Namespace) -> dict:
+def run_once(
+    files: Sequence[str],
+    vocab_file: str,
+    work: str,
+    workers: int,
+    seq: int,
+    predictions: int,
+    bins: Sequence[int] | None,
+    args: argparse.Namespace,
+) -> dict:
     """One create_pretraining_data process: its statistics as a row of figures. The shards are removed after
     their size is taken (they are as large as the text: several runs would fill a disk)."""
     shards = os.path.join(work, f"shards-seq{seq}-workers{workers}")
-    command = [sys.executable, "-m", "bertbench.tasks.create_pretraining_data", f"--input_file={','.join(files)}",
-               f"--vocab_file={vocab_file}", f"--output_dir={shards}", f"--num_shards={args.num_shards}",
-               f"--max_seq_length={seq}", f"--max_predictions_per_seq={predictions}",
-               f"--dupe_factor={args.dupe_factor}", f"--num_workers={workers}",
-               f"--chunk_megabytes={args.chunk_megabytes}"]
+    command = [
+        sys.executable,
+        "-m",
+        "bertbench.tasks.create_pretraining_data",
+        f"--input_file={','.join(files)}",
+        f"--vocab_file={vocab_file}",
+        f"--output_dir={shards}",
+        f"--num_shards={args.num_shards}",
+        f"--max_seq_length={seq}",
+        f"--max_predictions_per_seq={predictions}",
+        f"--dupe_factor={args.dupe_factor}",
+        f"--num_workers={workers}",
+        f"--chunk_megabytes={args.chunk_megabytes}",
+    ]
     if bins:
         command.append(f"--length_bins={','.join(map(str, bins))}")
     started = time.perf_counter()
@@ -276,84 +397,154 @@ def run_once(files: Sequence[str], vocab_file: str, work: str, workers: int, seq
     wall = time.perf_counter() - started
     if done.returncode:
         last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
-        raise workload.BenchRunFailed(f"create_pretraining_data with {workers} worker(s) failed (exit "
-                                  f"{done.returncode}): {last}")
+        raise workload.BenchRunFailed(
+            f"create_pretraining_data with {workers} worker(s) failed (exit {done.returncode}): {last}"
+        )
     with open(os.path.join(shards, STATS_FILE)) as handle:
         stats = json.load(handle)
-    output_bytes = sum(os.path.getsize(os.path.join(directory, name)) for directory, _, names in os.walk(shards)
-                       for name in names if name != STATS_FILE)
+    output_bytes = sum(
+        os.path.getsize(os.path.join(directory, name))
+        for directory, _, names in os.walk(shards)
+        for name in names
+        if name != STATS_FILE
+    )
     shutil.rmtree(shards)
-    row = {"workers": workers, "max_seq_length": seq, "max_predictions_per_seq": predictions,
-           "length_bins": list(bins) if bins else None, "bins": ",".join(map(str, bins)) if bins else "–",
-           "dupe_factor": args.dupe_factor, "input_mb": stats["input_bytes"] / 1e6, "chunks": stats["chunks"],
-           "documents": stats["documents"], "sentences": stats["sentences"], "instances": stats["instances"],
-           "tokens": stats["tokens"], "seconds": stats["seconds"], "wall_seconds": wall,
-           "sentences_per_s": stats["sentences_per_second"], "mb_per_s": stats["megabytes_per_second"],
-           "instances_per_s": stats["instances"] / stats["seconds"],
-           "peak_rss_main_mib": stats["peak_rss_bytes"] / 2**20,
-           "peak_rss_worker_mib": stats["peak_worker_rss_bytes"] / 2**20, "output_mb": output_bytes / 1e6,
-           "padding_fraction": stats["padding_fraction"],
-           "padding_fraction_with_bins": stats.get("padding_fraction_with_bins"),
-           "padding_saved_fraction": stats.get("padding_saved_fraction")}
-    print(f"  {workers} worker(s), seq {seq}{' bins ' + row['bins'] if bins else ''}: {row['mb_per_s']:.2f} MB/s, "
-          f"{row['sentences_per_s']:,.0f} sentences/s, peak RSS {row['peak_rss_main_mib']:,.0f} MiB main, "
-          f"{row['peak_rss_worker_mib']:,.0f} MiB worker ({wall:.1f} s with start-up)", flush=True)
+    row = {
+        "workers": workers,
+        "max_seq_length": seq,
+        "max_predictions_per_seq": predictions,
+        "length_bins": list(bins) if bins else None,
+        "bins": ",".join(map(str, bins)) if bins else "–",
+        "dupe_factor": args.dupe_factor,
+        "input_mb": stats["input_bytes"] / 1e6,
+        "chunks": stats["chunks"],
+        "documents": stats["documents"],
+        "sentences": stats["sentences"],
+        "instances": stats["instances"],
+        "tokens": stats["tokens"],
+        "seconds": stats["seconds"],
+        "wall_seconds": wall,
+        "sentences_per_s": stats["sentences_per_second"],
+        "mb_per_s": stats["megabytes_per_second"],
+        "instances_per_s": stats["instances"] / stats["seconds"],
+        "peak_rss_main_mib": stats["peak_rss_bytes"] / 2**20,
+        "peak_rss_worker_mib": stats["peak_worker_rss_bytes"] / 2**20,
+        "output_mb": output_bytes / 1e6,
+        "padding_fraction": stats["padding_fraction"],
+        "padding_fraction_with_bins": stats.get("padding_fraction_with_bins"),
+        "padding_saved_fraction": stats.get("padding_saved_fraction"),
+    }
+    print(
+        f"  {workers} worker(s), seq {seq}{' bins ' + row['bins'] if bins else ''}: {row['mb_per_s']:.2f} MB/s, "
+        f"{row['sentences_per_s']:,.0f} sentences/s, peak RSS {row['peak_rss_main_mib']:,.0f} MiB main, "
+        f"{row['peak_rss_worker_mib']:,.0f} MiB worker ({wall:.1f} s with start-up)",
+        flush=True,
+    )
     return row
 
 
 def run_all(args: argparse.Namespace, work: str) -> tuple[dict, list[dict], list[dict]]:
     """The corpus, then a run per worker count (and the --length_bins_at run): (corpus, rows, bins rows)."""
     if args.corpus:
-        corpus = {"source": "files", "files": list(args.corpus), "bytes": sum(map(os.path.getsize, args.corpus)),
-                  "vocab_file": args.vocab_file}
+        corpus = {
+            "source": "files",
+            "files": list(args.corpus),
+            "bytes": sum(map(os.path.getsize, args.corpus)),
+            "vocab_file": args.vocab_file,
+        }
         files = corpus_files(args.corpus)
     else:
         corpus = make_synthetic_corpus(work, args.megabytes, args.seed, args.vocab_file)
         files = corpus["files"]
         print(f"  synthetic corpus: {corpus['bytes'] / 1e6:,.1f} MB in {corpus['generate_seconds']:.1f} s", flush=True)
-    rows = [run_once(files, corpus["vocab_file"], work, workers, args.max_seq_length, args.max_predictions_per_seq,
-                     args.length_bins, args) for workers in args.workers]
+    rows = [
+        run_once(
+            files,
+            corpus["vocab_file"],
+            work,
+            workers,
+            args.max_seq_length,
+            args.max_predictions_per_seq,
+            args.length_bins,
+            args,
+        )
+        for workers in args.workers
+    ]
     for row in rows:
         row["speedup"] = row["mb_per_s"] / rows[0]["mb_per_s"]
     bins_rows = []
     if args.length_bins_at:
         seq = args.length_bins_at
-        bins_rows.append(run_once(files, corpus["vocab_file"], work, max(args.workers), seq,
-                                  synthetic.masked_positions(seq), [seq * quarter // 4 for quarter in range(1, 5)],
-                                  args))
+        bins_rows.append(
+            run_once(
+                files,
+                corpus["vocab_file"],
+                work,
+                max(args.workers),
+                seq,
+                synthetic.masked_positions(seq),
+                [seq * quarter // 4 for quarter in range(1, 5)],
+                args,
+            )
+        )
     return corpus, rows, bins_rows
 
 
 def markdown(args: argparse.Namespace, corpus: dict, rows: list[dict], bins_rows: list[dict]) -> str:
     size = f"{corpus['bytes'] / 1e6:,.1f} MB"
-    source = (f"synthetic corpus of {size} (seed {corpus['seed']})" if corpus["source"] == "synthetic"
-              else f"{len(corpus['files'])} file(s), {size}")
-    lines = [f"# Pre-training data creation: {source}, dupe factor {args.dupe_factor}, {args.num_shards} shards, "
-             f"{args.chunk_megabytes:g} MB chunks", "", markdown_table(rows + bins_rows, COLUMNS), "",
-             "seconds: create_pretraining_data's own (reading, tokenizing, making instances, writing), without the "
-             "interpreter's start-up. Peak RSS: the main process (reading, writing, compressing) and the largest "
-             "worker (tokenizing, making instances), each its own peak. Padding: the share of padding tokens in "
-             "the shards; with length bins, what is left of it in the bins and the share of it they save. Each "
-             "worker count runs once: these figures have no spread (a run on a busy machine is flagged)."]
+    source = (
+        f"synthetic corpus of {size} (seed {corpus['seed']})"
+        if corpus["source"] == "synthetic"
+        else f"{len(corpus['files'])} file(s), {size}"
+    )
+    lines = [
+        f"# Pre-training data creation: {source}, dupe factor {args.dupe_factor}, {args.num_shards} shards, "
+        f"{args.chunk_megabytes:g} MB chunks",
+        "",
+        markdown_table(rows + bins_rows, COLUMNS),
+        "",
+        "seconds: create_pretraining_data's own (reading, tokenizing, making instances, writing), without the "
+        "interpreter's start-up. Peak RSS: the main process (reading, writing, compressing) and the largest "
+        "worker (tokenizing, making instances), each its own peak. Padding: the share of padding tokens in "
+        "the shards; with length bins, what is left of it in the bins and the share of it they save. Each "
+        "worker count runs once: these figures have no spread (a run on a busy machine is flagged).",
+    ]
     if bins_rows:
-        lines += ["", f"The last row is the --length_bins_at {args.length_bins_at} run; its speed-up is not given "
-                      "(other settings)."]
+        lines += [
+            "",
+            f"The last row is the --length_bins_at {args.length_bins_at} run; its speed-up is not given "
+            "(other settings).",
+        ]
     return "\n".join(lines)
 
 
 def plots(rows: list[dict]) -> dict:
     workers = [row["workers"] for row in rows]
     linear = [rows[0]["mb_per_s"] * count / rows[0]["workers"] for count in workers]
-    return {"throughput": line_plot({"measured": (workers, [row["mb_per_s"] for row in rows])}, "workers",
-                                    "MB of text / s", "create_pretraining_data throughput", log_x=True,
-                                    reference=(workers, linear, "linear")),
-            "memory": line_plot({"main process": (workers, [row["peak_rss_main_mib"] for row in rows]),
-                                 "largest worker": (workers, [row["peak_rss_worker_mib"] for row in rows])},
-                                "workers", "peak RSS (MiB)", "create_pretraining_data peak memory", log_x=True)}
+    return {
+        "throughput": line_plot(
+            {"measured": (workers, [row["mb_per_s"] for row in rows])},
+            "workers",
+            "MB of text / s",
+            "create_pretraining_data throughput",
+            log_x=True,
+            reference=(workers, linear, "linear"),
+        ),
+        "memory": line_plot(
+            {
+                "main process": (workers, [row["peak_rss_main_mib"] for row in rows]),
+                "largest worker": (workers, [row["peak_rss_worker_mib"] for row in rows]),
+            },
+            "workers",
+            "peak RSS (MiB)",
+            "create_pretraining_data peak memory",
+            log_x=True,
+        ),
+    }
 
 
 def moved(source: str, destination: str) -> str:
-    os.replace(source, destination)
+    move_files([(source, destination)])
     return destination
 
 
@@ -370,8 +561,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_vocab(args.vocab_file)
         keep_corpus, keep_vocab = args.keep_corpus and not args.corpus, args.keep_corpus and not args.vocab_file
         directory = cli.output_dir(args, BENCH)
-        output = BenchOutput(directory, BENCH, argv, args.overwrite,
-                             other_files=[KEPT_CORPUS] * keep_corpus + [KEPT_VOCAB] * keep_vocab)
+        output = BenchOutput(
+            directory, BENCH, argv, args.overwrite, other_files=[KEPT_CORPUS] * keep_corpus + [KEPT_VOCAB] * keep_vocab
+        )
         created = not os.path.isdir(directory)
         os.makedirs(directory, exist_ok=True)
         # In the output directory, not /tmp: that may be memory (tmpfs), which the shards would then fill and count.
@@ -385,8 +577,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 corpus["files"] = [moved(corpus["files"][0], os.path.join(directory, KEPT_CORPUS))]
             if keep_vocab:
                 corpus["vocab_file"] = moved(corpus["vocab_file"], os.path.join(directory, KEPT_VOCAB))
-            text = output.write(vars(args), {"corpus": corpus, "rows": rows, "length_bins_rows": bins_rows}, text,
-                                plots(rows))
+            text = output.write(
+                vars(args), {"corpus": corpus, "rows": rows, "length_bins_rows": bins_rows}, text, plots(rows)
+            )
         finally:
             shutil.rmtree(work, ignore_errors=True)
             if created and not os.listdir(directory):

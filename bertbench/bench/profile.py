@@ -30,21 +30,42 @@ from matplotlib.ticker import PercentFormatter
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity
 
-from bertbench.tasks import synthetic
-from bertbench.training import devices
 from bertbench.bench import cli, flops, workload
 from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.common.durable import atomic_output
+from bertbench.common.flags import description
 from bertbench.common.noise import LoadWatch, cv_text, noisy_warning, spread
 from bertbench.model.config import BertConfig
-from bertbench.common.errors import description
+from bertbench.tasks import synthetic
+from bertbench.training import devices
 
 CATEGORIES = ("matmul", "attention", "dropout", "norm_activation", "optimizer", "other")
 
 # Dense matmuls and what nn.Linear / torch.matmul dispatch to (their backward is made of the same ops).
-MATMUL_OPS = frozenset(f"aten::{name}" for name in (
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation", "mv", "addmv", "dot",
-    "einsum", "_scaled_mm", "_int_mm", "mkldnn_linear", "linear_backward", "mkldnn_linear_backward",
-    "mkldnn_linear_backward_input", "mkldnn_linear_backward_weights"))
+MATMUL_OPS = frozenset(
+    f"aten::{name}"
+    for name in (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+        "matmul",
+        "linear",
+        "_addmm_activation",
+        "mv",
+        "addmv",
+        "dot",
+        "einsum",
+        "_scaled_mm",
+        "_int_mm",
+        "mkldnn_linear",
+        "linear_backward",
+        "mkldnn_linear_backward",
+        "mkldnn_linear_backward_input",
+        "mkldnn_linear_backward_weights",
+    )
+)
 NORM_ACTIVATION_PARTS = ("layer_norm", "gelu", "tanh")
 
 
@@ -81,8 +102,11 @@ def _is_autograd_node(event: FunctionEvent) -> bool:
     created it. The engine's range around it ("autograd::engine::evaluate_function: MmBackward0") carries them too
     but is left out: what runs there outside the node, such as adding up the gradients of a tensor used twice, is
     not the forward op's work."""
-    return (event.fwd_thread > 0 and event.sequence_nr >= 0
-            and not event.name.startswith("autograd::engine::evaluate_function"))
+    return (
+        event.fwd_thread > 0
+        and event.sequence_nr >= 0
+        and not event.name.startswith("autograd::engine::evaluate_function")
+    )
 
 
 def event_category(event: FunctionEvent, forward_ops: Mapping[tuple[int, int], FunctionEvent]) -> str:
@@ -127,18 +151,25 @@ def category_seconds(events: Sequence[FunctionEvent], device_time: bool) -> dict
     return seconds
 
 
-def top_operators(averages: Sequence[Any], device_time: bool, steps: int, profiled_seconds: float,
-                  top: int) -> list[dict[str, Any]]:
+def top_operators(
+    averages: Sequence[Any], device_time: bool, steps: int, profiled_seconds: float, top: int
+) -> list[dict[str, Any]]:
     """The `top` aten ops by total self time, from the profiler's key_averages()."""
-    rows = [{"name": average.key, "calls": average.count, "self_seconds": self_seconds(average, device_time)}
-            for average in averages if average.key.startswith("aten::")]
+    rows = [
+        {"name": average.key, "calls": average.count, "self_seconds": self_seconds(average, device_time)}
+        for average in averages
+        if average.key.startswith("aten::")
+    ]
     rows.sort(key=lambda row: row["self_seconds"], reverse=True)
-    return [dict(row, seconds_per_step=row["self_seconds"] / steps, step_share=row["self_seconds"] / profiled_seconds)
-            for row in rows[:top]]
+    return [
+        dict(row, seconds_per_step=row["self_seconds"] / steps, step_share=row["self_seconds"] / profiled_seconds)
+        for row in rows[:top]
+    ]
 
 
-def profile_steps(step: workload.BenchStep, warmup: int, steps: int,
-                  trace_path: str) -> tuple[list[float], torch.profiler.profile]:
+def profile_steps(
+    step: workload.BenchStep, warmup: int, steps: int, trace_path: str
+) -> tuple[list[float], torch.profiler.profile]:
     """Seconds of each profiled step (wall clock, synchronised) and the profiler; the trace goes to `trace_path`,
     written under a temporary name and renamed, so a killed run leaves no half-written trace."""
     for _ in range(warmup):
@@ -154,13 +185,8 @@ def profile_steps(step: workload.BenchStep, warmup: int, steps: int,
             seconds.append(time.perf_counter() - started)
             profiler.step()
     os.makedirs(os.path.dirname(trace_path) or ".", exist_ok=True)
-    temporary = f"{trace_path}.tmp"
-    try:
+    with atomic_output(trace_path) as temporary:
         profiler.export_chrome_trace(temporary)
-        os.replace(temporary, trace_path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
     return seconds, profiler
 
 
@@ -181,38 +207,58 @@ def category_plot(shares: Mapping[str, float], title: str) -> Figure:
 
 
 CATEGORY_COLUMNS = [("category", "name", "s"), ("ms per step", "ms_per_step", ".2f"), ("share", "share", ".1%")]
-OPERATOR_COLUMNS = [("operator", "name", "s"), ("calls", "calls", "d"), ("self ms", "self_ms", ".2f"),
-                    ("share of step", "step_share", ".1%"), ("ms per step", "ms_per_step", ".2f")]
+OPERATOR_COLUMNS = [
+    ("operator", "name", "s"),
+    ("calls", "calls", "d"),
+    ("self ms", "self_ms", ".2f"),
+    ("share of step", "step_share", ".1%"),
+    ("ms per step", "ms_per_step", ".2f"),
+]
 
 
 def markdown(title: str, figures: Mapping[str, Any]) -> str:
     time_kind = figures["time"]
     rest = "GPU idle time" if time_kind == "self CUDA" else "Python, the autograd engine and the profiler"
-    categories = [{"name": name, "ms_per_step": values["seconds"] * 1e3, "share": values["share"]}
-                  for name, values in figures["categories"].items()]
-    operators = [dict(row, self_ms=row["self_seconds"] * 1e3, ms_per_step=row["seconds_per_step"] * 1e3)
-                 for row in figures["top_operators"]]
+    categories = [
+        {"name": name, "ms_per_step": values["seconds"] * 1e3, "share": values["share"]}
+        for name, values in figures["categories"].items()
+    ]
+    operators = [
+        dict(row, self_ms=row["self_seconds"] * 1e3, ms_per_step=row["seconds_per_step"] * 1e3)
+        for row in figures["top_operators"]
+    ]
 
     def tflops(value: float | None) -> str:
         return "–" if value is None else f"{value:.3g} TFLOP/s"
 
-    spread_of_steps = "" if figures["step_seconds_cv"] is None else (
-        f"; min–max {figures['step_seconds_min'] * 1e3:.1f}–{figures['step_seconds_max'] * 1e3:.1f} ms, CV "
-        f"{cv_text(figures['step_seconds_cv'])}")
-    lines = [f"# Profile: {title}", "",
-             f"- step: {figures['step_seconds'] * 1e3:.1f} ms ({figures['step_timing']}{spread_of_steps})",
-             f"- aten operators' {time_kind} time: {figures['operator_share_of_step']:.1%} of the step (the rest: "
-             f"{rest})",
-             f"- model FLOPs per step: {figures['model_flops_per_step']:.4g}, of which attention scores and mix "
-             f"{figures['attention_flops_per_step']:.4g}",
-             f"- achieved: matmul {tflops(figures['matmul_tflops_per_s'])} (the dense layers' model FLOPs / "
-             f"{time_kind} time of the matmul category), attention {tflops(figures['attention_tflops_per_s'])} "
-             "(scores and mix FLOPs / attention time)",
-             f"- trace: {figures['trace']} (chrome://tracing or https://ui.perfetto.dev)", "",
-             f"## Time by category ({time_kind}, per step)", "",
-             markdown_table(categories, CATEGORY_COLUMNS), "",
-             f"## Top {len(operators)} operators by {time_kind} time ({figures['profiled_steps']} steps)", "",
-             markdown_table(operators, OPERATOR_COLUMNS)]
+    spread_of_steps = (
+        ""
+        if figures["step_seconds_cv"] is None
+        else (
+            f"; min–max {figures['step_seconds_min'] * 1e3:.1f}–{figures['step_seconds_max'] * 1e3:.1f} ms, CV "
+            f"{cv_text(figures['step_seconds_cv'])}"
+        )
+    )
+    lines = [
+        f"# Profile: {title}",
+        "",
+        f"- step: {figures['step_seconds'] * 1e3:.1f} ms ({figures['step_timing']}{spread_of_steps})",
+        f"- aten operators' {time_kind} time: {figures['operator_share_of_step']:.1%} of the step (the rest: {rest})",
+        f"- model FLOPs per step: {figures['model_flops_per_step']:.4g}, of which attention scores and mix "
+        f"{figures['attention_flops_per_step']:.4g}",
+        f"- achieved: matmul {tflops(figures['matmul_tflops_per_s'])} (the dense layers' model FLOPs / "
+        f"{time_kind} time of the matmul category), attention {tflops(figures['attention_tflops_per_s'])} "
+        "(scores and mix FLOPs / attention time)",
+        f"- trace: {figures['trace']} (chrome://tracing or https://ui.perfetto.dev)",
+        "",
+        f"## Time by category ({time_kind}, per step)",
+        "",
+        markdown_table(categories, CATEGORY_COLUMNS),
+        "",
+        f"## Top {len(operators)} operators by {time_kind} time ({figures['profiled_steps']} steps)",
+        "",
+        markdown_table(operators, OPERATOR_COLUMNS),
+    ]
     return "\n".join(lines)
 
 
@@ -233,27 +279,46 @@ def _non_negative_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser_for("profile", description(__doc__))
     step = parser.add_argument_group("step")
-    step.add_argument("--model", default="base", help=f"{', '.join(synthetic.MODEL_SIZES)} or a bert_config.json.")
-    step.add_argument("--kind", choices=workload.STEP_KINDS, default="pretraining",
-                      help="pretraining (MLM + NSP heads) or finetuning (2-way classifier).")
-    step.add_argument("--variant", type=_variant, default="baseline",
-                      help="baseline, full, selective or every-K (recompute policies).")
+    cli.add_model_flag(step)
+    step.add_argument(
+        "--kind",
+        choices=workload.STEP_KINDS,
+        default="pretraining",
+        help="pretraining (MLM + NSP heads) or finetuning (2-way classifier).",
+    )
+    step.add_argument(
+        "--variant",
+        type=_variant,
+        default="baseline",
+        help="baseline, full, selective or every-K (recompute policies).",
+    )
     step.add_argument("--precision", choices=workload.PRECISIONS, default="fp32", help="Autocast precision.")
     step.add_argument("--batch_size", type=cli.positive_int, default=8, help="Sequences per step.")
     step.add_argument("--max_seq_length", type=cli.positive_int, default=128, help="Tokens per sequence.")
     profiling = parser.add_argument_group("profiling")
     profiling.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
-    profiling.add_argument("--warmup", type=_non_negative_int, default=2,
-                           help="Unprofiled steps first (start-up, allocator, kernel selection).")
+    profiling.add_argument(
+        "--warmup",
+        type=_non_negative_int,
+        default=2,
+        help="Unprofiled steps first (start-up, allocator, kernel selection).",
+    )
     profiling.add_argument("--steps", type=cli.positive_int, default=3, help="Profiled steps.")
     profiling.add_argument("--top", type=cli.positive_int, default=15, help="Operators in the table.")
-    profiling.add_argument("--threads", type=cli.positive_int, default=None,
-                           help="CPU threads (torch default: one per core).")
+    profiling.add_argument(
+        "--threads", type=cli.positive_int, default=None, help="CPU threads (torch default: one per core)."
+    )
     return parser
 
 
-def figures_of(args: argparse.Namespace, config: BertConfig, device: torch.device, step_seconds: Sequence[float],
-               profiler: torch.profiler.profile, trace_path: str) -> dict[str, Any]:
+def figures_of(
+    args: argparse.Namespace,
+    config: BertConfig,
+    device: torch.device,
+    step_seconds: Sequence[float],
+    profiler: torch.profiler.profile,
+    trace_path: str,
+) -> dict[str, Any]:
     """The JSON figures of a profiled run: step time, categories, top operators, FLOPs and matmul TFLOP/s."""
     device_time = device.type == "cuda"  # the profiler records kernel times only for CUDA here
     profiled_seconds = sum(step_seconds)
@@ -270,14 +335,17 @@ def figures_of(args: argparse.Namespace, config: BertConfig, device: torch.devic
     return {
         # The mean, not the median: the category times below are per-step means of the same steps.
         "step_seconds": profiled_seconds / args.steps,
-        "step_seconds_min": steps["min"], "step_seconds_max": steps["max"], "step_seconds_cv": steps["cv"],
+        "step_seconds_min": steps["min"],
+        "step_seconds_max": steps["max"],
+        "step_seconds_cv": steps["cv"],
         "step_timing": f"mean wall clock of the {args.steps} profiled steps, synchronised; includes the profiler's "
-                       "overhead" + ("; kernels launched op by op, without CUDA graphs" if device_time else ""),
+        "overhead" + ("; kernels launched op by op, without CUDA graphs" if device_time else ""),
         "profiled_steps": args.steps,
         "time": "self CUDA" if device_time else "self CPU",
         "operator_share_of_step": operator_seconds / profiled_seconds,
-        "categories": {name: {"seconds": value / args.steps, "share": value / operator_seconds}
-                       for name, value in seconds.items()},
+        "categories": {
+            name: {"seconds": value / args.steps, "share": value / operator_seconds} for name, value in seconds.items()
+        },
         "top_operators": top_operators(profiler.key_averages(), device_time, args.steps, profiled_seconds, args.top),
         "trace": os.path.basename(trace_path),
         "model_flops_per_step": model_flops,
@@ -294,28 +362,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> None:
         config = workload.bert_config(args.model, args.max_seq_length)
         device = cli.device(args.device)
-        output = BenchOutput(cli.output_dir(args, "profile"), "profile", argv, args.overwrite,
-                             other_files=["profile-trace.json"])
+        output = BenchOutput(
+            cli.output_dir(args, "profile"), "profile", argv, args.overwrite, other_files=["profile-trace.json"]
+        )
         trace_path = output.path("-trace.json")
         if args.threads:
             torch.set_num_threads(args.threads)
 
         # No CUDA graphs: a replayed graph's kernels belong to no operator, and the profile is of the operators.
-        step = workload.train_step(config, args.kind, args.variant, args.precision, args.batch_size,
-                                   args.max_seq_length, device, cuda_graphs=False)
+        step = workload.train_step(
+            config,
+            args.kind,
+            args.variant,
+            args.precision,
+            args.batch_size,
+            args.max_seq_length,
+            device,
+            cuda_graphs=False,
+        )
         load = LoadWatch()
         step_seconds, profiler = profile_steps(step, args.warmup, args.steps, trace_path)
         figures = figures_of(args, config, device, step_seconds, profiler, trace_path)
         output.warn(load.busy("the profiled steps"))
         output.warn(noisy_warning([figures], "step_seconds", lambda _: "the profiled steps", "step times"))
-        title = (f"{args.model} {args.kind}, {args.variant.name}, {args.precision}, batch {args.batch_size} x seq "
-                 f"{args.max_seq_length} on {device}")
+        title = (
+            f"{args.model} {args.kind}, {args.variant.name}, {args.precision}, batch {args.batch_size} x seq "
+            f"{args.max_seq_length} on {device}"
+        )
         settings = {name: value for name, value in vars(args).items() if name not in ("output_dir", "overwrite")}
         settings.update(variant=args.variant.name, device=str(device), threads=torch.get_num_threads())
         text = markdown(title, figures)
         plot = category_plot({name: values["share"] for name, values in figures["categories"].items()}, title)
         print(output.write(settings, figures, text, {"categories": plot}))
-        print(f"\nwrote {output.path('.json')}, {output.path('.md')}, {trace_path} and "
-              f"{output.path('-categories.png')}")
+        print(
+            f"\nwrote {output.path('.json')}, {output.path('.md')}, {trace_path} and {output.path('-categories.png')}"
+        )
 
     return cli.run("bertbench bench profile", body)

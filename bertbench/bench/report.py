@@ -28,14 +28,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bertbench.bench import cli
+from bertbench.bench.output import (
+    BenchOutput,
+    efficiency_column,
+    markdown_table,
+    mismatch_warning,
+    spread_column,
+    superlinear_warning,
+    with_warnings,
+)
 from bertbench.bench.plots import line_plot
-from bertbench.bench.output import (BenchOutput, efficiency_column, markdown_table, mismatch_warning, spread_column,
-                                    superlinear_warning, with_warnings)
-from bertbench.common.noise import noisy_warning, spread, spread_fields, spread_text
 from bertbench.bench.workload import BenchError
-from bertbench.common.errors import ArgumentParser
-from bertbench.training.progress import read_metrics, window_rates
-from bertbench.runners.command import RUN_RECORD
+from bertbench.common import run_files
+from bertbench.common.flags import ArgumentParser
+from bertbench.common.noise import noisy_warning, spread, spread_fields, spread_text
+from bertbench.training.metrics import read_metrics, window_rates
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,7 @@ def data_creation_rows(report: dict) -> list[dict]:
 
 def category_rows(report: dict) -> list[dict]:
     settings = report.get("settings", {})
-    row = {key: settings.get(key) for key in ("model", "kind", "variant", "precision", "batch_size",
-                                              "max_seq_length")}
+    row = {key: settings.get(key) for key in ("model", "kind", "variant", "precision", "batch_size", "max_seq_length")}
     row["step_seconds"] = report.get("step_seconds")
     for name, values in report.get("categories", {}).items():
         row[f"{name}_share"] = values["share"]
@@ -75,23 +81,47 @@ def category_rows(report: dict) -> list[dict]:
 
 
 COMPARISONS = {
-    "throughput": Comparison(throughput_rows, ("model", "kind", "seq", "lengths", "precision", "variant", "batch"),
-                             (("seq/s", "seq_per_s", ",.2f"), ("real tokens/s", "real_tokens_per_s", ",.0f"),
-                              ("MFU", "mfu", ".1%"))),
-    "memory": Comparison(top_rows, ("model", "kind", "precision", "seq", "variant"),
-                         (("largest batch", "max_batch", ",d"), ("slowdown", "slowdown", ".2f"))),
-    "scaling": Comparison(model_rows, ("model", "nodes", "processes"),
-                          (("seq/s", "seq_per_s", ",.2f"), ("efficiency", "efficiency", ".1%"))),
-    "budget": Comparison(top_rows, ("contender",), (("sentences", "sentences", ",d"),
-                                                    ("dev metric", "metric_value", ".4f"))),
-    "profile": Comparison(category_rows, ("model", "kind", "variant", "precision", "batch_size", "max_seq_length"),
-                          (("step (s)", "step_seconds", ".4f"), ("matmul share", "matmul_share", ".1%"),
-                           ("attention share", "attention_share", ".1%"))),
-    "plan": Comparison(top_rows, ("nodes", "gpus"), (("efficiency", "efficiency", ".1%"),
-                                                    ("time to train (h)", "time_to_train_hours", ",.1f"))),
-    "pretraining-data": Comparison(data_creation_rows, ("max_seq_length", "bins", "workers"),
-                                   (("MB/s", "mb_per_s", ",.2f"), ("peak RSS main (MiB)", "peak_rss_main_mib", ",.0f"),
-                                    ("peak RSS worker (MiB)", "peak_rss_worker_mib", ",.0f"))),
+    "throughput": Comparison(
+        throughput_rows,
+        ("model", "kind", "seq", "lengths", "precision", "variant", "batch"),
+        (("seq/s", "seq_per_s", ",.2f"), ("real tokens/s", "real_tokens_per_s", ",.0f"), ("MFU", "mfu", ".1%")),
+    ),
+    "memory": Comparison(
+        top_rows,
+        ("model", "kind", "precision", "seq", "variant"),
+        (("largest batch", "max_batch", ",d"), ("slowdown", "slowdown", ".2f")),
+    ),
+    "scaling": Comparison(
+        model_rows,
+        ("model", "nodes", "processes"),
+        (("seq/s", "seq_per_s", ",.2f"), ("efficiency", "efficiency", ".1%")),
+    ),
+    "budget": Comparison(
+        top_rows, ("contender",), (("sentences", "sentences", ",d"), ("dev metric", "metric_value", ".4f"))
+    ),
+    "profile": Comparison(
+        category_rows,
+        ("model", "kind", "variant", "precision", "batch_size", "max_seq_length"),
+        (
+            ("step (s)", "step_seconds", ".4f"),
+            ("matmul share", "matmul_share", ".1%"),
+            ("attention share", "attention_share", ".1%"),
+        ),
+    ),
+    "plan": Comparison(
+        top_rows,
+        ("nodes", "gpus"),
+        (("efficiency", "efficiency", ".1%"), ("time to train (h)", "time_to_train_hours", ",.1f")),
+    ),
+    "pretraining-data": Comparison(
+        data_creation_rows,
+        ("max_seq_length", "bins", "workers"),
+        (
+            ("MB/s", "mb_per_s", ",.2f"),
+            ("peak RSS main (MiB)", "peak_rss_main_mib", ",.0f"),
+            ("peak RSS worker (MiB)", "peak_rss_worker_mib", ",.0f"),
+        ),
+    ),
 }
 
 
@@ -133,7 +163,7 @@ def logged_windows(run_dir: str) -> list[dict]:
             last = elapsed
             records.append(dict(record, seconds=offset + elapsed))
     except (KeyError, TypeError):
-        raise BenchError(f"{run_dir}/metrics.jsonl: a record without elapsed_s") from None
+        raise BenchError(f"{os.path.join(run_dir, run_files.METRICS)}: a record without elapsed_s") from None
     except ValueError as error:
         raise BenchError(str(error)) from None
     return records
@@ -141,33 +171,52 @@ def logged_windows(run_dir: str) -> list[dict]:
 
 def training_run(run_dir: str) -> dict:
     """A run directory as a report of kind "training": one row with its setting, figures and dev metrics."""
-    record = read_json_file(os.path.join(run_dir, RUN_RECORD))
-    train_path = os.path.join(run_dir, "train_results.json")
+    record = read_json_file(os.path.join(run_dir, run_files.RUN_RECORD))
+    train_path = os.path.join(run_dir, run_files.TRAIN_RESULTS)
     if not os.path.exists(train_path):
-        raise BenchError(f"{run_dir}: has not trained (no train_results.json)")
+        raise BenchError(f"{run_dir}: has not trained (no {run_files.TRAIN_RESULTS})")
     train = read_json_file(train_path)
-    eval_path = os.path.join(run_dir, "eval_results.json")
+    eval_path = os.path.join(run_dir, run_files.EVAL_RESULTS)
     scores = read_json_file(eval_path) if os.path.exists(eval_path) else {}
-    metrics = {key: value for key, value in scores.items()
-               if isinstance(value, (int, float)) and key != "global_step" and not key.endswith(NOT_METRICS)}
+    metrics = {
+        key: value
+        for key, value in scores.items()
+        if isinstance(value, (int, float)) and key != "global_step" and not key.endswith(NOT_METRICS)
+    }
     args = record.get("args", {})
     windows = logged_windows(run_dir)
     rates = window_rates(windows)
     modeling, policy = train.get("modeling", "baseline"), train.get("recompute_policy")
-    row = {"run": os.path.basename(os.path.normpath(run_dir)), "task": args.get("task_name") or record.get("runner"),
-           "modeling": modeling + (f" ({policy})" if policy else ""), "variant": policy or modeling,
-           "processes": train.get("world_size"), "nodes": train.get("nodes"), "device": train.get("device"),
-           "threads": train.get("threads"),
-           "precision": train.get("precision"), "batch": train.get("train_batch_size"),
-           "seconds": train.get("seconds"), "sentences": train.get("sentences"), "steps": train.get("global_step"),
-           "seq_per_s": train.get("sentences_per_second"),
-           "steady_seq_per_s": train.get("steady_sentences_per_second"),
-           "ended": (train.get("segments") or [{}])[-1].get("ended"), "windows": len(rates),
-           **(spread_fields("window_seq_per_s", spread(rates)) if rates else {"window_seq_per_s": None}),
-           "metrics": metrics, "metric": ranking_metric(metrics)}
+    row = {
+        "run": os.path.basename(os.path.normpath(run_dir)),
+        "task": args.get("task_name") or record.get("runner"),
+        "modeling": modeling + (f" ({policy})" if policy else ""),
+        "variant": policy or modeling,
+        "processes": train.get("world_size"),
+        "nodes": train.get("nodes"),
+        "device": train.get("device"),
+        "threads": train.get("threads"),
+        "precision": train.get("precision"),
+        "batch": train.get("train_batch_size"),
+        "seconds": train.get("seconds"),
+        "sentences": train.get("sentences"),
+        "steps": train.get("global_step"),
+        "seq_per_s": train.get("sentences_per_second"),
+        "steady_seq_per_s": train.get("steady_sentences_per_second"),
+        "ended": (train.get("segments") or [{}])[-1].get("ended"),
+        "windows": len(rates),
+        **(spread_fields("window_seq_per_s", spread(rates)) if rates else {"window_seq_per_s": None}),
+        "metrics": metrics,
+        "metric": ranking_metric(metrics),
+    }
     created = datetime.datetime.fromtimestamp(os.path.getmtime(train_path)).astimezone().isoformat(timespec="seconds")
-    return {"bench": TRAINING, "rows": [row], "windows": windows, "created": created,
-            "command": f"{record.get('runner', '?')} --output_dir={run_dir}"}
+    return {
+        "bench": TRAINING,
+        "rows": [row],
+        "windows": windows,
+        "created": created,
+        "command": f"{record.get('runner', '?')} --output_dir={run_dir}",
+    }
 
 
 def ranking_metric(metrics: dict) -> str | None:
@@ -191,11 +240,18 @@ def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, lis
         else:
             line["spread"] = f"– ({row['windows']} window{'s' if row['windows'] != 1 else ''})"
         table_rows.append(line)
-    columns = [("run", "run", ""), ("modeling", "modeling", ""), ("processes", "processes", "d"),
-               ("precision", "precision", ""), ("trained (s)", "seconds", ",.0f"),
-               ("sentences seen", "sentences", ",d"), ("sentences/s", "seq_per_s", ",.1f"),
-               ("steady sentences/s", "steady_seq_per_s", ",.1f"), ("per logged window: median (min–max)", "spread", ""),
-               ("ended", "ended", "")]
+    columns = [
+        ("run", "run", ""),
+        ("modeling", "modeling", ""),
+        ("processes", "processes", "d"),
+        ("precision", "precision", ""),
+        ("trained (s)", "seconds", ",.0f"),
+        ("sentences seen", "sentences", ",d"),
+        ("sentences/s", "seq_per_s", ",.1f"),
+        ("steady sentences/s", "steady_seq_per_s", ",.1f"),
+        ("per logged window: median (min–max)", "spread", ""),
+        ("ended", "ended", ""),
+    ]
     columns += [(key, f"dev:{key}", ".4f") for key in metric_names]
     warnings = []
     tasks = sorted({str(row["task"]) for row in rows})
@@ -203,10 +259,18 @@ def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, lis
         warnings.append(f"the runs are of different tasks ({', '.join(tasks)}): their dev metrics do not compare")
     seconds = [row["seconds"] for row in rows if row.get("seconds")]
     if seconds and max(seconds) > 1.1 * min(seconds):
-        warnings.append(f"the runs trained for different times ({min(seconds):,.0f}–{max(seconds):,.0f} s): "
-                        "compare sentences/s, not sentences seen or accuracy")
-    warnings.append(mismatch_warning(rows, {"device": "device", "threads": "CPU threads per process"}, "run",
-                                     "so their sentences/s measure that difference too"))
+        warnings.append(
+            f"the runs trained for different times ({min(seconds):,.0f}–{max(seconds):,.0f} s): "
+            "compare sentences/s, not sentences seen or accuracy"
+        )
+    warnings.append(
+        mismatch_warning(
+            rows,
+            {"device": "device", "threads": "CPU threads per process"},
+            "run",
+            "so their sentences/s measure that difference too",
+        )
+    )
     return table_rows, markdown_table(table_rows, columns), [warning for warning in warnings if warning]
 
 
@@ -219,30 +283,43 @@ def series_label(row: dict) -> str:
 def training_plots(runs: list[tuple[str, dict]]) -> dict:
     """Sentences seen over training time (from metrics.jsonl), and each run's dev metric against its sentences."""
     progress = {}
-    for name, report in runs:
+    for _name, report in runs:
         row = report["rows"][0]
         per_step = row["sentences"] / row["steps"] if row.get("steps") else 0
         windows = report["windows"]
-        progress[series_label(row)] = ([0.0] + [window["seconds"] for window in windows],
-                                [0.0] + [window["step"] * per_step for window in windows])
-    result = {"training-progress": line_plot(progress, "training seconds", "sentences seen",
-                                             "sentences seen over training time")}
+        progress[series_label(row)] = (
+            [0.0] + [window["seconds"] for window in windows],
+            [0.0] + [window["step"] * per_step for window in windows],
+        )
+    result = {
+        "training-progress": line_plot(
+            progress, "training seconds", "sentences seen", "sentences seen over training time"
+        )
+    }
     scored = [report["rows"][0] for _, report in runs if report["rows"][0]["metric"]]
     if scored:
         names = sorted({row["metric"] for row in scored})
         accuracy = {series_label(row): ([row["sentences"]], [row["metrics"][row["metric"]]]) for row in scored}
-        result["training-accuracy"] = line_plot(accuracy, "sentences seen", " / ".join(names),
-                                                "dev metric against sentences seen")
+        result["training-accuracy"] = line_plot(
+            accuracy, "sentences seen", " / ".join(names), "dev metric against sentences seen"
+        )
     return result
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="bertbench report", description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", metavar="DIR", help="Output directories of bench runs (or their JSON "
-                                                                "files), in the order of the columns.")
-    parser.add_argument("--output_dir", "--output-dir", default=None,
-                        help="Where report.md, report.json and report-*.png go (default: "
-                             "bench_results/report-<date>-<time>).")
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="DIR",
+        help="Output directories of bench runs (or their JSON files), in the order of the columns.",
+    )
+    parser.add_argument(
+        "--output_dir",
+        "--output-dir",
+        default=None,
+        help="Where report.md, report.json and report-*.png go (default: bench_results/report-<date>-<time>).",
+    )
     parser.add_argument("--overwrite", action="store_true", help="Replace an earlier report in --output_dir.")
     return parser
 
@@ -253,7 +330,7 @@ def read_runs(paths: Sequence[str]) -> list[tuple[str, dict]]:
     for path in paths:
         if not os.path.exists(path):
             raise BenchError(f"{path}: no such file or directory")
-        if os.path.isfile(os.path.join(path, RUN_RECORD)):
+        if os.path.isfile(os.path.join(path, run_files.RUN_RECORD)):
             found.append((os.path.basename(os.path.normpath(path)), training_run(path)))
             continue
         files = sorted(glob.glob(os.path.join(path, "*.json"))) if os.path.isdir(path) else [path]
@@ -263,8 +340,10 @@ def read_runs(paths: Sequence[str]) -> list[tuple[str, dict]]:
             if isinstance(report, dict) and report.get("bench") in COMPARISONS:
                 reports.append(report)
         if not reports:
-            raise BenchError(f"{path}: no bench results (a KIND.json written by `bertbench bench KIND`) and no "
-                             f"training run ({RUN_RECORD})")
+            raise BenchError(
+                f"{path}: no bench results (a KIND.json written by `bertbench bench KIND`) and no "
+                f"training run ({run_files.RUN_RECORD})"
+            )
         label = os.path.basename(os.path.normpath(os.path.dirname(path) if os.path.isfile(path) else path))
         found += [(label, report) for report in reports]
     return found
@@ -308,8 +387,10 @@ def compare(kind: str, runs: list[tuple[str, dict]]) -> tuple[list[dict], str]:
                 first, last = line.get(f"{key}@{names[0]}"), line.get(f"{key}@{names[-1]}")
                 line[f"{key}:ratio"] = last / first if first and last is not None else None
             columns.append((f"{title}: last / first", f"{key}:ratio", ".2f"))
-    rows = [{key: ("–" if value is None and key in spec.setting else value) for key, value in line.items()}
-            for line in merged.values()]
+    rows = [
+        {key: ("–" if value is None and key in spec.setting else value) for key, value in line.items()}
+        for line in merged.values()
+    ]
     text_columns = [(title, key, "" if key in spec.setting else cell(key, fmt)) for title, key, fmt in columns]
     return rows, markdown_table(rows, text_columns)
 
@@ -329,12 +410,23 @@ def comparison_warnings(kind: str, runs: list[tuple[str, dict]], rows: list[dict
     machines = [{"run": name, **report.get("machine", {})} for name, report in runs]
     for machine in machines:
         machine["gpu"] = machine.get("gpu") or "none"
-    warnings = [mismatch_warning(machines, {"gpu": "GPU", "threads": "CPU threads", "cpu_count": "cores"}, "run",
-                                 "so the ratios between them measure that difference too")]
+    warnings = [
+        mismatch_warning(
+            machines,
+            {"gpu": "GPU", "threads": "CPU threads", "cpu_count": "cores"},
+            "run",
+            "so the ratios between them measure that difference too",
+        )
+    ]
     for name, _ in runs:
         if kind in ("scaling", "plan"):
-            warnings.append(superlinear_warning(rows, f"efficiency@{name}", lambda row: f"{name}, "
-                                                + ", ".join(str(row[key]) for key in COMPARISONS[kind].setting)))
+            warnings.append(
+                superlinear_warning(
+                    rows,
+                    f"efficiency@{name}",
+                    lambda row: f"{name}, " + ", ".join(str(row[key]) for key in COMPARISONS[kind].setting),
+                )
+            )
         for _, key, _ in COMPARISONS[kind].figures:
             warnings.append(noisy_warning(rows, f"{key}@{name}", lambda row: name, what=f"{key} of {name}"))
     return [warning for warning in warnings if warning]
@@ -350,20 +442,24 @@ def plots(kind: str, runs: list[tuple[str, dict]]) -> dict:
             series = {}
             for name, report in runs:
                 for row in report["rows"]:
-                    if (row["kind"], row["seq"], row["precision"]) == (step_kind, seq, precision) \
-                            and not row.get("out_of_memory"):
+                    if (row["kind"], row["seq"], row["precision"]) == (step_kind, seq, precision) and not row.get(
+                        "out_of_memory"
+                    ):
                         xs, ys, lows, highs = series.setdefault(f"{name}: {row['variant']}", ([], [], [], []))
                         xs.append(row["batch"])
                         ys.append(row["seq_per_s"])
                         lows.append(row.get("seq_per_s_min"))
                         highs.append(row.get("seq_per_s_max"))
             result[f"throughput-{step_kind}-seq{seq}-{precision}"] = line_plot(
-                series, "batch size", "sequences / s", f"{step_kind}, seq {seq}, {precision}", log_x=True)
+                series, "batch size", "sequences / s", f"{step_kind}, seq {seq}, {precision}", log_x=True
+            )
     elif kind == "scaling":
-        series = {name: ([row["processes"] for row in rows], [row["efficiency"] for row in rows])
-                  for name, report in runs for rows in [model_rows(report)]}
-        result["scaling-efficiency"] = line_plot(series, "processes", "efficiency", "scaling efficiency",
-                                                 log_x=True)
+        series = {
+            name: ([row["processes"] for row in rows], [row["efficiency"] for row in rows])
+            for name, report in runs
+            for rows in [model_rows(report)]
+        }
+        result["scaling-efficiency"] = line_plot(series, "processes", "efficiency", "scaling efficiency", log_x=True)
     return result
 
 
@@ -400,12 +496,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             merged[kind] = {"runs": [name for name, _ in of_kind], "rows": rows, "warnings": warnings}
             sections.append(section(kind, table, warnings))
             figures.update(plots(kind, of_kind))
-        header = ["# Comparison", ""] + [f"- {name}: {report['bench']}, {report.get('created') or '?'}, "
-                                               f"`{report.get('command', '?')}`" for name, report in named] + [""]
+        header = (
+            ["# Comparison", ""]
+            + [
+                f"- {name}: {report['bench']}, {report.get('created') or '?'}, `{report.get('command', '?')}`"
+                for name, report in named
+            ]
+            + [""]
+        )
         text = "\n".join(header + sections)
-        output.write({"runs": args.runs}, {"comparisons": merged, "sources": [
-            {"name": name, "bench": report["bench"], "machine": report.get("machine"),
-             "versions": report.get("versions")} for name, report in named]}, text, figures)
+        output.write(
+            {"runs": args.runs},
+            {
+                "comparisons": merged,
+                "sources": [
+                    {
+                        "name": name,
+                        "bench": report["bench"],
+                        "machine": report.get("machine"),
+                        "versions": report.get("versions"),
+                    }
+                    for name, report in named
+                ],
+            },
+            text,
+            figures,
+        )
         print(text)
         print(f"wrote {output.path('.json')}, {output.path('.md')}" + (" and plots" if figures else ""))
 

@@ -10,30 +10,31 @@ lengths (Lengths): a distribution of them, the built-in one measured on real tex
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import random
 import statistics
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass
 from importlib import resources
 
 import torch
 from torch import nn
 
-from bertbench.model.config import IGNORE_INDEX, BertConfig, ConfigError
-from bertbench.tasks.synthetic import MODEL_SIZES, synthetic_batch
-from bertbench.training.distributed import Distributed
 from bertbench.model.attention import ATTENTION_KERNELS
+from bertbench.model.config import IGNORE_INDEX, BertConfig, ConfigError
 from bertbench.model.factory import build_model, path_of, unrunnable
-from bertbench.training.step import TrainStep, autocast, fallbacks
+from bertbench.model.precision import PRECISIONS
+from bertbench.model.sizes import MODEL_SIZES
+from bertbench.tasks.synthetic import synthetic_batch
 from bertbench.training.config import TrainConfig
+from bertbench.training.distributed import Distributed
+from bertbench.training.step import TrainStep, autocast, fallbacks
 
 # pretraining: BertForPreTraining with MLM on the masked positions only plus NSP (NVIDIA's / MLPerf's step);
 # finetuning: sequence classification (GLUE's step).
 STEP_KINDS = ("pretraining", "finetuning")
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class BenchError(ValueError):
@@ -64,22 +65,26 @@ class Variant:
     compiled: bool = False  # its step under torch.compile ("+compile"), beside the others in the same sweep
 
     @classmethod
-    def parse(cls, text: str, hf: bool = False, compiled: bool = False) -> "Variant":
+    def parse(cls, text: str, hf: bool = False, compiled: bool = False) -> Variant:
         """A variant by name; `hf` and `hf-dynamic` only where the bench takes them (the HF model has no runner,
         no recompute), and a bertbench variant with "+compile" (its step compiled) only where `compiled`."""
         if text.endswith(COMPILE_SUFFIX) and text != COMPILE_SUFFIX:
-            eager = text[:-len(COMPILE_SUFFIX)]
+            eager = text[: -len(COMPILE_SUFFIX)]
             if not compiled or eager in HF_VARIANTS:
-                raise BenchError(f"unknown variant {text!r}: a compiled variant (VARIANT{COMPILE_SUFFIX}) is a "
-                                 "bertbench variant in `bertbench bench throughput`")
+                raise BenchError(
+                    f"unknown variant {text!r}: a compiled variant (VARIANT{COMPILE_SUFFIX}) is a "
+                    "bertbench variant in `bertbench bench throughput`"
+                )
             return dataclasses.replace(cls.parse(eager), name=text, compiled=True)
         if text in HF_VARIANTS:
             if not hf:
-                raise BenchError(f"variant {text} is HF transformers' model: compare with it in `bertbench bench "
-                                 f"throughput --variants baseline,{text}`")
+                raise BenchError(
+                    f"variant {text} is HF transformers' model: compare with it in `bertbench bench "
+                    f"throughput --variants baseline,{text}`"
+                )
             return cls(text, "hf", unpad=False, cut_to_longest=text == "hf-dynamic")
         model = text.partition("/")[0]
-        every = model[len("every-"):] if model.startswith("every-") else ""
+        every = model[len("every-") :] if model.startswith("every-") else ""
         if model == "baseline":
             fields = {"modeling": "baseline"}
         elif model in ("full", "selective"):
@@ -88,13 +93,14 @@ class Variant:
             fields = {"modeling": "recompute", "policy": "every-k", "every_k": int(every)}
         else:
             fields = None
-        path = text[len(model) + 1:] if text != model else None
+        path = text[len(model) + 1 :] if text != model else None
         if fields is None or path not in (None, "padded", *ATTENTION_KERNELS):
-            raise BenchError(f"unknown variant {text!r}: use baseline, full, selective or every-K (K >= 1), each "
-                             f"optionally /padded (the padded path) or /KERNEL (the unpadded path's attention: "
-                             f"{', '.join(ATTENTION_KERNELS)})" + (", or hf or hf-dynamic" if hf else ""))
-        return cls(text, unpad=path != "padded", attention_kernel=None if path in (None, "padded") else path,
-                   **fields)
+            raise BenchError(
+                f"unknown variant {text!r}: use baseline, full, selective or every-K (K >= 1), each "
+                f"optionally /padded (the padded path) or /KERNEL (the unpadded path's attention: "
+                f"{', '.join(ATTENTION_KERNELS)})" + (", or hf or hf-dynamic" if hf else "")
+            )
+        return cls(text, unpad=path != "padded", attention_kernel=None if path in (None, "padded") else path, **fields)
 
     @property
     def file_name(self) -> str:
@@ -103,8 +109,13 @@ class Variant:
 
     def runner_values(self) -> dict:
         """The runners' flags that pick this variant, as values by flag name (see runner.run_values)."""
-        path = {"unpad": False} if not self.unpad else {"attention_kernel": self.attention_kernel} \
-            if self.attention_kernel else {}
+        path = (
+            {"unpad": False}
+            if not self.unpad
+            else {"attention_kernel": self.attention_kernel}
+            if self.attention_kernel
+            else {}
+        )
         if self.modeling != "recompute":
             return {"modeling": self.modeling, **path}
         return {"modeling": "recompute", "recompute_policy": self.policy, "recompute_every": self.every_k, **path}
@@ -112,8 +123,11 @@ class Variant:
     def path(self, model: nn.Module, device: torch.device | str, precision: str, compiled: bool) -> tuple[str, str]:
         """What the variant's batches with padding run on, as the benches name it, and why (models.path_of)."""
         if self.modeling == "hf":
-            return ("hf dynamic", "each batch cut to its longest sequence") if self.cut_to_longest else \
-                ("hf padded to max", "every batch at the sequence length")
+            return (
+                ("hf dynamic", "each batch cut to its longest sequence")
+                if self.cut_to_longest
+                else ("hf padded to max", "every batch at the sequence length")
+            )
         return path_of(model, device, precision, compiled)
 
 
@@ -127,8 +141,12 @@ BENCH_STEPS = 10**9
 def bert_config(model: str, max_seq_length: int, dropout: float = 0.1) -> BertConfig:
     """A named size (MODEL_SIZES) or a bert_config.json / config.json path, with positions for max_seq_length."""
     if model in MODEL_SIZES:
-        values = dict(MODEL_SIZES[model], max_position_embeddings=max(512, max_seq_length),
-                      hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+        values = dict(
+            MODEL_SIZES[model],
+            max_position_embeddings=max(512, max_seq_length),
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+        )
         return BertConfig(**values)
     if not os.path.exists(model):
         raise BenchError(f"unknown model {model!r}: use {', '.join(MODEL_SIZES)} or a bert_config.json path")
@@ -137,8 +155,10 @@ def bert_config(model: str, max_seq_length: int, dropout: float = 0.1) -> BertCo
     except ConfigError as error:
         raise BenchError(str(error)) from None
     if max_seq_length > config.max_position_embeddings:
-        raise BenchError(f"{model}: max_position_embeddings={config.max_position_embeddings} is shorter than "
-                         f"sequence length {max_seq_length}")
+        raise BenchError(
+            f"{model}: max_position_embeddings={config.max_position_embeddings} is shorter than "
+            f"sequence length {max_seq_length}"
+        )
     return config
 
 
@@ -150,8 +170,16 @@ def build(config: BertConfig, kind: str, variant: Variant, device: torch.device 
     if variant.modeling == "hf":
         model = HFContender(build_model(task, config, **head), config, kind)
     else:
-        model = build_model(task, config, variant.modeling, variant.policy, variant.every_k, variant.unpad,
-                            variant.attention_kernel, **head)
+        model = build_model(
+            task,
+            config,
+            variant.modeling,
+            variant.policy,
+            variant.every_k,
+            variant.unpad,
+            variant.attention_kernel,
+            **head,
+        )
     return model.to(device).train()
 
 
@@ -166,27 +194,39 @@ class HFContender(nn.Module):
             import transformers
         except ImportError:
             raise BenchError("variant hf needs HF transformers: pip install transformers") from None
-        classes = {"pretraining": (transformers.BertForPreTraining, {}),
-                   "finetuning": (transformers.BertForSequenceClassification, {"num_labels": 2})}
+        classes = {
+            "pretraining": (transformers.BertForPreTraining, {}),
+            "finetuning": (transformers.BertForSequenceClassification, {"num_labels": 2}),
+        }
         model_class, head = classes[kind]
         self.hf = model_class(transformers.BertConfig(**config.to_hf_dict(), **head))
         missing, _ = self.hf.load_state_dict(baseline.state_dict(), strict=False)
         if [name for name in missing if not name.endswith("position_ids")]:
             raise BenchError(f"HF {model_class.__name__} lacks bertbench's weights {missing}")
 
-    def forward(self, input_ids, token_type_ids, attention_mask, labels=None, masked_lm_positions=None,
-                masked_lm_labels=None, next_sentence_labels=None):
+    def forward(
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        labels=None,
+        masked_lm_positions=None,
+        masked_lm_labels=None,
+        next_sentence_labels=None,
+    ):
         if masked_lm_positions is not None:
             labels = torch.full_like(input_ids, IGNORE_INDEX).scatter(1, masked_lm_positions, masked_lm_labels)
             extra = {"next_sentence_label": next_sentence_labels}
         else:
             extra = {}
-        return self.hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                       labels=labels, **extra)
+        return self.hf(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, labels=labels, **extra
+        )
 
 
-def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], precision: str,
-                 device: torch.device | str) -> torch.Tensor:
+def forward_loss(
+    model: nn.Module, batch: dict[str, torch.Tensor], precision: str, device: torch.device | str
+) -> torch.Tensor:
     """The loss of a forward under the training step's precision (for counting saved bytes without a step)."""
     with autocast(precision, device):
         return model(**batch).loss
@@ -210,8 +250,9 @@ def check_runnable(train: TrainConfig, device: torch.device | str) -> TrainConfi
     or relabelled."""
     changes = fallbacks(train, device)
     if changes:
-        raise BenchError(f"on {device}: {changes[0].reason}: a run trains otherwise here (fp32, eager), so a bench "
-                         "does not time it")
+        raise BenchError(
+            f"on {device}: {changes[0].reason}: a run trains otherwise here (fp32, eager), so a bench does not time it"
+        )
     return train
 
 
@@ -225,7 +266,7 @@ class Lengths:
     values: tuple[int, ...] = ()  # empty for "full"
 
     @classmethod
-    def parse(cls, text: str) -> "Lengths":
+    def parse(cls, text: str) -> Lengths:
         """--lengths: a name, else a file's path; an unreadable file or a bad length is a BenchError naming it."""
         if text == "full":
             return cls(text)
@@ -234,19 +275,22 @@ class Lengths:
         return cls.read(pathlib.Path(text), text)
 
     @classmethod
-    def read(cls, path: pathlib.Path | resources.abc.Traversable, name: str) -> "Lengths":
+    def read(cls, path: pathlib.Path | resources.abc.Traversable, name: str) -> Lengths:
         values = []
         try:
             with path.open(encoding="utf-8") as handle:
                 for number, line in enumerate(handle, 1):
                     for word in line.partition("#")[0].split():
                         if not (word.isdigit() and int(word) >= 2):
-                            raise BenchError(f"{name}:{number}: {word!r} is not a sequence length (an integer of "
-                                             "2 or more: [CLS] and [SEP] at least)")
+                            raise BenchError(
+                                f"{name}:{number}: {word!r} is not a sequence length (an integer of "
+                                "2 or more: [CLS] and [SEP] at least)"
+                            )
                         values.append(int(word))
         except OSError as error:
-            raise BenchError(f"--lengths {name}: neither full, real-text nor a readable file ({error.strerror})"
-                             ) from None
+            raise BenchError(
+                f"--lengths {name}: neither full, real-text nor a readable file ({error.strerror})"
+            ) from None
         except UnicodeDecodeError:
             raise BenchError(f"{name}: not a text file of sequence lengths") from None
         if not values:
@@ -269,9 +313,14 @@ class Lengths:
         if self.full:
             return {"name": self.name}
         longest = max(self.values)
-        return {"name": self.name, "count": len(self.values), "mean": statistics.fmean(self.values),
-                "median": statistics.median(self.values), "longest": longest,
-                "share_at_longest": self.values.count(longest) / len(self.values)}
+        return {
+            "name": self.name,
+            "count": len(self.values),
+            "mean": statistics.fmean(self.values),
+            "median": statistics.median(self.values),
+            "longest": longest,
+            "share_at_longest": self.values.count(longest) / len(self.values),
+        }
 
 
 FULL_LENGTHS = Lengths("full")
@@ -340,10 +389,20 @@ class BenchStep:
                 self()
 
 
-def train_step(config: BertConfig, kind: str, variant: Variant, precision: str, batch: int, seq: int,
-               device: torch.device | str = "cpu", model: nn.Module | None = None,
-               dist: Distributed | None = None, lengths: Lengths = FULL_LENGTHS, steps: int = 1,
-               **train_overrides) -> BenchStep:
+def train_step(
+    config: BertConfig,
+    kind: str,
+    variant: Variant,
+    precision: str,
+    batch: int,
+    seq: int,
+    device: torch.device | str = "cpu",
+    model: nn.Module | None = None,
+    dist: Distributed | None = None,
+    lengths: Lengths = FULL_LENGTHS,
+    steps: int = 1,
+    **train_overrides,
+) -> BenchStep:
     """The training step of one setting; pass `model` to reuse one already built for the same kind and variant, and
     `train_overrides` (TrainConfig fields: optimizer, gradient_accumulation_steps, compile, ...) to time another
     recipe. Under torchrun pass the job's `dist`: the step is then DDP's, as in training. With `lengths` other than
@@ -361,6 +420,8 @@ def train_step(config: BertConfig, kind: str, variant: Variant, precision: str, 
     micro_batches = 1 if lengths.full else steps * train.gradient_accumulation_steps
     drawn = lengths.draw(micro_batches * batch, seq)
     # On the host, as a data set's batches are: the step packs and moves each one as training does.
-    batches = [synthetic_batch(config, kind, batch, seq, seed=index, lengths=drawn[index * batch:(index + 1) * batch])
-               for index in range(micro_batches)]
+    batches = [
+        synthetic_batch(config, kind, batch, seq, seed=index, lengths=drawn[index * batch : (index + 1) * batch])
+        for index in range(micro_batches)
+    ]
     return BenchStep(step, [cut_to_longest(each) for each in batches] if variant.cut_to_longest else batches)

@@ -5,7 +5,8 @@ A command's settings are dataclasses whose fields carry their --help text (`sett
 another project's flag name and value (Google's --num_accumulation_steps for TrainConfig.gradient_accumulation_steps).
 Booleans take absl's spellings: --flag, --flag=false, --noflag. FlagParser records only the flags a command gives
 (their defaults are kept apart), so that a run directory's record can fill the others; `build` turns flag values back
-into the dataclass.
+into the dataclass. Every bertbench command parses with ArgumentParser (one-line errors, exit status 2) and its
+HelpFormatter (each default shown once).
 """
 
 from __future__ import annotations
@@ -18,7 +19,45 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from bertbench.common.errors import ArgumentParser, UsageError, help_with_default
+from bertbench.common.errors import INPUT_ERROR, UsageError
+
+
+def help_with_default(help: str, default) -> str:
+    """An option's --help text with its default once: added after the text unless the text gives it already (a
+    default said in words) or there is none (None). A list reads as typed, 1,2,4. Escaped for argparse's %-format."""
+    if default is None or default is argparse.SUPPRESS or "(default" in help or "%(default)" in help:
+        return help
+    shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+    return f"{help} (default: {shown.replace('%', '%%')})"
+
+
+def description(doc: str) -> str:
+    """A command's --help description: its module docstring's first paragraph (a first line alone may stop
+    mid-sentence)."""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every bertbench --help: each default shown once (help_with_default), none for an on/off switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        return help if action.nargs == 0 else help_with_default(help, action.default)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the flag (no usage block above it), with exit status 2, and whose
+    --help shows each default once (HelpFormatter). A flag must be spelled out: argparse would take
+    `--learning_rat` for `--learning_rate`, absl refuses it, and a typo that silently picks some flag is worse than
+    an error."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(INPUT_ERROR, f"{self.prog}: error: {message}\n")
 
 
 def setting(help: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
@@ -99,8 +138,9 @@ class FlagParser(ArgumentParser):
     def flag(self, group, name: str, default: Any, help: str, aliases: Sequence[str] = (), **kwargs) -> None:
         """--name (and --alias ...: other projects' names for the same flag)."""
         self.defaults[name] = default  # argparse's is SUPPRESS (nothing given): the help shows this one
-        group.add_argument(f"--{name}", *(f"--{alias}" for alias in aliases), help=help_with_default(help, default),
-                           **kwargs)
+        group.add_argument(
+            f"--{name}", *(f"--{alias}" for alias in aliases), help=help_with_default(help, default), **kwargs
+        )
 
     def bool_flag(self, group, name: str, default: bool, help: str, aliases: Sequence[str] = ()) -> None:
         self.flag(group, name, default, help, aliases, nargs="?", const=True, type=parse_bool, metavar="BOOL")
@@ -115,10 +155,12 @@ class FlagParser(ArgumentParser):
             names = [f"--{name}" for name in (ignored.flag, *ignored.aliases)]
             help_text = f"Ignored: {ignored.note}"
             if ignored.type is bool:
-                group.add_argument(*names, dest=ignored.flag, nargs="?", const=True, type=parse_bool, metavar="BOOL",
-                                   help=help_text)
-                group.add_argument(f"--no{ignored.flag}", dest=ignored.flag, action="store_false",
-                                   help=argparse.SUPPRESS)
+                group.add_argument(
+                    *names, dest=ignored.flag, nargs="?", const=True, type=parse_bool, metavar="BOOL", help=help_text
+                )
+                group.add_argument(
+                    f"--no{ignored.flag}", dest=ignored.flag, action="store_false", help=argparse.SUPPRESS
+                )
             else:
                 group.add_argument(*names, dest=ignored.flag, type=ignored.type, help=help_text)
 
@@ -137,18 +179,22 @@ class FlagParser(ArgumentParser):
                 by_field[name.field].append(name)
         values = {}
         for field, names in by_field.items():
-            said = {name.flag: name.value(flags[name.flag]) for name in names
-                    if len(names) == 1 or flags[name.flag] != self.defaults[name.flag]}
+            said = {
+                name.flag: name.value(flags[name.flag])
+                for name in names
+                if len(names) == 1 or flags[name.flag] != self.defaults[name.flag]
+            }
             if len(set(said.values())) > 1:
-                raise UsageError(" and ".join(f"--{flag}={_spelt(flags[flag])}" for flag in said)
-                                 + f" contradict each other: {field} {' or '.join(map(str, said.values()))}")
+                raise UsageError(
+                    " and ".join(f"--{flag}={_spelt(flags[flag])}" for flag in said)
+                    + f" contradict each other: {field} {' or '.join(map(str, said.values()))}"
+                )
             at_default = {name.value(flags[name.flag]) for name in names}
             if said:
                 values[field] = next(iter(said.values()))
             elif len(at_default) == 1 and None not in at_default:  # --num_accumulation_steps/--gradient_...
                 values[field] = at_default.pop()
         return values
-
 
     def given_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """What parse_args returns for a command that gives `values`, Python values by flag name (how code calls a
@@ -178,8 +224,11 @@ class FlagParser(ArgumentParser):
 def as_flags(values: Mapping[str, Any]) -> list[str]:
     """The command line of `values` (Python values by flag name, None for none): what a user types for the same
     command (--do_train, --nodo_lower_case, --max_seq_length=64)."""
-    return [(f"--{name}" if value else f"--no{name}") if isinstance(value, bool) else f"--{name}={value}"
-            for name, value in values.items() if value is not None]
+    return [
+        (f"--{name}" if value else f"--no{name}") if isinstance(value, bool) else f"--{name}={value}"
+        for name, value in values.items()
+        if value is not None
+    ]
 
 
 def _spelt(value: Any) -> str:
@@ -192,12 +241,20 @@ def flag_names(cls: type, names: Sequence[FlagName] = ()) -> dict[str, list[Flag
     for name in names:
         if name.owner is cls:
             given[name.field].append(name)
-    return {field.name: given.get(field.name) or [FlagName(field.name, cls, field.name)]
-            for field in dataclasses.fields(cls)}
+    return {
+        field.name: given.get(field.name) or [FlagName(field.name, cls, field.name)]
+        for field in dataclasses.fields(cls)
+    }
 
 
-def add_dataclass_flags(parser: FlagParser, cls: type, names: Sequence[FlagName] = (), omit: Collection[str] = (),
-                        defaults: Mapping[str, Any] | None = None, one_of: Collection[str] = ()) -> None:
+def add_dataclass_flags(
+    parser: FlagParser,
+    cls: type,
+    names: Sequence[FlagName] = (),
+    omit: Collection[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    one_of: Collection[str] = (),
+) -> None:
     """One flag per field of the dataclass `cls` (or the flags `names` gives a field), in an argument group for each
     class of `cls`'s hierarchy that declares fields, titled by its docstring's first line. A flag's help is the
     field's metadata["help"], its type the field's (X | None reads X; a type argparse cannot call, such as a tuple,
@@ -216,8 +273,7 @@ def add_dataclass_flags(parser: FlagParser, cls: type, names: Sequence[FlagName]
             if name.flag in omit:
                 continue
             parser.names[name.flag], parser.fields[name.flag] = name, field
-            default = (defaults or {}).get(name.flag, field.default if name.default is FIELD_DEFAULT
-                                           else name.default)
+            default = (defaults or {}).get(name.flag, field.default if name.default is FIELD_DEFAULT else name.default)
             required = default is dataclasses.MISSING
             if name.type is not None:  # another kind of value: what the flag means comes first
                 help_text = f"{name.note} [{cls.__name__}.{field_name}: {field.metadata['help']}]"
@@ -233,8 +289,16 @@ def add_dataclass_flags(parser: FlagParser, cls: type, names: Sequence[FlagName]
             if kind is bool:
                 parser.bool_flag(where, name.flag, default, help_text, aliases)
             else:
-                parser.flag(where, name.flag, None if required else default, help_text, aliases, type=kind,
-                            choices=name.choices or field.metadata.get("choices"), required=required)
+                parser.flag(
+                    where,
+                    name.flag,
+                    None if required else default,
+                    help_text,
+                    aliases,
+                    type=kind,
+                    choices=name.choices or field.metadata.get("choices"),
+                    required=required,
+                )
 
 
 def _flag_type(hint: Any) -> type:
@@ -254,8 +318,9 @@ def build(cls: type, names: Sequence[FlagName] = (), **values: Any) -> Any:
     except ValueError as error:
         message = str(error)
         for field, flags in flag_names(cls, names).items():
-            message = re.sub(rf"(?<![\w.-]){re.escape(field)}\b", "--" + "/--".join(name.flag for name in flags),
-                             message)
+            message = re.sub(
+                rf"(?<![\w.-]){re.escape(field)}\b", "--" + "/--".join(name.flag for name in flags), message
+            )
         raise UsageError(message) from None
 
 

@@ -11,20 +11,19 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-
 # ---- the spread of repeated measurements ----------------------------------------------------------------------------
 #
 # A figure measured several times is reported in a JSON row as KEY (the median, as a single figure always was) with
 # KEY_min, KEY_max and KEY_cv (the coefficient of variation, sample stdev / mean; null for one measurement) beside
 # it, and in markdown as "0.130 (0.021–0.209, CV 41%)".
 
+
 def spread(values: Sequence[float]) -> dict[str, Any]:
     """Median, min, max, coefficient of variation (None for a single value) and count of repeated measurements."""
     values = list(values)
     mean = statistics.fmean(values)
     cv = statistics.stdev(values) / mean if len(values) > 1 and mean else None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "cv": cv,
-            "n": len(values)}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "cv": cv, "n": len(values)}
 
 
 def rate_spread(amount: float, seconds: Sequence[float]) -> dict[str, Any]:
@@ -35,8 +34,12 @@ def rate_spread(amount: float, seconds: Sequence[float]) -> dict[str, Any]:
 
 def spread_fields(key: str, measured: Mapping[str, Any]) -> dict[str, Any]:
     """A spread as a JSON row holds it: KEY, KEY_min, KEY_max, KEY_cv."""
-    return {key: measured["median"], f"{key}_min": measured["min"], f"{key}_max": measured["max"],
-            f"{key}_cv": measured["cv"]}
+    return {
+        key: measured["median"],
+        f"{key}_min": measured["min"],
+        f"{key}_max": measured["max"],
+        f"{key}_cv": measured["cv"],
+    }
 
 
 def cv_text(cv: float) -> str:
@@ -90,21 +93,26 @@ class LoadWatch:
         self.loads.append(load_average())
         if max(self.loads) <= self.cores:
             return None
-        return (f"the machine was busy: the 1-minute load average was {self.loads[0]:.2f} before {what} and "
-                f"{self.loads[-1]:.2f} after it, above the {self.cores} core(s) available to this process, so other "
-                "work competed for the cores and the timings are slower and noisier than on an idle machine: run "
-                "again when it is idle")
+        return (
+            f"the machine was busy: the 1-minute load average was {self.loads[0]:.2f} before {what} and "
+            f"{self.loads[-1]:.2f} after it, above the {self.cores} core(s) available to this process, so other "
+            "work competed for the cores and the timings are slower and noisier than on an idle machine: run "
+            "again when it is idle"
+        )
 
 
-def noisy_warning(rows: Sequence[Mapping[str, Any]], key: str, describe: Callable[[Mapping[str, Any]], str],
-                  what: str = "timings") -> str | None:
+def noisy_warning(
+    rows: Sequence[Mapping[str, Any]], key: str, describe: Callable[[Mapping[str, Any]], str], what: str = "timings"
+) -> str | None:
     """A warning when KEY_cv of any row is above BUSY_CV: repeats of one setting that differ that much were
     disturbed (see BUSY_CV)."""
     noisy = [row for row in rows if (row.get(f"{key}_cv") or 0) > BUSY_CV]
     if not noisy:
         return None
     worst = max(noisy, key=lambda row: row[f"{key}_cv"])
-    return (f"noisy {what}: the repeats of {len(noisy)} of {len(rows)} setting(s) vary by more than CV "
-            f"{BUSY_CV:.0%} (up to {cv_text(worst[f'{key}_cv'])}, {describe(worst)}), which a quiet machine does not "
-            "show: the machine was busy or its clock changed; compare medians with care and run again when it is "
-            "idle")
+    return (
+        f"noisy {what}: the repeats of {len(noisy)} of {len(rows)} setting(s) vary by more than CV "
+        f"{BUSY_CV:.0%} (up to {cv_text(worst[f'{key}_cv'])}, {describe(worst)}), which a quiet machine does not "
+        "show: the machine was busy or its clock changed; compare medians with care and run again when it is "
+        "idle"
+    )

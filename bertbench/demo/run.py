@@ -27,21 +27,27 @@ from typing import IO
 
 import torch
 
-from bertbench.runners import pretraining as run_pretraining, squad as run_squad, command as runner
+from bertbench.common import run_files
+from bertbench.common.durable import write_atomically
+from bertbench.common.flags import ArgumentParser, as_flags, description, parse_bool
 from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
-from bertbench.tasks.create_pretraining_data import DataSettings, create_pretraining_data
+from bertbench.model import sizes
 from bertbench.model.config import BertConfig
-from bertbench.tasks import synthetic as data
-from bertbench.common.durable import write_text_atomically
-from bertbench.common.errors import ArgumentParser, description
-from bertbench.common.flags import as_flags, parse_bool
-from bertbench.training.batches import ShuffledBatches
-from bertbench.training.step import TrainStep
-from bertbench.training.config import TrainConfig
-from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.model.factory import build_model
-from bertbench.tasks.squad import read_examples
+from bertbench.model.saved_activations import saved_activation_bytes
+from bertbench.runners import pretraining as run_pretraining
+from bertbench.runners import squad as run_squad
+from bertbench.runners.run_directory import read_json
+from bertbench.runners.skeleton import TaskRunner
+from bertbench.tasks import synthetic as data
+from bertbench.tasks.create_pretraining_data import create_pretraining_data
+from bertbench.tasks.pretraining_data.settings import DataSettings
+from bertbench.tasks.squad.reading import read_examples
 from bertbench.tasks.tokenization import BertTokenizer
+from bertbench.training.batches import ShuffledBatches
+from bertbench.training.config import TrainConfig
+from bertbench.training.metrics import read_log
+from bertbench.training.step import TrainStep
 
 # (modeling, recompute policy) pairs the demo trains, in table order.
 VARIANTS = (("baseline", None), ("recompute", "full"), ("recompute", "every-k"), ("recompute", "selective"))
@@ -53,22 +59,36 @@ class DemoConfig:
 
     steps: int = field(default=200, metadata={"help": "Training steps per model."})
     batch_size: int = field(default=32, metadata={"help": "Sequences per step."})
-    learning_rate: float = field(default=5e-4, metadata={"help": "Peak learning rate of Google's AdamW (whose first "
-                                                                 "steps are several times bias-corrected Adam's)."})
-    adam_bias_correction: bool = field(default=False, metadata={
-        "help": "AdamW's rule for the GLUE step: false is Google's, without bias correction (the runners' default); "
-                "true is torch.optim.AdamW's."})
-    warmup_proportion: float = field(default=0.1, metadata={"help": "Share of the steps spent in linear warm-up "
-                                                                      "(Google's schedule, then linear decay)."})
+    learning_rate: float = field(
+        default=5e-4,
+        metadata={
+            "help": "Peak learning rate of Google's AdamW (whose first steps are several times bias-corrected Adam's)."
+        },
+    )
+    adam_bias_correction: bool = field(
+        default=False,
+        metadata={
+            "help": "AdamW's rule for the GLUE step: false is Google's, without bias correction (the runners' default); "
+            "true is torch.optim.AdamW's."
+        },
+    )
+    warmup_proportion: float = field(
+        default=0.1,
+        metadata={"help": "Share of the steps spent in linear warm-up (Google's schedule, then linear decay)."},
+    )
     train_examples: int = field(default=4096, metadata={"help": "Generated training pairs."})
     dev_examples: int = field(default=1024, metadata={"help": "Generated held-out pairs for accuracy."})
     max_seq_length: int = field(default=32, metadata={"help": "Padded sequence length."})
     hidden_size: int = field(default=64, metadata={"help": "Width of the tiny BERT."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Transformer blocks of the tiny BERT."})
-    qa_epochs: float = field(default=6.0, metadata={"help": "Epochs of the QA step over its 600 built-in "
-                                                                "paragraphs (1,800 questions); 0 skips it."})
-    pretraining_steps: int = field(default=400, metadata={"help": "Steps of the pre-training step (batches of 32 "
-                                                                  "from the built-in corpus); 0 skips it."})
+    qa_epochs: float = field(
+        default=6.0,
+        metadata={"help": "Epochs of the QA step over its 600 built-in paragraphs (1,800 questions); 0 skips it."},
+    )
+    pretraining_steps: int = field(
+        default=400,
+        metadata={"help": "Steps of the pre-training step (batches of 32 from the built-in corpus); 0 skips it."},
+    )
     seed: int = field(default=0, metadata={"help": "Seed of data, weights and dropout; same seed, same table."})
     output_dir: str | None = field(default=None, metadata={"help": "Also write demo_results.json here."})
 
@@ -76,12 +96,19 @@ class DemoConfig:
         if self.qa_epochs < 0:
             raise ValueError(f"--qa_epochs must be 0 (no QA step) or more, got {self.qa_epochs}")
         if self.pretraining_steps < 0:
-            raise ValueError(f"--pretraining_steps must be 0 (no pre-training step) or more, got "
-                             f"{self.pretraining_steps}")
+            raise ValueError(
+                f"--pretraining_steps must be 0 (no pre-training step) or more, got {self.pretraining_steps}"
+            )
         if self.steps < 2:  # step 0 counts saved bytes and warms up; the later steps are timed
             raise ValueError(f"--steps must be at least 2, got {self.steps}")
-        for name in ("batch_size", "train_examples", "dev_examples", "max_seq_length", "hidden_size",
-                     "num_hidden_layers"):
+        for name in (
+            "batch_size",
+            "train_examples",
+            "dev_examples",
+            "max_seq_length",
+            "hidden_size",
+            "num_hidden_layers",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.hidden_size % 4:
@@ -89,17 +116,16 @@ class DemoConfig:
         if self.batch_size > self.train_examples:
             raise ValueError(f"--batch_size {self.batch_size} is larger than --train_examples {self.train_examples}")
         if self.max_seq_length < 16:  # [CLS] A [SEP] B [SEP] of the built-in task is 16 tokens
-            raise ValueError(f"--max_seq_length must be at least 16 for the built-in task, "
-                             f"got {self.max_seq_length}")
+            raise ValueError(f"--max_seq_length must be at least 16 for the built-in task, got {self.max_seq_length}")
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
     parser = ArgumentParser(prog="bertbench demo", description=description(__doc__))
     for spec in dataclasses.fields(DemoConfig):
-        value_type = parse_bool if isinstance(spec.default, bool) else type(spec.default) if spec.default is not None \
-            else str
-        parser.add_argument(f"--{spec.name}", type=value_type,
-                            default=spec.default, help=spec.metadata["help"])
+        value_type = (
+            parse_bool if isinstance(spec.default, bool) else type(spec.default) if spec.default is not None else str
+        )
+        parser.add_argument(f"--{spec.name}", type=value_type, default=spec.default, help=spec.metadata["help"])
     try:
         return DemoConfig(**vars(parser.parse_args(argv)))
     except ValueError as error:
@@ -118,20 +144,27 @@ def accuracy(model: torch.nn.Module, dataset: dict, batch_size: int = 256) -> fl
     correct = 0
     with torch.no_grad():
         for start in range(0, len(dataset["labels"]), batch_size):
-            chunk = {name: tensor[start:start + batch_size] for name, tensor in dataset.items()}
+            chunk = {name: tensor[start : start + batch_size] for name, tensor in dataset.items()}
             labels = chunk.pop("labels")
             correct += (model(**chunk).logits.argmax(-1) == labels).sum().item()
     return correct / len(dataset["labels"])
 
 
-def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, policy: str | None,
-              train: dict, dev: dict) -> tuple[dict, torch.nn.Module]:
+def train_one(
+    settings: DemoConfig, config: BertConfig, modeling_name: str, policy: str | None, train: dict, dev: dict
+) -> tuple[dict, torch.nn.Module]:
     torch.manual_seed(settings.seed)
     model = build_model("classification", config, modeling_name, policy or "full", num_labels=len(data.LABELS))
     # The training step users train with (Google's AdamW, warm-up and linear decay, clipping at 1.0).
-    step = TrainStep(model, TrainConfig(num_train_steps=settings.steps, learning_rate=settings.learning_rate,
-                                        warmup_proportion=settings.warmup_proportion,
-                                        adam_bias_correction=settings.adam_bias_correction))
+    step = TrainStep(
+        model,
+        TrainConfig(
+            num_train_steps=settings.steps,
+            learning_rate=settings.learning_rate,
+            warmup_proportion=settings.warmup_proportion,
+            adam_bias_correction=settings.adam_bias_correction,
+        ),
+    )
     stream = ShuffledBatches(train, settings.batch_size, settings.seed)
     model.train()
     # Counted on a forward of its own (its graph is dropped): autograd's hooks would slow a timed step.
@@ -161,25 +194,39 @@ def train_one(settings: DemoConfig, config: BertConfig, modeling_name: str, poli
 
 
 def format_table(results: list[dict], baseline: dict) -> str:
-    header = ("model", "dev acc", "seq/s", "saved for backward", "bytes vs base", "step ms (min-max, CV)",
-              "step time vs base")
+    header = (
+        "model",
+        "dev acc",
+        "seq/s",
+        "saved for backward",
+        "bytes vs base",
+        "step ms (min-max, CV)",
+        "step time vs base",
+    )
     rows = [header]
     for result in results:
-        rows.append((result["model"], f"{result['dev_accuracy']:.3f}", f"{result['train_seq_per_s']:.0f}",
-                     f"{result['saved_for_backward_bytes'] / 2**20:.2f} MiB",
-                     f"{result['saved_for_backward_bytes'] / baseline['saved_for_backward_bytes']:.2f}x",
-                     spread_text(result, "step_ms", ".1f"), f"{result['step_ms'] / baseline['step_ms']:.2f}x"))
+        rows.append(
+            (
+                result["model"],
+                f"{result['dev_accuracy']:.3f}",
+                f"{result['train_seq_per_s']:.0f}",
+                f"{result['saved_for_backward_bytes'] / 2**20:.2f} MiB",
+                f"{result['saved_for_backward_bytes'] / baseline['saved_for_backward_bytes']:.2f}x",
+                spread_text(result, "step_ms", ".1f"),
+                f"{result['step_ms'] / baseline['step_ms']:.2f}x",
+            )
+        )
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 
 
-def run_quietly(spec: runner.RunnerSpec, values: dict) -> str:
+def run_quietly(spec: TaskRunner, values: dict) -> str:
     """Run a runner's command (Python values by flag name) with its log kept back, shown only if it fails; return
     the same command as a user would type it."""
     log = io.StringIO()
-    status = runner.run_values(spec, values, log)
+    status = spec.run_values(values, log)
     if status != 0:
         raise RuntimeError(f"{spec.name} exited with status {status}:\n{log.getvalue()}")
     return shlex.join(as_flags(values))
@@ -192,32 +239,65 @@ def question_answering(settings: DemoConfig, directory: str) -> dict:
     shutil.rmtree(os.path.join(directory, "run"), ignore_errors=True)
     train_file, dev_file = data.write_squad(os.path.join(directory, "data"), "2.0", seed=settings.seed)
     config_file = os.path.join(directory, "bert_config.json")
-    write_text_atomically(config_file, json.dumps(
-        dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **data.SQUAD_MODEL)), indent=2) + "\n")
+    write_atomically(
+        config_file,
+        json.dumps(dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **sizes.SQUAD_MODEL)), indent=2)
+        + "\n",
+    )
     # Google's AdamW (the runners' default) on a model trained from scratch takes first updates several times
     # bias-corrected Adam's: half the steps in warm-up at 6e-4 learn the task where 1e-3 with 10% warm-up stays at
     # "no answer" everywhere.
-    values = {"do_train": True, "do_predict": True, "train_file": train_file, "predict_file": dev_file,
-              "vocab_file": data.write_vocab(directory), "bert_config_file": config_file,
-              "version_2_with_negative": True, "max_seq_length": 48, "doc_stride": 16, "max_query_length": 16,
-              "train_batch_size": 32, "learning_rate": 6e-4, "warmup_proportion": 0.5,
-              "num_train_epochs": settings.qa_epochs,
-              "seed": settings.seed, "device": "cpu", "save_checkpoints_secs": 0, "log_step_count_steps": 1000000,
-              "output_dir": os.path.join(directory, "run")}
+    values = {
+        "do_train": True,
+        "do_predict": True,
+        "train_file": train_file,
+        "predict_file": dev_file,
+        "vocab_file": data.write_vocab(directory),
+        "bert_config_file": config_file,
+        "version_2_with_negative": True,
+        "max_seq_length": 48,
+        "doc_stride": 16,
+        "max_query_length": 16,
+        "train_batch_size": 32,
+        "learning_rate": 6e-4,
+        "warmup_proportion": 0.5,
+        "num_train_epochs": settings.qa_epochs,
+        "seed": settings.seed,
+        "device": "cpu",
+        "save_checkpoints_secs": 0,
+        "log_step_count_steps": 1000000,
+        "output_dir": os.path.join(directory, "run"),
+    }
     command = run_quietly(run_squad.SPEC, values)
-    scores, training = (runner.read_json(os.path.join(directory, "run", name))
-                        for name in ("eval_results.json", "train_results.json"))
-    return {"command": "bertbench squad " + command, "model_config": data.SQUAD_MODEL,
-            "train_questions": len(read_examples(train_file, training=True, version_2=True)),
-            "dev_questions": scores["questions"], "windows": scores["windows"], "exact": scores["exact"],
-            "f1": scores["f1"], "has_answer_exact": scores["HasAns_exact"], "no_answer_exact": scores["NoAns_exact"],
-            "no_answer_everywhere_exact": 100.0 * scores["NoAns_total"] / scores["total"],
-            "steps": training["global_step"], "train_seq_per_s": training["steady_sentences_per_second"]}
+    scores, training = (
+        read_json(os.path.join(directory, "run", name)) for name in (run_files.EVAL_RESULTS, run_files.TRAIN_RESULTS)
+    )
+    return {
+        "command": "bertbench squad " + command,
+        "model_config": sizes.SQUAD_MODEL,
+        "train_questions": len(read_examples(train_file, training=True, version_2=True)),
+        "dev_questions": scores["questions"],
+        "windows": scores["windows"],
+        "exact": scores["exact"],
+        "f1": scores["f1"],
+        "has_answer_exact": scores["HasAns_exact"],
+        "no_answer_exact": scores["NoAns_exact"],
+        "no_answer_everywhere_exact": 100.0 * scores["NoAns_total"] / scores["total"],
+        "steps": training["global_step"],
+        "train_seq_per_s": training["steady_sentences_per_second"],
+    }
 
 
 # The pre-training step's model: the demo's tiny BERT, without dropout (nothing here overfits in 400 steps).
-PRETRAINING_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
-                     "max_position_embeddings": 32, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+PRETRAINING_MODEL = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 256,
+    "max_position_embeddings": 32,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 
 
 def pretraining(settings: DemoConfig, directory: str) -> dict:
@@ -233,39 +313,74 @@ def pretraining(settings: DemoConfig, directory: str) -> dict:
         corpus = data.write_corpus(os.path.join(directory, f"{split}.txt"), documents, seed=seed)
         shard_dirs[split] = os.path.join(directory, f"{split}_shards")
         shutil.rmtree(shard_dirs[split], ignore_errors=True)
-        create_pretraining_data(DataSettings(input_file=corpus, vocab_file=vocab_file, output_dir=shard_dirs[split],
-                                             num_shards=shards, max_seq_length=32, max_predictions_per_seq=5,
-                                             dupe_factor=dupe_factor, random_seed=settings.seed),
-                                log=lambda line: None)
+        create_pretraining_data(
+            DataSettings(
+                input_file=corpus,
+                vocab_file=vocab_file,
+                output_dir=shard_dirs[split],
+                num_shards=shards,
+                max_seq_length=32,
+                max_predictions_per_seq=5,
+                dupe_factor=dupe_factor,
+                random_seed=settings.seed,
+            ),
+            log=lambda line: None,
+        )
     config_file = os.path.join(directory, "bert_config.json")
-    write_text_atomically(config_file, json.dumps(
-        dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **PRETRAINING_MODEL)), indent=2) + "\n")
+    write_atomically(
+        config_file,
+        json.dumps(dataclasses.asdict(BertConfig(vocab_size=len(data.vocabulary()), **PRETRAINING_MODEL)), indent=2)
+        + "\n",
+    )
     steps, batch = settings.pretraining_steps, 32
-    values = {"do_train": True, "do_eval": True, "input_dir": shard_dirs["train"], "eval_dir": shard_dirs["eval"],
-              "bert_config_file": config_file, "max_seq_length": 32, "max_predictions_per_seq": 5,
-              "train_batch_size": batch, "learning_rate": 1e-2, "num_train_steps": steps,
-              "eval_iter_samples": max(1, steps // 10) * batch, "eval_iter_start_samples": batch,
-              "seed": settings.seed, "device": "cpu", "save_checkpoints_secs": 0, "log_step_count_steps": 1000000,
-              "output_dir": os.path.join(directory, "run")}
+    values = {
+        "do_train": True,
+        "do_eval": True,
+        "input_dir": shard_dirs["train"],
+        "eval_dir": shard_dirs["eval"],
+        "bert_config_file": config_file,
+        "max_seq_length": 32,
+        "max_predictions_per_seq": 5,
+        "train_batch_size": batch,
+        "learning_rate": 1e-2,
+        "num_train_steps": steps,
+        "eval_iter_samples": max(1, steps // 10) * batch,
+        "eval_iter_start_samples": batch,
+        "seed": settings.seed,
+        "device": "cpu",
+        "save_checkpoints_secs": 0,
+        "log_step_count_steps": 1000000,
+        "output_dir": os.path.join(directory, "run"),
+    }
     command = run_quietly(run_pretraining.SPEC, values)
-    with open(os.path.join(directory, "run", "evals.jsonl"), encoding="utf-8") as handle:
-        curve = [json.loads(line) for line in handle]
-    training = runner.read_json(os.path.join(directory, "run", "train_results.json"))
-    return {"command": "bertbench pretrain " + command, "model_config": PRETRAINING_MODEL,
-            "training_sequences": training["training_sequences"], "steps": training["global_step"],
-            "train_seq_per_s": training["steady_sentences_per_second"],
-            "chance_masked_lm_accuracy": 1 / len(data.vocabulary()),
-            "curve": [{key: record[key] for key in ("step", "masked_lm_accuracy", "next_sentence_accuracy", "loss")}
-                      for record in curve]}
+    curve = read_log(os.path.join(directory, "run", run_files.EVALS))
+    training = read_json(os.path.join(directory, "run", run_files.TRAIN_RESULTS))
+    return {
+        "command": "bertbench pretrain " + command,
+        "model_config": PRETRAINING_MODEL,
+        "training_sequences": training["training_sequences"],
+        "steps": training["global_step"],
+        "train_seq_per_s": training["steady_sentences_per_second"],
+        "chance_masked_lm_accuracy": 1 / len(data.vocabulary()),
+        "curve": [
+            {key: record[key] for key in ("step", "masked_lm_accuracy", "next_sentence_accuracy", "loss")}
+            for record in curve
+        ],
+    }
 
 
 def glue_inputs(settings: DemoConfig) -> tuple[BertConfig, dict, dict]:
     """The GLUE step's model config and its encoded training and held-out pairs."""
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = BertTokenizer.from_vocab_file(data.write_vocab(scratch), do_lower_case=True)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=settings.hidden_size,
-                        num_hidden_layers=settings.num_hidden_layers, num_attention_heads=4,
-                        intermediate_size=4 * settings.hidden_size, max_position_embeddings=settings.max_seq_length)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=settings.hidden_size,
+        num_hidden_layers=settings.num_hidden_layers,
+        num_attention_heads=4,
+        intermediate_size=4 * settings.hidden_size,
+        max_position_embeddings=settings.max_seq_length,
+    )
     train = encode(tokenizer, data.make_examples(settings.train_examples, settings.seed), settings.max_seq_length)
     dev = encode(tokenizer, data.make_examples(settings.dev_examples, settings.seed + 1), settings.max_seq_length)
     return config, train, dev
@@ -296,8 +411,12 @@ class Progress:
         started, outcome = time.perf_counter(), []
         yield outcome
         if self.plain:
-            print(f"demo: {doing}: done in {time.perf_counter() - started:.1f} s"
-                  + "".join(f"; {text}" for text in outcome), file=self.stream, flush=True)
+            print(
+                f"demo: {doing}: done in {time.perf_counter() - started:.1f} s"
+                + "".join(f"; {text}" for text in outcome),
+                file=self.stream,
+                flush=True,
+            )
 
 
 def run(settings: DemoConfig, progress: Progress | None = None) -> dict:
@@ -316,23 +435,37 @@ def run(settings: DemoConfig, progress: Progress | None = None) -> dict:
         progress.terminal(f"  trained {result['model']:<22} dev accuracy {result['dev_accuracy']:.3f}")
         results.append(result)
         models.append(model)
-    warnings = [message for message in (load.busy("training the models"),
-                                        noisy_warning(results, "step_ms", lambda result: result["model"],
-                                                      "step times")) if message]
+    warnings = [
+        message
+        for message in (
+            load.busy("training the models"),
+            noisy_warning(results, "step_ms", lambda result: result["model"], "step times"),
+        )
+        if message
+    ]
     reference = models[0].state_dict()
-    weight_difference = max((model.state_dict()[name] - tensor).abs().max().item()
-                            for model in models[1:] for name, tensor in reference.items())
-    report = {"settings": dataclasses.asdict(settings), "model_config": dataclasses.asdict(config),
-              "chance_accuracy": 1 / len(data.LABELS), "results": results,
-              "max_weight_difference_vs_baseline": weight_difference, "warnings": warnings}
+    weight_difference = max(
+        (model.state_dict()[name] - tensor).abs().max().item()
+        for model in models[1:]
+        for name, tensor in reference.items()
+    )
+    report = {
+        "settings": dataclasses.asdict(settings),
+        "model_config": dataclasses.asdict(config),
+        "chance_accuracy": 1 / len(data.LABELS),
+        "results": results,
+        "max_weight_difference_vs_baseline": weight_difference,
+        "warnings": warnings,
+    }
     if settings.qa_epochs > 0:
         with progress.step("fine-tuning on the built-in SQuAD v2.0 data with run_squad", announce=True) as done:
             qa = in_output_or_scratch(settings, "squad", question_answering)
             done.append(f"exact match {qa['exact']:.1f}, F1 {qa['f1']:.1f}")
         report["question_answering"] = qa
     if settings.pretraining_steps > 0:
-        with progress.step("pre-training on the built-in corpus with create_pretraining_data and run_pretraining",
-                           announce=True) as done:
+        with progress.step(
+            "pre-training on the built-in corpus with create_pretraining_data and run_pretraining", announce=True
+        ) as done:
             pre = in_output_or_scratch(settings, "pretraining", pretraining)
             done.append(f"held-out masked-LM accuracy {pre['curve'][-1]['masked_lm_accuracy']:.2f}")
         report["pretraining"] = pre
@@ -350,36 +483,47 @@ def in_output_or_scratch(settings: DemoConfig, name: str, step):
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
-    print(f"bertbench demo: tiny BERT (hidden {settings.hidden_size}, {settings.num_hidden_layers} layers) on the "
-          f"built-in majority-mood pair task, {settings.steps} steps x {settings.batch_size} sequences, "
-          f"{torch.get_num_threads()} CPU threads", flush=True)
+    print(
+        f"bertbench demo: tiny BERT (hidden {settings.hidden_size}, {settings.num_hidden_layers} layers) on the "
+        f"built-in majority-mood pair task, {settings.steps} steps x {settings.batch_size} sequences, "
+        f"{torch.get_num_threads()} CPU threads",
+        flush=True,
+    )
     report = run(settings)
     print()
     print(format_table(report["results"], report["results"][0]))
     print("step ms: median of the timed steps (min-max, CV = stdev / mean); step time vs base: of the medians")
     for message in report["warnings"]:
         print(f"warning: {message}")
-    print(f"\nchance accuracy {report['chance_accuracy']:.2f}; largest weight difference between the recompute "
-          f"models and the baseline after training: {report['max_weight_difference_vs_baseline']:.1e}")
+    print(
+        f"\nchance accuracy {report['chance_accuracy']:.2f}; largest weight difference between the recompute "
+        f"models and the baseline after training: {report['max_weight_difference_vs_baseline']:.1e}"
+    )
     qa = report.get("question_answering")
     if qa:
-        print(f"\nquestion answering (run_squad, SQuAD v2.0 format, {qa['train_questions']:,} training / "
-              f"{qa['dev_questions']} dev questions, hidden 128, {qa['steps']} steps, "
-              f"{qa['train_seq_per_s']:.0f} seq/s):")
-        print(f"  exact match {qa['exact']:.1f}  F1 {qa['f1']:.1f}  (answerable {qa['has_answer_exact']:.1f}, "
-              f"unanswerable {qa['no_answer_exact']:.1f}); answering \"no answer\" everywhere scores "
-              f"{qa['no_answer_everywhere_exact']:.1f}")
+        print(
+            f"\nquestion answering (run_squad, SQuAD v2.0 format, {qa['train_questions']:,} training / "
+            f"{qa['dev_questions']} dev questions, hidden 128, {qa['steps']} steps, "
+            f"{qa['train_seq_per_s']:.0f} seq/s):"
+        )
+        print(
+            f"  exact match {qa['exact']:.1f}  F1 {qa['f1']:.1f}  (answerable {qa['has_answer_exact']:.1f}, "
+            f'unanswerable {qa["no_answer_exact"]:.1f}); answering "no answer" everywhere scores '
+            f"{qa['no_answer_everywhere_exact']:.1f}"
+        )
     pre = report.get("pretraining")
     if pre:
         curve = pre["curve"]
-        print(f"\npre-training (create_pretraining_data + run_pretraining, LAMB, {pre['training_sequences']:,} "
-              f"sequences of the built-in corpus, hidden 64, {pre['steps']} steps, {pre['train_seq_per_s']:.0f} "
-              f"seq/s), held-out masked-LM accuracy by step (chance {pre['chance_masked_lm_accuracy']:.2f}):")
+        print(
+            f"\npre-training (create_pretraining_data + run_pretraining, LAMB, {pre['training_sequences']:,} "
+            f"sequences of the built-in corpus, hidden 64, {pre['steps']} steps, {pre['train_seq_per_s']:.0f} "
+            f"seq/s), held-out masked-LM accuracy by step (chance {pre['chance_masked_lm_accuracy']:.2f}):"
+        )
         print("  " + "  ".join(f"{record['step']}: {record['masked_lm_accuracy']:.2f}" for record in curve))
     if settings.output_dir:
         os.makedirs(settings.output_dir, exist_ok=True)
         path = os.path.join(settings.output_dir, "demo_results.json")
-        write_text_atomically(path, json.dumps(report, indent=2) + "\n")
+        write_atomically(path, json.dumps(report, indent=2) + "\n")
         print(f"results written to {path}")
     return 0
 

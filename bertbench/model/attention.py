@@ -69,15 +69,22 @@ def _reference_forward(query, key, value, cu_seqlens, dropout_p, seed, keep_prob
 
 
 @torch.library.custom_op("bertbench::varlen_attention", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
-def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
-                     max_seqlen: int, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of each sequence over its own rows, with dropout: [rows, heads, head_dim] x 3 and int32
     cu_seqlens [sequences + 1] -> (output [rows, heads, head_dim], logsumexp [heads, rows], the dropout's RNG
     state). Tagged nondeterministic_seeded, so torch.compile's partitioner saves its outputs rather than recompute
     it with another mask."""
     if query.is_cuda:
         out, logsumexp, rng_state, _, _ = torch.ops.aten._flash_attention_forward(
-            query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False)
+            query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False
+        )
         return out, logsumexp, rng_state
     # A seed from the default generator: a checkpointed block that restores it draws the same masks again.
     seed = int(torch.randint(2**62, (), dtype=torch.int64)) if dropout_p else 0
@@ -89,24 +96,49 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 def _varlen_attention_fake(query, key, value, cu_seqlens, max_seqlen, dropout_p):
     if query.is_cuda:  # the aten op's own shapes
         out, logsumexp, rng_state, _, _ = torch.ops.aten._flash_attention_forward(
-            query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False)
+            query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False
+        )
         return out, logsumexp, rng_state
-    return (torch.empty_like(query), query.new_empty(query.shape[1], query.shape[0], dtype=torch.float32),
-            query.new_empty(2, dtype=torch.int64))
+    return (
+        torch.empty_like(query),
+        query.new_empty(query.shape[1], query.shape[0], dtype=torch.float32),
+        query.new_empty(2, dtype=torch.int64),
+    )
 
 
 @torch.library.custom_op("bertbench::varlen_attention_backward", mutates_args=())
-def varlen_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                              out: torch.Tensor, logsumexp: torch.Tensor, rng_state: torch.Tensor,
-                              cu_seqlens: torch.Tensor, max_seqlen: int,
-                              dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def varlen_attention_backward(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    rng_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    dropout_p: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of varlen_attention's inputs, the same dropout masks replayed from its RNG state."""
     grad_out = grad_out.contiguous()
     if query.is_cuda:
         unused = torch.empty(0, device=query.device)
         return torch.ops.aten._flash_attention_backward(
-            grad_out, query, key, value, out, logsumexp, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-            dropout_p, False, rng_state, unused)
+            grad_out,
+            query,
+            key,
+            value,
+            out,
+            logsumexp,
+            cu_seqlens,
+            cu_seqlens,
+            max_seqlen,
+            max_seqlen,
+            dropout_p,
+            False,
+            rng_state,
+            unused,
+        )
     return _reference_backward(grad_out, query, key, value, cu_seqlens, dropout_p, int(rng_state[0]))
 
 
@@ -130,8 +162,9 @@ def _reference_backward(grad_out, query, key, value, cu_seqlens, dropout_p, seed
 
 
 @varlen_attention_backward.register_fake
-def _varlen_attention_backward_fake(grad_out, query, key, value, out, logsumexp, rng_state, cu_seqlens, max_seqlen,
-                                    dropout_p):
+def _varlen_attention_backward_fake(
+    grad_out, query, key, value, out, logsumexp, rng_state, cu_seqlens, max_seqlen, dropout_p
+):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
 
@@ -144,8 +177,9 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out, _grad_logsumexp, _grad_rng_state):
     query, key, value, out, logsumexp, rng_state, cu_seqlens = ctx.saved_tensors
-    grads = torch.ops.bertbench.varlen_attention_backward(grad_out, query, key, value, out, logsumexp, rng_state,
-                                                          cu_seqlens, ctx.max_seqlen, ctx.dropout_p)
+    grads = torch.ops.bertbench.varlen_attention_backward(
+        grad_out, query, key, value, out, logsumexp, rng_state, cu_seqlens, ctx.max_seqlen, ctx.dropout_p
+    )
     return *grads, None, None, None
 
 
@@ -165,8 +199,9 @@ def _varlen_attention_flops(query, key, value, cu_seqlens, *args, out_val=None, 
 
 
 @register_flop_formula(torch.ops.bertbench.varlen_attention_backward, get_raw=True)
-def _varlen_attention_backward_flops(grad_out, query, key, value, out, logsumexp, rng_state, cu_seqlens, *args,
-                                     out_val=None, **kwargs) -> int:
+def _varlen_attention_backward_flops(
+    grad_out, query, key, value, out, logsumexp, rng_state, cu_seqlens, *args, out_val=None, **kwargs
+) -> int:
     heads, head_dim = query.shape[1:]
     return sum(8 * length * length * head_dim * heads for length in _sequence_lengths(cu_seqlens))
 
@@ -185,16 +220,24 @@ def _merge_heads(context: torch.Tensor) -> torch.Tensor:
 
 def _varlen(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
     """One bertbench::varlen_attention call over the packed rows."""
-    out = torch.ops.bertbench.varlen_attention(*(x.unflatten(-1, (num_heads, -1)) for x in (query, key, value)),
-                                               packing.cu_seqlens, packing.max_seqlen, dropout_p)[0]
+    out = torch.ops.bertbench.varlen_attention(
+        *(x.unflatten(-1, (num_heads, -1)) for x in (query, key, value)),
+        packing.cu_seqlens,
+        packing.max_seqlen,
+        dropout_p,
+    )[0]
     return out.flatten(-2)
 
 
 def _per_sequence(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
     """One SDPA call per sequence, no mask: the fastest on a CPU for sequences of 64 tokens or more."""
     pieces = zip(*(x.split(packing.lengths) for x in (query, key, value)))
-    return torch.cat([_merge_heads(F.scaled_dot_product_attention(*(_heads(x, num_heads) for x in qkv),
-                                                                   dropout_p=dropout_p)) for qkv in pieces])
+    return torch.cat(
+        [
+            _merge_heads(F.scaled_dot_product_attention(*(_heads(x, num_heads) for x in qkv), dropout_p=dropout_p))
+            for qkv in pieces
+        ]
+    )
 
 
 def _nested(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
@@ -203,8 +246,9 @@ def _nested(packing: Packing, query, key, value, num_heads: int, dropout_p: floa
     offsets = packing.cu_seqlens.long()
 
     def nested(rows):
-        return torch.nested.nested_tensor_from_jagged(rows.unflatten(-1, (num_heads, -1)), offsets,
-                                                      max_seqlen=packing.max_seqlen).transpose(1, 2)
+        return torch.nested.nested_tensor_from_jagged(
+            rows.unflatten(-1, (num_heads, -1)), offsets, max_seqlen=packing.max_seqlen
+        ).transpose(1, 2)
 
     context = F.scaled_dot_product_attention(nested(query), nested(key), nested(value), dropout_p=dropout_p)
     return context.transpose(1, 2).values().flatten(1)
@@ -220,9 +264,10 @@ def _masked(packing: Packing, query, key, value, num_heads: int, dropout_p: floa
         flat = x.new_zeros(rows, x.shape[-1]).index_copy(0, narrow_indices, x)
         return _heads(flat.view(packing.batch, packing.width, -1), num_heads)
 
-    narrow_mask = packing.mask[:, :packing.width]
-    context = F.scaled_dot_product_attention(padded(query), padded(key), padded(value),
-                                             attn_mask=narrow_mask[:, None, None, :], dropout_p=dropout_p)
+    narrow_mask = packing.mask[:, : packing.width]
+    context = F.scaled_dot_product_attention(
+        padded(query), padded(key), padded(value), attn_mask=narrow_mask[:, None, None, :], dropout_p=dropout_p
+    )
     return _merge_heads(context).flatten(0, 1).index_select(0, narrow_indices)
 
 
@@ -230,17 +275,26 @@ def _block_diagonal(packing: Packing, query, key, value, num_heads: int, dropout
     """All packed rows as one sequence under a block-diagonal mask: each token attends to its own sequence only."""
     sequence = packing.sequence_ids()
     mask = sequence[:, None] == sequence[None, :]
-    return _merge_heads(F.scaled_dot_product_attention(*(_heads(x, num_heads) for x in (query, key, value)),
-                                                       attn_mask=mask, dropout_p=dropout_p))
+    return _merge_heads(
+        F.scaled_dot_product_attention(
+            *(_heads(x, num_heads) for x in (query, key, value)), attn_mask=mask, dropout_p=dropout_p
+        )
+    )
 
 
-_KERNELS = {"varlen": _varlen, "per-sequence": _per_sequence, "nested": _nested, "masked": _masked,
-            "block-diagonal": _block_diagonal}
+_KERNELS = {
+    "varlen": _varlen,
+    "per-sequence": _per_sequence,
+    "nested": _nested,
+    "masked": _masked,
+    "block-diagonal": _block_diagonal,
+}
 ATTENTION_KERNELS = ("auto", *_KERNELS)
 
 
-def attention(packing: Packing, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int,
-              dropout_p: float) -> torch.Tensor:
+def attention(
+    packing: Packing, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, dropout_p: float
+) -> torch.Tensor:
     """Each sequence's scaled dot-product attention over its own rows: [rows, hidden] x 3 -> [rows, hidden], by
     the packing's kernel."""
     return _KERNELS[packing.kernel](packing, query, key, value, num_heads, dropout_p)
@@ -268,32 +322,46 @@ class PathRule:
         return "per-sequence" if longest >= PER_SEQUENCE_MIN_LENGTH else "masked"
 
 
-def path_rule(device: torch.device | str, head_dim: int, dtype: torch.dtype, requested: str | None = None,
-              compiled: bool = False) -> PathRule:
+def path_rule(
+    device: torch.device | str, head_dim: int, dtype: torch.dtype, requested: str | None = None, compiled: bool = False
+) -> PathRule:
     """The path and kernel that measured fastest on this device in this compute dtype, for BERT-tiny to -large alike
-    (the README's grid), or the `requested` kernel where it can run (flash attention takes only some head sizes)."""
+    (docs/models.md's grid), or the `requested` kernel where it can run (flash attention takes only some head sizes)."""
     device = torch.device(device)
     if requested not in (None, "auto"):
         if requested == "varlen" and device.type == "cuda":
             reason = flash_unavailable(device, dtype, head_dim)
             if reason is not None:
-                return PathRule("masked", MIN_PADDING_SHARE["cuda"],
-                                f"--attention_kernel=varlen: {reason}, so the masked kernel runs")
+                return PathRule(
+                    "masked",
+                    MIN_PADDING_SHARE["cuda"],
+                    f"--attention_kernel=varlen: {reason}, so the masked kernel runs",
+                )
         return PathRule(requested, MIN_PADDING_SHARE.get(device.type, MIN_PADDING_SHARE["cpu"]), "--attention_kernel")
     if device.type == "cuda":
         reason = flash_unavailable(device, dtype, head_dim)
         if reason is None:
-            return PathRule("varlen", MIN_PADDING_SHARE["cuda"], "the fastest measured on a GPU: flash attention's "
-                                                                 "variable-length kernel on the packed rows, any "
-                                                                 "padding")
-        return PathRule("masked", MIN_PADDING_SHARE["cuda"],
-                        f"the fastest measured on a GPU without flash attention ({reason})")
+            return PathRule(
+                "varlen",
+                MIN_PADDING_SHARE["cuda"],
+                "the fastest measured on a GPU: flash attention's "
+                "variable-length kernel on the packed rows, any "
+                "padding",
+            )
+        return PathRule(
+            "masked", MIN_PADDING_SHARE["cuda"], f"the fastest measured on a GPU without flash attention ({reason})"
+        )
     if compiled:
-        return PathRule("masked", MIN_PADDING_SHARE["cpu"], "under torch.compile on a CPU: no host-side sizes "
-                                                            "in the graph")
-    return PathRule("auto", MIN_PADDING_SHARE["cpu"], "the fastest measured on a CPU: per-sequence attention for "
-                                                      f"batches of {PER_SEQUENCE_MIN_LENGTH} tokens or more, masked "
-                                                      "below")
+        return PathRule(
+            "masked", MIN_PADDING_SHARE["cpu"], "under torch.compile on a CPU: no host-side sizes in the graph"
+        )
+    return PathRule(
+        "auto",
+        MIN_PADDING_SHARE["cpu"],
+        "the fastest measured on a CPU: per-sequence attention for "
+        f"batches of {PER_SEQUENCE_MIN_LENGTH} tokens or more, masked "
+        "below",
+    )
 
 
 # Below this share of padding a batch runs padded, by device type: on a CPU packing and per-sequence attention cost

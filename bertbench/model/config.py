@@ -20,19 +20,55 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish",
 
 # Keys HF writes into config.json that do not change the encoder maths bertbench implements (or that it checks
 # separately below). They are accepted and ignored so that any HF BERT directory loads.
-_HF_IGNORED_KEYS = frozenset({
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "pad_token_id", "bos_token_id",
-    "eos_token_id", "use_cache", "classifier_dropout", "gradient_checkpointing", "id2label", "label2id",
-    "num_labels", "problem_type", "finetuning_task", "output_attentions", "output_hidden_states", "return_dict",
-    "tie_word_embeddings", "torchscript", "_name_or_path", "_attn_implementation_autoset", "attn_implementation",
-    "chunk_size_feed_forward", "tokenizer_class", "prefix", "task_specific_params", "pruned_heads",
-    "is_encoder_decoder", "cross_attention_hidden_size", "tf_legacy_loss", "use_bfloat16", "add_pooling_layer",
-})
+_HF_IGNORED_KEYS = frozenset(
+    {
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "use_cache",
+        "classifier_dropout",
+        "gradient_checkpointing",
+        "id2label",
+        "label2id",
+        "num_labels",
+        "problem_type",
+        "finetuning_task",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "tie_word_embeddings",
+        "torchscript",
+        "_name_or_path",
+        "_attn_implementation_autoset",
+        "attn_implementation",
+        "chunk_size_feed_forward",
+        "tokenizer_class",
+        "prefix",
+        "task_specific_params",
+        "pruned_heads",
+        "is_encoder_decoder",
+        "cross_attention_hidden_size",
+        "tf_legacy_loss",
+        "use_bfloat16",
+        "add_pooling_layer",
+    }
+)
 # Google's multilingual bert_config.json carries pooler_* keys that its own modeling.py never reads.
-_GOOGLE_IGNORED_KEYS = frozenset({
-    "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
-    "pooler_size_per_head", "pooler_type",
-})
+_GOOGLE_IGNORED_KEYS = frozenset(
+    {
+        "directionality",
+        "pooler_fc_size",
+        "pooler_num_attention_heads",
+        "pooler_num_fc_layers",
+        "pooler_size_per_head",
+        "pooler_type",
+    }
+)
 # HF keys whose non-default value would mean a different model than BERT; value given is the only one supported.
 _HF_REQUIRED_VALUES = {"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False}
 
@@ -50,8 +86,12 @@ class BertConfig:
     num_hidden_layers: int = field(default=12, metadata={"help": "Number of transformer blocks (L)."})
     num_attention_heads: int = field(default=12, metadata={"help": "Attention heads per block (A); divides H."})
     intermediate_size: int = field(default=3072, metadata={"help": "Width of the feed-forward layer (usually 4H)."})
-    hidden_act: str = field(default="gelu", metadata={"help": f"Feed-forward activation, one of {ACTIVATIONS}; "
-                                                               "'gelu' is the exact erf form Google BERT uses."})
+    hidden_act: str = field(
+        default="gelu",
+        metadata={
+            "help": f"Feed-forward activation, one of {ACTIVATIONS}; 'gelu' is the exact erf form Google BERT uses."
+        },
+    )
     hidden_dropout_prob: float = field(default=0.1, metadata={"help": "Dropout after embeddings and each sub-layer."})
     attention_probs_dropout_prob: float = field(default=0.1, metadata={"help": "Dropout on attention probabilities."})
     max_position_embeddings: int = field(default=512, metadata={"help": "Longest sequence the model can take."})
@@ -60,14 +100,22 @@ class BertConfig:
     layer_norm_eps: float = field(default=1e-12, metadata={"help": "LayerNorm epsilon (Google BERT: 1e-12)."})
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size: {self.hidden_size} is not a multiple of "
-                              f"num_attention_heads={self.num_attention_heads}")
+            raise ConfigError(
+                f"hidden_size: {self.hidden_size} is not a multiple of num_attention_heads={self.num_attention_heads}"
+            )
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act: {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
@@ -96,18 +144,26 @@ class BertConfig:
         embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h
         # Q, K, V and output projections; the feed-forward pair; two LayerNorms.
         layer = 4 * (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 2 * 2 * h
-        return {"embeddings": (embeddings, f"{rows}={getattr(self, rows)} x hidden_size={h}"),
-                "layers": (self.num_hidden_layers * layer, f"num_hidden_layers={self.num_hidden_layers} x (4 x "
-                                                          f"hidden_size={h} squared + 2 x hidden_size x "
-                                                          f"intermediate_size={ffn})"),
-                "pooler": (h * h + h, f"hidden_size={h} squared")}
+        return {
+            "embeddings": (embeddings, f"{rows}={getattr(self, rows)} x hidden_size={h}"),
+            "layers": (
+                self.num_hidden_layers * layer,
+                f"num_hidden_layers={self.num_hidden_layers} x (4 x "
+                f"hidden_size={h} squared + 2 x hidden_size x "
+                f"intermediate_size={ffn})",
+            ),
+            "pooler": (h * h + h, f"hidden_size={h} squared"),
+        }
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "BertConfig":
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> BertConfig:
         """Build from Google or HF keys; an unknown key, a missing required key or a bad value names itself."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        required = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
         # Google's configs carry every key; require them all there so a truncated file is caught, not defaulted.
         google_keys = fields - {"layer_norm_eps"}
         is_hf = "model_type" in values or "architectures" in values or "layer_norm_eps" in values
@@ -123,8 +179,9 @@ class BertConfig:
                 kwargs[key] = value
             elif key in _HF_REQUIRED_VALUES:
                 if value != _HF_REQUIRED_VALUES[key]:
-                    raise ConfigError(f"{source}: key {key!r} = {value!r} is not supported "
-                                      f"(only {_HF_REQUIRED_VALUES[key]!r})")
+                    raise ConfigError(
+                        f"{source}: key {key!r} = {value!r} is not supported (only {_HF_REQUIRED_VALUES[key]!r})"
+                    )
             elif key not in _HF_IGNORED_KEYS and key not in _GOOGLE_IGNORED_KEYS:
                 raise ConfigError(f"{source}: unknown key {key!r}")
         try:
@@ -133,7 +190,7 @@ class BertConfig:
             raise ConfigError(f"{source}: {error}") from None
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
+    def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
         """Read a Google bert_config.json or an HF config.json (a directory means its config.json)."""
         path = os.fspath(path)
         if os.path.isdir(path):

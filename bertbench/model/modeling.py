@@ -47,13 +47,16 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                packing: Packing | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, packing: Packing | None = None
+    ) -> torch.Tensor:
         """[batch, seq] ids -> [batch, seq, hidden]; with `packing`, [tokens, hidden] for its real tokens only."""
         seq_length = input_ids.shape[1]
         if seq_length > self.position_embeddings.num_embeddings:
-            raise ValueError(f"sequence length {seq_length} exceeds max_position_embeddings="
-                             f"{self.position_embeddings.num_embeddings}")
+            raise ValueError(
+                f"sequence length {seq_length} exceeds max_position_embeddings="
+                f"{self.position_embeddings.num_embeddings}"
+            )
         if packing is None:
             positions = torch.arange(seq_length, device=input_ids.device)
         else:
@@ -167,8 +170,7 @@ def init_weights(module: nn.Module, initializer_range: float) -> None:
     """Google BERT's initialisation: truncated normal (cut at 2 std) weights, zero biases, unit LayerNorm."""
     for sub in module.modules():
         if isinstance(sub, (nn.Linear, nn.Embedding)):
-            nn.init.trunc_normal_(sub.weight, std=initializer_range, a=-2 * initializer_range,
-                                  b=2 * initializer_range)
+            nn.init.trunc_normal_(sub.weight, std=initializer_range, a=-2 * initializer_range, b=2 * initializer_range)
             if isinstance(sub, nn.Linear) and sub.bias is not None:
                 nn.init.zeros_(sub.bias)
         elif isinstance(sub, nn.LayerNorm):
@@ -213,8 +215,13 @@ def compute_dtype(module: nn.Module, device: torch.device | str) -> torch.dtype:
     return next(module.parameters()).dtype
 
 
-def packer_for(model: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None,
-               compiled: bool = False, bucketed: bool = False) -> Packer | None:
+def packer_for(
+    model: nn.Module,
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
+    compiled: bool = False,
+    bucketed: bool = False,
+) -> Packer | None:
     """The Packer that makes the batches' packings on the host for `model` (its first BertModel's path) computing
     in `dtype` (default: its weights') on `device`; None for a model without a BertModel, which takes no packing."""
     bert = next((module for module in model.modules() if isinstance(module, BertModel)), None)
@@ -257,8 +264,13 @@ class BertModel(nn.Module):
         self.attention_kernel: str | None = None
         init_weights(self, config.initializer_range)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, packing: Packing | None = None) -> BertModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        packing: Packing | None = None,
+    ) -> BertModelOutput:
         """`packing`: the batch's Packing made on the host by this model's packer (bertbench.training.step passes it);
         without one, a batch with padding is packed here from its mask, at the cost of a host sync."""
         if packing is None and attention_mask is not None and self.unpad:
@@ -335,10 +347,16 @@ class BertForPreTraining(nn.Module):
         init_weights(self.cls.predictions.transform, config.initializer_range)
         init_weights(self.cls.seq_relationship, config.initializer_range)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, masked_lm_positions: torch.Tensor | None = None,
-                masked_lm_labels: torch.Tensor | None = None, next_sentence_labels: torch.Tensor | None = None,
-                packing: Packing | None = None) -> PreTrainingOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_labels: torch.Tensor | None = None,
+        next_sentence_labels: torch.Tensor | None = None,
+        packing: Packing | None = None,
+    ) -> PreTrainingOutput:
         """masked_lm_positions [batch, P] selects the positions to predict (the vocab projection, the largest
         matmul of the head, then runs on P positions, not the whole sequence); masked_lm_labels is [batch, P] with
         positions, else [batch, seq]; IGNORE_INDEX marks padding. next_sentence_labels: 0 = is next, 1 = random."""
@@ -350,8 +368,9 @@ class BertForPreTraining(nn.Module):
         nsp_logits = self.cls.seq_relationship(encoded.pooled_output)
         mlm_loss = nsp_loss = None
         if masked_lm_labels is not None:
-            mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), masked_lm_labels.flatten(),
-                                       ignore_index=IGNORE_INDEX)
+            mlm_loss = F.cross_entropy(
+                mlm_logits.flatten(0, 1).float(), masked_lm_labels.flatten(), ignore_index=IGNORE_INDEX
+            )
         if next_sentence_labels is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.flatten())
         losses = [loss for loss in (mlm_loss, nsp_loss) if loss is not None]
@@ -378,9 +397,14 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_weights(self.classifier, config.initializer_range)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                packing: Packing | None = None) -> ClassifierOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        packing: Packing | None = None,
+    ) -> ClassifierOutput:
         pooled = self.bert(input_ids, token_type_ids, attention_mask, packing).pooled_output
         logits = self.classifier(self.dropout(pooled))
         loss = None
@@ -409,9 +433,15 @@ class BertForQuestionAnswering(nn.Module):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         init_weights(self.qa_outputs, config.initializer_range)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None, packing: Packing | None = None) -> QuestionAnsweringOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        packing: Packing | None = None,
+    ) -> QuestionAnsweringOutput:
         encoded = self.bert(input_ids, token_type_ids, attention_mask, packing)
         logits = self.qa_outputs(encoded.sequence_output).float()
         if encoded.packing is not None:
@@ -423,4 +453,3 @@ class BertForQuestionAnswering(nn.Module):
         if start_positions is not None and end_positions is not None:
             loss = (F.cross_entropy(start_logits, start_positions) + F.cross_entropy(end_logits, end_positions)) / 2
         return QuestionAnsweringOutput(loss, start_logits, end_logits)
-

@@ -83,15 +83,16 @@ class Packing:
         return 1 - self.tokens / (self.batch * self.seq_length)
 
     @classmethod
-    def padded(cls, mask: torch.Tensor, tokens: int | None = None) -> "Packing":
+    def padded(cls, mask: torch.Tensor, tokens: int | None = None) -> Packing:
         """A batch that runs padded: only its sizes (the padded path skips its mask when nothing is padding)."""
         batch, seq_length = mask.shape
         tokens = int(mask.sum()) if tokens is None else tokens
         return cls(batch, seq_length, tokens, None, mask=mask.bool())
 
     @classmethod
-    def of_mask(cls, mask: torch.Tensor, kernel: str, bucketed: bool = False,
-                lengths: torch.Tensor | None = None) -> "Packing":
+    def of_mask(
+        cls, mask: torch.Tensor, kernel: str, bucketed: bool = False, lengths: torch.Tensor | None = None
+    ) -> Packing:
         """The packing of a [batch, seq] 0/1 mask of any shape (each row's real tokens are found, not assumed to
         come first), for `kernel`; `lengths`: its real tokens per row, when already counted. On a CPU mask this is
         host work; on a device mask it costs a sync."""
@@ -115,20 +116,36 @@ class Packing:
             positions = torch.cat([positions, positions.new_zeros(filler)])
             cu_seqlens = torch.cat([cu_seqlens, tokens + torch.tensor(filler_lengths).cumsum(0)])
             max_seqlen = seq_length
-        return cls(batch, seq_length, tokens, kernel, flat_indices, positions, cu_seqlens.int(), mask,
-                   length_list, max_seqlen, width, bucketed)
+        return cls(
+            batch,
+            seq_length,
+            tokens,
+            kernel,
+            flat_indices,
+            positions,
+            cu_seqlens.int(),
+            mask,
+            length_list,
+            max_seqlen,
+            width,
+            bucketed,
+        )
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Packing":
-        return dataclasses.replace(self, **{name: value.to(device, non_blocking=non_blocking)
-                                           for name, value in self.tensors().items()})
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Packing:
+        return dataclasses.replace(
+            self, **{name: value.to(device, non_blocking=non_blocking) for name, value in self.tensors().items()}
+        )
 
-    def pin_memory(self) -> "Packing":
+    def pin_memory(self) -> Packing:
         return dataclasses.replace(self, **{name: value.pin_memory() for name, value in self.tensors().items()})
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The packing's tensors by field name: what moves to a device, and what a CUDA graph reloads."""
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                if isinstance(getattr(self, field.name), torch.Tensor)}
+        return {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if isinstance(getattr(self, field.name), torch.Tensor)
+        }
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """[batch, seq, ...] -> [rows, ...] (a bucket's filler rows read a row of zeros)."""

@@ -57,7 +57,8 @@ _RECOMPUTED_OPS = frozenset(_RECOMPUTED_ACTIVATIONS.values())
 # hides them from any outer hook. A counter of saved bytes (bertbench.model.saved_activations) listens here; the model
 # itself keeps no tally.
 _kept_listener: contextvars.ContextVar[Callable[[torch.Tensor], None] | None] = contextvars.ContextVar(
-    "recompute_kept_listener", default=None)
+    "recompute_kept_listener", default=None
+)
 
 
 @contextlib.contextmanager

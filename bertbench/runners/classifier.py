@@ -1,6 +1,6 @@
 """Fine-tune and score BERT on a GLUE task with Google's run_classifier.py flags (also `bertbench classify`).
 
-    python -m bertbench.runners.classifier --task_name=MRPC --do_train=true --do_eval=true \\
+    python -m bertbench.run_classifier --task_name=MRPC --do_train=true --do_eval=true \\
         --data_dir=$GLUE_DIR/MRPC --vocab_file=$BERT_DIR/vocab.txt --bert_config_file=$BERT_DIR/bert_config.json \\
         --init_checkpoint=$BERT_DIR/bert_model.ckpt --max_seq_length=128 --train_batch_size=32 \\
         --learning_rate=2e-5 --num_train_epochs=3.0 --output_dir=/tmp/mrpc_output/
@@ -22,44 +22,57 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from bertbench.runners import command as runner
-from bertbench.common.durable import write_text_atomically
+from bertbench.common.durable import write_atomically
+from bertbench.common.errors import UsageError
 from bertbench.common.flags import setting
-from bertbench.tasks.glue import GlueDataError, GlueProcessor, InputExample, compute_metrics, encode_examples, \
-    get_processor, submission_file_name, write_submission
+from bertbench.common.run_files import GOOGLE_TEST_RESULTS
+from bertbench.runners.config import FineTuningSettings
+from bertbench.runners.results import report_eval
+from bertbench.runners.skeleton import FineTuningData, FineTuningRunner, WorkerScore
+from bertbench.tasks.glue import (
+    GlueDataError,
+    GlueProcessor,
+    InputExample,
+    compute_metrics,
+    encode_examples,
+    get_processor,
+    submission_file_name,
+    write_submission,
+)
 from bertbench.tasks.tokenization import BertTokenizer
 
 PROGRAM = "run_classifier"
-GOOGLE_TEST_RESULTS = "test_results.tsv"  # Google's run_classifier --do_predict output
 
 
 @dataclasses.dataclass(frozen=True)
-class GlueSettings(runner.FineTuningSettings):
+class GlueSettings(FineTuningSettings):
     """GLUE: the task and its files, the model, sizes and processes (Google's run_classifier flags)."""
 
-    task_name: str | None = setting("CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI or AX (prediction only, "
-                                    "with an MNLI model as --init_checkpoint).", None, required=True,
-                                    defines_run=True)
-    data_dir: str | None = setting("The task's directory of the GLUE download (glue_data/MRPC).", None,
-                                   required=True)
+    task_name: str | None = setting(
+        "CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI or AX (prediction only, "
+        "with an MNLI model as --init_checkpoint).",
+        None,
+        required=True,
+        defines_run=True,
+    )
+    data_dir: str | None = setting("The task's directory of the GLUE download (glue_data/MRPC).", None, required=True)
     do_eval: bool = setting("Score the dev set(s) and write eval_results.txt/.json.", False, per_command=True)
     eval_batch_size: int = setting("Sequences per evaluation batch.", 8, positive=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not (self.do_train or self.do_eval or self.do_predict):
-            raise runner.UsageError("at least one of --do_train, --do_eval or --do_predict must be true")
+            raise UsageError("at least one of --do_train, --do_eval or --do_predict must be true")
         try:
             get_processor(self.task_name)
         except ValueError as error:
-            raise runner.UsageError(str(error)) from None
+            raise UsageError(str(error)) from None
         if self.max_seq_length < 3:
-            raise runner.UsageError(f"--max_seq_length must be at least 3 ([CLS], text and [SEP]), got "
-                                    f"{self.max_seq_length}")
+            raise UsageError(f"--max_seq_length must be at least 3 ([CLS], text and [SEP]), got {self.max_seq_length}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GlueData(runner.TaskData):
+class GlueData(FineTuningData):
     processor: GlueProcessor
     tokenizer: BertTokenizer  # test sets are encoded after training
     dev_sets: Mapping[str, Mapping[str, torch.Tensor]]  # dev set name -> features (MNLI: matched, mismatched)
@@ -71,17 +84,30 @@ def read(settings: GlueSettings, tokenizer: BertTokenizer, log) -> GlueData:
     processor = get_processor(settings.task_name)
     train = None
     if settings.do_train:
-        examples = processor.train_examples(settings.data_dir, log)[:settings.max_train_samples]
+        examples = processor.train_examples(settings.data_dir, log)[: settings.max_train_samples]
         train = encode_examples(examples, tokenizer, processor, settings.max_seq_length)
-    dev_sets = {name: encode_examples(examples, tokenizer, processor, settings.max_seq_length)
-                for name, examples in processor.dev_sets(settings.data_dir, log).items()} if settings.do_eval else {}
+    dev_sets = (
+        {
+            name: encode_examples(examples, tokenizer, processor, settings.max_seq_length)
+            for name, examples in processor.dev_sets(settings.data_dir, log).items()
+        }
+        if settings.do_eval
+        else {}
+    )
     test_sets = processor.test_sets(settings.data_dir, log) if settings.do_predict else {}
-    return GlueData(train=train, description=f"{processor.name}: {len(train['labels'])} examples" if train else "",
-                    head_kwargs={"num_labels": processor.num_labels}, processor=processor, tokenizer=tokenizer,
-                    dev_sets=dev_sets, test_sets=test_sets)
+    return GlueData(
+        train=train,
+        num_train_sequences=len(train["labels"]) if train else 0,
+        description=f"{processor.name}: {len(train['labels'])} examples" if train else "",
+        head_kwargs={"num_labels": processor.num_labels},
+        processor=processor,
+        tokenizer=tokenizer,
+        dev_sets=dev_sets,
+        test_sets=test_sets,
+    )
 
 
-def worker_score(settings: GlueSettings, data: GlueData) -> runner.WorkerScore:
+def worker_score(settings: GlueSettings, data: GlueData) -> WorkerScore:
     """The task's main metric on its first dev set (MNLI: matched), for choosing among independent workers."""
     set_name, features = next(iter(data.dev_sets.items()))
     processor = data.processor
@@ -89,7 +115,8 @@ def worker_score(settings: GlueSettings, data: GlueData) -> runner.WorkerScore:
     def score(estimator) -> float:
         logits = estimator.predict(features, settings.eval_batch_size)["logits"]
         return compute_metrics(processor, logits, features["labels"])[processor.main_metric]
-    return runner.WorkerScore(f"{set_name}_{processor.main_metric}", score)
+
+    return WorkerScore(f"{set_name}_{processor.main_metric}", score)
 
 
 def infer(settings: GlueSettings, estimator, data: GlueData, is_main: bool, log) -> dict[str, float]:
@@ -100,11 +127,16 @@ def infer(settings: GlueSettings, estimator, data: GlueData, is_main: bool, log)
         results = evaluate(settings, estimator, data, is_main, log)
         seconds = time.perf_counter() - started
         first = next(iter(data.dev_sets))
-        figures = {"e2e_inference_time": seconds,
-                   "inference_sequences_per_second": sum(len(features["labels"]) for features in
-                                                         data.dev_sets.values()) / max(seconds, 1e-9),
-                   **{name: results[f"{first}_{key}"] for name, key in (("exact_match", "acc"), ("F1", "f1"))
-                      if f"{first}_{key}" in results}}
+        figures = {
+            "e2e_inference_time": seconds,
+            "inference_sequences_per_second": sum(len(features["labels"]) for features in data.dev_sets.values())
+            / max(seconds, 1e-9),
+            **{
+                name: results[f"{first}_{key}"]
+                for name, key in (("exact_match", "acc"), ("F1", "f1"))
+                if f"{first}_{key}" in results
+            },
+        }
     if settings.do_predict:
         predict(settings, estimator, data, is_main, log)
     return figures
@@ -116,16 +148,25 @@ def evaluate(settings: GlueSettings, estimator, data: GlueData, is_main: bool, l
     results: dict[str, float] = {"global_step": estimator.global_step}
     for index, (set_name, features) in enumerate(data.dev_sets.items()):
         labels = features["labels"]
-        scores = estimator.evaluate(features, settings.eval_batch_size,
-                                    metric_fn=lambda outputs: compute_metrics(processor, outputs["logits"], labels))
+        scores = estimator.evaluate(
+            features,
+            settings.eval_batch_size,
+            metric_fn=lambda outputs: compute_metrics(processor, outputs["logits"], labels),
+        )
         results.update({f"{set_name}_{key}": value for key, value in scores.items() if key != "global_step"})
         results[f"{set_name}_examples"] = len(labels)
         if index == 0:  # Google's keys too, of the first dev set (the only one Google scores)
             results.update({"eval_loss": scores["loss"], "loss": scores["loss"]})
             if "acc" in scores:
                 results["eval_accuracy"] = scores["acc"]
-    runner.report_eval(estimator.run_config.model_dir, f"{processor.name}, step {estimator.global_step}", results,
-                       {"task": processor.name}, is_main, log)
+    report_eval(
+        estimator.run_config.model_dir,
+        f"{processor.name}, step {estimator.global_step}",
+        results,
+        {"task": processor.name},
+        is_main,
+        log,
+    )
     return results
 
 
@@ -147,20 +188,33 @@ def predict(settings: GlueSettings, estimator, data: GlueData, is_main: bool, lo
             if not written:
                 google = os.path.join(output_dir, GOOGLE_TEST_RESULTS)
                 values = logits.float() if processor.is_regression else torch.softmax(logits.float(), dim=-1)
-                write_text_atomically(google, "".join("\t".join(str(value) for value in row) + "\n"
-                                                      for row in values.reshape(len(examples), -1).numpy()))
+                write_atomically(
+                    google,
+                    "".join(
+                        "\t".join(str(value) for value in row) + "\n"
+                        for row in values.reshape(len(examples), -1).numpy()
+                    ),
+                )
                 log(f"class probabilities written to {google} (Google's file)")
         written.append(path)
     return written
 
 
-SPEC = runner.TaskSpec(name=PROGRAM, description=__doc__.splitlines()[0], settings=GlueSettings,
-                       input_errors=(GlueDataError,), model_task="classification", scored_by="do_eval", read=read,
-                       worker_score=worker_score, infer=infer)
+SPEC = FineTuningRunner(
+    name=PROGRAM,
+    description=__doc__.splitlines()[0],
+    settings=GlueSettings,
+    input_errors=(GlueDataError,),
+    model_task="classification",
+    scored_by="do_eval",
+    read_files=read,
+    dev_score=worker_score,
+    evaluate=infer,
+)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
-    return runner.run_main(SPEC, argv, prog)
+    return SPEC.main(argv, prog)
 
 
 if __name__ == "__main__":

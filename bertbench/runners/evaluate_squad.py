@@ -12,8 +12,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from bertbench.common.errors import ArgumentParser, run_command
-from bertbench.tasks.squad import SquadDataError, evaluate, read_predictions, read_questions
+from bertbench.common.errors import run_command
+from bertbench.common.flags import ArgumentParser
+from bertbench.tasks.squad.reading import SquadDataError
+from bertbench.tasks.squad.scoring import evaluate, read_predictions, read_questions
 
 PROGRAM = "bertbench evaluate-squad"
 
@@ -24,8 +26,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("pred_file", help="predictions.json: question id -> answer text.")
     parser.add_argument("--out-file", "-o", help="Also write the figures as JSON here.")
     parser.add_argument("--na-prob-file", "-n", help="null_odds.json: question id -> no-answer probability (v2.0).")
-    parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0,
-                        help="Predict no answer when the no-answer probability is above this (default: 1.0).")
+    parser.add_argument(
+        "--na-prob-thresh",
+        "-t",
+        type=float,
+        default=1.0,
+        help="Predict no answer when the no-answer probability is above this (default: 1.0).",
+    )
     return parser.parse_args(argv)
 
 
@@ -35,13 +42,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         questions, version_2 = read_questions(args.data_file)
         predictions = read_predictions(args.pred_file)
         probabilities = read_predictions(args.na_prob_file, float) if args.na_prob_file else None
-        figures = evaluate(questions, predictions, version_2, probabilities, args.na_prob_thresh,
-                           warn=lambda message: print(message, file=sys.stderr))
+        figures = evaluate(
+            questions,
+            predictions,
+            version_2,
+            probabilities,
+            args.na_prob_thresh,
+            warn=lambda message: print(message, file=sys.stderr),
+        )
         text = json.dumps(figures, indent=2)
         print(text)
         if args.out_file:
             with open(args.out_file, "w", encoding="utf-8") as handle:
                 handle.write(text + "\n")
+
     return run_command(PROGRAM, body, input_errors=(SquadDataError,))
 
 

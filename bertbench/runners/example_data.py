@@ -27,19 +27,27 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from bertbench.tasks import synthetic
+from bertbench.common.errors import UsageError, run_command
+from bertbench.common.flags import ArgumentParser
 from bertbench.model.config import BertConfig
-from bertbench.tasks.create_pretraining_data import DataSettings, create_pretraining_data
-from bertbench.common.errors import ArgumentParser, UsageError, run_command
 from bertbench.model.factory import build_model
+from bertbench.tasks import synthetic
+from bertbench.tasks.create_pretraining_data import create_pretraining_data
+from bertbench.tasks.pretraining_data.settings import DataSettings
+from bertbench.weights.hf import save_hf_directory
 from bertbench.weights.tf_checkpoint import write_tf_checkpoint
-from bertbench.weights.hf import tf_model_variables, save_hf_directory
+from bertbench.weights.tf_names import tf_model_variables
 
 PROG = "bertbench example-data"
 # Google's BERT-Tiny shape, narrowed to the 42-token vocabulary; 512 positions so that every script's default
 # sequence length (128 and 512 for pre-training, 384 for SQuAD) fits.
-MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
-         "max_position_embeddings": 512}
+MODEL = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 256,
+    "max_position_embeddings": 512,
+}
 # Sizes that keep each README.txt command within seconds on a CPU: (train, dev, test) pairs of MRPC; SQuAD paragraphs
 # (three questions each); corpus documents (training, held out).
 GLUE_SIZES = (256, 64, 32)
@@ -79,14 +87,25 @@ def _write_bert(directory: str, seed: int) -> None:
 def _write_pretraining_data(directory: str, seed: int) -> None:
     corpus_dir = os.path.join(directory, "corpus")
     os.makedirs(corpus_dir)
-    corpora = {split: synthetic.write_corpus(os.path.join(corpus_dir, f"{split}.txt"), documents, seed=2 * seed + k)
-               for k, (split, documents) in enumerate(zip(("train", "eval"), CORPUS_DOCUMENTS))}
+    corpora = {
+        split: synthetic.write_corpus(os.path.join(corpus_dir, f"{split}.txt"), documents, seed=2 * seed + k)
+        for k, (split, documents) in enumerate(zip(("train", "eval"), CORPUS_DOCUMENTS))
+    }
     for name, (split, seq, predictions, shards) in SHARDS.items():
-        create_pretraining_data(DataSettings(
-            input_file=corpora[split], vocab_file=os.path.join(directory, "bert", "vocab.txt"),
-            output_dir=os.path.join(directory, "shards", name), num_shards=shards, max_seq_length=seq,
-            max_predictions_per_seq=predictions, dupe_factor=2 if split == "train" else 1, random_seed=seed,
-            num_workers=1), log=lambda line: None)
+        create_pretraining_data(
+            DataSettings(
+                input_file=corpora[split],
+                vocab_file=os.path.join(directory, "bert", "vocab.txt"),
+                output_dir=os.path.join(directory, "shards", name),
+                num_shards=shards,
+                max_seq_length=seq,
+                max_predictions_per_seq=predictions,
+                dupe_factor=2 if split == "train" else 1,
+                random_seed=seed,
+                num_workers=1,
+            ),
+            log=lambda line: None,
+        )
 
 
 def readme(directory: str) -> str:
@@ -201,8 +220,9 @@ def write_example_data(directory: str | os.PathLike, overwrite: bool = False, se
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[2].replace("\n", " "))
-    parser.add_argument("directory", metavar="DIR", help="directory to write (must not exist, or be empty, unless "
-                                                         "--overwrite)")
+    parser.add_argument(
+        "directory", metavar="DIR", help="directory to write (must not exist, or be empty, unless --overwrite)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty DIR")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of the weights")
     return parser
@@ -213,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         directory = write_example_data(args.directory, overwrite=args.overwrite, seed=args.seed)
         print(f"{PROG}: wrote {directory}; see {os.path.join(directory, 'README.txt')} for a command per runner")
+
     return run_command(PROG, body)
 
 

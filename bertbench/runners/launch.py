@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError, RendezvousError,
-                                                      RendezvousTimeoutError)
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError, RendezvousTimeoutError
 
 PROGRAM = "bertbench launch"
 DEFAULT_JOIN_TIMEOUT = 600  # torchrun's c10d default, in seconds
@@ -39,12 +38,16 @@ def describe_rendezvous_failure(args, error: RendezvousError) -> str:
     where = f"rendezvous '{args.rdzv_id}' at {endpoint} ({args.rdzv_backend})"
     if isinstance(error, RendezvousTimeoutError):
         seconds = rendezvous_option(args.rdzv_conf, "join_timeout", DEFAULT_JOIN_TIMEOUT)
-        return (f"{where} timed out after {seconds:g} s waiting for {args.nnodes} node(s) to join: a node did not "
-                "start its launcher, or cannot reach the endpoint; start every node with the same --rdzv-endpoint "
-                "and --rdzv-id (or wait longer: --rdzv-conf=join_timeout=SECONDS)")
+        return (
+            f"{where} timed out after {seconds:g} s waiting for {args.nnodes} node(s) to join: a node did not "
+            "start its launcher, or cannot reach the endpoint; start every node with the same --rdzv-endpoint "
+            "and --rdzv-id (or wait longer: --rdzv-conf=join_timeout=SECONDS)"
+        )
     if isinstance(error, RendezvousConnectionError):
-        return (f"{where} cannot be reached ({error or type(error).__name__}): check that the endpoint's host runs "
-                "the first node's launcher and that its port is open to every node")
+        return (
+            f"{where} cannot be reached ({error or type(error).__name__}): check that the endpoint's host runs "
+            "the first node's launcher and that its port is open to every node"
+        )
     return f"{where} failed: {type(error).__name__}: {error}"
 
 

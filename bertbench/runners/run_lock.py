@@ -28,8 +28,7 @@ import time
 from collections.abc import Callable
 
 from bertbench.common.errors import UsageError
-
-LOCK_NAME = ".bertbench.lock"
+from bertbench.common.run_files import LOCK
 
 
 class RunDirectoryBusy(UsageError):
@@ -41,12 +40,12 @@ class RunLock:
 
     def __init__(self, directory: str | os.PathLike, log: Callable[[str], None] = lambda line: None):
         self.directory = os.fspath(directory)
-        self.path = os.path.join(self.directory, LOCK_NAME)
+        self.path = os.path.join(self.directory, LOCK)
         self.log = log
         self._descriptor: int | None = None
         self._created_directory = self._created_file = False
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         while True:  # again when a failed command removed the file or the directory it had made meanwhile
             self._created_directory |= not os.path.isdir(self.directory)
             os.makedirs(self.directory, exist_ok=True)
@@ -66,8 +65,12 @@ class RunLock:
                 break
             os.close(descriptor)
         os.ftruncate(descriptor, 0)
-        holder = {"host": socket.gethostname(), "pid": os.getpid(),
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)[:500]}
+        holder = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": " ".join(sys.argv)[:500],
+        }
         os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
         self._descriptor = descriptor
         return self
@@ -78,19 +81,23 @@ class RunLock:
         except BlockingIOError:
             holder = _read_holder(descriptor)
             os.close(descriptor)
-            raise RunDirectoryBusy(f"{self.directory}: another run is using this directory ({holder}); wait for it "
-                                   "to end, or use another --output_dir") from None
+            raise RunDirectoryBusy(
+                f"{self.directory}: another run is using this directory ({holder}); wait for it "
+                "to end, or use another --output_dir"
+            ) from None
         except OSError as error:
             if error.errno not in (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 os.close(descriptor)
                 raise
-            self.log(f"warning: {self.path}: this filesystem does not lock files ({error.strerror}): nothing stops "
-                     "a second run on this directory")
+            self.log(
+                f"warning: {self.path}: this filesystem does not lock files ({error.strerror}): nothing stops "
+                "a second run on this directory"
+            )
 
     def __exit__(self, error_type, *exc_info) -> None:
         if self._descriptor is None:
             return
-        only_the_lock = self._created_directory and os.listdir(self.directory) == [LOCK_NAME]
+        only_the_lock = self._created_directory and os.listdir(self.directory) == [LOCK]
         if self._created_file and (error_type is not None or only_the_lock):
             os.remove(self.path)  # while locked: see the module's doc
             if self._created_directory and not os.listdir(self.directory):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bertbench.common.durable import write_text_atomically
+from bertbench.common.durable import write_atomically
 from bertbench.tasks.tokenization import BertTokenizer
 
 
@@ -100,20 +100,25 @@ class GlueProcessor:
         """The key of compute_metrics' result that ranks models on this task, as the GLUE leaderboard does."""
         return "corr" if self.metric == "pearson_and_spearman" else self.metric
 
-    def train_examples(self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
-                       ) -> list[InputExample]:
+    def train_examples(
+        self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
+    ) -> list[InputExample]:
         """The training set; `warn` receives the warning about skipped rows (QQP)."""
         if self.train is None:
-            raise GlueDataError(f"GLUE task {self.name} has no training set: it is predicted by a model trained on MNLI")
+            raise GlueDataError(
+                f"GLUE task {self.name} has no training set: it is predicted by a model trained on MNLI"
+            )
         return self._read(data_dir, "train", self.train, warn)
 
-    def dev_sets(self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
-                 ) -> dict[str, list[InputExample]]:
+    def dev_sets(
+        self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
+    ) -> dict[str, list[InputExample]]:
         """Every labelled evaluation set by name: {"dev": ...}; MNLI {"dev_matched": ..., "dev_mismatched": ...}."""
         return {name: self._read(data_dir, name, split, warn) for name, split in self.dev.items()}
 
-    def test_sets(self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
-                  ) -> dict[str, list[InputExample]]:
+    def test_sets(
+        self, data_dir: str | os.PathLike, warn: Callable[[str], None] = print_warning
+    ) -> dict[str, list[InputExample]]:
         """Every unlabelled test set by name (label None, guid the file's index): {"test": ...}; MNLI
         {"test_matched": ..., "test_mismatched": ...}."""
         return {name: self._read(data_dir, name, split, warn) for name, split in self.test.items()}
@@ -125,11 +130,14 @@ class GlueProcessor:
         for candidate in candidates:
             if os.path.isfile(candidate):
                 return candidate
-        raise GlueDataError(f"{candidates[0]}: no such file for GLUE task {self.name} (data_dir should be the task's "
-                            f"directory of the GLUE download, e.g. glue_data/{self.directories[0]})")
+        raise GlueDataError(
+            f"{candidates[0]}: no such file for GLUE task {self.name} (data_dir should be the task's "
+            f"directory of the GLUE download, e.g. glue_data/{self.directories[0]})"
+        )
 
-    def _read(self, data_dir: str | os.PathLike, split_name: str, split: Split,
-              warn: Callable[[str], None]) -> list[InputExample]:
+    def _read(
+        self, data_dir: str | os.PathLike, split_name: str, split: Split, warn: Callable[[str], None]
+    ) -> list[InputExample]:
         path = self._locate(data_dir, split.file_name)
         with open(path, "rb") as handle:
             data = handle.read()
@@ -147,10 +155,15 @@ class GlueProcessor:
             line = reader.line_num  # one row per line: QUOTE_NONE never continues a field onto the next line
             if columns.header and line == 1:
                 # An example there means the header is missing: it would be skipped, silently, as the header.
-                if columns.label is not None and len(row) >= columns.min_fields and \
-                        self._label_value(row[columns.label]) is not None:
-                    raise GlueDataError(f"{path}:1: an example ({self.name} label {row[columns.label]!r}) where the "
-                                        f"header line belongs: {self.name} {split_name} files start with a header")
+                if (
+                    columns.label is not None
+                    and len(row) >= columns.min_fields
+                    and self._label_value(row[columns.label]) is not None
+                ):
+                    raise GlueDataError(
+                        f"{path}:1: an example ({self.name} label {row[columns.label]!r}) where the "
+                        f"header line belongs: {self.name} {split_name} files start with a header"
+                    )
                 continue
             if not row:
                 continue
@@ -158,17 +171,21 @@ class GlueProcessor:
                 if self.skip_short_rows:
                     short_rows.append(line)
                     continue
-                raise GlueDataError(f"{path}:{line}: {len(row)} tab-separated field{'s' if len(row) != 1 else ''}, "
-                                    f"{self.name} {split_name} rows need at least {columns.min_fields}")
+                raise GlueDataError(
+                    f"{path}:{line}: {len(row)} tab-separated field{'s' if len(row) != 1 else ''}, "
+                    f"{self.name} {split_name} rows need at least {columns.min_fields}"
+                )
             label = None if columns.label is None else self._parse_label(path, line, row[columns.label])
             guid = f"{split_name}-{len(examples)}" if columns.guid is None else row[columns.guid]
             text_b = None if columns.text_b is None else row[columns.text_b]
             examples.append(InputExample(guid, row[columns.text_a], text_b, label))
         if short_rows:
             shown = ", ".join(map(str, short_rows[:10])) + (", ..." if len(short_rows) > 10 else "")
-            warn(f"warning: {path}: skipped {len(short_rows)} row{'s' if len(short_rows) != 1 else ''} with fewer "
-                 f"than {columns.min_fields} tab-separated fields (line{'s' if len(short_rows) != 1 else ''} {shown}), "
-                 f"as HF's {self.name} processor skips them")
+            warn(
+                f"warning: {path}: skipped {len(short_rows)} row{'s' if len(short_rows) != 1 else ''} with fewer "
+                f"than {columns.min_fields} tab-separated fields (line{'s' if len(short_rows) != 1 else ''} {shown}), "
+                f"as HF's {self.name} processor skips them"
+            )
         if not examples:
             raise GlueDataError(f"{path}: no examples")
         return examples
@@ -188,18 +205,26 @@ class GlueProcessor:
         if value is not None:
             return value
         if not self.is_regression:
-            raise GlueDataError(f"{path}:{line}: unknown label {raw!r} for {self.name}, "
-                                f"expected one of {', '.join(self.labels)}")
+            raise GlueDataError(
+                f"{path}:{line}: unknown label {raw!r} for {self.name}, expected one of {', '.join(self.labels)}"
+            )
         raise GlueDataError(f"{path}:{line}: label {raw!r} is not a number ({self.name} scores are floats)")
 
 
-def _standard_task(name: str, labels: tuple[str, ...], metric: str, labelled: Columns,
-                   test: Columns, skip_short_rows: bool = False) -> GlueProcessor:
+def _standard_task(
+    name: str, labels: tuple[str, ...], metric: str, labelled: Columns, test: Columns, skip_short_rows: bool = False
+) -> GlueProcessor:
     """A task with train.tsv and dev.tsv laid out alike, and test.tsv."""
     return GlueProcessor(
-        name=name, labels=labels, metric=metric, train=Split("train.tsv", labelled),
-        dev={"dev": Split("dev.tsv", labelled)}, test={"test": Split("test.tsv", test, f"{name}.tsv")},
-        directories=(name,), skip_short_rows=skip_short_rows)
+        name=name,
+        labels=labels,
+        metric=metric,
+        train=Split("train.tsv", labelled),
+        dev={"dev": Split("dev.tsv", labelled)},
+        test={"test": Split("test.tsv", test, f"{name}.tsv")},
+        directories=(name,),
+        skip_short_rows=skip_short_rows,
+    )
 
 
 BINARY = ("0", "1")
@@ -215,41 +240,87 @@ MNLI_TEST = Columns(text_a=8, text_b=9, label=None, guid=0)
 
 _TASKS = (
     # CoLA train/dev: source, label, original annotation, sentence, with no header; test: index, sentence.
-    _standard_task("CoLA", BINARY, "mcc", Columns(text_a=3, text_b=None, label=1, header=False),
-                   Columns(text_a=1, text_b=None, label=None, guid=0)),
+    _standard_task(
+        "CoLA",
+        BINARY,
+        "mcc",
+        Columns(text_a=3, text_b=None, label=1, header=False),
+        Columns(text_a=1, text_b=None, label=None, guid=0),
+    ),
     # sentence, label; test: index, sentence.
-    _standard_task("SST-2", BINARY, "acc", Columns(text_a=0, text_b=None, label=1),
-                   Columns(text_a=1, text_b=None, label=None, guid=0)),
+    _standard_task(
+        "SST-2",
+        BINARY,
+        "acc",
+        Columns(text_a=0, text_b=None, label=1),
+        Columns(text_a=1, text_b=None, label=None, guid=0),
+    ),
     # Quality, #1 ID, #2 ID, #1 String, #2 String; test: index, #1 ID, #2 ID, #1 String, #2 String.
-    _standard_task("MRPC", BINARY, "acc_and_f1", Columns(text_a=3, text_b=4, label=0),
-                   Columns(text_a=3, text_b=4, label=None, guid=0)),
+    _standard_task(
+        "MRPC",
+        BINARY,
+        "acc_and_f1",
+        Columns(text_a=3, text_b=4, label=0),
+        Columns(text_a=3, text_b=4, label=None, guid=0),
+    ),
     # index genre filename year old_index source1 source2 sentence1 sentence2 score; test without score.
-    _standard_task("STS-B", (), "pearson_and_spearman", Columns(text_a=7, text_b=8, label=9),
-                   Columns(text_a=7, text_b=8, label=None, guid=0)),
+    _standard_task(
+        "STS-B",
+        (),
+        "pearson_and_spearman",
+        Columns(text_a=7, text_b=8, label=9),
+        Columns(text_a=7, text_b=8, label=None, guid=0),
+    ),
     # id qid1 qid2 question1 question2 is_duplicate; test: id question1 question2.
     # Real QQP files hold rows with missing fields (questions cut by a newline): skipped, as HF's processor does.
-    _standard_task("QQP", BINARY, "acc_and_f1", Columns(text_a=3, text_b=4, label=5),
-                   Columns(text_a=1, text_b=2, label=None, guid=0), skip_short_rows=True),
+    _standard_task(
+        "QQP",
+        BINARY,
+        "acc_and_f1",
+        Columns(text_a=3, text_b=4, label=5),
+        Columns(text_a=1, text_b=2, label=None, guid=0),
+        skip_short_rows=True,
+    ),
     GlueProcessor(
-        name="MNLI", labels=MNLI_LABELS, metric="acc", train=Split("train.tsv", MNLI_COLUMNS),
-        dev={"dev_matched": Split("dev_matched.tsv", MNLI_COLUMNS),
-             "dev_mismatched": Split("dev_mismatched.tsv", MNLI_COLUMNS)},
-        test={"test_matched": Split("test_matched.tsv", MNLI_TEST, "MNLI-m.tsv"),
-              "test_mismatched": Split("test_mismatched.tsv", MNLI_TEST, "MNLI-mm.tsv")},
-        directories=("MNLI",)),
+        name="MNLI",
+        labels=MNLI_LABELS,
+        metric="acc",
+        train=Split("train.tsv", MNLI_COLUMNS),
+        dev={
+            "dev_matched": Split("dev_matched.tsv", MNLI_COLUMNS),
+            "dev_mismatched": Split("dev_mismatched.tsv", MNLI_COLUMNS),
+        },
+        test={
+            "test_matched": Split("test_matched.tsv", MNLI_TEST, "MNLI-m.tsv"),
+            "test_mismatched": Split("test_mismatched.tsv", MNLI_TEST, "MNLI-mm.tsv"),
+        },
+        directories=("MNLI",),
+    ),
     _standard_task("QNLI", ENTAILMENT_LABELS, "acc", INDEX_PAIR, INDEX_PAIR_TEST),
     _standard_task("RTE", ENTAILMENT_LABELS, "acc", INDEX_PAIR, INDEX_PAIR_TEST),
     _standard_task("WNLI", BINARY, "acc", INDEX_PAIR, INDEX_PAIR_TEST),
     # The diagnostic (index, sentence1, sentence2), unlabelled: an MNLI model's predictions, scored by GLUE with MCC.
     GlueProcessor(
-        name="AX", labels=MNLI_LABELS, metric="mcc", train=None, dev={},
-        test={"test": Split("diagnostic.tsv", INDEX_PAIR_TEST, "AX.tsv")}, directories=("AX", "diagnostic")),
+        name="AX",
+        labels=MNLI_LABELS,
+        metric="mcc",
+        train=None,
+        dev={},
+        test={"test": Split("diagnostic.tsv", INDEX_PAIR_TEST, "AX.tsv")},
+        directories=("AX", "diagnostic"),
+    ),
 )
 
 PROCESSORS: dict[str, GlueProcessor] = {processor.name.lower(): processor for processor in _TASKS}
 # mnli-mm is HF's name for the mismatched evaluation; MNLI evaluates both dev sets anyway.
-PROCESSORS.update({"sst2": PROCESSORS["sst-2"], "stsb": PROCESSORS["sts-b"], "mnli-mm": PROCESSORS["mnli"],
-                   "diagnostic": PROCESSORS["ax"]})
+PROCESSORS.update(
+    {
+        "sst2": PROCESSORS["sst-2"],
+        "stsb": PROCESSORS["sts-b"],
+        "mnli-mm": PROCESSORS["mnli"],
+        "diagnostic": PROCESSORS["ax"],
+    }
+)
 
 
 def get_processor(task: str | GlueProcessor) -> GlueProcessor:
@@ -262,21 +333,28 @@ def get_processor(task: str | GlueProcessor) -> GlueProcessor:
         raise ValueError(f"unknown GLUE task {task!r}, choose from {', '.join(PROCESSORS)}") from None
 
 
-def encode_examples(examples: Sequence[InputExample], tokenizer: BertTokenizer, task: str | GlueProcessor,
-                    max_seq_length: int) -> dict[str, torch.Tensor]:
+def encode_examples(
+    examples: Sequence[InputExample], tokenizer: BertTokenizer, task: str | GlueProcessor, max_seq_length: int
+) -> dict[str, torch.Tensor]:
     """input_ids, token_type_ids, attention_mask (int64, (n, max_seq_length)) and labels: int64 indices into the
     task's labels, or float32 scores for regression; an unlabelled example gives -1, or nan for regression."""
     processor = get_processor(task)
     inputs = tokenizer.encode_batch([(example.text_a, example.text_b) for example in examples], max_seq_length)
     if processor.is_regression:
-        targets = torch.tensor([math.nan if example.label is None else float(example.label) for example in examples],
-                               dtype=torch.float32)
+        targets = torch.tensor(
+            [math.nan if example.label is None else float(example.label) for example in examples], dtype=torch.float32
+        )
     else:
         index = {label: position for position, label in enumerate(processor.labels)}
-        targets = torch.tensor([-1 if example.label is None else index[example.label] for example in examples],
-                               dtype=torch.long)
-    return {"input_ids": torch.from_numpy(inputs.input_ids), "token_type_ids": torch.from_numpy(inputs.token_type_ids),
-            "attention_mask": torch.from_numpy(inputs.attention_mask), "labels": targets}
+        targets = torch.tensor(
+            [-1 if example.label is None else index[example.label] for example in examples], dtype=torch.long
+        )
+    return {
+        "input_ids": torch.from_numpy(inputs.input_ids),
+        "token_type_ids": torch.from_numpy(inputs.token_type_ids),
+        "attention_mask": torch.from_numpy(inputs.attention_mask),
+        "labels": targets,
+    }
 
 
 def _as_numpy(values) -> np.ndarray:
@@ -316,6 +394,7 @@ def compute_metrics(task: str | GlueProcessor, predictions, labels) -> dict[str,
         raise ValueError(f"{processor.name} labels include -1: unlabelled examples cannot be scored")
     if processor.metric == "mcc":
         from sklearn import metrics  # here, not at import: ~0.5 s that a process which never scores CoLA skips
+
         return {"mcc": float(metrics.matthews_corrcoef(truth, predicted))}
     accuracy = float((predicted == truth).mean())
     if processor.metric == "acc_and_f1":
@@ -332,13 +411,15 @@ def submission_file_name(task: str | GlueProcessor, split_name: str) -> str:
     """The leaderboard's name for a test split's predictions: CoLA.tsv, ..., MNLI-m.tsv, MNLI-mm.tsv, AX.tsv."""
     processor = get_processor(task)
     if split_name not in processor.test:
-        raise ValueError(f"{processor.name} has no test split {split_name!r}, its test splits: "
-                         f"{', '.join(processor.test)}")
+        raise ValueError(
+            f"{processor.name} has no test split {split_name!r}, its test splits: {', '.join(processor.test)}"
+        )
     return processor.test[split_name].submission_name
 
 
-def write_submission(path: str | os.PathLike, processor: str | GlueProcessor, guids: Sequence[str],
-                     predictions) -> None:
+def write_submission(
+    path: str | os.PathLike, processor: str | GlueProcessor, guids: Sequence[str], predictions
+) -> None:
     """Write `index<TAB>prediction` lines as the GLUE leaderboard reads them: label strings, or STS-B scores clipped
     to [0, 5]. guids are the test examples' guids (the file's index column); predictions as `compute_metrics`.
     The file appears complete or not at all."""
@@ -351,4 +432,4 @@ def write_submission(path: str | os.PathLike, processor: str | GlueProcessor, gu
     else:
         values = [processor.labels[index] for index in predicted]
     lines = ["index\tprediction\n"] + [f"{guid}\t{value}\n" for guid, value in zip(guids, values)]
-    write_text_atomically(path, "".join(lines))
+    write_atomically(path, "".join(lines))

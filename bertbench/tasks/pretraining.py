@@ -28,10 +28,15 @@ if TYPE_CHECKING:  # torch is imported where batches are made: create_pretrainin
     import torch
 
 # The datasets of a shard, and the dtypes NVIDIA's writer gives them (gzip-compressed).
-SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-              "next_sentence_labels")
-NVIDIA_DTYPES = {"input_ids": np.int32, "input_mask": np.int8, "segment_ids": np.int8,
-                 "masked_lm_positions": np.int32, "masked_lm_ids": np.int32, "next_sentence_labels": np.int8}
+SHARD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+NVIDIA_DTYPES = {
+    "input_ids": np.int32,
+    "input_mask": np.int8,
+    "segment_ids": np.int8,
+    "masked_lm_positions": np.int32,
+    "masked_lm_ids": np.int32,
+    "next_sentence_labels": np.int8,
+}
 SHARD_SUFFIXES = (".hdf5", ".h5")
 # Keys a variable-length (MLPerf) shard may leave out, because the array lengths carry them.
 _OPTIONAL_IN_VARLENGTH = ("input_mask",)
@@ -53,15 +58,19 @@ def find_shards(spec: str) -> list[str]:
             for root, directories, names in os.walk(part):
                 # Hidden entries are not shards: a temporary directory of create-pretraining-data, for one.
                 directories[:] = [name for name in directories if not name.startswith(".")]
-                matches += [os.path.join(root, name) for name in names
-                            if name.endswith(SHARD_SUFFIXES) and not name.startswith(".")]
+                matches += [
+                    os.path.join(root, name)
+                    for name in names
+                    if name.endswith(SHARD_SUFFIXES) and not name.startswith(".")
+                ]
             if not matches:
                 raise ShardError(f"{part}: no .hdf5 or .h5 shard in this directory")
         else:
             matches = [path for path in glob.glob(part) if os.path.isfile(path)]
             if not matches:
-                raise ShardError(f"{part}: no such shard file" + (" (the pattern matches nothing)"
-                                                                   if glob.has_magic(part) else ""))
+                raise ShardError(
+                    f"{part}: no such shard file" + (" (the pattern matches nothing)" if glob.has_magic(part) else "")
+                )
         found.extend(matches)
     if not found:
         raise ShardError(f"{spec!r}: names no shard")
@@ -93,11 +102,14 @@ def _read(path: str, read):
     try:
         with h5py.File(path, "r") as handle:
             varlength = "input_ids" in handle and h5py.check_vlen_dtype(handle["input_ids"].dtype) is not None
-            missing = [key for key in SHARD_KEYS
-                       if key not in handle and not (varlength and key in _OPTIONAL_IN_VARLENGTH)]
+            missing = [
+                key for key in SHARD_KEYS if key not in handle and not (varlength and key in _OPTIONAL_IN_VARLENGTH)
+            ]
             if missing:
-                raise ShardError(f"{path}: no dataset {', '.join(missing)}: not a pre-training shard in NVIDIA's "
-                                 f"layout (it has {', '.join(sorted(handle)) or 'no datasets'})")
+                raise ShardError(
+                    f"{path}: no dataset {', '.join(missing)}: not a pre-training shard in NVIDIA's "
+                    f"layout (it has {', '.join(sorted(handle)) or 'no datasets'})"
+                )
             return read(handle, varlength)
     except ShardError:
         raise
@@ -118,17 +130,18 @@ def _check_shapes(path: str, shapes: Mapping[str, tuple[int, ...]], limits: Shar
         return
     predictions = shapes["masked_lm_positions"]
     if len(ids) != 2 or len(predictions) != 2:
-        raise ShardError(f"{path}: input_ids has shape {list(ids)} and masked_lm_positions {list(predictions)}, "
-                         "expected [sequences, length] and [sequences, predictions]")
-    expected = {"input_mask": ids, "segment_ids": ids, "masked_lm_ids": predictions,
-                "next_sentence_labels": (count,)}
+        raise ShardError(
+            f"{path}: input_ids has shape {list(ids)} and masked_lm_positions {list(predictions)}, "
+            "expected [sequences, length] and [sequences, predictions]"
+        )
+    expected = {"input_mask": ids, "segment_ids": ids, "masked_lm_ids": predictions, "next_sentence_labels": (count,)}
     for key, shape in expected.items():
         if shapes[key] != shape:
-            raise ShardError(f"{path}: {key} has shape {list(shapes[key])}, input_ids {list(ids)} asks for "
-                             f"{list(shape)}")
+            raise ShardError(
+                f"{path}: {key} has shape {list(shapes[key])}, input_ids {list(ids)} asks for {list(shape)}"
+            )
     if ids[1] > limits.max_seq_length:
-        raise ShardError(f"{path}: sequences of {ids[1]} tokens, longer than --max_seq_length "
-                         f"{limits.max_seq_length}")
+        raise ShardError(f"{path}: sequences of {ids[1]} tokens, longer than --max_seq_length {limits.max_seq_length}")
 
 
 def _label_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -139,11 +152,13 @@ def _label_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 def check_layout(path: str, limits: ShardLimits) -> int:
     """Open a shard and check its keys and shapes without reading the data (cheap enough to do for every shard of
     a run before training starts); returns its number of sequences. `read_shard` checks the values."""
+
     def read(handle, varlength):
         shapes = {key: handle[key].shape for key in SHARD_KEYS if key in handle}
         shapes["next_sentence_labels"] = _label_shape(shapes["next_sentence_labels"])
         _check_shapes(path, shapes, limits, varlength)
         return shapes["input_ids"][0] if shapes["input_ids"] else 0
+
     return _read(path, read)
 
 
@@ -155,7 +170,7 @@ def _pad_rows(rows, width: int | None, path: str, key: str) -> np.ndarray:
         raise ShardError(f"{path}: {key} has a sequence of {max(lengths)} entries, more than {width}")
     out = np.zeros((len(rows), width), dtype=np.int64)
     for index, row in enumerate(rows):
-        out[index, :len(row)] = row
+        out[index, : len(row)] = row
     return out
 
 
@@ -179,7 +194,8 @@ def read_shard(path: str, limits: ShardLimits, widen: bool = True) -> dict[str, 
         lengths = np.array([len(row) for row in raw["input_ids"]])
         arrays["input_mask"] = (np.arange(arrays["input_ids"].shape[1]) < lengths[:, None]).astype(np.int64)
     arrays["next_sentence_labels"] = arrays["next_sentence_labels"].reshape(
-        _label_shape(arrays["next_sentence_labels"].shape))
+        _label_shape(arrays["next_sentence_labels"].shape)
+    )
     _check_shapes(path, {key: array.shape for key, array in arrays.items()}, limits, varlength=False)
     _check_values(path, arrays, limits)
     return arrays
@@ -200,16 +216,24 @@ def _check_values(path: str, arrays: Mapping[str, np.ndarray], limits: ShardLimi
     positions = arrays["masked_lm_positions"]
     used = int((positions != 0).sum(axis=1).max(initial=0))
     if used > limits.max_predictions_per_seq:
-        raise ShardError(f"{path}: up to {used} masked positions per sequence, more than --max_predictions_per_seq "
-                         f"{limits.max_predictions_per_seq}")
+        raise ShardError(
+            f"{path}: up to {used} masked positions per sequence, more than --max_predictions_per_seq "
+            f"{limits.max_predictions_per_seq}"
+        )
     real = _real_predictions(positions)
     outside = real & ((positions < 0) | (positions >= lengths[:, None]))
     if outside.any():
         row = _first_bad_row(outside)
-        raise ShardError(f"{path}: row {row}: masked position {int(positions[row][outside[row]][0])} is outside "
-                         f"its sequence of {int(lengths[row])} tokens")
-    for key, bound in (("input_ids", limits.vocab_size), ("masked_lm_ids", limits.vocab_size),
-                       ("segment_ids", limits.type_vocab_size), ("next_sentence_labels", 2)):
+        raise ShardError(
+            f"{path}: row {row}: masked position {int(positions[row][outside[row]][0])} is outside "
+            f"its sequence of {int(lengths[row])} tokens"
+        )
+    for key, bound in (
+        ("input_ids", limits.vocab_size),
+        ("masked_lm_ids", limits.vocab_size),
+        ("segment_ids", limits.type_vocab_size),
+        ("next_sentence_labels", 2),
+    ):
         values = arrays[key]
         bad = (values < 0) | (values >= bound)
         if bad.any():
@@ -228,8 +252,9 @@ def sequence_lengths(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     return arrays["input_mask"].sum(axis=1)
 
 
-def model_batch(arrays: Mapping[str, np.ndarray], index: np.ndarray | slice, width: int | None = None
-                ) -> dict[str, torch.Tensor]:
+def model_batch(
+    arrays: Mapping[str, np.ndarray], index: np.ndarray | slice, width: int | None = None
+) -> dict[str, torch.Tensor]:
     """BertForPreTraining's inputs for rows `index`, cut to `width` columns (a length bin's edge): padding slots of
     the predictions get label IGNORE_INDEX and position 0."""
     width = arrays["input_ids"].shape[1] if width is None else width
@@ -238,16 +263,18 @@ def model_batch(arrays: Mapping[str, np.ndarray], index: np.ndarray | slice, wid
     labels = np.where(real, arrays["masked_lm_ids"][index], IGNORE_INDEX)
     import torch
 
-    return {"input_ids": torch.from_numpy(np.ascontiguousarray(arrays["input_ids"][index, :width])),
-            "token_type_ids": torch.from_numpy(np.ascontiguousarray(arrays["segment_ids"][index, :width])),
-            "attention_mask": torch.from_numpy(np.ascontiguousarray(arrays["input_mask"][index, :width])),
-            "masked_lm_positions": torch.from_numpy(np.where(real, positions, 0)),
-            "masked_lm_labels": torch.from_numpy(labels),
-            "next_sentence_labels": torch.from_numpy(np.ascontiguousarray(arrays["next_sentence_labels"][index]))}
+    return {
+        "input_ids": torch.from_numpy(np.ascontiguousarray(arrays["input_ids"][index, :width])),
+        "token_type_ids": torch.from_numpy(np.ascontiguousarray(arrays["segment_ids"][index, :width])),
+        "attention_mask": torch.from_numpy(np.ascontiguousarray(arrays["input_mask"][index, :width])),
+        "masked_lm_positions": torch.from_numpy(np.where(real, positions, 0)),
+        "masked_lm_labels": torch.from_numpy(labels),
+        "next_sentence_labels": torch.from_numpy(np.ascontiguousarray(arrays["next_sentence_labels"][index])),
+    }
 
 
 def parse_length_bins(text: str | None, max_seq_length: int) -> tuple[int, ...] | None:
-    """"128,256,384,512" -> (128, 256, 384, 512), checked by check_length_bins; None for no bins."""
+    """ "128,256,384,512" -> (128, 256, 384, 512), checked by check_length_bins; None for no bins."""
     if not text:
         return None
     try:
@@ -284,11 +311,21 @@ class PretrainingBatches:
     bin) is left out, and counted in `dropped`.
     """
 
-    def __init__(self, files: Sequence[str], batch_size: int, seed: int, limits: ShardLimits, rank: int = 0,
-                 world_size: int = 1, length_bins: Sequence[int] | None = None):
+    def __init__(
+        self,
+        files: Sequence[str],
+        batch_size: int,
+        seed: int,
+        limits: ShardLimits,
+        rank: int = 0,
+        world_size: int = 1,
+        length_bins: Sequence[int] | None = None,
+    ):
         if len(files) < world_size:
-            raise ShardError(f"{len(files)} shard(s) for {world_size} processes: each process reads whole shards, "
-                             f"so make at least {world_size} (create-pretraining-data --num_shards)")
+            raise ShardError(
+                f"{len(files)} shard(s) for {world_size} processes: each process reads whole shards, "
+                f"so make at least {world_size} (create-pretraining-data --num_shards)"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.files = list(files)
@@ -316,8 +353,9 @@ class PretrainingBatches:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.files))
         return int(order[(cursor * self.world_size + self.rank) % len(self.files)])
 
-    def _batches_of(self, file_index: int, epoch: int, arrays: Mapping[str, np.ndarray]
-                    ) -> list[tuple[np.ndarray, int]]:
+    def _batches_of(
+        self, file_index: int, epoch: int, arrays: Mapping[str, np.ndarray]
+    ) -> list[tuple[np.ndarray, int]]:
         """The shard's batches in order: (row indices, width)."""
         rng = np.random.default_rng([self.seed, epoch, file_index, 1])
         order = rng.permutation(len(arrays["input_ids"]))
@@ -330,8 +368,9 @@ class PretrainingBatches:
         batches = []
         for rows, group_width in groups:
             full = len(rows) // self.batch_size * self.batch_size
-            batches += [(rows[start:start + self.batch_size], group_width)
-                        for start in range(0, full, self.batch_size)]
+            batches += [
+                (rows[start : start + self.batch_size], group_width) for start in range(0, full, self.batch_size)
+            ]
         if self.length_bins is not None:  # interleave the bins, or a run would see all short sequences first
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -370,25 +409,38 @@ class PretrainingBatches:
                 return model_batch(arrays, rows, width)
             empty_shards = empty_shards + 1 if not batches else 0
             if empty_shards > self.shards_per_epoch:
-                raise ShardError(f"no shard of this process holds a full batch of {self.batch_size} sequences"
-                                 + (" in any length bin" if self.length_bins else "") + f" (e.g. {self.files[0]})")
+                raise ShardError(
+                    f"no shard of this process holds a full batch of {self.batch_size} sequences"
+                    + (" in any length bin" if self.length_bins else "")
+                    + f" (e.g. {self.files[0]})"
+                )
             self.batch_cursor = 0
             self.shard_cursor += 1
             if self.shard_cursor == self.shards_per_epoch:
                 self.epoch_index, self.shard_cursor = self.epoch_index + 1, 0
 
     def state_dict(self) -> dict[str, object]:
-        return {"epoch": self.epoch_index, "shard": self.shard_cursor, "batch": self.batch_cursor,
-                "consumed": self.consumed, "dropped": self.dropped, "rank": self.rank, "world_size": self.world_size,
-                "shards": len(self.files), "batch_size": self.batch_size, "seed": self.seed,
-                "length_bins": list(self.length_bins or ())}
+        return {
+            "epoch": self.epoch_index,
+            "shard": self.shard_cursor,
+            "batch": self.batch_cursor,
+            "consumed": self.consumed,
+            "dropped": self.dropped,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "shards": len(self.files),
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "length_bins": list(self.length_bins or ()),
+        }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         current = self.state_dict()
         for key in ("world_size", "rank", "shards", "batch_size", "seed", "length_bins"):
             if state.get(key) != current[key]:
-                raise ValueError(f"the data position was saved with {key} {state.get(key)}, this run has "
-                                 f"{current[key]}")
+                raise ValueError(
+                    f"the data position was saved with {key} {state.get(key)}, this run has {current[key]}"
+                )
         self.epoch_index, self.shard_cursor, self.batch_cursor = state["epoch"], state["shard"], state["batch"]
         self.consumed, self.dropped = state["consumed"], state["dropped"]
         self._plan = None
@@ -397,8 +449,9 @@ class PretrainingBatches:
         self._loader.shutdown(wait=True, cancel_futures=True)
 
 
-def read_eval_set(files: Sequence[str], limits: ShardLimits, max_examples: int | None = None
-                  ) -> dict[str, torch.Tensor]:
+def read_eval_set(
+    files: Sequence[str], limits: ShardLimits, max_examples: int | None = None
+) -> dict[str, torch.Tensor]:
     """Every sequence of the eval shards (in file order, the first `max_examples` if given; MLPerf scores 10,000),
     padded to the widest shard, as model inputs."""
     parts, remaining = [], max_examples
@@ -412,9 +465,17 @@ def read_eval_set(files: Sequence[str], limits: ShardLimits, max_examples: int |
     import torch
 
     width = max(part["input_ids"].shape[1] for part in parts)
-    widened = [{name: (torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]))
-                       if name in ("input_ids", "token_type_ids", "attention_mask") else tensor)
-                for name, tensor in part.items()} for part in parts]
+    widened = [
+        {
+            name: (
+                torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]))
+                if name in ("input_ids", "token_type_ids", "attention_mask")
+                else tensor
+            )
+            for name, tensor in part.items()
+        }
+        for part in parts
+    ]
     return {name: torch.cat([part[name] for part in widened]) for name in widened[0]}
 
 
@@ -424,13 +485,18 @@ def prediction_counts(output, batch: Mapping[str, torch.Tensor]) -> dict[str, to
     labels = batch["masked_lm_labels"]
     real = labels != IGNORE_INDEX
     right = (output.mlm_logits.argmax(-1) == labels) & real
-    return {"mlm_correct": right.sum(1), "mlm_count": real.sum(1),
-            "nsp_correct": (output.nsp_logits.argmax(-1) == batch["next_sentence_labels"]).long()}
+    return {
+        "mlm_correct": right.sum(1),
+        "mlm_count": real.sum(1),
+        "nsp_correct": (output.nsp_logits.argmax(-1) == batch["next_sentence_labels"]).long(),
+    }
 
 
 def accuracies(counts: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """Masked-LM accuracy (over masked tokens, as MLPerf scores it) and next-sentence accuracy."""
     masked = int(counts["mlm_count"].sum())
-    return {"masked_lm_accuracy": int(counts["mlm_correct"].sum()) / max(1, masked),
-            "next_sentence_accuracy": float(counts["nsp_correct"].float().mean()),
-            "masked_tokens": masked}
+    return {
+        "masked_lm_accuracy": int(counts["mlm_correct"].sum()) / max(1, masked),
+        "next_sentence_accuracy": float(counts["nsp_correct"].float().mean()),
+        "masked_tokens": masked,
+    }

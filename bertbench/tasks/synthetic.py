@@ -12,9 +12,8 @@ v2.0 a third of the questions pair an adjective of the paragraph with an animal 
 answer. The model has to match the question's words to the paragraph's (one attention hop), which a 2-layer BERT
 of hidden size 128 learns from scratch in a few hundred steps.
 
-Model sizes and random batches: the named BERT shapes the benches time ("tiny" is also the tests' and the demo's
-debug size), and batches of random ids with a step kind's labels, full-length or of given lengths, for timing a step
-whose cost does not depend on the values.
+Random batches: random ids with a step kind's labels, full-length or of given lengths, for timing a step whose cost
+does not depend on the values (the named model shapes the benches time are model/sizes.py's).
 """
 
 from __future__ import annotations
@@ -73,9 +72,13 @@ def make_corpus(documents: int, seed: int) -> list[list[str]]:
     corpus = []
     for _ in range(documents):
         subject = rng.choice(NOUNS)
-        corpus.append([f"the {rng.choice(POSITIVE + NEGATIVE)} {subject} {rng.choice(VERBS)} the "
-                       f"{rng.choice(POSITIVE + NEGATIVE)} {rng.choice([noun for noun in NOUNS if noun != subject])} ."
-                       for _ in range(rng.randint(4, 12))])
+        corpus.append(
+            [
+                f"the {rng.choice(POSITIVE + NEGATIVE)} {subject} {rng.choice(VERBS)} the "
+                f"{rng.choice(POSITIVE + NEGATIVE)} {rng.choice([noun for noun in NOUNS if noun != subject])} ."
+                for _ in range(rng.randint(4, 12))
+            ]
+        )
     return corpus
 
 
@@ -108,16 +111,19 @@ _GLUE_LABEL = {
     "MNLI": lambda positives: ("contradiction", "neutral", "neutral", "entailment")[positives],
 }
 GLUE_STAND_INS = tuple(_GLUE_LABEL)
-_MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
-                "sentence2_parse\tsentence1\tsentence2")
+_MNLI_HEADER = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+    "sentence2_parse\tsentence1\tsentence2"
+)
 _STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
 
 
 def _glue_row(task: str, index: int, text_a: str, text_b: str, label: str | None) -> str:
     """One line of `task`'s train/dev file (label given) or test file (label None), in the release's columns."""
     if task == "MRPC":
-        return "\t".join([label if label is not None else str(index), str(2 * index), str(2 * index + 1),
-                          text_a, text_b])
+        return "\t".join(
+            [label if label is not None else str(index), str(2 * index), str(2 * index + 1), text_a, text_b]
+        )
     if task in ("SST-2", "CoLA"):
         sentence = f"{text_a} {text_b}"
         if label is None:
@@ -143,8 +149,9 @@ def _glue_header(task: str, split: str) -> str | None:
     return _MNLI_HEADER + ("\tlabel1\tgold_label" if labelled else "")
 
 
-def write_glue_task(directory: str | os.PathLike, task: str = "MRPC", train: int = 3668, dev: int = 408,
-                    test: int = 1725, seed: int = 0) -> str:
+def write_glue_task(
+    directory: str | os.PathLike, task: str = "MRPC", train: int = 3668, dev: int = 408, test: int = 1725, seed: int = 0
+) -> str:
     """Write the built-in task as GLUE `task`'s files (the release's file names, headers and columns) under
     directory/<task>/ and return that path; with the defaults it has MRPC's size. MNLI gets both dev and test sets,
     matched and mismatched."""
@@ -167,8 +174,9 @@ def write_glue_task(directory: str | os.PathLike, task: str = "MRPC", train: int
     return task_dir
 
 
-def make_squad(paragraphs: int, seed: int, version_2: bool = True, questions_per_paragraph: int = 3,
-               training: bool = True) -> dict:
+def make_squad(
+    paragraphs: int, seed: int, version_2: bool = True, questions_per_paragraph: int = 3, training: bool = True
+) -> dict:
     """A SQuAD-format dataset (the JSON object of train-v1.1.json / dev-v2.0.json). Training questions carry one
     answer, as SQuAD's train files do; dev questions two (with and without the article), as its dev files carry
     several annotators' answers. Sentences are joined by one or two spaces or a newline, so answers sit at
@@ -207,8 +215,9 @@ def make_squad(paragraphs: int, seed: int, version_2: bool = True, questions_per
     return {"version": "v2.0" if version_2 else "1.1", "data": articles}
 
 
-def write_squad(directory: str | os.PathLike, version: str = "2.0", train: int = 600, dev: int = 100,
-                seed: int = 0) -> tuple[str, str]:
+def write_squad(
+    directory: str | os.PathLike, version: str = "2.0", train: int = 600, dev: int = 100, seed: int = 0
+) -> tuple[str, str]:
     """Write train-v<version>.json and dev-v<version>.json (`train` and `dev` paragraphs of three questions) into
     directory, as in a SQuAD download, and return their paths."""
     if version not in ("1.1", "2.0"):
@@ -216,8 +225,7 @@ def write_squad(directory: str | os.PathLike, version: str = "2.0", train: int =
     os.makedirs(directory, exist_ok=True)
     paths = []
     for split, paragraphs, number in (("train", train, 0), ("dev", dev, 1)):
-        dataset = make_squad(paragraphs, seed=2 * seed + number, version_2=version == "2.0",
-                             training=split == "train")
+        dataset = make_squad(paragraphs, seed=2 * seed + number, version_2=version == "2.0", training=split == "train")
         path = os.path.join(directory, f"{split}-v{version}.json")
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(dataset, handle, indent=1)
@@ -225,21 +233,6 @@ def write_squad(directory: str | os.PathLike, version: str = "2.0", train: int =
     return paths[0], paths[1]
 
 
-# Named model shapes; any bert_config.json / HF config.json path works as well.
-# The model the built-in SQuAD data trains (the demo's QA step, `bench finetuning --task squad`): matching a
-# question's words to the paragraph's needs attention heads of 32 dimensions, and a from-scratch model on synthetic
-# data learns faster without dropout (nothing here overfits).
-SQUAD_MODEL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512,
-               "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-MODEL_SIZES = {
-    "tiny": dict(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
-    "mini": dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                 intermediate_size=1024),
-    "base": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 intermediate_size=3072),
-    "large": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                  intermediate_size=4096),
-}
 # Masked positions per sequence, as NVIDIA's phase 1 (seq 128: 20) and phase 2 (seq 512: 80) data has them.
 MASKED_SHARE = 0.15625
 
@@ -248,8 +241,15 @@ def masked_positions(seq: int) -> int:
     return max(1, round(seq * MASKED_SHARE))
 
 
-def synthetic_batch(config: BertConfig, kind: str, batch: int, seq: int, device: torch.device | str = "cpu",
-                    seed: int = 0, lengths: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+def synthetic_batch(
+    config: BertConfig,
+    kind: str,
+    batch: int,
+    seq: int,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    lengths: Sequence[int] | None = None,
+) -> dict[str, torch.Tensor]:
     """A batch of random ids with the labels of `kind`: full-length (no padding), or with each sequence's real
     length in `lengths` (pair length, [CLS] and [SEP] included) and [PAD] (id 0, mask 0, token type 0) after it, as
     a padded batch of real text is. The token types split each sequence's real tokens in two halves; pre-training
@@ -261,15 +261,17 @@ def synthetic_batch(config: BertConfig, kind: str, batch: int, seq: int, device:
     generator = torch.Generator().manual_seed(seed)
     positions = torch.arange(seq).expand(batch, seq)
     real = positions < lengths[:, None]
-    values = {"input_ids": torch.randint(1, config.vocab_size, (batch, seq), generator=generator) * real,
-              "token_type_ids": (real & (positions >= lengths[:, None] // 2)).long(),
-              "attention_mask": real.long()}
+    values = {
+        "input_ids": torch.randint(1, config.vocab_size, (batch, seq), generator=generator) * real,
+        "token_type_ids": (real & (positions >= lengths[:, None] // 2)).long(),
+        "attention_mask": real.long(),
+    }
     if kind == "pretraining":
         predictions = masked_positions(seq)
         values["masked_lm_positions"] = torch.zeros(batch, predictions, dtype=torch.long)
         for row, length in enumerate(lengths.tolist()):
-            chosen = torch.randperm(length, generator=generator)[:masked_positions(length)]
-            values["masked_lm_positions"][row, :len(chosen)] = chosen
+            chosen = torch.randperm(length, generator=generator)[: masked_positions(length)]
+            values["masked_lm_positions"][row, : len(chosen)] = chosen
         labels = torch.randint(1, config.vocab_size, (batch, predictions), generator=generator)
         predicted = torch.arange(predictions) < torch.tensor([masked_positions(n) for n in lengths.tolist()])[:, None]
         values["masked_lm_labels"] = labels.where(predicted, IGNORE_INDEX)

@@ -158,9 +158,11 @@ def _lower_case(path: str, document: dict) -> bool | None:
     lowercase = bool(bert.get("lowercase", True))
     strip_accents = bert.get("strip_accents")
     if strip_accents is not None and bool(strip_accents) != lowercase:
-        raise VocabError(f"{path}: the normalizer has lowercase={str(lowercase).lower()} but "
-                         f"strip_accents={str(bool(strip_accents)).lower()}; BERT (Google's and bertbench's) strips "
-                         "accents exactly when it lower-cases")
+        raise VocabError(
+            f"{path}: the normalizer has lowercase={str(lowercase).lower()} but "
+            f"strip_accents={str(bool(strip_accents)).lower()}; BERT (Google's and bertbench's) strips "
+            "accents exactly when it lower-cases"
+        )
     return lowercase
 
 
@@ -223,18 +225,21 @@ class BertTokenizer:
         backend = Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
         # Google ties accent stripping to lower-casing: cased models keep accents.
         backend.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case)
+            clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case
+        )
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{CLS} $A {SEP}", pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
-            special_tokens=[(CLS, self.cls_id), (SEP, self.sep_id)])
+            single=f"{CLS} $A {SEP}",
+            pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+            special_tokens=[(CLS, self.cls_id), (SEP, self.sep_id)],
+        )
         backend.decoder = decoders.WordPiece()
         # The specials are deliberately not registered as added tokens: Google splits a literal "[MASK]" in the
         # text into "[", "mask", "]" like any other word, and so does this tokenizer.
         self._backend = backend
 
     @classmethod
-    def from_vocab_file(cls, path: str | os.PathLike, do_lower_case: bool = True) -> "BertTokenizer":
+    def from_vocab_file(cls, path: str | os.PathLike, do_lower_case: bool = True) -> BertTokenizer:
         """Load vocab.txt; do_lower_case must match the checkpoint (uncased models True, cased False)."""
         return cls(load_vocab(path), do_lower_case=do_lower_case)
 
@@ -247,14 +252,26 @@ class BertTokenizer:
         with open(os.path.join(directory, VOCAB_TXT), "w", encoding="utf-8", newline="\n") as handle:
             handle.writelines(f"{self._id_to_token[index]}\n" for index in range(len(self.vocab)))
         specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK}
-        _write_json(os.path.join(directory, TOKENIZER_CONFIG), {
-            "tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case, "strip_accents": None,
-            "tokenize_chinese_chars": True, "model_max_length": model_max_length,
-            "clean_up_tokenization_spaces": False, **specials})
+        _write_json(
+            os.path.join(directory, TOKENIZER_CONFIG),
+            {
+                "tokenizer_class": "BertTokenizer",
+                "do_lower_case": self.do_lower_case,
+                "strip_accents": None,
+                "tokenize_chinese_chars": True,
+                "model_max_length": model_max_length,
+                "clean_up_tokenization_spaces": False,
+                **specials,
+            },
+        )
         _write_json(os.path.join(directory, "special_tokens_map.json"), specials)
         exported = Tokenizer.from_str(self._backend.to_str())
-        exported.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in
-                                     sorted(SPECIAL_TOKENS, key=self.vocab.__getitem__)])
+        exported.add_special_tokens(
+            [
+                AddedToken(token, special=True, normalized=False)
+                for token in sorted(SPECIAL_TOKENS, key=self.vocab.__getitem__)
+            ]
+        )
         exported.save(os.path.join(directory, TOKENIZER_JSON))
 
     @property
@@ -290,14 +307,16 @@ class BertTokenizer:
         self._check_backend_settings()
         ids_b = None if text_b is None else self._backend.encode(text_b, add_special_tokens=False).ids
         input_ids, token_type_ids = self._truncate_and_add_specials(
-            self._backend.encode(text_a, add_special_tokens=False).ids, ids_b, max_seq_length)
+            self._backend.encode(text_a, add_special_tokens=False).ids, ids_b, max_seq_length
+        )
         padding = [0] * (max_seq_length - len(input_ids))
-        return ModelInputs(input_ids=input_ids + [self.pad_id] * len(padding),
-                           token_type_ids=token_type_ids + padding,
-                           attention_mask=[1] * len(input_ids) + padding)
+        return ModelInputs(
+            input_ids=input_ids + [self.pad_id] * len(padding),
+            token_type_ids=token_type_ids + padding,
+            attention_mask=[1] * len(input_ids) + padding,
+        )
 
-    def encode_batch(self, pairs: Sequence[str | tuple[str, str | None]],
-                     max_seq_length: int = 128) -> ModelInputs:
+    def encode_batch(self, pairs: Sequence[str | tuple[str, str | None]], max_seq_length: int = 128) -> ModelInputs:
         """`encode` for many examples (a text, or a (text_a, text_b or None) pair), tokenized in parallel by
         `tokenizers`; returns int64 arrays of shape (len(pairs), max_seq_length)."""
         self._check_backend_settings()
@@ -317,18 +336,21 @@ class BertTokenizer:
         attention_mask = np.zeros((len(texts_a), max_seq_length), dtype=np.int64)
         for row, (encoding_a, pair) in enumerate(zip(encodings_a, has_b)):
             ids, type_ids = self._truncate_and_add_specials(
-                encoding_a.ids, next(encodings_b).ids if pair else None, max_seq_length)
-            input_ids[row, :len(ids)] = ids
-            token_type_ids[row, :len(ids)] = type_ids
-            attention_mask[row, :len(ids)] = 1
+                encoding_a.ids, next(encodings_b).ids if pair else None, max_seq_length
+            )
+            input_ids[row, : len(ids)] = ids
+            token_type_ids[row, : len(ids)] = type_ids
+            attention_mask[row, : len(ids)] = 1
         return ModelInputs(input_ids, token_type_ids, attention_mask)
 
     def _check_backend_settings(self) -> None:
-        assert self._backend.truncation is None and self._backend.padding is None, \
+        assert self._backend.truncation is None and self._backend.padding is None, (
             "truncation or padding enabled on the backend would override Google's rules"
+        )
 
-    def _truncate_and_add_specials(self, ids_a: list[int], ids_b: list[int] | None,
-                                   max_seq_length: int) -> tuple[list[int], list[int]]:
+    def _truncate_and_add_specials(
+        self, ids_a: list[int], ids_b: list[int] | None, max_seq_length: int
+    ) -> tuple[list[int], list[int]]:
         """Input ids and segment ids, unpadded, in the backend template's layout. Built here rather than by
         `Tokenizer.post_process` because truncating an `Encoding` costs ~50x more than slicing ids, and this
         loop is serial Python while tokenization runs on every core."""
@@ -337,13 +359,15 @@ class BertTokenizer:
             # run_classifier (`if tokens_b:`): [CLS] A [SEP], not [CLS] A [SEP] [SEP].
             if max_seq_length < 2:
                 raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] and [SEP]")
-            ids_a = ids_a[:max_seq_length - 2]
+            ids_a = ids_a[: max_seq_length - 2]
             return [self.cls_id, *ids_a, self.sep_id], [0] * (len(ids_a) + 2)
         if max_seq_length < 3:
             raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS], [SEP] and [SEP]")
         length_a, length_b = truncated_pair_lengths(len(ids_a), len(ids_b), max_seq_length - 3)
-        return ([self.cls_id, *ids_a[:length_a], self.sep_id, *ids_b[:length_b], self.sep_id],
-                [0] * (length_a + 2) + [1] * (length_b + 1))
+        return (
+            [self.cls_id, *ids_a[:length_a], self.sep_id, *ids_b[:length_b], self.sep_id],
+            [0] * (length_a + 2) + [1] * (length_b + 1),
+        )
 
 
 def _write_json(path: str, values: dict[str, Any]) -> None:

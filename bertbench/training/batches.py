@@ -17,8 +17,9 @@ class ShuffledBatches:
     consumed, so a resumed stream continues with the very next batch.
     """
 
-    def __init__(self, features: Mapping[str, torch.Tensor], batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self, features: Mapping[str, torch.Tensor], batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+    ):
         counts = {len(tensor) for tensor in features.values()}
         if len(counts) != 1 or not counts.pop():
             raise ValueError("features must be tensors of one non-zero length")
@@ -47,7 +48,7 @@ class ShuffledBatches:
         while count:
             epoch, offset = divmod(start, self.num_examples)
             take = min(count, self.num_examples - offset)
-            pieces.append(self._order(epoch)[offset:offset + take])
+            pieces.append(self._order(epoch)[offset : offset + take])
             start, count = start + take, count - take
         return torch.cat(pieces)
 
@@ -66,8 +67,7 @@ class ShuffledBatches:
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         for key in ("num_examples", "seed"):
             if state[key] != getattr(self, key):
-                raise ValueError(f"the data order was saved with {key} {state[key]}, this run has "
-                                 f"{getattr(self, key)}")
+                raise ValueError(f"the data order was saved with {key} {state[key]}, this run has {getattr(self, key)}")
         self.consumed = state["consumed"]
 
 

@@ -10,21 +10,18 @@ checkpoints in `worker-<rank>/` under the model directory.
 from __future__ import annotations
 
 import os
-import re
-import tempfile
 import time
 import zipfile
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from bertbench.common.durable import fsync_path, write_failure
+from bertbench.common import run_files
+from bertbench.common.durable import atomic_output, is_temporary_name, write_failure
 
 TRAINING_CHECKPOINT_FORMAT = "bertbench-checkpoint-1"
-_CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
-# The temporary files of save_checkpoint and of durable.write_text_atomically (results, records, predictions).
-_TEMPORARY_NAME = re.compile(r"^(\.ckpt-.+|.+\.(json|jsonl|txt))\.tmp$")
 
 
 class CheckpointError(ValueError):
@@ -32,7 +29,7 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_path(model_dir: str | os.PathLike, step: int) -> str:
-    return os.path.join(os.fspath(model_dir), f"ckpt-{step:09d}.pt")
+    return os.path.join(os.fspath(model_dir), run_files.checkpoint_name(step))
 
 
 def list_checkpoints(model_dir: str | os.PathLike) -> list[tuple[int, str]]:
@@ -54,7 +51,7 @@ def _scan(model_dir: str | os.PathLike) -> tuple[list[tuple[int, str]], list[tup
         return [], []
     found, strays = [], []
     for name in os.listdir(model_dir):
-        match = _CHECKPOINT_NAME.match(name)
+        match = run_files.CHECKPOINT_NAME.match(name)
         if not match:
             continue
         path = os.path.join(model_dir, name)
@@ -99,7 +96,7 @@ def _not_ours(path: str) -> str | None:
 
 def checkpoint_step(path: str | os.PathLike) -> int | None:
     """The step in a checkpoint's file name (ckpt-<step>.pt), None for another name."""
-    match = _CHECKPOINT_NAME.match(os.path.basename(os.fspath(path)))
+    match = run_files.CHECKPOINT_NAME.match(os.path.basename(os.fspath(path)))
     return int(match.group(1)) if match else None
 
 
@@ -110,7 +107,7 @@ def latest_checkpoint(model_dir: str | os.PathLike) -> str | None:
 
 def worker_dir(model_dir: str | os.PathLike, rank: int) -> str:
     """Where independent worker `rank` keeps its checkpoints."""
-    return os.path.join(os.fspath(model_dir), f"worker-{rank:05d}")
+    return os.path.join(os.fspath(model_dir), run_files.worker_dir_name(rank))
 
 
 def holds_training_state(model_dir: str | os.PathLike) -> bool:
@@ -118,16 +115,20 @@ def holds_training_state(model_dir: str | os.PathLike) -> bool:
     model_dir = os.fspath(model_dir)
     if not os.path.isdir(model_dir):
         return False
-    return bool(list_checkpoints(model_dir)) or any(list_checkpoints(os.path.join(model_dir, name))
-                                                    for name in os.listdir(model_dir) if name.startswith("worker-"))
+    return bool(list_checkpoints(model_dir)) or any(
+        list_checkpoints(os.path.join(model_dir, name))
+        for name in os.listdir(model_dir)
+        if name.startswith(run_files.WORKER_DIR_PREFIX)
+    )
 
 
 def prune_checkpoints(model_dir: str | os.PathLike, keep_max: int, saved_step: int | None = None) -> None:
     """Delete all but the newest `keep_max` checkpoints of model_dir; with `saved_step` (the one just written), the
     newest up to that step: a later one is a damaged file the run resumed past (evidence, which its own save of
     that step replaces), and counting it would delete the good ones."""
-    checkpoints = [(step, path) for step, path in list_checkpoints(model_dir)
-                   if saved_step is None or step <= saved_step]
+    checkpoints = [
+        (step, path) for step, path in list_checkpoints(model_dir) if saved_step is None or step <= saved_step
+    ]
     for _, old in checkpoints[:-keep_max]:
         os.remove(old)
 
@@ -140,24 +141,20 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
     model_dir = os.fspath(model_dir)
     os.makedirs(model_dir, exist_ok=True)
     path = checkpoint_path(model_dir, step)
-    descriptor, temporary = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=model_dir)
-    handle = _WriteRecorder(os.fdopen(descriptor, "wb"))
+    handle = None
     try:
-        with handle.file:
+        # A signal too leaves the old checkpoints and removes the partial file; the rename is fsynced before
+        # rotation deletes older files.
+        with atomic_output(path) as temporary, open(temporary, "wb") as file:
+            handle = _WriteRecorder(file)
             torch.save({"format": TRAINING_CHECKPOINT_FORMAT, "step": step, **state}, handle)
-            handle.file.flush()
-            os.fsync(handle.file.fileno())
-        os.replace(temporary, path)
     except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError of its own
-        os.remove(temporary)
         newest = latest_checkpoint(model_dir)
-        raise write_failure(path, handle.error or error, f"the newest complete checkpoint is {newest}" if newest else
-                            "no checkpoint was kept") from None
-    except BaseException:  # a signal: the old checkpoints stay, the partial file goes
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
-    fsync_path(model_dir)  # the rename itself must survive a power cut before older files go
+        raise write_failure(
+            path,
+            (handle and handle.error) or error,
+            f"the newest complete checkpoint is {newest}" if newest else "no checkpoint was kept",
+        ) from None
     if keep_max is not None:
         prune_checkpoints(model_dir, keep_max, step)
     return path
@@ -197,15 +194,20 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
         raise CheckpointError(f"{path}: damaged checkpoint (the checksum of {damaged} does not match its content)")
 
 
-def newest_intact_checkpoint(model_dir: str | os.PathLike, log: Callable[[str], None] = lambda line: None,
-                             candidates: list[tuple[int, str]] | None = None) -> str | None:
+def newest_intact_checkpoint(
+    model_dir: str | os.PathLike,
+    log: Callable[[str], None] = lambda line: None,
+    candidates: list[tuple[int, str]] | None = None,
+) -> str | None:
     """The newest checkpoint of model_dir (or of `candidates`) that verifies; a damaged one is named in a warning
     and passed over (and kept: it is evidence), and so is each stray file of model_dir (see stray_files). None when
     there is none; every one damaged is a CheckpointError."""
     checkpoints, strays = _scan(model_dir)
     for path, why in strays:
-        log(f"warning: {path} is not a checkpoint ({why}): not this run's, so it is never resumed, never counts as "
-            "the newest and is never deleted by rotation; move it out of the run directory")
+        log(
+            f"warning: {path} is not a checkpoint ({why}): not this run's, so it is never resumed, never counts as "
+            "the newest and is never deleted by rotation; move it out of the run directory"
+        )
     if candidates is not None:
         checkpoints = candidates
     damage = []
@@ -217,26 +219,29 @@ def newest_intact_checkpoint(model_dir: str | os.PathLike, log: Callable[[str], 
             damage.append(str(error))
             log(f"warning: {error}; passing over it to an older checkpoint")
     if damage:
-        raise CheckpointError(f"{os.fspath(model_dir)}: every checkpoint is damaged ({'; '.join(damage)}); nothing "
-                              "was deleted")
+        raise CheckpointError(
+            f"{os.fspath(model_dir)}: every checkpoint is damaged ({'; '.join(damage)}); nothing was deleted"
+        )
     return None
 
 
 def remove_temporary_files(model_dir: str | os.PathLike) -> list[str]:
-    """Delete the temporary files of saves that a killed process left in model_dir (`.ckpt-*.tmp`,
-    `train_results.json.tmp`, ...: never read as results); returns their names. Call it only while holding the run
+    """Delete the temporary files of saves that a killed process left in model_dir (durable.is_temporary_name:
+    `.ckpt-000000010.pt.1a2b3c4d.tmp`, `.train_results.json.5e6f7a8b.tmp`, ...: never read as results); returns
+    their names. Call it only while holding the run
     directory's lock (run_lock.RunLock): another run's save in progress would lose its file."""
     model_dir = os.fspath(model_dir)
     if not os.path.isdir(model_dir):
         return []
-    removed = sorted(name for name in os.listdir(model_dir) if _TEMPORARY_NAME.match(name))
+    removed = sorted(name for name in os.listdir(model_dir) if is_temporary_name(name))
     for name in removed:
         os.remove(os.path.join(model_dir, name))
     return removed
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    verify: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", verify: bool = True
+) -> dict[str, Any]:
     """Read a checkpoint written by save_checkpoint; a missing, damaged (see verify_checkpoint; `verify=False` for a
     file just verified), truncated or foreign file is a CheckpointError."""
     path = os.fspath(path)
@@ -248,8 +253,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         # RNG states and optimizer state are plain tensors and containers, so the safe loader reads them.
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch raises several types for a damaged zip or pickle
-        raise CheckpointError(f"{path}: unreadable checkpoint ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else 'no detail'})") from None
+        raise CheckpointError(
+            f"{path}: unreadable checkpoint ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else 'no detail'})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != TRAINING_CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not a bertbench training checkpoint")
     return state
@@ -259,8 +266,7 @@ class SaveTrigger:
     """Decides when to save: every `save_secs` seconds of wall-clock time since the last save and/or every
     `save_steps` steps (either may be None; both None never triggers). tf.estimator's save_checkpoints_secs/steps."""
 
-    def __init__(self, save_secs: float | None, save_steps: int | None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, save_secs: float | None, save_steps: int | None, clock: Callable[[], float] = time.monotonic):
         if save_secs is not None and save_secs <= 0:
             raise ValueError(f"save_checkpoints_secs must be positive, got {save_secs}")
         if save_steps is not None and save_steps < 1:

@@ -10,31 +10,46 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-
+from bertbench.model.precision import PRECISIONS
 from bertbench.training import optim
-
-PRECISIONS = ("fp32", "fp16", "bf16")
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the matmuls' dtype
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """Where a run keeps its checkpoints and how often it writes them (tf.estimator.RunConfig's names)."""
 
-    model_dir: str = field(metadata={"help": "Directory of the run's checkpoints and logs; a run started on a "
-                                             "directory holding a checkpoint resumes from it.", "per_command": True})
-    save_checkpoints_secs: float | None = field(default=1200, metadata={
-        "help": "Save a checkpoint every this many seconds of wall-clock time (None, or 0 on the command line: not "
-                "on a timer)."})
-    save_checkpoints_steps: int | None = field(default=None, metadata={
-        "help": "Save a checkpoint every this many steps (None: not by steps). Either, both or neither."})
-    keep_checkpoint_max: int = field(default=1, metadata={"help": "Checkpoints kept; older ones are deleted once "
-                                                                  "a newer one is completely written."})
-    log_step_count_steps: int = field(default=100, metadata={"help": "Log loss and throughput every this many "
-                                                                     "steps (to the console and metrics.jsonl)."})
-    seed: int = field(default=42, metadata={"help": "Seed of the data order and of dropout (the runners also seed "
-                                                    "a new model's weights with it).", "defines_run": True})
+    model_dir: str = field(
+        metadata={
+            "help": "Directory of the run's checkpoints and logs; a run started on a "
+            "directory holding a checkpoint resumes from it.",
+            "per_command": True,
+        }
+    )
+    save_checkpoints_secs: float | None = field(
+        default=1200,
+        metadata={
+            "help": "Save a checkpoint every this many seconds of wall-clock time (None, or 0 on the command line: not "
+            "on a timer)."
+        },
+    )
+    save_checkpoints_steps: int | None = field(
+        default=None,
+        metadata={"help": "Save a checkpoint every this many steps (None: not by steps). Either, both or neither."},
+    )
+    keep_checkpoint_max: int = field(
+        default=1, metadata={"help": "Checkpoints kept; older ones are deleted once a newer one is completely written."}
+    )
+    log_step_count_steps: int = field(
+        default=100,
+        metadata={"help": "Log loss and throughput every this many steps (to the console and metrics.jsonl)."},
+    )
+    seed: int = field(
+        default=42,
+        metadata={
+            "help": "Seed of the data order and of dropout (the runners also seed a new model's weights with it).",
+            "defines_run": True,
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.save_checkpoints_secs is not None and self.save_checkpoints_secs <= 0:
@@ -51,55 +66,112 @@ class RunConfig:
 class TrainConfig:
     """The optimisation: steps, optimizer, schedule, precision."""
 
-    num_train_steps: int = field(metadata={"help": "Optimizer steps of the whole run (a resumed run continues "
-                                                   "to the same number).", "defines_run": True})
+    num_train_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Optimizer steps of the whole run (a resumed run continues to the same number); None until the job "
+            "derives it (a runner's from the epochs or the phase's steps): the loop needs it.",
+            "defines_run": True,
+        },
+    )
     learning_rate: float = field(default=5e-5, metadata={"help": "Peak learning rate.", "defines_run": True})
-    warmup_proportion: float = field(default=0.1, metadata={"help": "Share of the steps in linear warm-up.",
-                                                            "defines_run": True})
-    decay: str = field(default="linear", metadata={"help": "After warm-up: linear or poly(nomial) decay to 0.",
-                                                   "choices": optim.DECAYS, "defines_run": True})
-    decay_power: float = field(default=1.0, metadata={"help": "Power of the polynomial decay (1 is Google's linear "
-                                                              "decay).", "defines_run": True})
-    optimizer: str = field(default="adamw", metadata={
-        "help": "adamw (see adam_bias_correction), lamb (apex FusedLAMB: the trust ratio on the decayed weights only) "
-                "or nvlamb (the trust ratio on every tensor, NVIDIA's TF LAMB).", "choices": optim.OPTIMIZERS,
-        "defines_run": True})
-    adam_bias_correction: bool = field(default=False, metadata={
-        "help": "adamw's rule. False: Google's/NVIDIA's AdamWeightDecayOptimizer, no bias correction, the rule the "
-                "original recipes' learning rates are for; True: torch.optim.AdamW, HF Trainer's default, with "
-                "bias correction (updates several times smaller over the first hundreds of steps at the same "
-                "learning rate). LAMB is always bias-corrected, as apex's.", "defines_run": True})
-    weight_decay: float = field(default=0.01, metadata={"help": "Decoupled weight decay (not on biases and "
-                                                                "LayerNorm).", "defines_run": True})
-    gradient_accumulation_steps: int = field(default=1, metadata={
-        "help": "Micro-batches per optimizer step; the step's batch is their sum.", "defines_run": True})
-    max_grad_norm: float | None = field(default=1.0, metadata={"help": "Clip the global gradient norm to this "
-                                                                       "(Google's 1.0); None: no clipping."})
-    precision: str = field(default="fp32", metadata={"help": "fp32, fp16 (autocast + dynamic loss scaling; a "
-                                                             "CUDA GPU's: on a CPU the run trains in fp32) or bf16 "
-                                                             "(autocast).", "choices": PRECISIONS})
-    compile: bool = field(default=False, metadata={"help": "Run the training forward/backward through "
-                                                           "torch.compile (the original --use_xla); where it cannot "
-                                                           "run (no C++ compiler for a CPU) the run trains eagerly."})
-    cuda_graphs: bool = field(default=True, metadata={
-        "help": "On a CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph (one per bucketed "
-                "batch size), so that kernel launches do not hold the GPU back. Applies to the baseline model in one "
-                "process (or independent workers) on the padded path or flash attention's; train_results.json says "
-                "whether it ran and why not."})
-    excluded_steps: int = field(default=10, metadata={
-        "help": "Steps at the start of each run left out of the steady-state throughput (start-up, compilation)."})
-    sync_gradients: bool = field(default=True, metadata={
-        "help": "Under torchrun, all-reduce the gradients (data parallel). False: independent workers, each "
-                "training its own copy on its shard of the data with no communication of gradients.",
-        "defines_run": True})
-    max_train_seconds: float | None = field(default=None, metadata={
-        "help": "Stop training after this many seconds of training-loop wall-clock time in this invocation "
-                "(checkpoint saves included), save a checkpoint, and go on to evaluation (a fixed-time budget, the "
-                "original suite's 20-minute comparison). The learning-rate schedule stays that of num_train_steps: "
-                "the budget only cuts the run short. None: train to num_train_steps.", "per_command": True})
+    warmup_proportion: float = field(
+        default=0.1, metadata={"help": "Share of the steps in linear warm-up.", "defines_run": True}
+    )
+    decay: str = field(
+        default="linear",
+        metadata={
+            "help": "After warm-up: linear or poly(nomial) decay to 0.",
+            "choices": optim.DECAYS,
+            "defines_run": True,
+        },
+    )
+    decay_power: float = field(
+        default=1.0,
+        metadata={"help": "Power of the polynomial decay (1 is Google's linear decay).", "defines_run": True},
+    )
+    optimizer: str = field(
+        default="adamw",
+        metadata={
+            "help": "adamw (see adam_bias_correction), lamb (apex FusedLAMB: the trust ratio on the decayed weights only) "
+            "or nvlamb (the trust ratio on every tensor, NVIDIA's TF LAMB).",
+            "choices": optim.OPTIMIZERS,
+            "defines_run": True,
+        },
+    )
+    adam_bias_correction: bool = field(
+        default=False,
+        metadata={
+            "help": "adamw's rule. False: Google's/NVIDIA's AdamWeightDecayOptimizer, no bias correction, the rule the "
+            "original recipes' learning rates are for; True: torch.optim.AdamW, HF Trainer's default, with "
+            "bias correction (updates several times smaller over the first hundreds of steps at the same "
+            "learning rate). LAMB is always bias-corrected, as apex's.",
+            "defines_run": True,
+        },
+    )
+    weight_decay: float = field(
+        default=0.01, metadata={"help": "Decoupled weight decay (not on biases and LayerNorm).", "defines_run": True}
+    )
+    gradient_accumulation_steps: int = field(
+        default=1,
+        metadata={"help": "Micro-batches per optimizer step; the step's batch is their sum.", "defines_run": True},
+    )
+    max_grad_norm: float | None = field(
+        default=1.0, metadata={"help": "Clip the global gradient norm to this (Google's 1.0); None: no clipping."}
+    )
+    precision: str = field(
+        default="fp32",
+        metadata={
+            "help": "fp32, fp16 (autocast + dynamic loss scaling; a "
+            "CUDA GPU's: on a CPU the run trains in fp32) or bf16 "
+            "(autocast).",
+            "choices": PRECISIONS,
+        },
+    )
+    compile: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the training forward/backward through "
+            "torch.compile (the original --use_xla); where it cannot "
+            "run (no C++ compiler for a CPU) the run trains eagerly."
+        },
+    )
+    cuda_graphs: bool = field(
+        default=True,
+        metadata={
+            "help": "On a CUDA GPU, replay each micro-batch's forward and backward from a CUDA graph (one per bucketed "
+            "batch size), so that kernel launches do not hold the GPU back. Applies to the baseline model in one "
+            "process (or independent workers) on the padded path or flash attention's; train_results.json says "
+            "whether it ran and why not."
+        },
+    )
+    excluded_steps: int = field(
+        default=10,
+        metadata={
+            "help": "Steps at the start of each run left out of the steady-state throughput (start-up, compilation)."
+        },
+    )
+    sync_gradients: bool = field(
+        default=True,
+        metadata={
+            "help": "Under torchrun, all-reduce the gradients (data parallel). False: independent workers, each "
+            "training its own copy on its shard of the data with no communication of gradients.",
+            "defines_run": True,
+        },
+    )
+    max_train_seconds: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training after this many seconds of training-loop wall-clock time in this invocation "
+            "(checkpoint saves included), save a checkpoint, and go on to evaluation (a fixed-time budget, the "
+            "original suite's 20-minute comparison). The learning-rate schedule stays that of num_train_steps: "
+            "the budget only cuts the run short. None: train to num_train_steps.",
+            "per_command": True,
+        },
+    )
 
     def __post_init__(self) -> None:
-        if self.num_train_steps < 1:
+        if self.num_train_steps is not None and self.num_train_steps < 1:
             raise ValueError(f"num_train_steps must be at least 1, got {self.num_train_steps}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
@@ -112,10 +184,14 @@ class TrainConfig:
         if self.decay not in optim.DECAYS:
             raise ValueError(f"unknown decay {self.decay!r}; choose one of {', '.join(optim.DECAYS)}")
         if not self.sync_gradients and self.precision == "fp16":
-            raise ValueError("independent workers need fp32 or bf16: fp16 loss scaling skips overflowing steps on "
-                             "each worker separately, and the workers must stay at the same step")
+            raise ValueError(
+                "independent workers need fp32 or bf16: fp16 loss scaling skips overflowing steps on "
+                "each worker separately, and the workers must stay at the same step"
+            )
         if self.max_train_seconds is not None and self.max_train_seconds <= 0:
             raise ValueError(f"max_train_seconds must be positive, got {self.max_train_seconds}")
         if not 0 < self.learning_rate < math.inf or not 0 <= self.warmup_proportion <= 1 or self.excluded_steps < 0:
-            raise ValueError(f"invalid learning_rate {self.learning_rate}, warmup_proportion "
-                             f"{self.warmup_proportion} or excluded_steps {self.excluded_steps}")
+            raise ValueError(
+                f"invalid learning_rate {self.learning_rate}, warmup_proportion "
+                f"{self.warmup_proportion} or excluded_steps {self.excluded_steps}"
+            )

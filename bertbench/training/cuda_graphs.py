@@ -37,8 +37,16 @@ def batch_signature(batch: Mapping[str, Any]) -> tuple:
         if isinstance(value, Packing) and value.kernel is None:  # the padded path: its mask, or none
             signature.append((name, None, value.padding_share == 0))
         elif isinstance(value, Packing):
-            signature.append((name, value.kernel, value.rows, value.max_seqlen, len(value.cu_seqlens),
-                              value.width if value.kernel == "masked" else None))
+            signature.append(
+                (
+                    name,
+                    value.kernel,
+                    value.rows,
+                    value.max_seqlen,
+                    len(value.cu_seqlens),
+                    value.width if value.kernel == "masked" else None,
+                )
+            )
         elif isinstance(value, torch.Tensor):
             signature.append((name, tuple(value.shape), value.dtype))
     return tuple(signature)
@@ -48,8 +56,9 @@ def _static_copy(batch: Mapping[str, Any]) -> dict[str, Any]:
     static = {}
     for name, value in batch.items():
         if isinstance(value, Packing):
-            static[name] = dataclasses.replace(value, **{key: tensor.clone()
-                                                         for key, tensor in value.tensors().items()})
+            static[name] = dataclasses.replace(
+                value, **{key: tensor.clone() for key, tensor in value.tensors().items()}
+            )
         else:
             static[name] = value.clone() if isinstance(value, torch.Tensor) else value
     return static
@@ -64,12 +73,14 @@ def _load(static: Mapping[str, Any], batch: Mapping[str, Any]) -> None:
             static[name].copy_(value, non_blocking=True)
 
 
-Recorder = Callable[[Callable[[Mapping[str, Any]], torch.Tensor], Mapping[str, Any], Any],
-                    tuple[Callable[[], None], torch.Tensor]]
+Recorder = Callable[
+    [Callable[[Mapping[str, Any]], torch.Tensor], Mapping[str, Any], Any], tuple[Callable[[], None], torch.Tensor]
+]
 
 
-def record_cuda_graph(run: Callable[[Mapping[str, Any]], torch.Tensor], inputs: Mapping[str, Any],
-                      pool: Any) -> tuple[Callable[[], None], torch.Tensor]:
+def record_cuda_graph(
+    run: Callable[[Mapping[str, Any]], torch.Tensor], inputs: Mapping[str, Any], pool: Any
+) -> tuple[Callable[[], None], torch.Tensor]:
     """Capture `run(inputs)` as a CUDA graph in `pool`, after WARMUP_CALLS eager calls on the side stream the capture
     then runs on (autograd's gradient accumulators remember the stream they were made on: the capture's own); returns
     the graph's replay and the loss tensor each replay writes. Python's garbage collector is held off meanwhile: an
@@ -106,8 +117,13 @@ class GraphedMicroBatches:
     with each call, not kept: a step holding these graphs and these holding its method would be a cycle, freed only
     by the garbage collector, at a moment of its choosing.)"""
 
-    def __init__(self, model: nn.Module, device: torch.device, max_graphs: int = MAX_GRAPHS,
-                 recorder: Recorder = record_cuda_graph):
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        max_graphs: int = MAX_GRAPHS,
+        recorder: Recorder = record_cuda_graph,
+    ):
         self.device, self.max_graphs, self.recorder = device, max_graphs, recorder
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         self.grads: list[torch.Tensor | None] | None = None  # the tensors the graphs accumulate into
@@ -139,11 +155,15 @@ class GraphedMicroBatches:
         saved = [None if parameter.grad is None else parameter.grad.clone() for parameter in self.parameters]
         # Neither the warm-up nor the capture may draw the run's random numbers: a resumed run captures at another
         # step, and must draw the masks the uninterrupted one drew.
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), \
-                torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+        with (
+            torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []),
+            torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext(),
+        ):
             replay, loss = self.recorder(run, inputs, self.pool)
-        self.grads = [parameter.grad if kept is None else kept
-                      for parameter, kept in zip(self.parameters, self.grads or [None] * len(self.parameters))]
+        self.grads = [
+            parameter.grad if kept is None else kept
+            for parameter, kept in zip(self.parameters, self.grads or [None] * len(self.parameters))
+        ]
         for parameter, grad in zip(self.parameters, saved):  # the warm-up's and capture's gradients undone
             if parameter.grad is None:
                 continue
@@ -172,9 +192,18 @@ class GraphedMicroBatches:
         """What the graphs did: captures, replays, eager calls (beyond MAX_GRAPHS), the bucketed row counts, and the
         share of the unpadded path's rows that were bucket filler."""
         rows = self.counts["rows"]
-        return {"graphs": len(self.graphs), "captures": self.counts["captures"], "replays": self.counts["replays"],
-                "eager_calls": self.counts["eager_calls"],
-                "bucket_rows": sorted({value.rows for captured in self.graphs.values()
-                                       for value in captured.inputs.values() if isinstance(value, Packing)
-                                       and value.kernel is not None}),
-                "bucket_filler_share": self.counts["filler_rows"] / rows if rows else 0.0}
+        return {
+            "graphs": len(self.graphs),
+            "captures": self.counts["captures"],
+            "replays": self.counts["replays"],
+            "eager_calls": self.counts["eager_calls"],
+            "bucket_rows": sorted(
+                {
+                    value.rows
+                    for captured in self.graphs.values()
+                    for value in captured.inputs.values()
+                    if isinstance(value, Packing) and value.kernel is not None
+                }
+            ),
+            "bucket_filler_share": self.counts["filler_rows"] / rows if rows else 0.0,
+        }

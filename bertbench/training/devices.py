@@ -23,13 +23,16 @@ def is_cuda(device: torch.device | str) -> bool:
 def synchronize(device: torch.device | str) -> None:
     if is_cuda(device):
         import torch
+
         torch.cuda.synchronize(device)
+
 
 def reset_peak_memory(device: torch.device | str) -> None:
     """Start a new peak: the CUDA allocator's on a GPU; the process's resident-set high-water mark on Linux (by
     writing 5 to /proc/self/clear_refs), so that each setting of a sweep gets its own peak."""
     if is_cuda(device):
         import torch
+
         torch.cuda.reset_peak_memory_stats(device)
         return
     release_free_heap()
@@ -39,6 +42,7 @@ def reset_peak_memory(device: torch.device | str) -> None:
     except OSError:
         pass  # not Linux, or not allowed: peak_memory_bytes then reports the process's lifetime peak
 
+
 def release_free_heap() -> None:
     """Hand the C heap's free pages back to the system (glibc's malloc_trim), so that the resident set counts what
     is in use, not what an earlier, larger step freed and the allocator kept."""
@@ -47,22 +51,27 @@ def release_free_heap() -> None:
     except (OSError, AttributeError):
         pass  # not glibc: the resident set may include freed memory
 
+
 def current_memory_bytes(device: torch.device | str) -> int:
     """Bytes held now: CUDA memory allocated by tensors on a GPU, resident set size of the process on the CPU."""
     if is_cuda(device):
         import torch
+
         return torch.cuda.memory_allocated(device)
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * resource.getpagesize()
+
 
 def peak_memory_bytes(device: torch.device | str) -> int | None:
     """Peak bytes since reset_peak_memory: CUDA memory allocated by tensors on a GPU, resident set size of the
     process on the CPU (VmHWM on Linux; ru_maxrss elsewhere)."""
     if is_cuda(device):
         import torch
+
         return torch.cuda.max_memory_allocated(device)
     peak = proc_kilobytes("/proc/self/status", "VmHWM")
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
 
 def proc_kilobytes(path: str, field: str) -> int | None:
     """Bytes of a "<field>: <n> kB" line of a Linux /proc file; None where there is no such file or line."""

@@ -104,15 +104,17 @@ def parse_device(name: str | None, local_rank: int | None = None) -> torch.devic
     if local_rank is None:
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index >= count:
-            raise UsageError(f"--device {name!r}: this machine has {count} CUDA device(s), cuda:0 to "
-                             f"cuda:{count - 1}")
+            raise UsageError(f"--device {name!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
         return torch.device("cuda", index)
     if device.index is not None:
-        raise UsageError(f"--device {name!r}: under torchrun each process takes the GPU of its LOCAL_RANK; "
-                         "use --device cuda")
+        raise UsageError(
+            f"--device {name!r}: under torchrun each process takes the GPU of its LOCAL_RANK; use --device cuda"
+        )
     if local_rank >= count:
-        raise UsageError(f"--device {name or 'cuda'!r}: {local_rank + 1} processes on a node need a GPU each, and "
-                         f"this machine has {count}: start at most {count} per node (or use --device cpu)")
+        raise UsageError(
+            f"--device {name or 'cuda'!r}: {local_rank + 1} processes on a node need a GPU each, and "
+            f"this machine has {count}: start at most {count} per node (or use --device cpu)"
+        )
     return torch.device("cuda", local_rank)
 
 
@@ -140,8 +142,9 @@ def init_from_environment(device: str | None = None) -> Distributed:
     chosen = resolve_device(device, local_rank)
     if not dist.is_initialized():
         backend = "nccl" if chosen.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, device_id=chosen if chosen.type == "cuda" else None,
-                                **restart_safe_store(rank, world_size))
+        dist.init_process_group(
+            backend=backend, device_id=chosen if chosen.type == "cuda" else None, **restart_safe_store(rank, world_size)
+        )
     return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=chosen)
 
 

@@ -1,7 +1,12 @@
 """Estimator: the training loop, shaped like tf.estimator, for any model whose forward returns `.loss`.
 
-The loop owns only the loop: the step is train_step.TrainStep, where a run starts is train_state.decide_start, the
-checkpointed state is train_state.TrainingCheckpoints, and the figures are train_stats.LoopStats'.
+The Estimator is the interface (train / evaluate / predict, restore, keep_best_worker); each part of a `train` call
+has its own name here: restore_training (where it starts: a fresh run, a resumed one, an earlier phase continued),
+TrainingLoop (the steps and when they stop), TrainingLog (metrics.jsonl records, log lines and the progress bar) and
+CheckpointSaving (when it saves and what a save carries). The step is training.step.TrainStep, where a run starts is
+training.state.decide_start, the checkpointed state is training.state.TrainingCheckpoints, the figures are
+training.stats.LoopStats', the signal handlers common.signals.StopSignals, and evaluate / predict run
+training.inference.run_inference.
 
 - `train` resumes from the newest checkpoint in `model_dir` when there is one (as tf.estimator does), saves on a
   wall-clock timer and/or every N steps, and on SIGTERM/SIGINT saves at the next step boundary and returns; with a
@@ -22,33 +27,45 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import sys
-import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from bertbench.model import modeling
+from bertbench.common import run_files
+from bertbench.common.signals import StopSignals
 from bertbench.training.batches import TrainBatches
-from bertbench.training.checkpoint import (CheckpointError, SaveTrigger, checkpoint_step, latest_checkpoint, load_checkpoint,
-                                  save_checkpoint)
+from bertbench.training.checkpoint import (
+    CheckpointError,
+    SaveTrigger,
+    checkpoint_step,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from bertbench.training.config import RunConfig, TrainConfig
 from bertbench.training.devices import peak_memory_bytes
 from bertbench.training.distributed import Distributed
-from bertbench.training.progress import MetricsLog, ProgressDisplay, log as log_line
-from bertbench.training.state import (CONTINUE, RESUME, RunStart, TrainingCheckpoints, decide_start, load_weights,
-                                   read_training_state, seed_everything)
+from bertbench.training.inference import Outputs, run_inference
+from bertbench.training.metrics import MetricsLog
+from bertbench.training.progress import ProgressDisplay
+from bertbench.training.progress import log as log_line
+from bertbench.training.state import (
+    CONTINUE,
+    RESUME,
+    RunStart,
+    TrainingCheckpoints,
+    decide_start,
+    load_weights,
+    read_training_state,
+    seed_everything,
+    trains_independently,
+)
 from bertbench.training.stats import LoopStats, TrainResult
-from bertbench.training.step import TrainStep, autocast, to_device
-from bertbench.training.config import PRECISION_DTYPES, RunConfig, TrainConfig
-
-# What predict/evaluate collect: output field names, or a function (model output, batch) -> {name: tensor}.
-Outputs = Sequence[str] | Callable[[Any, Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+from bertbench.training.step import TrainStep
 
 
 @dataclass
@@ -77,45 +94,23 @@ class TrainingDivergedError(RuntimeError):
 MAX_CONSECUTIVE_SKIPPED_STEPS = 64
 
 
-class StopSignals:
-    """While active, SIGTERM/SIGINT set `received` so the loop can save and stop at the next step boundary.
-    A second SIGINT raises KeyboardInterrupt at once, for a user who does not want to wait."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-        print(f"\n{self.received} received: saving a checkpoint at the end of this step, then stopping",
-              file=sys.stderr, flush=True)
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-
-
 class Estimator:
     """Trains, evaluates and predicts with `model`: model(**batch) returns an object with `.loss` (when the batch
     holds labels) and the output fields `predict` collects (`logits`, `start_logits`, ...)."""
 
-    def __init__(self, model: nn.Module, run_config: RunConfig, train_config: TrainConfig | None = None,
-                 dist: Distributed | None = None, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        run_config: RunConfig,
+        train_config: TrainConfig | None = None,
+        dist: Distributed | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.dist = dist or Distributed()
         self.device = self.dist.device
         self.model = model.to(self.device)
         self.run_config, self.train_config = run_config, train_config
-        self.global_step = 0
+        self.global_step = 0  # the loop advances it step by step: an evaluation during training reads it
         # False once independent workers have trained apart: inference must then not be split across ranks.
         self._same_weights_on_every_rank = True
         self._log = log if log is not None else log_line
@@ -127,22 +122,26 @@ class Estimator:
     @property
     def independent_workers(self) -> bool:
         """Several processes training without all-reduce (TrainConfig.sync_gradients False)."""
-        return self.dist.enabled and self.train_config is not None and not self.train_config.sync_gradients
+        return trains_independently(self.train_config, self.dist)
 
     @property
     def precision(self) -> str:
         """What the forwards compute in: the training config's precision, fp32 without one."""
         return self.train_config.precision if self.train_config else "fp32"
 
-    def _autocast(self):
-        return autocast(self.precision, self.device)
-
-    def decide_start(self, init_checkpoint: str | None = None, continue_phase: bool = False,
-                     training: bool = True) -> RunStart:
-        """Where this run starts (see train_state.decide_start), for this model directory and process group."""
-        return decide_start(self.run_config.model_dir, training=training, init_checkpoint=init_checkpoint,
-                            continue_phase=continue_phase, dist=self.dist,
-                            independent_workers=training and self.independent_workers, log=self.log)
+    def decide_start(
+        self, init_checkpoint: str | None = None, continue_phase: bool = False, training: bool = True
+    ) -> RunStart:
+        """Where this run starts (see training.state.decide_start), for this model directory and process group."""
+        return decide_start(
+            self.run_config.model_dir,
+            training=training,
+            init_checkpoint=init_checkpoint,
+            continue_phase=continue_phase,
+            dist=self.dist,
+            independent_workers=training and self.independent_workers,
+            log=self.log,
+        )
 
     def restore(self, path: str | None = None, verify: bool = True) -> str | None:
         """Load the weights (only) of checkpoint `path`, or of the newest one in model_dir; None if there is none.
@@ -166,235 +165,405 @@ class Estimator:
         self.dist.broadcast_module(self.model, best)
         self._same_weights_on_every_rank = True
         if self.dist.is_main:
-            save_checkpoint(self.run_config.model_dir, self.global_step,
-                            {"model": self.model.state_dict(), "selected_worker": best, "worker_scores": scores},
-                            self.run_config.keep_checkpoint_max)
+            save_checkpoint(
+                self.run_config.model_dir,
+                self.global_step,
+                {"model": self.model.state_dict(), "selected_worker": best, "worker_scores": scores},
+                self.run_config.keep_checkpoint_max,
+            )
         self.dist.barrier()
         return best, scores
 
-    # ---- training ----------------------------------------------------------------------------------------------
-
-    def train(self, batches: TrainBatches, start: RunStart | None = None,
-              evaluation: PeriodicEvaluation | None = None) -> TrainResult:
+    def train(
+        self, batches: TrainBatches, start: RunStart | None = None, evaluation: PeriodicEvaluation | None = None
+    ) -> TrainResult:
         """Train to `train_config.num_train_steps` from `start` (default: decide_start(), which resumes model_dir's
         newest checkpoint if any). A CONTINUE start takes an earlier phase's weights, optimizer moments and step
         count, with the warm-up and decay starting anew at its step, as NVIDIA's phase 2 continues phase 1.
         evaluation: evaluate during training, and stop when it says so (a target met)."""
-        if self.train_config is None:
-            raise ValueError("train needs a TrainConfig")
-        config, run = self.train_config, self.run_config
+        if self.train_config is None or self.train_config.num_train_steps is None:
+            raise ValueError("train needs a TrainConfig with its num_train_steps")
         start = start or self.decide_start()
-        if start.kind == CONTINUE and start.step >= config.num_train_steps:
-            raise CheckpointError(f"{start.checkpoint}: that run ended at step {start.step}; this one must go past "
-                                  f"it, but num_train_steps is {config.num_train_steps}")
-        started = time.perf_counter()
-        state = read_training_state(start)
-        reading_seconds = time.perf_counter() - started  # the restore's time: reading and restoring, not building
-        schedule_start = state.get("schedule_start_step", 0) if start.kind == RESUME else \
-            start.step if start.kind == CONTINUE else 0
-        step = TrainStep(self.model, config, self.dist, schedule_start)
-        checkpoints = TrainingCheckpoints(run.model_dir, run.keep_checkpoint_max, self.model, step, batches,
-                                          self.dist, self.independent_workers, self.log)
-        skipped, resumed_from, restore_seconds, segments, log_window = 0, None, 0.0, [], None
-        if start.kind == RESUME:
-            segments = list(state.get("segments", []))  # the earlier invocations' figures, up to this checkpoint
-            started = time.perf_counter()
-            restored = checkpoints.restore(start.checkpoint, state, run.seed)
-            self.global_step, skipped, resumed_from = restored.step, restored.skipped_steps, start.checkpoint
-            log_window = restored.log_window
-            restore_seconds = reading_seconds + time.perf_counter() - started
-            self.log(f"resumed from {resumed_from} (step {self.global_step}, epoch {batches.epoch:.2f}) in "
-                     f"{restore_seconds:.2f} s")
-            if self.global_step >= config.num_train_steps:
-                checkpoints.prune()
-        else:
-            seed_everything(run.seed + self.dist.rank)
-            self.global_step = checkpoints.continue_phase(start.checkpoint, state) if start.kind == CONTINUE else 0
-        del state  # the checkpoint's copy of every tensor: not kept through training
+        step, checkpoints, begun = restore_training(
+            start,
+            self.model,
+            self.train_config,
+            self.run_config,
+            batches,
+            self.dist,
+            self.independent_workers,
+            self.log,
+        )
+        self.global_step = begun.step
         if self.independent_workers:
             self._same_weights_on_every_rank = False
-        return self._loop(step, checkpoints, batches, evaluation, resumed_from, restore_seconds, skipped, segments,
-                          log_window)
+        return TrainingLoop(self, step, checkpoints, batches, evaluation, begun).run()
 
-    def _loop(self, step: TrainStep, checkpoints: TrainingCheckpoints, batches: TrainBatches,
-              evaluation: PeriodicEvaluation | None, resumed_from: str | None, restore_seconds: float,
-              skipped: int, earlier_segments: list[dict[str, Any]],
-              log_window: dict[str, Any] | None = None) -> TrainResult:
-        config, run = self.train_config, self.run_config
-        self.model.train()
-        if self.dist.is_main:
-            os.makedirs(run.model_dir, exist_ok=True)
-        # A checkpoint saved between log steps holds the open window; a record its stop wrote at that step closed
-        # the window early and goes, for the resumed run logs the whole window at the next log step.
-        keep_through = self.global_step - 1 if log_window and log_window["steps"] else self.global_step
-        metrics = MetricsLog(f"{run.model_dir}/metrics.jsonl", keep_through if resumed_from else None, self.log) \
-            if self.dist.is_main else None
-        display = ProgressDisplay(config.num_train_steps, self.global_step,
-                                  enabled=None if self.dist.is_main else False)
-        trigger = SaveTrigger(run.save_checkpoints_secs, run.save_checkpoints_steps)
-        trigger.start(self.global_step)
-        stats = LoopStats(start_step=self.global_step, num_train_steps=config.num_train_steps,
-                          excluded_steps=config.excluded_steps, max_train_seconds=config.max_train_seconds,
-                          world_size=self.dist.world_size, device=self.device, mean_over_ranks=self.dist.mean)
-        if log_window:
-            stats.resume_window(log_window)
-        counted = stats.counted(batches)
-        last_checkpoint = resumed_from
-        segments = earlier_segments
-        out_of_time = target_reached = False
-        compiling = config.compile and self.global_step < config.num_train_steps
-        if compiling and self.device.type == "cpu":
-            self.log("note: torch.compile on a CPU takes minutes before the first step, and on this project's CPU it "
-                     "made training no faster (docs/results/cpu-2core/compile); --use_xla=false trains eagerly")
-        with StopSignals() as signals:
-            while self.global_step < config.num_train_steps:
-                if compiling:
-                    self.log(f"step {self.global_step + 1}: compiling the model (torch.compile) ...")
-                    compile_started = time.perf_counter()
-                outcome = step(counted)
-                if compiling:
-                    self.log(f"step {self.global_step + 1}: compiled and trained in "
-                             f"{time.perf_counter() - compile_started:.1f} s")
-                    compiling = False
-                skipped += outcome.skipped
-                self.global_step += not outcome.skipped
-                stats.after_step(outcome.loss, outcome.grad_norm, outcome.skipped)
-                if stats.consecutive_skipped >= MAX_CONSECUTIVE_SKIPPED_STEPS:
-                    raise TrainingDivergedError(f"{stats.consecutive_skipped} fp16 steps in a row overflowed (loss "
-                                                f"scale now {step.scaler.get_scale():g}); the last checkpoint is "
-                                                f"{last_checkpoint}")
-                finished = self.global_step >= config.num_train_steps
-                if evaluation is not None and not outcome.skipped and evaluation.due(self.global_step, finished):
-                    with stats.pause(save=False):
-                        target_reached = evaluation.run(self.global_step)
-                # Every rank's clock differs a little: OR-ing the decision makes all ranks stop at the same step.
-                stop, save_due, out_of_time = self.dist.any(signals.received is not None,
-                                                            trigger.should_save(self.global_step),
-                                                            stats.budget_spent())
-                # The last step is logged too, so a run shorter than log_step_count_steps has its line.
-                ending = finished or stop or out_of_time or target_reached
-                on_interval = self.global_step % run.log_step_count_steps == 0
-                if not outcome.skipped and (on_interval or ending):
-                    # A window cut short by a stop stays open, for the checkpoint: a resumed run's log then reads
-                    # as the uninterrupted run's.
-                    self._report(stats.take_window(close=on_interval or finished), outcome.learning_rate, metrics,
-                                 display, step, batches, skipped, last_checkpoint)
-                elif display.due():
-                    display.draw(self.global_step, stats.peek_loss(), stats.window_rate(),
-                                 stats.eta(self.global_step))
-                if ending or save_due:
-                    loss = stats.finite_loss()
-                    if not math.isfinite(loss):  # never save weights trained on a non-finite loss over good ones
-                        raise TrainingDivergedError(f"loss is {loss} before step {self.global_step}; not saving "
-                                                    f"over the last checkpoint {last_checkpoint}")
-                    # The figures so far travel in the checkpoint, so a run killed later keeps them; the last save
-                    # says how this segment ended.
-                    ended = "finished" if finished else signals.received if stop else \
-                        "target reached" if target_reached else "time budget" if out_of_time else None
-                    segments = [*earlier_segments, stats.segment(self.global_step, ended)]
-                    with stats.pause():
-                        last_checkpoint = checkpoints.save(self.global_step, skipped, segments,
-                                                           stats.window_state()) or last_checkpoint
-                    trigger.saved(self.global_step)
-                if stop or out_of_time or target_reached:
-                    break
-        display.close()
-        unfinished = self.global_step < config.num_train_steps
-        # A signal in the last step (or during its save) stops the command too: saved, it ends with 143 like any other.
-        interrupted = signals.received
-        budget_exhausted = unfinished and out_of_time and not interrupted
-        if target_reached and unfinished:
-            self.log(f"target reached at step {self.global_step}/{config.num_train_steps}: training stops, the model "
-                     f"saved as {last_checkpoint}")
-        if interrupted:
-            self.log(f"stopped by {interrupted} at step {self.global_step}; the checkpoint {last_checkpoint} "
-                     "resumes it: run the same command again")
-        elif budget_exhausted:
-            self.log(f"time budget of {config.max_train_seconds:g} s reached at step {self.global_step}/"
-                     f"{config.num_train_steps}: training stops with the model of step {self.global_step}, saved as "
-                     f"{last_checkpoint}")
-        return stats.result(global_step=self.global_step, epoch=batches.epoch, resumed_from=resumed_from,
-                            restore_seconds=restore_seconds, interrupted=interrupted,
-                            budget_exhausted=budget_exhausted, target_reached=target_reached, skipped=skipped,
-                            last_checkpoint=last_checkpoint, segments=segments, execution=step.execution())
-
-    def _report(self, window: dict[str, Any], learning_rate: float, metrics: MetricsLog | None,
-                display: ProgressDisplay, step: TrainStep, batches: TrainBatches, skipped: int,
-                last_checkpoint: str | None) -> None:
-        if not math.isfinite(window["loss"]) and self.train_config.precision != "fp16":
-            raise TrainingDivergedError(f"loss is {window['loss']} at step {self.global_step}; the last checkpoint "
-                                        f"is {last_checkpoint}")
-        record = {"step": self.global_step, "epoch": round(batches.epoch, 4), **window,
-                  "lr": learning_rate, "skipped_steps": skipped,
-                  "loss_scale": step.scaler.get_scale() if step.scaler.is_enabled() else None,
-                  "memory_bytes": peak_memory_bytes(self.device),
-                  # The run's newest checkpoint at this step: a log that names one is history a checkpoint holds.
-                  "checkpoint_step": None if last_checkpoint is None else checkpoint_step(last_checkpoint)}
-        if metrics is not None:
-            metrics.write(record)
-        self.log(f"step {self.global_step}/{self.train_config.num_train_steps}  loss {window['loss']:.4f}  "
-                 f"lr {record['lr']:.3g}  {window['seq_per_s']:.1f} seq/s  {window['tokens_per_s']:.0f} tokens/s"
-                 + (f"  skipped {skipped}" if skipped else ""))
-
-    # ---- inference ---------------------------------------------------------------------------------------------
-
-    def _infer(self, features: Mapping[str, torch.Tensor], batch_size: int, outputs: Outputs,
-               with_loss: bool) -> tuple[dict[str, torch.Tensor], float | None]:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        count = len(next(iter(features.values())))
-        # With the same weights everywhere, each rank computes a contiguous shard; after independent training
-        # each rank must see every example through its own model.
-        sharded = self.dist.enabled and self._same_weights_on_every_rank
-        shard = self.dist.shard(count) if sharded else range(count)
-        if callable(outputs):
-            extract = outputs
-        else:
-            def extract(output, batch):
-                return {name: getattr(output, name).float() for name in outputs}
-        collected: dict[str, list[torch.Tensor]] = defaultdict(list)
-        loss_sum = 0.0
-        packer = modeling.packer_for(self.model, self.device, PRECISION_DTYPES[self.precision])
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                for start in range(shard.start, shard.stop, batch_size):
-                    stop = min(start + batch_size, shard.stop)
-                    batch = {name: tensor[start:stop] for name, tensor in features.items()}
-                    if packer is not None and "attention_mask" in batch:
-                        batch["packing"] = packer(batch["attention_mask"])  # on the host, from the CPU mask
-                    batch = to_device(batch, self.device)
-                    with self._autocast():
-                        output = self.model(**batch)
-                    for name, value in extract(output, batch).items():
-                        collected[name].append(value.cpu())
-                    if with_loss:
-                        loss_sum += output.loss.float().item() * (stop - start)
-        finally:
-            self.model.train(was_training)
-        if sharded:  # rank order is example order: concatenating the shards restores it
-            shards = self.dist.all_gather_object((dict(collected), loss_sum))
-            names = [name for part, _ in shards for name in part]
-            collected = {name: [chunk for part, _ in shards for chunk in part.get(name, [])]
-                         for name in dict.fromkeys(names)}
-            loss_sum = sum(part_loss for _, part_loss in shards)
-        return ({name: torch.cat(chunks) for name, chunks in collected.items()},
-                loss_sum / count if with_loss else None)
-
-    def predict(self, features: Mapping[str, torch.Tensor], batch_size: int,
-                outputs: Outputs = ("logits",)) -> dict[str, torch.Tensor]:
+    def predict(
+        self, features: Mapping[str, torch.Tensor], batch_size: int, outputs: Outputs = ("logits",)
+    ) -> dict[str, torch.Tensor]:
         """The model's `outputs` for every example, in order, as float32 CPU tensors, on every rank; `outputs` may
         instead be a function (model output, batch) -> {name: per-example tensor}, collected as it returns them
         (to keep a per-example figure instead of large logits)."""
         return self._infer(features, batch_size, outputs, with_loss=False)[0]
 
-    def evaluate(self, features: Mapping[str, torch.Tensor], batch_size: int,
-                 metric_fn: Callable[[dict[str, torch.Tensor]], dict[str, float]] | None = None,
-                 outputs: Outputs = ("logits",)) -> dict[str, float]:
+    def evaluate(
+        self,
+        features: Mapping[str, torch.Tensor],
+        batch_size: int,
+        metric_fn: Callable[[dict[str, torch.Tensor]], dict[str, float]] | None = None,
+        outputs: Outputs = ("logits",),
+    ) -> dict[str, float]:
         """{"loss": mean loss, "global_step": ..., **metric_fn(outputs)} over labelled `features`."""
         predictions, loss = self._infer(features, batch_size, outputs, with_loss=True)
         result = {"loss": loss, "global_step": self.global_step}
         if metric_fn is not None:
             result.update(metric_fn(predictions))
         return result
+
+    def _infer(
+        self, features: Mapping[str, torch.Tensor], batch_size: int, outputs: Outputs, with_loss: bool
+    ) -> tuple[dict[str, torch.Tensor], float | None]:
+        # With the same weights everywhere, each rank computes a contiguous shard; after independent training
+        # each rank must see every example through its own model.
+        return run_inference(
+            self.model,
+            features,
+            batch_size,
+            outputs,
+            with_loss=with_loss,
+            dist=self.dist,
+            device=self.device,
+            precision=self.precision,
+            sharded=self.dist.enabled and self._same_weights_on_every_rank,
+        )
+
+
+@dataclass
+class TrainingStart:
+    """Where a `train` call's loop begins: its step, and what a resumed run brings from its checkpoint."""
+
+    step: int
+    skipped_steps: int = 0  # fp16 steps skipped so far in the run
+    resumed_from: str | None = None  # the checkpoint resumed (RESUME starts only)
+    restore_seconds: float = 0.0  # reading and restoring it
+    segments: list[dict[str, Any]] = field(default_factory=list)  # the earlier invocations' figures
+    log_window: dict[str, Any] | None = None  # the log window open when it was saved
+
+
+def restore_training(
+    start: RunStart,
+    model: nn.Module,
+    config: TrainConfig,
+    run: RunConfig,
+    batches: TrainBatches,
+    dist: Distributed,
+    independent_workers: bool,
+    log: Callable[[str], None],
+) -> tuple[TrainStep, TrainingCheckpoints, TrainingStart]:
+    """The step and checkpoints of a `train` call, with every state `start` brings restored: a RESUME start's whole
+    training state (weights, optimizer, schedule, data position, RNGs, figures), a CONTINUE start's weights,
+    optimizer moments and step count (an earlier phase's), nothing but the seed for a fresh run."""
+    if start.kind == CONTINUE and start.step >= config.num_train_steps:
+        raise CheckpointError(
+            f"{start.checkpoint}: that run ended at step {start.step}; this one must go past "
+            f"it, but num_train_steps is {config.num_train_steps}"
+        )
+    started = time.perf_counter()
+    state = read_training_state(start)
+    reading_seconds = time.perf_counter() - started  # the restore's time: reading and restoring, not building
+    schedule_start = (
+        state.get("schedule_start_step", 0) if start.kind == RESUME else start.step if start.kind == CONTINUE else 0
+    )
+    step = TrainStep(model, config, dist, schedule_start)
+    checkpoints = TrainingCheckpoints(
+        run.model_dir, run.keep_checkpoint_max, model, step, batches, dist, independent_workers, log
+    )
+    if start.kind != RESUME:
+        seed_everything(run.seed + dist.rank)
+        begun = TrainingStart(checkpoints.continue_phase(start.checkpoint, state) if start.kind == CONTINUE else 0)
+        return step, checkpoints, begun
+    segments = list(state.get("segments", []))  # the earlier invocations' figures, up to this checkpoint
+    started = time.perf_counter()
+    restored = checkpoints.restore(start.checkpoint, state, run.seed)
+    begun = TrainingStart(
+        restored.step,
+        restored.skipped_steps,
+        start.checkpoint,
+        reading_seconds + time.perf_counter() - started,
+        segments,
+        restored.log_window,
+    )
+    log(
+        f"resumed from {begun.resumed_from} (step {begun.step}, epoch {batches.epoch:.2f}) in "
+        f"{begun.restore_seconds:.2f} s"
+    )
+    if begun.step >= config.num_train_steps:
+        checkpoints.prune()
+    return step, checkpoints, begun
+
+
+class TrainingLoop:
+    """One `train` call's steps, until num_train_steps, a stop signal (saved at the step boundary), the time budget
+    or a target met; an evaluation when due, a log window on the log steps (TrainingLog), a checkpoint on the timer
+    and at the end (CheckpointSaving). It advances the estimator's global_step, and says how the call ended."""
+
+    def __init__(
+        self,
+        estimator: Estimator,
+        step: TrainStep,
+        checkpoints: TrainingCheckpoints,
+        batches: TrainBatches,
+        evaluation: PeriodicEvaluation | None,
+        begun: TrainingStart,
+    ):
+        self.estimator, self.step, self.batches, self.evaluation = estimator, step, batches, evaluation
+        self.begun = begun
+        config, run, dist = estimator.train_config, estimator.run_config, estimator.dist
+        self.config, self.skipped = config, begun.skipped_steps
+        estimator.model.train()
+        if dist.is_main:
+            os.makedirs(run.model_dir, exist_ok=True)
+        self.log = TrainingLog(
+            run.model_dir, config, estimator.global_step, begun, dist, estimator.device, estimator.log
+        )
+        self.saving = CheckpointSaving(checkpoints, run, estimator.global_step, begun.resumed_from, begun.segments)
+        self.stats = LoopStats(
+            start_step=estimator.global_step,
+            num_train_steps=config.num_train_steps,
+            excluded_steps=config.excluded_steps,
+            max_train_seconds=config.max_train_seconds,
+            world_size=dist.world_size,
+            device=estimator.device,
+            mean_over_ranks=dist.mean,
+        )
+        if begun.log_window:
+            self.stats.resume_window(begun.log_window)
+        self.compiling = config.compile and estimator.global_step < config.num_train_steps
+        if self.compiling and estimator.device.type == "cpu":
+            estimator.log(
+                "note: torch.compile on a CPU takes minutes before the first step, and on this project's "
+                "CPU it made training no faster (docs/results/cpu-2core/compile); --use_xla=false trains "
+                "eagerly"
+            )
+
+    def run(self) -> TrainResult:
+        estimator, config, stats = self.estimator, self.config, self.stats
+        counted = stats.counted(self.batches)
+        out_of_time = target_reached = False
+        with StopSignals() as signals:
+            while estimator.global_step < config.num_train_steps:
+                outcome = self._take_step(counted)
+                finished = estimator.global_step >= config.num_train_steps
+                if (
+                    self.evaluation is not None
+                    and not outcome.skipped
+                    and self.evaluation.due(estimator.global_step, finished)
+                ):
+                    with stats.pause(save=False):
+                        target_reached = self.evaluation.run(estimator.global_step)
+                # Every rank's clock differs a little: OR-ing the decision makes all ranks stop at the same step.
+                stop, save_due, out_of_time = estimator.dist.any(
+                    signals.received is not None, self.saving.due(estimator.global_step), stats.budget_spent()
+                )
+                # The last step is logged too, so a run shorter than log_step_count_steps has its line.
+                ending = finished or stop or out_of_time or target_reached
+                on_interval = estimator.global_step % estimator.run_config.log_step_count_steps == 0
+                if not outcome.skipped and (on_interval or ending):
+                    # A window cut short by a stop stays open, for the checkpoint: a resumed run's log then reads
+                    # as the uninterrupted run's.
+                    self.log.report(
+                        estimator.global_step,
+                        stats.take_window(close=on_interval or finished),
+                        outcome.learning_rate,
+                        self.step,
+                        self.batches.epoch,
+                        self.skipped,
+                        self.saving.last_checkpoint,
+                    )
+                else:
+                    self.log.progress(estimator.global_step, stats)
+                if ending or save_due:
+                    # The last save says how this segment ended.
+                    ended = (
+                        "finished"
+                        if finished
+                        else signals.received
+                        if stop
+                        else "target reached"
+                        if target_reached
+                        else "time budget"
+                        if out_of_time
+                        else None
+                    )
+                    self.saving.save(estimator.global_step, self.skipped, stats, ended)
+                if stop or out_of_time or target_reached:
+                    break
+        self.log.close()
+        # A signal in the last step (or during its save) stops the command too: saved, it ends with 143 like any other.
+        interrupted = signals.received
+        budget_exhausted = estimator.global_step < config.num_train_steps and out_of_time and not interrupted
+        self._say_how_it_ended(interrupted, budget_exhausted, target_reached)
+        return stats.result(
+            global_step=estimator.global_step,
+            epoch=self.batches.epoch,
+            resumed_from=self.begun.resumed_from,
+            restore_seconds=self.begun.restore_seconds,
+            interrupted=interrupted,
+            budget_exhausted=budget_exhausted,
+            target_reached=target_reached,
+            skipped=self.skipped,
+            last_checkpoint=self.saving.last_checkpoint,
+            segments=self.saving.segments,
+            execution=self.step.execution(),
+        )
+
+    def _take_step(self, counted):
+        """One optimizer step (or an fp16 step skipped for overflow), counted; the first one's compilation told."""
+        estimator = self.estimator
+        if self.compiling:
+            estimator.log(f"step {estimator.global_step + 1}: compiling the model (torch.compile) ...")
+            compile_started = time.perf_counter()
+        outcome = self.step(counted)
+        if self.compiling:
+            estimator.log(
+                f"step {estimator.global_step + 1}: compiled and trained in "
+                f"{time.perf_counter() - compile_started:.1f} s"
+            )
+            self.compiling = False
+        self.skipped += outcome.skipped
+        estimator.global_step += not outcome.skipped
+        self.stats.after_step(outcome.loss, outcome.grad_norm, outcome.skipped)
+        if self.stats.consecutive_skipped >= MAX_CONSECUTIVE_SKIPPED_STEPS:
+            raise TrainingDivergedError(
+                f"{self.stats.consecutive_skipped} fp16 steps in a row overflowed (loss "
+                f"scale now {self.step.scaler.get_scale():g}); the last checkpoint is "
+                f"{self.saving.last_checkpoint}"
+            )
+        return outcome
+
+    def _say_how_it_ended(self, interrupted: str | None, budget_exhausted: bool, target_reached: bool) -> None:
+        global_step, num_train_steps = self.estimator.global_step, self.config.num_train_steps
+        last_checkpoint, log = self.saving.last_checkpoint, self.estimator.log
+        if target_reached and global_step < num_train_steps:
+            log(
+                f"target reached at step {global_step}/{num_train_steps}: training stops, the model saved as "
+                f"{last_checkpoint}"
+            )
+        if interrupted:
+            log(
+                f"stopped by {interrupted} at step {global_step}; the checkpoint {last_checkpoint} resumes it: run the "
+                "same command again"
+            )
+        elif budget_exhausted:
+            log(
+                f"time budget of {self.config.max_train_seconds:g} s reached at step {global_step}/{num_train_steps}: "
+                f"training stops with the model of step {global_step}, saved as {last_checkpoint}"
+            )
+
+
+class TrainingLog:
+    """What a `train` call tells, on the main rank: a metrics.jsonl record and a log line per log window, and the
+    progress bar between them. A resumed run's metrics.jsonl keeps the records up to its checkpoint."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        config: TrainConfig,
+        global_step: int,
+        begun: TrainingStart,
+        dist: Distributed,
+        device: torch.device,
+        log: Callable[[str], None],
+    ):
+        self.config, self.device, self.log = config, device, log
+        # A checkpoint saved between log steps holds the open window; a record its stop wrote at that step closed
+        # the window early and goes, for the resumed run logs the whole window at the next log step.
+        keep_through = global_step - 1 if begun.log_window and begun.log_window["steps"] else global_step
+        self.metrics = (
+            MetricsLog(os.path.join(model_dir, run_files.METRICS), keep_through if begun.resumed_from else None, log)
+            if dist.is_main
+            else None
+        )
+        self.display = ProgressDisplay(config.num_train_steps, global_step, enabled=None if dist.is_main else False)
+
+    def report(
+        self,
+        global_step: int,
+        window: dict[str, Any],
+        learning_rate: float,
+        step: TrainStep,
+        epoch: float,
+        skipped: int,
+        last_checkpoint: str | None,
+    ) -> None:
+        """A log window's record and line; a non-finite loss outside fp16 (whose scaler skips such steps) is a
+        diverged run."""
+        if not math.isfinite(window["loss"]) and self.config.precision != "fp16":
+            raise TrainingDivergedError(
+                f"loss is {window['loss']} at step {global_step}; the last checkpoint is {last_checkpoint}"
+            )
+        record = {
+            "step": global_step,
+            "epoch": round(epoch, 4),
+            **window,
+            "lr": learning_rate,
+            "skipped_steps": skipped,
+            "loss_scale": step.scaler.get_scale() if step.scaler.is_enabled() else None,
+            "memory_bytes": peak_memory_bytes(self.device),
+            # The run's newest checkpoint at this step: a log that names one is history a checkpoint holds.
+            "checkpoint_step": None if last_checkpoint is None else checkpoint_step(last_checkpoint),
+        }
+        if self.metrics is not None:
+            self.metrics.write(record)
+        self.log(
+            f"step {global_step}/{self.config.num_train_steps}  loss {window['loss']:.4f}  "
+            f"lr {record['lr']:.3g}  {window['seq_per_s']:.1f} seq/s  {window['tokens_per_s']:.0f} tokens/s"
+            + (f"  skipped {skipped}" if skipped else "")
+        )
+
+    def progress(self, global_step: int, stats: LoopStats) -> None:
+        """The progress bar, redrawn when due."""
+        if self.display.due():
+            self.display.draw(global_step, stats.peek_loss(), stats.window_rate(), stats.eta(global_step))
+
+    def close(self) -> None:
+        self.display.close()
+
+
+class CheckpointSaving:
+    """When a `train` call saves (SaveTrigger: every save_checkpoints_secs and/or save_checkpoints_steps, and when
+    the loop ends), what a save carries besides the training state (the run's figures so far, as segments, so a run
+    killed later keeps them; the open log window), and the newest checkpoint written. Weights trained on a
+    non-finite loss are never saved over good ones."""
+
+    def __init__(
+        self,
+        checkpoints: TrainingCheckpoints,
+        run: RunConfig,
+        global_step: int,
+        last_checkpoint: str | None,
+        earlier_segments: list[dict[str, Any]],
+    ):
+        self.checkpoints, self.last_checkpoint = checkpoints, last_checkpoint
+        self.earlier_segments = self.segments = earlier_segments
+        self.trigger = SaveTrigger(run.save_checkpoints_secs, run.save_checkpoints_steps)
+        self.trigger.start(global_step)
+
+    def due(self, global_step: int) -> bool:
+        return self.trigger.should_save(global_step)
+
+    def save(self, global_step: int, skipped: int, stats: LoopStats, ended: str | None) -> None:
+        """Save the checkpoint of `global_step`, its time left out of the steady throughput; `ended` says how this
+        invocation ended (None while it goes on)."""
+        loss = stats.finite_loss()
+        if not math.isfinite(loss):
+            raise TrainingDivergedError(
+                f"loss is {loss} before step {global_step}; not saving over the last checkpoint {self.last_checkpoint}"
+            )
+        self.segments = [*self.earlier_segments, stats.segment(global_step, ended)]
+        with stats.pause():
+            self.last_checkpoint = (
+                self.checkpoints.save(global_step, skipped, self.segments, stats.window_state()) or self.last_checkpoint
+            )
+        self.trigger.saved(global_step)

@@ -80,8 +80,12 @@ def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def clip_and_step(optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor], max_grad_norm: float | None,
-                  scaler: torch.amp.GradScaler) -> torch.Tensor | None:
+def clip_and_step(
+    optimizer: torch.optim.Optimizer,
+    parameters: Iterable[torch.Tensor],
+    max_grad_norm: float | None,
+    scaler: torch.amp.GradScaler,
+) -> torch.Tensor | None:
     """The training step's clipping and optimizer step: fp16 gradients unscaled (`scaler`), clipped to a global norm
     of `max_grad_norm` (None: not clipped), then the step through the scaler (skipped when fp16 gradients
     overflowed). Returns the norm before clipping, or None.
@@ -119,7 +123,8 @@ def _clips_in_step(optimizer: torch.optim.Optimizer) -> bool:
         return optimizer._fused_here()
     # torch's steps each group by its own "fused" (a checkpoint's groups bring theirs), not by the defaults
     return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and all(
-        group.get("fused") for group in optimizer.param_groups)
+        group.get("fused") for group in optimizer.param_groups
+    )
 
 
 class _AdamMoments(torch.optim.Optimizer):
@@ -128,11 +133,19 @@ class _AdamMoments(torch.optim.Optimizer):
 
     name = "Adam"
 
-    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-                 fused: bool | None):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        fused: bool | None,
+    ):
         if lr < 0 or eps <= 0 or not all(0 <= beta < 1 for beta in betas) or weight_decay < 0:
-            raise ValueError(f"invalid {self.name} settings: lr={lr}, betas={betas}, eps={eps}, "
-                             f"weight_decay={weight_decay}")
+            raise ValueError(
+                f"invalid {self.name} settings: lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}"
+            )
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.fused = fused  # None: on a GPU. Not a group setting: a checkpoint's groups stay as they were
         self._on_gpu: bool | None = None
@@ -176,13 +189,15 @@ class _AdamMoments(torch.optim.Optimizer):
                 self._step_group(group, params, grads, exp_avgs, exp_avg_sqs, steps)
         return loss
 
-    def _step_group(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
-                    steps: list[int]) -> None:
+    def _step_group(
+        self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list[int]
+    ) -> None:
         self._moments(group, grads, exp_avgs, exp_avg_sqs)
         self._update(group, params, grads, exp_avgs, exp_avg_sqs, steps)
 
-    def _update(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
-                steps: list[int]) -> None:
+    def _update(
+        self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list[int]
+    ) -> None:
         """The rule's step for one group's tensors, their moments already updated."""
         raise NotImplementedError
 
@@ -206,12 +221,20 @@ class AdamWeightDecay(_AdamMoments):
 
     name = "AdamWeightDecay"
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, fused: bool | None = None):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        fused: bool | None = None,
+    ):
         super().__init__(params, lr, betas, eps, weight_decay, fused)
 
-    def _step_group(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
-                    steps: list[int]) -> None:
+    def _step_group(
+        self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list[int]
+    ) -> None:
         """With `fused`, the rule in one pass over each tensor: torch's fused AdamW kernel (one read and write of
         parameter, gradient and moments, where the multi-tensor step makes seven passes), given a step count so
         large that its bias corrections are exactly 1 (1 - 0.9^(2^30) is 1 in floating point): Google's rule.
@@ -222,13 +245,26 @@ class AdamWeightDecay(_AdamMoments):
             return
         no_bias_correction = params[0].new_full((), 2.0**30, dtype=torch.float32)
         beta1, beta2 = group["betas"]
-        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [no_bias_correction] * len(params),
-                            lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                            eps=group["eps"], amsgrad=False, maximize=False,
-                            grad_scale=getattr(self, "grad_scale", None))
+        torch._fused_adamw_(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            [],
+            [no_bias_correction] * len(params),
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            amsgrad=False,
+            maximize=False,
+            grad_scale=getattr(self, "grad_scale", None),
+        )
 
-    def _update(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
-                steps: list[int]) -> None:
+    def _update(
+        self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list[int]
+    ) -> None:
         denoms = torch._foreach_sqrt(exp_avg_sqs)
         torch._foreach_add_(denoms, group["eps"])
         # Google's p - lr (m / denom + wd p), decay first as p (1 - lr wd): the same value up to rounding, without
@@ -259,8 +295,16 @@ class Lamb(_AdamMoments):
 
     name = "LAMB"
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, use_nvlamb: bool = False, fused: bool | None = None):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        use_nvlamb: bool = False,
+        fused: bool | None = None,
+    ):
         super().__init__(params, lr, betas, eps, weight_decay, fused)
         self.use_nvlamb = use_nvlamb  # not a group setting, as in apex: a checkpoint's groups stay as they were
 
@@ -269,8 +313,9 @@ class Lamb(_AdamMoments):
             return False  # a GPU without Triton: inductor cannot compile for it
         return super()._fused_here()
 
-    def _step_group(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
-                    steps: list[int]) -> None:
+    def _step_group(
+        self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list[int]
+    ) -> None:
         grad_scale = getattr(self, "grad_scale", None)
         if not self._fused_here():
             if grad_scale is not None:  # set for a fused step that fell back to the eager one (below)
@@ -281,54 +326,85 @@ class Lamb(_AdamMoments):
         # The scalars _update computes in float64 and the kernels apply in float32, computed here the same way and
         # sent to the device in one copy: the learning rate, then each tensor's eps x sqrt(bc2), then its
         # sqrt(bc2) / bc1.
-        bias_correction2_sqrt = [math.sqrt(1 - beta2 ** step) for step in steps]
-        scalars = torch.tensor([group["lr"], *(group["eps"] * scale for scale in bias_correction2_sqrt),
-                                *(scale / (1 - beta1 ** step) for scale, step in zip(bias_correction2_sqrt, steps))],
-                               dtype=torch.float32)
+        bias_correction2_sqrt = [math.sqrt(1 - beta2**step) for step in steps]
+        scalars = torch.tensor(
+            [
+                group["lr"],
+                *(group["eps"] * scale for scale in bias_correction2_sqrt),
+                *(scale / (1 - beta1**step) for scale, step in zip(bias_correction2_sqrt, steps)),
+            ],
+            dtype=torch.float32,
+        )
         scalars = scalars.to(params[0].device, non_blocking=True)
         try:
-            _compiled_lamb_update()(params, grads, exp_avgs, exp_avg_sqs, scalars, grad_scale, beta1, beta2,
-                                    group["weight_decay"], self.use_nvlamb or bool(group["weight_decay"]))
+            compiled_lamb_update()(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                scalars,
+                grad_scale,
+                beta1,
+                beta2,
+                group["weight_decay"],
+                self.use_nvlamb or bool(group["weight_decay"]),
+            )
         except torch._dynamo.exc.TorchDynamoException as error:
             # Compiling fails before the graph runs, so nothing has changed yet: the run goes on with the eager rule
             # (the clipping the fused pass would have applied done in place first), and says so once.
-            warnings.warn(f"fused LAMB could not be compiled here ({one_line(error)}); LAMB steps with the eager "
-                          "multi-tensor rule instead", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"fused LAMB could not be compiled here ({one_line(error)}); LAMB steps with the eager "
+                "multi-tensor rule instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self.fused = False
             self._step_group(group, params, grads, exp_avgs, exp_avg_sqs, steps)
 
-    def _update(self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
-                steps: list[int]) -> None:
+    def _update(
+        self, group: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, steps: list[int]
+    ) -> None:
         beta1, beta2 = group["betas"]
         lr, weight_decay = group["lr"], group["weight_decay"]
         # (m / bc1) / (sqrt(v / bc2) + eps) as m (sqrt(bc2) / bc1) / (sqrt(v) + eps sqrt(bc2)): the same value up to
         # rounding, one pass over the model fewer (torch's AdamW arranges it so too).
-        bias_correction2_sqrt = [math.sqrt(1 - beta2 ** step) for step in steps]
+        bias_correction2_sqrt = [math.sqrt(1 - beta2**step) for step in steps]
         denoms = torch._foreach_sqrt(exp_avg_sqs)
         torch._foreach_add_(denoms, [group["eps"] * scale for scale in bias_correction2_sqrt])
         # The update goes into the gradients, as apex writes it: they are not read again (TrainStep sets them to
         # None right after the step), and the update needs no second buffer the size of the model.
         updates = grads
         torch._foreach_zero_(updates)
-        torch._foreach_addcdiv_(updates, exp_avgs, denoms,
-                                [scale / (1 - beta1 ** step) for scale, step in zip(bias_correction2_sqrt, steps)])
+        torch._foreach_addcdiv_(
+            updates, exp_avgs, denoms, [scale / (1 - beta1**step) for scale, step in zip(bias_correction2_sqrt, steps)]
+        )
         del denoms
         if weight_decay:
             torch._foreach_add_(updates, params, alpha=weight_decay)
         if self.use_nvlamb or weight_decay:
             param_norms = torch.stack(torch._foreach_norm(params))
             update_norms = torch.stack(torch._foreach_norm(updates))
-            ratios = torch.where((param_norms != 0) & (update_norms != 0), lr * (param_norms / update_norms),
-                                 torch.full_like(param_norms, lr))
+            ratios = torch.where(
+                (param_norms != 0) & (update_norms != 0),
+                lr * (param_norms / update_norms),
+                torch.full_like(param_norms, lr),
+            )
             torch._foreach_mul_(updates, ratios.unbind())
             torch._foreach_sub_(params, updates)
         else:
             torch._foreach_add_(params, updates, alpha=-lr)
 
 
-def build_optimizer(model: nn.Module, name: str, learning_rate: float, weight_decay: float = 0.01,
-                    eps: float = 1e-6, betas: tuple[float, float] = (0.9, 0.999),
-                    adam_bias_correction: bool = False, fused: bool | None = None) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    learning_rate: float,
+    weight_decay: float = 0.01,
+    eps: float = 1e-6,
+    betas: tuple[float, float] = (0.9, 0.999),
+    adam_bias_correction: bool = False,
+    fused: bool | None = None,
+) -> torch.optim.Optimizer:
     """`name` from OPTIMIZERS over Google's parameter groups: adamw is Google's AdamWeightDecay, or with
     adam_bias_correction PyTorch's AdamW; lamb is apex's LAMB, nvlamb LAMB with the trust ratio on every tensor.
     Google's epsilon 1e-6. `fused`: the one-pass form of the rule (see the module docstring); None: where it is the
@@ -338,8 +414,9 @@ def build_optimizer(model: nn.Module, name: str, learning_rate: float, weight_de
     groups = parameter_groups(model, weight_decay)
     kind = optimizer_class(name, adam_bias_correction)
     if kind is torch.optim.AdamW:
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps,
-                                 fused=_fused_supported(model) if fused is None else fused)
+        return torch.optim.AdamW(
+            groups, lr=learning_rate, betas=betas, eps=eps, fused=_fused_supported(model) if fused is None else fused
+        )
     if kind is AdamWeightDecay:
         return AdamWeightDecay(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
     return Lamb(groups, lr=learning_rate, betas=betas, eps=eps, use_nvlamb=name == "nvlamb", fused=fused)
@@ -348,8 +425,11 @@ def build_optimizer(model: nn.Module, name: str, learning_rate: float, weight_de
 def rule(optimizer: str, adam_bias_correction: bool) -> str:
     """The update rule of an optimizer name and adam_bias_correction (which only adamw reads), in words."""
     if optimizer == "adamw":
-        return ("adamw with bias correction (torch.optim.AdamW)" if adam_bias_correction
-                else "adamw without bias correction (Google's AdamWeightDecayOptimizer)")
+        return (
+            "adamw with bias correction (torch.optim.AdamW)"
+            if adam_bias_correction
+            else "adamw without bias correction (Google's AdamWeightDecayOptimizer)"
+        )
     return {"lamb": "lamb (apex FusedLAMB)", "nvlamb": "nvlamb (LAMB's trust ratio on every tensor)"}[optimizer]
 
 
@@ -375,9 +455,18 @@ def optimizer_class(optimizer: str, adam_bias_correction: bool) -> type[torch.op
     return Lamb
 
 
-def _lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, scalars: torch.Tensor,
-                 grad_scale: torch.Tensor | None, beta1: float, beta2: float, weight_decay: float,
-                 trust_ratio: bool) -> None:
+def _lamb_update(
+    params: list,
+    grads: list,
+    exp_avgs: list,
+    exp_avg_sqs: list,
+    scalars: torch.Tensor,
+    grad_scale: torch.Tensor | None,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    trust_ratio: bool,
+) -> None:
     """Lamb._update after _moments, op for op, with the gradients divided by `grad_scale` (the clipping, when given)
     and the Python floats that change per step in `scalars` (see Lamb._step_group): what inductor compiles, reading
     gradients, parameters and moments once to write the moments and the update, the parameters and the update once
@@ -386,7 +475,7 @@ def _lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, s
     too would cost 4 bytes more: inductor keeps the buffer either way); the gradients are left unclipped, which
     nothing reads after the step."""
     count = len(params)
-    lr, eps_scaled, step_sizes = scalars[0], scalars[1:1 + count].unbind(), scalars[1 + count:].unbind()
+    lr, eps_scaled, step_sizes = scalars[0], scalars[1 : 1 + count].unbind(), scalars[1 + count :].unbind()
     if grad_scale is not None:
         grads_in = torch._foreach_div(grads, grad_scale)
     else:
@@ -403,8 +492,9 @@ def _lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, s
     if trust_ratio:
         param_norms = torch.stack(torch._foreach_norm(params))
         update_norms = torch.stack(torch._foreach_norm(updates))
-        ratios = torch.where((param_norms != 0) & (update_norms != 0), lr * (param_norms / update_norms),
-                             lr.expand_as(param_norms))
+        ratios = torch.where(
+            (param_norms != 0) & (update_norms != 0), lr * (param_norms / update_norms), lr.expand_as(param_norms)
+        )
         torch._foreach_mul_(updates, list(ratios.unbind()))
     else:
         torch._foreach_mul_(updates, lr)
@@ -412,7 +502,8 @@ def _lamb_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, s
 
 
 @functools.cache
-def _compiled_lamb_update():
+def compiled_lamb_update():
+    """The fused LAMB update compiled, once per process."""
     # dynamic=False: the tensors' shapes never change in a run, and static ones fuse best. One compiled graph per
     # group (its weight decay and tensor count differ), shared by every Lamb: dynamo's recompile limit (8 by
     # default) is per function, which a run's two groups, or lamb and nvlamb beside each other, stay under.
@@ -421,6 +512,7 @@ def _compiled_lamb_update():
 
 def _triton_available() -> bool:
     from torch.utils._triton import has_triton
+
     return has_triton()
 
 
@@ -429,19 +521,25 @@ def _fused_supported(model: nn.Module) -> bool:
     return devices <= {"cpu", "cuda"} and all(parameter.is_floating_point() for parameter in model.parameters())
 
 
-def warmup_decay_factor(step: int, num_train_steps: int, num_warmup_steps: int, decay: str = "linear",
-                        power: float = 1.0) -> float:
+def warmup_decay_factor(
+    step: int, num_train_steps: int, num_warmup_steps: int, decay: str = "linear", power: float = 1.0
+) -> float:
     """Multiplier of the peak learning rate at `step` (0 = the first update)."""
     if decay not in DECAYS:
         raise ValueError(f"unknown decay {decay!r}; choose one of {', '.join(DECAYS)}")
     if step < num_warmup_steps:
         return step / num_warmup_steps
     remaining = max(0.0, 1.0 - step / max(1, num_train_steps))
-    return remaining if decay == "linear" else remaining ** power
+    return remaining if decay == "linear" else remaining**power
 
 
-def warmup_decay_schedule(optimizer: torch.optim.Optimizer, num_train_steps: int, warmup_proportion: float = 0.1,
-                          decay: str = "linear", power: float = 1.0) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_decay_schedule(
+    optimizer: torch.optim.Optimizer,
+    num_train_steps: int,
+    warmup_proportion: float = 0.1,
+    decay: str = "linear",
+    power: float = 1.0,
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Google's schedule: linear warm-up over warmup_proportion of the steps, then linear or polynomial decay to
     0 at num_train_steps. Call `step()` after every optimizer step."""
     if num_train_steps < 1:
@@ -450,4 +548,5 @@ def warmup_decay_schedule(optimizer: torch.optim.Optimizer, num_train_steps: int
         raise ValueError(f"warmup_proportion must be in [0, 1], got {warmup_proportion}")
     num_warmup_steps = math.floor(num_train_steps * warmup_proportion)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_decay_factor(step, num_train_steps, num_warmup_steps, decay, power))
+        optimizer, lambda step: warmup_decay_factor(step, num_train_steps, num_warmup_steps, decay, power)
+    )

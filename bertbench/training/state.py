@@ -25,9 +25,19 @@ from torch import nn
 
 from bertbench.training import optim
 from bertbench.training.batches import TrainBatches
-from bertbench.training.checkpoint import (CheckpointError, checkpoint_path, checkpoint_step, list_checkpoints,
-                                  load_checkpoint, newest_intact_checkpoint, prune_checkpoints, save_checkpoint,
-                                  verify_checkpoint, worker_dir)
+from bertbench.training.checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    checkpoint_step,
+    list_checkpoints,
+    load_checkpoint,
+    newest_intact_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    verify_checkpoint,
+    worker_dir,
+)
+from bertbench.training.config import TrainConfig
 from bertbench.training.distributed import Distributed
 from bertbench.training.step import TrainStep
 
@@ -44,16 +54,32 @@ class RunStart:
     step: int = 0
 
 
-def decide_start(model_dir: str, *, training: bool, init_checkpoint: str | None = None, continue_phase: bool = False,
-                 dist: Distributed | None = None, independent_workers: bool = False,
-                 log: Callable[[str], None] = lambda line: None) -> RunStart:
+def trains_independently(train_config: TrainConfig | None, dist: Distributed) -> bool:
+    """Whether this job's processes train as independent workers: several of them, without all-reduce
+    (TrainConfig.sync_gradients False), each with its own checkpoints in worker-<rank>/."""
+    return dist.enabled and train_config is not None and not train_config.sync_gradients
+
+
+def decide_start(
+    model_dir: str,
+    *,
+    training: bool,
+    init_checkpoint: str | None = None,
+    continue_phase: bool = False,
+    dist: Distributed | None = None,
+    independent_workers: bool = False,
+    log: Callable[[str], None] = lambda line: None,
+) -> RunStart:
     """Training: resume the run's newest checkpoint (independent workers: the newest step every worker saved); else
     continue the earlier phase in init_checkpoint (`continue_phase`), warm-start from init_checkpoint, or start
     afresh. Evaluation/prediction: restore the run's newest checkpoint, else warm-start from init_checkpoint; with
     neither there is nothing to score, a CheckpointError."""
     if training:
-        path = _resume_path(model_dir, dist or Distributed(), log) if independent_workers \
+        path = (
+            _resume_path(model_dir, dist or Distributed(), log)
+            if independent_workers
             else newest_intact_checkpoint(model_dir, log)
+        )
         if path is not None:
             return RunStart(RESUME, path, checkpoint_step(path))
         if continue_phase:
@@ -63,8 +89,9 @@ def decide_start(model_dir: str, *, training: bool, init_checkpoint: str | None 
             path = init_checkpoint if given_file else newest_intact_checkpoint(init_checkpoint, log)
             step = checkpoint_step(path) if path and os.path.isfile(path) else None
             if step is None:
-                raise CheckpointError(f"{init_checkpoint}: no bertbench checkpoint (ckpt-<step>.pt) of the earlier "
-                                      "phase to continue from")
+                raise CheckpointError(
+                    f"{init_checkpoint}: no bertbench checkpoint (ckpt-<step>.pt) of the earlier phase to continue from"
+                )
             if given_file:  # a directory's newest intact one is verified already
                 verify_checkpoint(path)
             return RunStart(CONTINUE, path, step)
@@ -85,8 +112,10 @@ def _resume_path(model_dir: str, dist: Distributed, log: Callable[[str], None]) 
     common = set(saved[0]).intersection(*saved[1:])
     if not common:
         if any(saved):
-            log(f"warning: the workers' checkpoints in {model_dir}/worker-*/ have no step in common (a worker "
-                "stopped before its first save): starting from the beginning")
+            log(
+                f"warning: the workers' checkpoints in {model_dir}/worker-*/ have no step in common (a worker "
+                "stopped before its first save): starting from the beginning"
+            )
         return None
     intact = newest_intact_checkpoint(own_dir, log, [(step, checkpoint_path(own_dir, step)) for step in sorted(common)])
     return checkpoint_path(own_dir, min(dist.all_gather_object(checkpoint_step(intact))))
@@ -101,19 +130,33 @@ def seed_everything(seed: int) -> None:
 def rng_state() -> dict[str, Any]:
     """Python, NumPy, torch CPU and CUDA generator states, in types the safe (weights_only) loader reads."""
     kind, keys, position, has_gauss, cached = np.random.get_state()
-    return {"python": random.getstate(),
-            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     numpy_state = state["numpy"]
-    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32),
-                         numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            numpy_state["kind"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["position"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -144,26 +187,46 @@ class Restored:
 class TrainingCheckpoints:
     """Saves and restores the stateful parts of a training run (see the module's doc)."""
 
-    def __init__(self, model_dir: str, keep_max: int, model: nn.Module, step: TrainStep, batches: TrainBatches,
-                 dist: Distributed, independent_workers: bool, log: Callable[[str], None]):
+    def __init__(
+        self,
+        model_dir: str,
+        keep_max: int,
+        model: nn.Module,
+        step: TrainStep,
+        batches: TrainBatches,
+        dist: Distributed,
+        independent_workers: bool,
+        log: Callable[[str], None],
+    ):
         self.model_dir, self.keep_max = model_dir, keep_max
         self.model, self.step, self.batches, self.dist = model, step, batches, dist
         self.independent_workers, self.log = independent_workers, log
         self.directory = worker_dir(model_dir, dist.rank) if independent_workers else model_dir
 
-    def save(self, global_step: int, skipped_steps: int, segments: list[dict[str, Any]] = (),
-             log_window: dict[str, Any] | None = None) -> str | None:
+    def save(
+        self,
+        global_step: int,
+        skipped_steps: int,
+        segments: list[dict[str, Any]] = (),
+        log_window: dict[str, Any] | None = None,
+    ) -> str | None:
         """Write the checkpoint of `global_step` (every rank calls this) with the run's figures so far (`segments`,
         see train_stats.LoopStats.segment) and this rank's open log window; the path written, None on other ranks."""
         own = (rng_state(), self.batches.state_dict(), log_window)
         gathered = [own] if self.independent_workers else self.dist.all_gather_object(own)
         if not (self.independent_workers or self.dist.is_main):
             return None
-        state = {"model": self.model.state_dict(), **self.step.state_dict(),
-                 "data": [data for _, data, _ in gathered], "epoch": self.batches.epoch,
-                 "rng": [rng for rng, _, _ in gathered], "log_window": [window for _, _, window in gathered],
-                 "skipped_steps": skipped_steps, "segments": list(segments),
-                 "train_config": dataclasses.asdict(self.step.config)}
+        state = {
+            "model": self.model.state_dict(),
+            **self.step.state_dict(),
+            "data": [data for _, data, _ in gathered],
+            "epoch": self.batches.epoch,
+            "rng": [rng for rng, _, _ in gathered],
+            "log_window": [window for _, _, window in gathered],
+            "skipped_steps": skipped_steps,
+            "segments": list(segments),
+            "train_config": dataclasses.asdict(self.step.config),
+        }
         if not self.independent_workers:
             return save_checkpoint(self.model_dir, global_step, state, self.keep_max)
         path = save_checkpoint(self.directory, global_step, state, keep_max=None)
@@ -189,8 +252,9 @@ class TrainingCheckpoints:
             self.batches.load_state_dict(data)
             rng_states, step, skipped = state["rng"], state["step"], state["skipped_steps"]
         except KeyError as error:
-            raise CheckpointError(f"{path}: no {error.args[0]!r} entry; not a training checkpoint of this "
-                                  f"bertbench version") from None
+            raise CheckpointError(
+                f"{path}: no {error.args[0]!r} entry; not a training checkpoint of this bertbench version"
+            ) from None
         except ValueError as error:
             raise CheckpointError(f"{path}: does not fit this run: {error}") from None
         if self.independent_workers:
@@ -198,12 +262,19 @@ class TrainingCheckpoints:
         elif len(rng_states) == self.dist.world_size:
             set_rng_state(rng_states[self.dist.rank])
         else:  # the weights and data position still resume exactly; dropout draws cannot
-            self.log(f"warning: {path} was written by {len(rng_states)} processes, this run has "
-                     f"{self.dist.world_size}: dropout random streams restart from the seed")
+            self.log(
+                f"warning: {path} was written by {len(rng_states)} processes, this run has "
+                f"{self.dist.world_size}: dropout random streams restart from the seed"
+            )
             seed_everything(seed + self.dist.rank + step)
         windows = state.get("log_window") or []
-        window = windows[0] if self.independent_workers and windows else \
-            windows[self.dist.rank] if len(windows) == self.dist.world_size else None
+        window = (
+            windows[0]
+            if self.independent_workers and windows
+            else windows[self.dist.rank]
+            if len(windows) == self.dist.world_size
+            else None
+        )
         return Restored(step, skipped, window)
 
     def _check_rule(self, path: str, recorded: Mapping[str, Any] | None) -> None:
@@ -214,8 +285,10 @@ class TrainingCheckpoints:
         config = self.step.config
         was, now = optim.rule(*optim.recorded_rule(recorded)), optim.rule(config.optimizer, config.adam_bias_correction)
         if was != now:
-            raise CheckpointError(f"{path}: was trained with {was}; resuming it with {now} would change the update "
-                                  "rule mid-run: give the optimizer and adam_bias_correction it was trained with")
+            raise CheckpointError(
+                f"{path}: was trained with {was}; resuming it with {now} would change the update "
+                "rule mid-run: give the optimizer and adam_bias_correction it was trained with"
+            )
 
     def continue_phase(self, path: str, state: Mapping[str, Any]) -> int:
         """Start from an earlier phase's checkpoint: its weights, its step count and, when it was trained with the
@@ -227,16 +300,21 @@ class TrainingCheckpoints:
         now = (config.optimizer, config.adam_bias_correction)
         earlier = optim.recorded_rule(state["train_config"]) if "train_config" in state else None
         # The moments go on where the earlier phase's optimizer keeps them in the same form (lamb and nvlamb do).
-        if "optimizer" in state and earlier is not None and optim.optimizer_class(*earlier) is \
-                optim.optimizer_class(*now):
+        if (
+            "optimizer" in state
+            and earlier is not None
+            and optim.optimizer_class(*earlier) is optim.optimizer_class(*now)
+        ):
             try:
                 self.step.load_optimizer_moments(state["optimizer"])
             except (ValueError, KeyError) as error:
                 raise CheckpointError(f"{path}: its optimizer state does not fit this model ({error})") from None
         else:
-            self.log(f"warning: {path} holds no state of {optim.rule(*now)} (it was trained with "
-                     f"{optim.rule(*earlier) if earlier else 'no saved optimizer'}): the optimizer's moments start "
-                     "from zero")
+            self.log(
+                f"warning: {path} holds no state of {optim.rule(*now)} (it was trained with "
+                f"{optim.rule(*earlier) if earlier else 'no saved optimizer'}): the optimizer's moments start "
+                "from zero"
+            )
         return step
 
 

@@ -63,10 +63,18 @@ class TrainResult:
 class LoopStats:
     """Counts batches, steps, saves and evaluations of one `train` call, and times them."""
 
-    def __init__(self, *, start_step: int, num_train_steps: int, excluded_steps: int,
-                 max_train_seconds: float | None, world_size: int = 1, device: torch.device | str = "cpu",
-                 mean_over_ranks: Callable[[float], float] = lambda value: value,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        *,
+        start_step: int,
+        num_train_steps: int,
+        excluded_steps: int,
+        max_train_seconds: float | None,
+        world_size: int = 1,
+        device: torch.device | str = "cpu",
+        mean_over_ranks: Callable[[float], float] = lambda value: value,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.start_step, self.num_train_steps = start_step, num_train_steps
         self.max_train_seconds, self.world_size, self.device = max_train_seconds, world_size, torch.device(device)
         self.mean_over_ranks, self.clock = mean_over_ranks, clock
@@ -86,7 +94,7 @@ class LoopStats:
         self.last_loss: float | None = None
         self.first_step_seconds: float | None = None
 
-    def counted(self, batches: Iterator[Mapping[str, torch.Tensor]]) -> "CountedBatches":
+    def counted(self, batches: Iterator[Mapping[str, torch.Tensor]]) -> CountedBatches:
         """`batches`, counting each batch taken from it."""
         return CountedBatches(batches, self.count_batch)
 
@@ -94,8 +102,11 @@ class LoopStats:
         input_ids, mask = batch.get("input_ids"), batch.get("attention_mask")
         tokens = input_ids.numel() if input_ids is not None else 0
         # Every rank trains a batch of the same shape; real tokens are this rank's, scaled alike.
-        counts = {"sentences": len(next(iter(batch.values()))), "tokens": tokens,
-                  "real_tokens": int(mask.sum()) if mask is not None else tokens}
+        counts = {
+            "sentences": len(next(iter(batch.values()))),
+            "tokens": tokens,
+            "real_tokens": int(mask.sum()) if mask is not None else tokens,
+        }
         counts = {name: value * self.world_size for name, value in counts.items()}
         self.totals.update(counts)
         self.window.update(counts)
@@ -153,10 +164,14 @@ class LoopStats:
         now = self.clock()
         elapsed = max(1e-9, now - self.window_started)
         loss = self.mean_loss() if self.window_counted else math.nan
-        window = {"loss": loss, "grad_norm": None if self.last_grad_norm is None else self.last_grad_norm.item(),
-                  "seq_per_s": self.window["sentences"] / elapsed, "tokens_per_s": self.window["tokens"] / elapsed,
-                  "real_tokens_per_s": self.window["real_tokens"] / elapsed,
-                  "elapsed_s": round(now - self.started, 3)}
+        window = {
+            "loss": loss,
+            "grad_norm": None if self.last_grad_norm is None else self.last_grad_norm.item(),
+            "seq_per_s": self.window["sentences"] / elapsed,
+            "tokens_per_s": self.window["tokens"] / elapsed,
+            "real_tokens_per_s": self.window["real_tokens"] / elapsed,
+            "elapsed_s": round(now - self.started, 3),
+        }
         self.last_loss = loss
         if not close:
             return window
@@ -198,71 +213,133 @@ class LoopStats:
             steady = self.totals - self.steady_start
             steady_rate, steady_real_rate = steady["sentences"] / steady_seconds, steady["real_tokens"] / steady_seconds
             steady_steps = self.steps - self.exclude
-        return {"start_step": self.start_step, "end_step": global_step, "steps": global_step - self.start_step,
-                "sentences": self.totals["sentences"], "seconds": seconds,
-                "sentences_per_second": self.totals["sentences"] / max(1e-9, seconds),
-                "steady_sentences_per_second": steady_rate, "steady_steps": steady_steps,
-                "tokens": self.totals["tokens"], "real_tokens": self.totals["real_tokens"],
-                "steady_real_tokens_per_second": steady_real_rate,
-                "steady_seconds": steady_seconds, "checkpoint_saves": self.saves,
-                "checkpoint_seconds": self.save_seconds, "world_size": self.world_size, "ended": ended}
+        return {
+            "start_step": self.start_step,
+            "end_step": global_step,
+            "steps": global_step - self.start_step,
+            "sentences": self.totals["sentences"],
+            "seconds": seconds,
+            "sentences_per_second": self.totals["sentences"] / max(1e-9, seconds),
+            "steady_sentences_per_second": steady_rate,
+            "steady_steps": steady_steps,
+            "tokens": self.totals["tokens"],
+            "real_tokens": self.totals["real_tokens"],
+            "steady_real_tokens_per_second": steady_real_rate,
+            "steady_seconds": steady_seconds,
+            "checkpoint_saves": self.saves,
+            "checkpoint_seconds": self.save_seconds,
+            "world_size": self.world_size,
+            "ended": ended,
+        }
 
-    def result(self, *, global_step: int, epoch: float, resumed_from: str | None, restore_seconds: float,
-               interrupted: str | None, budget_exhausted: bool, target_reached: bool, skipped: int,
-               last_checkpoint: str | None, segments: list[dict[str, Any]] = (),
-               execution: dict[str, Any] | None = None) -> TrainResult:
+    def result(
+        self,
+        *,
+        global_step: int,
+        epoch: float,
+        resumed_from: str | None,
+        restore_seconds: float,
+        interrupted: str | None,
+        budget_exhausted: bool,
+        target_reached: bool,
+        skipped: int,
+        last_checkpoint: str | None,
+        segments: list[dict[str, Any]] = (),
+        execution: dict[str, Any] | None = None,
+    ) -> TrainResult:
         """This invocation's figures; `segments`: the run's, as its last checkpoint holds them."""
         this = self.segment(global_step, ended=None)
         if self.window_counted:
             self.last_loss = self.mean_loss()
         return TrainResult(
-            global_step=global_step, resumed_from=resumed_from, restore_seconds=restore_seconds,
-            interrupted_by=interrupted, budget_exhausted=budget_exhausted, target_reached=target_reached,
-            steps=this["steps"], sentences=this["sentences"], seconds=this["seconds"],
+            global_step=global_step,
+            resumed_from=resumed_from,
+            restore_seconds=restore_seconds,
+            interrupted_by=interrupted,
+            budget_exhausted=budget_exhausted,
+            target_reached=target_reached,
+            steps=this["steps"],
+            sentences=this["sentences"],
+            seconds=this["seconds"],
             sentences_per_second=this["sentences_per_second"],
-            steady_sentences_per_second=this["steady_sentences_per_second"], steady_steps=this["steady_steps"],
-            checkpoint_saves=self.saves, checkpoint_seconds=self.save_seconds,
+            steady_sentences_per_second=this["steady_sentences_per_second"],
+            steady_steps=this["steady_steps"],
+            checkpoint_saves=self.saves,
+            checkpoint_seconds=self.save_seconds,
             evaluation_seconds=self.evaluation_seconds,
             padding_fraction=1 - self.totals["real_tokens"] / self.totals["tokens"] if self.totals["tokens"] else None,
             real_tokens_per_second=this["real_tokens"] / max(1e-9, this["seconds"]) if this["steps"] else None,
             steady_real_tokens_per_second=this["steady_real_tokens_per_second"],
-            skipped_steps=skipped, final_loss=self.last_loss, last_checkpoint=last_checkpoint, epoch=epoch,
-            segments=list(segments), execution=dict(execution or {}), first_step_seconds=self.first_step_seconds)
+            skipped_steps=skipped,
+            final_loss=self.last_loss,
+            last_checkpoint=last_checkpoint,
+            epoch=epoch,
+            segments=list(segments),
+            execution=dict(execution or {}),
+            first_step_seconds=self.first_step_seconds,
+        )
 
 
 def run_totals(segments: list[dict[str, Any]]) -> dict[str, Any]:
     """The whole run's figures over its segments (every invocation that trained): steps, sentences and seconds
     added up, and the rates over those sums (the steady rate over the segments' steady parts)."""
-    total = {name: sum(segment[name] for segment in segments)
-             for name in ("steps", "sentences", "seconds", "steady_steps", "steady_seconds", "checkpoint_saves",
-                          "checkpoint_seconds")}
-    steady_sentences = sum(segment["steady_sentences_per_second"] * segment["steady_seconds"]
-                           for segment in segments if segment["steady_sentences_per_second"] is not None)
+    total = {
+        name: sum(segment[name] for segment in segments)
+        for name in (
+            "steps",
+            "sentences",
+            "seconds",
+            "steady_steps",
+            "steady_seconds",
+            "checkpoint_saves",
+            "checkpoint_seconds",
+        )
+    }
+    steady_sentences = sum(
+        segment["steady_sentences_per_second"] * segment["steady_seconds"]
+        for segment in segments
+        if segment["steady_sentences_per_second"] is not None
+    )
     # Segments saved before real tokens were counted have none: then the run has no real-token figures.
     counted = all("real_tokens" in segment for segment in segments)
-    tokens, real_tokens = (sum(segment[name] for segment in segments) if counted else None
-                           for name in ("tokens", "real_tokens"))
-    steady_real = sum(segment["steady_real_tokens_per_second"] * segment["steady_seconds"] for segment in segments
-                      if segment["steady_sentences_per_second"] is not None) if counted else None
-    return {"real_tokens_per_second": real_tokens / total["seconds"] if counted and total["seconds"] else None,
-            "steady_real_tokens_per_second": steady_real / total["steady_seconds"]
-            if counted and total["steady_steps"] else None,
-            "padding_fraction": 1 - real_tokens / tokens if counted and tokens else None,
-"steps": total["steps"], "sentences": total["sentences"], "seconds": total["seconds"],
-            "sentences_per_second": total["sentences"] / total["seconds"] if total["seconds"] else None,
-            "steady_sentences_per_second": steady_sentences / total["steady_seconds"] if total["steady_steps"]
-            else None, "steady_steps": total["steady_steps"], "checkpoint_saves": total["checkpoint_saves"],
-            "checkpoint_seconds": total["checkpoint_seconds"]}
+    tokens, real_tokens = (
+        sum(segment[name] for segment in segments) if counted else None for name in ("tokens", "real_tokens")
+    )
+    steady_real = (
+        sum(
+            segment["steady_real_tokens_per_second"] * segment["steady_seconds"]
+            for segment in segments
+            if segment["steady_sentences_per_second"] is not None
+        )
+        if counted
+        else None
+    )
+    return {
+        "real_tokens_per_second": real_tokens / total["seconds"] if counted and total["seconds"] else None,
+        "steady_real_tokens_per_second": steady_real / total["steady_seconds"]
+        if counted and total["steady_steps"]
+        else None,
+        "padding_fraction": 1 - real_tokens / tokens if counted and tokens else None,
+        "steps": total["steps"],
+        "sentences": total["sentences"],
+        "seconds": total["seconds"],
+        "sentences_per_second": total["sentences"] / total["seconds"] if total["seconds"] else None,
+        "steady_sentences_per_second": steady_sentences / total["steady_seconds"] if total["steady_steps"] else None,
+        "steady_steps": total["steady_steps"],
+        "checkpoint_saves": total["checkpoint_saves"],
+        "checkpoint_seconds": total["checkpoint_seconds"],
+    }
 
 
 class CountedBatches:
     """An iterator over another's batches that reports each one it hands out."""
 
-    def __init__(self, batches: Iterator[Mapping[str, torch.Tensor]],
-                 count: Callable[[Mapping[str, torch.Tensor]], None]):
+    def __init__(
+        self, batches: Iterator[Mapping[str, torch.Tensor]], count: Callable[[Mapping[str, torch.Tensor]], None]
+    ):
         self.batches, self.count = batches, count
 
-    def __iter__(self) -> "CountedBatches":
+    def __iter__(self) -> CountedBatches:
         return self
 
     def __next__(self) -> Mapping[str, torch.Tensor]:

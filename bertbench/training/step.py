@@ -27,11 +27,12 @@ import torch
 from torch import nn
 
 from bertbench.model import modeling
+from bertbench.model.packing import Packer, Packing
+from bertbench.model.precision import PRECISION_DTYPES
 from bertbench.training import optim
+from bertbench.training.config import TrainConfig
 from bertbench.training.cuda_graphs import GraphedMicroBatches
 from bertbench.training.distributed import Distributed
-from bertbench.model.packing import Packer, Packing
-from bertbench.training.config import PRECISION_DTYPES, TrainConfig
 
 
 def autocast(precision: str, device: torch.device | str):
@@ -49,12 +50,14 @@ def compile_unavailable(device: torch.device | str) -> str | None:
     device_type = torch.device(device).type
     if device_type == "cpu":
         from torch._inductor import cpp_builder, exc
+
         try:
             cpp_builder.get_cpp_compiler()  # inductor's own search: config.cpp.cxx, $CXX, g++
         except exc.InvalidCxxCompiler:
             return "inductor finds no C++ compiler; install g++ or set CXX"
     elif device_type == "cuda":
         from torch.utils._triton import has_triton
+
         if not has_triton():
             return "inductor needs Triton on a GPU"
     return None
@@ -76,12 +79,24 @@ def fallbacks(config: TrainConfig, device: torch.device | str) -> list[Fallback]
     EPYC), and its loss scaling guards fp16 only."""
     found = []
     if config.precision == "fp16" and torch.device(device).type == "cpu":
-        found.append(Fallback("fp16 needs a CUDA GPU", "precision", "fp32",
-                              f"on {torch.device(device).type} this run trains in fp32 (--precision=fp32 to say so)"))
+        found.append(
+            Fallback(
+                "fp16 needs a CUDA GPU",
+                "precision",
+                "fp32",
+                f"on {torch.device(device).type} this run trains in fp32 (--precision=fp32 to say so)",
+            )
+        )
     reason = compile_unavailable(device) if config.compile else None
     if reason is not None:
-        found.append(Fallback(f"torch.compile cannot run here ({reason})", "compile", False,
-                              "this run trains eagerly (--use_xla=false to say so)"))
+        found.append(
+            Fallback(
+                f"torch.compile cannot run here ({reason})",
+                "compile",
+                False,
+                "this run trains eagerly (--use_xla=false to say so)",
+            )
+        )
     return found
 
 
@@ -89,8 +104,10 @@ def runnable_config(config: TrainConfig, device: torch.device | str) -> tuple[Tr
     """`config` as it can run on `device`, and a one-line note for each setting that cannot apply there, saying what
     runs instead (see fallbacks)."""
     changes = fallbacks(config, device)
-    return (replace(config, **{change.field: change.value for change in changes}),
-            [f"{change.reason}; {change.instead}" for change in changes])
+    return (
+        replace(config, **{change.field: change.value for change in changes}),
+        [f"{change.reason}; {change.instead}" for change in changes],
+    )
 
 
 def wrap_for_training(model: nn.Module, config: TrainConfig, dist: Distributed) -> nn.Module:
@@ -150,18 +167,29 @@ class TrainStep:
     """One optimizer step of `model` under `config`; the schedule's warm-up and decay run from
     `schedule_start_step` (0, or the step an earlier phase ended at) to config.num_train_steps."""
 
-    def __init__(self, model: nn.Module, config: TrainConfig, dist: Distributed | None = None,
-                 schedule_start_step: int = 0):
+    def __init__(
+        self, model: nn.Module, config: TrainConfig, dist: Distributed | None = None, schedule_start_step: int = 0
+    ):
         self.dist = dist or Distributed()
         self.device = self.dist.device
         self.model = model.to(self.device)
         self.config = config
         self.schedule_start_step = schedule_start_step
-        self.optimizer = optim.build_optimizer(model, config.optimizer, config.learning_rate, config.weight_decay,
-                                               adam_bias_correction=config.adam_bias_correction)
+        self.optimizer = optim.build_optimizer(
+            model,
+            config.optimizer,
+            config.learning_rate,
+            config.weight_decay,
+            adam_bias_correction=config.adam_bias_correction,
+        )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
-        self.schedule = optim.warmup_decay_schedule(self.optimizer, config.num_train_steps - schedule_start_step,
-                                                    config.warmup_proportion, config.decay, config.decay_power)
+        self.schedule = optim.warmup_decay_schedule(
+            self.optimizer,
+            config.num_train_steps - schedule_start_step,
+            config.warmup_proportion,
+            config.decay,
+            config.decay_power,
+        )
         self.training_model = wrap_for_training(model, config, self.dist)
         packer = modeling.packer_for(model, self.device, PRECISION_DTYPES[config.precision], config.compile)
         self.graphs_note = graphs_unavailable(model, config, self.dist, packer)
@@ -210,8 +238,7 @@ class TrainStep:
                 total_loss += self._forward_backward(batch)
         scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
         learning_rate = self.optimizer.param_groups[0]["lr"]
-        grad_norm = optim.clip_and_step(self.optimizer, self.model.parameters(), self.config.max_grad_norm,
-                                        self.scaler)
+        grad_norm = optim.clip_and_step(self.optimizer, self.model.parameters(), self.config.max_grad_norm, self.scaler)
         self.scaler.update()
         # The graphs add into the same gradient tensors every step: zeroed, not dropped.
         self.optimizer.zero_grad(set_to_none=self.graphs is None)
@@ -222,8 +249,12 @@ class TrainStep:
 
     def state_dict(self) -> dict:
         """The optimizer's, schedule's and loss scaler's states, as a checkpoint holds them."""
-        return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
-                "schedule_start_step": self.schedule_start_step, "scaler": self.scaler.state_dict()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "schedule_start_step": self.schedule_start_step,
+            "scaler": self.scaler.state_dict(),
+        }
 
     def load_state_dict(self, state: Mapping) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -236,8 +267,9 @@ class TrainStep:
     def load_optimizer_moments(self, optimizer_state: Mapping) -> None:
         """Take an earlier phase's optimizer moments, keeping this run's learning rate and weight decay (NVIDIA's
         phase 2)."""
-        settings = [{key: value for key, value in group.items() if key != "params"}
-                    for group in self.optimizer.param_groups]
+        settings = [
+            {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
+        ]
         self.optimizer.load_state_dict(optimizer_state)
         for group, fresh in zip(self.optimizer.param_groups, settings):
             group.update(fresh)

@@ -1,4 +1,5 @@
-"""Model weights: Google's TensorFlow names mapped to HF/bertbench names, and HF-format directories read and written.
+"""HF-format weights read and written: directories, weights files, loading into a model; Google's TensorFlow names
+and their mapping are in weights.tf_names.
 
 bertbench's state-dict names are exactly HF transformers' BERT names, so an HF directory is bertbench's own format:
 `config.json` + `model.safetensors` (or `pytorch_model.bin`) + the tokenizer files, loadable by both.
@@ -11,154 +12,36 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
 
-from bertbench.training.checkpoint import TRAINING_CHECKPOINT_FORMAT, latest_checkpoint
+from bertbench.common.durable import atomic_output, write_directory_atomically
 from bertbench.model.config import BertConfig
-from bertbench.common.durable import fsync_path
+from bertbench.tasks.tokenization import (
+    BertTokenizer,
+    directory_tokenizer,
+    load_vocab,
+    read_tokenizer_json,
+    vocab_path,
+)
+from bertbench.training.checkpoint import TRAINING_CHECKPOINT_FORMAT, latest_checkpoint
 from bertbench.weights.tf_checkpoint import TFCheckpoint
-from bertbench.tasks.tokenization import BertTokenizer, directory_tokenizer, load_vocab, read_tokenizer_json, vocab_path
+from bertbench.weights.tf_names import (
+    TFMapping,
+    WeightsError,
+    read_tf_weights,
+    tf_model_variables,
+)
 
 logger = logging.getLogger(__name__)
-
-
-class WeightsError(ValueError):
-    """Weights a user supplied do not fit the model or config, or cannot be read or written; names file and key."""
 
 
 # Aliases HF ties to another parameter and re-ties on load, so a saved file holds each of these once, under the
 # other name (what HF's own save_pretrained does).
 _HF_TIED_ALIASES = frozenset({"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"})
-_TF_LAYER = re.compile(r"bert/encoder/layer_(\d+)/")
-
-
-def tf_model_variables(config: BertConfig, num_labels: int | None) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{Google TF variable: (HF name, TF shape)} for every weight a BERT with this config and its heads can have."""
-    h, v = config.hidden_size, config.vocab_size
-    table: dict[str, tuple[str, tuple[int, ...]]] = {}
-
-    def dense(tf_name: str, hf_name: str, n_in: int, n_out: int) -> None:
-        table[f"{tf_name}/kernel"] = (f"{hf_name}.weight", (n_in, n_out))
-        table[f"{tf_name}/bias"] = (f"{hf_name}.bias", (n_out,))
-
-    def layer_norm(tf_name: str, hf_name: str) -> None:
-        table[f"{tf_name}/gamma"] = (f"{hf_name}.weight", (h,))
-        table[f"{tf_name}/beta"] = (f"{hf_name}.bias", (h,))
-
-    table["bert/embeddings/word_embeddings"] = ("bert.embeddings.word_embeddings.weight", (v, h))
-    table["bert/embeddings/position_embeddings"] = ("bert.embeddings.position_embeddings.weight",
-                                                    (config.max_position_embeddings, h))
-    table["bert/embeddings/token_type_embeddings"] = ("bert.embeddings.token_type_embeddings.weight",
-                                                      (config.type_vocab_size, h))
-    layer_norm("bert/embeddings/LayerNorm", "bert.embeddings.LayerNorm")
-    for n in range(config.num_hidden_layers):
-        tf_layer, hf_layer = f"bert/encoder/layer_{n}", f"bert.encoder.layer.{n}"
-        for part in ("query", "key", "value"):
-            dense(f"{tf_layer}/attention/self/{part}", f"{hf_layer}.attention.self.{part}", h, h)
-        dense(f"{tf_layer}/attention/output/dense", f"{hf_layer}.attention.output.dense", h, h)
-        layer_norm(f"{tf_layer}/attention/output/LayerNorm", f"{hf_layer}.attention.output.LayerNorm")
-        dense(f"{tf_layer}/intermediate/dense", f"{hf_layer}.intermediate.dense", h, config.intermediate_size)
-        dense(f"{tf_layer}/output/dense", f"{hf_layer}.output.dense", config.intermediate_size, h)
-        layer_norm(f"{tf_layer}/output/LayerNorm", f"{hf_layer}.output.LayerNorm")
-    dense("bert/pooler/dense", "bert.pooler.dense", h, h)
-    dense("cls/predictions/transform/dense", "cls.predictions.transform.dense", h, h)
-    layer_norm("cls/predictions/transform/LayerNorm", "cls.predictions.transform.LayerNorm")
-    table["cls/predictions/output_bias"] = ("cls.predictions.bias", (v,))
-    # Google's heads multiply by output_weights transposed, so these are already [out, in] like a torch Linear.
-    table["cls/seq_relationship/output_weights"] = ("cls.seq_relationship.weight", (2, h))
-    table["cls/seq_relationship/output_bias"] = ("cls.seq_relationship.bias", (2,))
-    table["cls/squad/output_weights"] = ("qa_outputs.weight", (2, h))
-    table["cls/squad/output_bias"] = ("qa_outputs.bias", (2,))
-    if num_labels is not None:  # run_classifier.py's head sits at the top level, sized by the task's labels
-        table["output_weights"] = ("classifier.weight", (num_labels, h))
-        table["output_bias"] = ("classifier.bias", (num_labels,))
-    return table
-
-
-@dataclass
-class TFMapping:
-    """Which TF variables are model weights (and their HF names), and which were skipped: slots, step counters..."""
-
-    names: dict[str, str] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        slots = Counter(name.rsplit("/", 1)[1] for name in self.skipped if name.rsplit("/", 1)[0] in self.names)
-        others = [name for name in self.skipped if name.rsplit("/", 1)[0] not in self.names]
-        parts = []
-        if slots:
-            parts.append(f"{sum(slots.values())} optimizer slots ("
-                         + ", ".join(f"{slot}: {count}" for slot, count in sorted(slots.items())) + ")")
-        if others:
-            shown = ", ".join(others[:10]) + (f" and {len(others) - 10} more" if len(others) > 10 else "")
-            parts.append(f"{len(others)} other variables ({shown})")
-        return (f"{len(self.names)} model weights; skipped " + " and ".join(parts)) if parts else \
-            f"{len(self.names)} model weights; nothing skipped"
-
-
-def map_tf_names(shapes: Mapping[str, tuple[int, ...]], config: BertConfig, source: str = "checkpoint") -> TFMapping:
-    """Sorts TF variables into model weights (shape-checked against `config`) and everything else (skipped).
-
-    Every encoder weight the config implies must be present; heads are optional. Errors name `source` and the variable.
-    """
-    num_labels = next((shapes[name][0] for name in ("output_weights", "output_bias") if name in shapes
-                       and len(shapes[name]) >= 1), None)
-    table = tf_model_variables(config, num_labels)
-    mapping = TFMapping()
-    for name in sorted(shapes):
-        shape = tuple(shapes[name])
-        if name in table:
-            hf_name, expected = table[name]
-            if shape != expected:
-                raise WeightsError(f"{source}: variable {name} has shape {list(shape)}, the config implies "
-                                   f"{list(expected)}")
-            mapping.names[name] = hf_name
-            continue
-        layer = _TF_LAYER.match(name)
-        if layer and int(layer.group(1)) >= config.num_hidden_layers:
-            raise WeightsError(f"{source}: variable {name} is beyond the config's "
-                               f"num_hidden_layers={config.num_hidden_layers}")
-        mapping.skipped.append(name)
-    missing = [name for name in table if name.startswith("bert/") and name not in mapping.names]
-    if missing:
-        raise WeightsError(f"{source}: missing variable {missing[0]}"
-                           + (f" (and {len(missing) - 1} more encoder variables)" if len(missing) > 1 else ""))
-    return mapping
-
-
-def _tf_state_dict(mapping: TFMapping, read: Callable[[str], np.ndarray]) -> dict[str, torch.Tensor]:
-    logger.info("TensorFlow checkpoint: %s", mapping.summary())
-    state = {}
-    for tf_name, hf_name in mapping.names.items():
-        value = read(tf_name)
-        if tf_name.endswith("/kernel"):  # TF dense kernels are [in, out]; torch Linear weights are [out, in]
-            value = value.T
-        state[hf_name] = torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32))
-    return state
-
-
-def tf_to_hf_state_dict(tf_vars: Mapping[str, np.ndarray], config: BertConfig) -> dict[str, torch.Tensor]:
-    """Google-named TF variables to an HF BertForPreTraining/-SequenceClassification/-QuestionAnswering state dict.
-
-    Non-model variables (optimizer slots, global_step, loss scaling) are skipped and logged in a summary; use
-    `map_tf_names` to get the list.
-    """
-    mapping = map_tf_names({name: value.shape for name, value in tf_vars.items()}, config)
-    return _tf_state_dict(mapping, tf_vars.__getitem__)
-
-
-def read_tf_weights(checkpoint: TFCheckpoint, config: BertConfig) -> tuple[dict[str, torch.Tensor], TFMapping]:
-    """The model weights of a TF checkpoint as an HF state dict, reading only those tensors (not the slots)."""
-    shapes = {name: shape for name, (_, shape) in checkpoint.variables.items()}
-    mapping = map_tf_names(shapes, config, source=checkpoint.index_path)
-    return _tf_state_dict(mapping, checkpoint.read), mapping
 
 
 def _hf_name(name: str) -> str:
@@ -172,6 +55,7 @@ def _load_file(path: str) -> dict[str, torch.Tensor]:
     try:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
+
             return load_file(path)
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # safetensors and pickle raise many types; the user needs the file and the reason
@@ -194,15 +78,20 @@ def _load_sharded(index_path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-_HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                    "pytorch_model.bin.index.json")
+_HF_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def is_hf_directory(path: str | os.PathLike) -> bool:
     """An HF-format directory: config.json beside model.safetensors, pytorch_model.bin or a sharded index of them."""
     path = os.fspath(path)
     return os.path.isfile(os.path.join(path, "config.json")) and any(
-        os.path.isfile(os.path.join(path, name)) for name in _HF_WEIGHT_FILES)
+        os.path.isfile(os.path.join(path, name)) for name in _HF_WEIGHT_FILES
+    )
 
 
 def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -> dict[str, torch.Tensor]:
@@ -215,15 +104,17 @@ def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -
     path = os.fspath(path)
     weights_file = None
     if os.path.isdir(path):
-        weights_file = next((os.path.join(path, name) for name in _HF_WEIGHT_FILES
-                             if os.path.isfile(os.path.join(path, name))), None)
+        weights_file = next(
+            (os.path.join(path, name) for name in _HF_WEIGHT_FILES if os.path.isfile(os.path.join(path, name))), None
+        )
         if weights_file is not None and os.path.isfile(os.path.join(path, "config.json")):
             BertConfig.from_json_file(path)  # an HF directory of another model (model_type roberta, ...) is refused
         if weights_file is None and not glob.glob(os.path.join(glob.escape(path), "*.index")):
             weights_file = latest_checkpoint(path)  # a bertbench run directory: its newest checkpoint
             if weights_file is None:
-                raise WeightsError(f"{path}: no {', '.join(_HF_WEIGHT_FILES)}, bertbench checkpoint or "
-                                   "TensorFlow checkpoint")
+                raise WeightsError(
+                    f"{path}: no {', '.join(_HF_WEIGHT_FILES)}, bertbench checkpoint or TensorFlow checkpoint"
+                )
     elif path.endswith((".safetensors", ".bin", ".pt", ".pth", ".index.json")):
         weights_file = path
     if weights_file is None:
@@ -231,8 +122,10 @@ def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -
         if config is None:
             config_file = os.path.join(os.path.dirname(checkpoint.prefix), "bert_config.json")
             if not os.path.isfile(config_file):
-                raise WeightsError(f"{checkpoint.index_path}: a TensorFlow checkpoint needs a config for its "
-                                   "shapes, and there is no bert_config.json beside it")
+                raise WeightsError(
+                    f"{checkpoint.index_path}: a TensorFlow checkpoint needs a config for its "
+                    "shapes, and there is no bert_config.json beside it"
+                )
             config = BertConfig.from_json_file(config_file)
         return read_tf_weights(checkpoint, config)[0]
     if weights_file.endswith(".index.json"):
@@ -267,11 +160,13 @@ class LoadReport:
     def __str__(self) -> str:
         def names(keys: list[str]) -> str:
             return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "") if keys else "none"
+
         return f"loaded {self.source}; missing: {names(self.missing)}; unexpected: {names(self.unexpected)}"
 
 
-def flags_from_hf_directory(init_checkpoint: str | None, stated: Mapping[str, Any],
-                            wanted: Collection[str]) -> tuple[dict[str, Any], str | None]:
+def flags_from_hf_directory(
+    init_checkpoint: str | None, stated: Mapping[str, Any], wanted: Collection[str]
+) -> tuple[dict[str, Any], str | None]:
     """The values of the `wanted` flags (bert_config_file, vocab_file, do_lower_case) that a command leaves out
     (`stated`: the flags it gives or its run recorded) and that the HF directory `init_checkpoint` supplies: its
     config.json, its vocab.txt or tokenizer.json, and the lower-casing its tokenizer_config.json or tokenizer.json
@@ -287,13 +182,20 @@ def flags_from_hf_directory(init_checkpoint: str | None, stated: Mapping[str, An
         if tokenizer.do_lower_case is not None:
             found["do_lower_case"] = (tokenizer.do_lower_case, tokenizer.lower_case_from)
     vocab_file = stated.get("vocab_file") or found.get("vocab_file", (None,))[0]
-    if "do_lower_case" not in found and vocab_file and vocab_path(vocab_file).endswith(".json") \
-            and os.path.isfile(vocab_path(vocab_file)):
+    if (
+        "do_lower_case" not in found
+        and vocab_file
+        and vocab_path(vocab_file).endswith(".json")
+        and os.path.isfile(vocab_path(vocab_file))
+    ):
         lower = read_tokenizer_json(vocab_path(vocab_file)).do_lower_case
         if lower is not None:
             found["do_lower_case"] = (lower, vocab_path(vocab_file))
-    same = {"bert_config_file": lambda a, b: BertConfig.from_json_file(a) == BertConfig.from_json_file(b),
-            "vocab_file": lambda a, b: load_vocab(a) == load_vocab(b), "do_lower_case": lambda a, b: a == b}
+    same = {
+        "bert_config_file": lambda a, b: BertConfig.from_json_file(a) == BertConfig.from_json_file(b),
+        "vocab_file": lambda a, b: load_vocab(a) == load_vocab(b),
+        "do_lower_case": lambda a, b: a == b,
+    }
     taken = {}
     for name in (name for name in same if name in wanted and name in found):
         value, source = found[name]
@@ -301,16 +203,21 @@ def flags_from_hf_directory(init_checkpoint: str | None, stated: Mapping[str, An
             taken[name] = value
         elif not same[name](stated[name], value):
             given = f"--{name}={str(stated[name]).lower() if name == 'do_lower_case' else stated[name]}"
-            raise WeightsError({
-                "bert_config_file": f"{given} describes another model than {source}",
-                "vocab_file": f"{given} is another vocabulary than {source}",
-                "do_lower_case": f"{given} contradicts {source}, which says do_lower_case={str(value).lower()}",
-            }[name] + "; leave the flag out to take the file's")
+            raise WeightsError(
+                {
+                    "bert_config_file": f"{given} describes another model than {source}",
+                    "vocab_file": f"{given} is another vocabulary than {source}",
+                    "do_lower_case": f"{given} contradicts {source}, which says do_lower_case={str(value).lower()}",
+                }[name]
+                + "; leave the flag out to take the file's"
+            )
     if not taken:
         return taken, None
-    spelt = ", ".join(f"--{name}={str(value).lower() if isinstance(value, bool) else value}"
-                      + (f" (from {found[name][1]})" if name == "do_lower_case" else "")
-                      for name, value in taken.items())
+    spelt = ", ".join(
+        f"--{name}={str(value).lower() if isinstance(value, bool) else value}"
+        + (f" (from {found[name][1]})" if name == "do_lower_case" else "")
+        for name, value in taken.items()
+    )
     return taken, f"{spelt}, taken from {directory or vocab_file}"
 
 
@@ -333,13 +240,16 @@ def load_pretrained(model: torch.nn.Module, path: str | os.PathLike, config: Ber
     targets = model.state_dict(keep_vars=True)
     matched, unexpected = {}, []
     for name, value in state.items():
-        target = next((candidate for candidate in (name, f"bert.{name}", name.removeprefix("bert."))
-                       if candidate in targets), None)
+        target = next(
+            (candidate for candidate in (name, f"bert.{name}", name.removeprefix("bert.")) if candidate in targets),
+            None,
+        )
         if target is None:
             unexpected.append(name)
         elif targets[target].shape != value.shape:
-            raise WeightsError(f"{source}: {name} has shape {list(value.shape)}, the model expects "
-                               f"{list(targets[target].shape)}")
+            raise WeightsError(
+                f"{source}: {name} has shape {list(value.shape)}, the model expects {list(targets[target].shape)}"
+            )
         else:
             matched[target] = value
     # Copy only once every shape has been checked, so a bad file leaves the model as it was.
@@ -391,57 +301,36 @@ def check_output_dir(out_dir: str, overwrite: bool) -> None:
 
 def _check_output_file(path: str, overwrite: bool) -> None:
     if os.path.isdir(path):
-        raise WeightsError(f"{path}: is a directory, not a file to write (as in HF's conversion script, "
-                           "--pytorch_dump_path names one weights file; --output_dir writes a directory)")
+        raise WeightsError(
+            f"{path}: is a directory, not a file to write (as in HF's conversion script, "
+            "--pytorch_dump_path names one weights file; --output_dir writes a directory)"
+        )
     if os.path.exists(path) and not overwrite:
         raise WeightsError(f"{path}: exists (pass --overwrite to replace it)")
-
-
-def _write_directory_atomically(out_dir: str, overwrite: bool, write: Callable[[str], None]) -> None:
-    """Runs `write(tmp)` in a temp dir beside `out_dir`, then swaps it in: out_dir is complete or untouched."""
-    out_dir = os.path.abspath(out_dir)
-    check_output_dir(out_dir, overwrite)
-    parent, base = os.path.split(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
-    old = None
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would otherwise become the output directory's mode
-        write(tmp)
-        for name in os.listdir(tmp):
-            os.chmod(os.path.join(tmp, name), 0o644)  # safetensors creates 0600 files; weights are meant to be shared
-            fsync_path(os.path.join(tmp, name))
-        fsync_path(tmp)
-        if os.path.isdir(out_dir) and os.listdir(out_dir):
-            old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=parent)
-            os.replace(out_dir, old)  # rename onto an empty directory replaces it
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:
-            if old is not None:
-                os.replace(old, out_dir)
-                old = None
-            raise
-        fsync_path(parent)
-    finally:
-        for leftover in (tmp, old):
-            if leftover is not None and os.path.isdir(leftover):
-                shutil.rmtree(leftover)
 
 
 def model_tokenizer(vocab_file: str | os.PathLike, do_lower_case: bool, config: BertConfig) -> BertTokenizer:
     """The tokenizer of `vocab_file` (vocab.txt or tokenizer.json), checked to fit the model's embeddings."""
     tokenizer = BertTokenizer.from_vocab_file(vocab_file, do_lower_case=do_lower_case)
     if tokenizer.vocab_size > config.vocab_size:
-        raise WeightsError(f"{os.fspath(vocab_file)}: {tokenizer.vocab_size} tokens, but the model's vocab_size "
-                           f"is {config.vocab_size}: this vocabulary does not belong to this model")
+        raise WeightsError(
+            f"{os.fspath(vocab_file)}: {tokenizer.vocab_size} tokens, but the model's vocab_size "
+            f"is {config.vocab_size}: this vocabulary does not belong to this model"
+        )
     return tokenizer
 
 
-def save_hf_directory(model: torch.nn.Module | Mapping[str, torch.Tensor], config: BertConfig,
-                      out_dir: str | os.PathLike, vocab_file: str | os.PathLike | None = None,
-                      safe_serialization: bool = True, overwrite: bool = False, do_lower_case: bool = True,
-                      labels: Sequence[str] | None = None, problem_type: str | None = None) -> str:
+def save_hf_directory(
+    model: torch.nn.Module | Mapping[str, torch.Tensor],
+    config: BertConfig,
+    out_dir: str | os.PathLike,
+    vocab_file: str | os.PathLike | None = None,
+    safe_serialization: bool = True,
+    overwrite: bool = False,
+    do_lower_case: bool = True,
+    labels: Sequence[str] | None = None,
+    problem_type: str | None = None,
+) -> str:
     """Writes an HF-format directory (config.json, weights, and with `vocab_file` the tokenizer files that
     AutoTokenizer loads, do_lower_case kept) atomically; returns the architecture name.
 
@@ -460,8 +349,9 @@ def save_hf_directory(model: torch.nn.Module | Mapping[str, torch.Tensor], confi
         num_labels = state["classifier.weight"].shape[0]
         names = [f"LABEL_{i}" for i in range(num_labels)] if labels is None else list(labels)
         if len(names) != num_labels or len(set(names)) != num_labels:
-            raise WeightsError(f"the classifier has {num_labels} outputs, and the labels {names} are not as many "
-                               "distinct names")
+            raise WeightsError(
+                f"the classifier has {num_labels} outputs, and the labels {names} are not as many distinct names"
+            )
         hf_config["id2label"] = {str(i): name for i, name in enumerate(names)}
         hf_config["label2id"] = {name: i for i, name in enumerate(names)}
         if problem_type is not None:
@@ -474,18 +364,24 @@ def save_hf_directory(model: torch.nn.Module | Mapping[str, torch.Tensor], confi
             handle.write("\n")
         if safe_serialization:
             from safetensors.torch import save_file
+
             save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
         else:
             torch.save(state, os.path.join(directory, "pytorch_model.bin"))
         if tokenizer is not None:
             tokenizer.save_hf_files(directory, model_max_length=config.max_position_embeddings)
 
-    _write_directory_atomically(os.fspath(out_dir), overwrite, write)
+    check_output_dir(os.path.abspath(os.fspath(out_dir)), overwrite)
+    write_directory_atomically(out_dir, write)
     return architecture
 
 
-def save_hf_weights_file(model: torch.nn.Module | Mapping[str, torch.Tensor], config: BertConfig,
-                         path: str | os.PathLike, overwrite: bool = False) -> str:
+def save_hf_weights_file(
+    model: torch.nn.Module | Mapping[str, torch.Tensor],
+    config: BertConfig,
+    path: str | os.PathLike,
+    overwrite: bool = False,
+) -> str:
     """One pytorch_model.bin-style file at `path`, as HF's convert_bert_original_tf_checkpoint_to_pytorch writes
     it (torch.save of the model's state_dict, tied decoder names included), written atomically; returns the
     architecture name. An existing file is replaced only with `overwrite`."""
@@ -497,24 +393,21 @@ def save_hf_weights_file(model: torch.nn.Module | Mapping[str, torch.Tensor], co
         state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
         state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(state, file)
-        os.chmod(tmp, 0o644)
-        fsync_path(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    fsync_path(os.path.dirname(path))
+    with atomic_output(path) as temporary:
+        torch.save(state, temporary)
     return _architecture(state)
 
 
-def convert_tf_checkpoint(tf_prefix: str | os.PathLike, bert_config_file: str | os.PathLike,
-                          output_dir: str | os.PathLike | None = None, vocab_file: str | os.PathLike | None = None,
-                          overwrite: bool = False, safe_serialization: bool = True, do_lower_case: bool = True,
-                          weights_file: str | os.PathLike | None = None) -> TFMapping:
+def convert_tf_checkpoint(
+    tf_prefix: str | os.PathLike,
+    bert_config_file: str | os.PathLike,
+    output_dir: str | os.PathLike | None = None,
+    vocab_file: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    safe_serialization: bool = True,
+    do_lower_case: bool = True,
+    weights_file: str | os.PathLike | None = None,
+) -> TFMapping:
     """A Google/NVIDIA TF BERT checkpoint to an HF-format directory (`output_dir`), or to one weights file as HF's
     conversion script writes it (`weights_file`); returns what was converted and skipped."""
     assert (output_dir is None) != (weights_file is None), "one of output_dir and weights_file"
@@ -531,6 +424,13 @@ def convert_tf_checkpoint(tf_prefix: str | os.PathLike, bert_config_file: str | 
     if weights_file is not None:
         save_hf_weights_file(state, config, weights_file, overwrite)
     else:
-        save_hf_directory(state, config, output_dir, vocab_file=vocab_file, safe_serialization=safe_serialization,
-                          overwrite=overwrite, do_lower_case=do_lower_case)
+        save_hf_directory(
+            state,
+            config,
+            output_dir,
+            vocab_file=vocab_file,
+            safe_serialization=safe_serialization,
+            overwrite=overwrite,
+            do_lower_case=do_lower_case,
+        )
     return mapping

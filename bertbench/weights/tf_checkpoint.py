@@ -19,11 +19,13 @@ from __future__ import annotations
 import glob
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import google_crc32c
 import numpy as np
+
+from bertbench.common.durable import write_atomically
 
 
 class CheckpointError(ValueError):
@@ -38,14 +40,34 @@ _CRC_CHUNK = 1 << 23
 
 # TensorFlow's DataType enum (types.proto) for the types a checkpoint may hold; only _NUMPY_DTYPES can be read.
 _DTYPE_NAMES = {
-    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string", 8: "complex64",
-    9: "int64", 10: "bool", 14: "bfloat16", 17: "uint16", 18: "complex128", 19: "float16", 20: "resource",
-    21: "variant", 22: "uint32", 23: "uint64",
+    1: "float32",
+    2: "float64",
+    3: "int32",
+    4: "uint8",
+    5: "int16",
+    6: "int8",
+    7: "string",
+    8: "complex64",
+    9: "int64",
+    10: "bool",
+    14: "bfloat16",
+    17: "uint16",
+    18: "complex128",
+    19: "float16",
+    20: "resource",
+    21: "variant",
+    22: "uint32",
+    23: "uint64",
 }
 # bfloat16 is read as its raw 16 bits (numpy has no bfloat16) and widened to float32, which is exact.
 _NUMPY_DTYPES = {
-    "float32": np.dtype("<f4"), "float64": np.dtype("<f8"), "float16": np.dtype("<f2"),
-    "bfloat16": np.dtype("<u2"), "int32": np.dtype("<i4"), "int64": np.dtype("<i8"), "bool": np.dtype("?"),
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+    "float16": np.dtype("<f2"),
+    "bfloat16": np.dtype("<u2"),
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+    "bool": np.dtype("?"),
 }
 # TF2 checkpoints store their object graph as a string tensor under this key; it is bookkeeping, not a variable.
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -58,11 +80,12 @@ def masked_crc32c(data: bytes | bytearray) -> int:
     crc = 0
     for start in range(0, len(view), _CRC_CHUNK):
         # google_crc32c takes only immutable bytes: copying a chunk at a time keeps memory flat for big tensors.
-        crc = google_crc32c.extend(crc, bytes(view[start:start + _CRC_CHUNK]))
+        crc = google_crc32c.extend(crc, bytes(view[start : start + _CRC_CHUNK]))
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def _varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
+    """The protobuf varint at data[pos:] and the position after it; `where` names the file in the error."""
     result = shift = 0
     while pos < len(data):
         byte = data[pos]
@@ -81,17 +104,17 @@ def _proto_fields(data: bytes, where: str) -> dict[int, list]:
     fields: dict[int, list] = {}
     pos = 0
     while pos < len(data):
-        tag, pos = _varint(data, pos, where)
+        tag, pos = read_varint(data, pos, where)
         number, wire_type = tag >> 3, tag & 7
         if wire_type == 0:
-            value, pos = _varint(data, pos, where)
+            value, pos = read_varint(data, pos, where)
         elif wire_type in (1, 5):
             width = 8 if wire_type == 1 else 4
-            value = int.from_bytes(data[pos:pos + width], "little")
+            value = int.from_bytes(data[pos : pos + width], "little")
             pos += width
         elif wire_type == 2:
-            length, pos = _varint(data, pos, where)
-            value = data[pos:pos + length]
+            length, pos = read_varint(data, pos, where)
+            value = data[pos : pos + length]
             pos += length
         else:
             raise CheckpointError(f"{where}: corrupt index (protobuf wire type {wire_type})")
@@ -120,36 +143,45 @@ class TensorEntry:
     partitioned: bool
 
     @classmethod
-    def decode(cls, name: str, value: bytes, where: str) -> "TensorEntry":
+    def decode(cls, name: str, value: bytes, where: str) -> TensorEntry:
         fields = _proto_fields(value, where)
         dtype = _last(fields, 1)
         shape = _proto_fields(_last(fields, 2, b""), where)
         if _last(shape, 3):
             raise CheckpointError(f"{where}: tensor {name!r} has a shape of unknown rank")
         dims = tuple(_last(_proto_fields(dim, where), 1) for dim in shape.get(2, []))
-        return cls(name=name, dtype=_DTYPE_NAMES.get(dtype, f"DataType {dtype}"), shape=dims,
-                   shard=_last(fields, 3), offset=_last(fields, 4), size=_last(fields, 5),
-                   crc32c=_last(fields, 6), partitioned=bool(fields.get(7)))
+        return cls(
+            name=name,
+            dtype=_DTYPE_NAMES.get(dtype, f"DataType {dtype}"),
+            shape=dims,
+            shard=_last(fields, 3),
+            offset=_last(fields, 4),
+            size=_last(fields, 5),
+            crc32c=_last(fields, 6),
+            partitioned=bool(fields.get(7)),
+        )
 
 
-def _read_block(index: bytes, handle: bytes, where: str) -> bytes:
+def read_block(index: bytes, handle: bytes, where: str) -> bytes:
     """The contents of the block a BlockHandle (offset, size varints) points at, its CRC and compression checked."""
-    offset, pos = _varint(handle, 0, where)
-    size, _ = _varint(handle, pos, where)
+    offset, pos = read_varint(handle, 0, where)
+    size, _ = read_varint(handle, pos, where)
     end = offset + size + _BLOCK_TRAILER_SIZE
     if end > len(index):
         raise CheckpointError(f"{where}: corrupt index (block at {offset} runs past the end of the file)")
     compression = index[offset + size]
-    stored_crc = int.from_bytes(index[offset + size + 1:end], "little")
-    if masked_crc32c(index[offset:offset + size + 1]) != stored_crc:
+    stored_crc = int.from_bytes(index[offset + size + 1 : end], "little")
+    if masked_crc32c(index[offset : offset + size + 1]) != stored_crc:
         raise CheckpointError(f"{where}: corrupt index (CRC mismatch in the block at offset {offset})")
     if compression != _NO_COMPRESSION:
-        raise CheckpointError(f"{where}: block at offset {offset} uses compression type {compression}; "
-                              "only uncompressed tables (what TensorFlow writes) are supported")
-    return index[offset:offset + size]
+        raise CheckpointError(
+            f"{where}: block at offset {offset} uses compression type {compression}; "
+            "only uncompressed tables (what TensorFlow writes) are supported"
+        )
+    return index[offset : offset + size]
 
 
-def _block_entries(block: bytes, where: str):
+def block_entries(block: bytes, where: str):
     """Yields (key, value) of a block; keys are prefix-compressed against the previous key."""
     if len(block) < 4:
         raise CheckpointError(f"{where}: corrupt index (block too short)")
@@ -160,14 +192,14 @@ def _block_entries(block: bytes, where: str):
     key = b""
     pos = 0
     while pos < limit:
-        shared, pos = _varint(block, pos, where)
-        unshared, pos = _varint(block, pos, where)
-        value_size, pos = _varint(block, pos, where)
+        shared, pos = read_varint(block, pos, where)
+        unshared, pos = read_varint(block, pos, where)
+        value_size, pos = read_varint(block, pos, where)
         if shared > len(key) or pos + unshared + value_size > limit:
             raise CheckpointError(f"{where}: corrupt index (bad block entry)")
-        key = key[:shared] + block[pos:pos + unshared]
+        key = key[:shared] + block[pos : pos + unshared]
         pos += unshared
-        yield key, block[pos:pos + value_size]
+        yield key, block[pos : pos + value_size]
         pos += value_size
 
 
@@ -188,11 +220,12 @@ def resolve_prefix(path: str | os.PathLike) -> str:
         indexes = sorted(glob.glob(os.path.join(glob.escape(path), "*.index")))
         if len(indexes) != 1:
             found = ", ".join(os.path.basename(index) for index in indexes) or "none"
-            raise CheckpointError(f"{path}: expected exactly one *.index checkpoint, found {found}; "
-                                  "give the checkpoint prefix instead")
-        return indexes[0][:-len(".index")]
+            raise CheckpointError(
+                f"{path}: expected exactly one *.index checkpoint, found {found}; give the checkpoint prefix instead"
+            )
+        return indexes[0][: -len(".index")]
     if path.endswith(".index"):
-        return path[:-len(".index")]
+        return path[: -len(".index")]
     return _DATA_SUFFIX.sub("", path)
 
 
@@ -211,13 +244,13 @@ class TFCheckpoint:
         if len(index) < _FOOTER_SIZE or int.from_bytes(index[-8:], "little") != _TABLE_MAGIC:
             raise CheckpointError(f"{where}: not a TensorFlow checkpoint index (bad magic number)")
         footer = index[-_FOOTER_SIZE:]
-        _, pos = _varint(footer, 0, where)  # metaindex handle: offset, size (TF writes no meta blocks)
-        _, pos = _varint(footer, pos, where)
-        top = _read_block(index, footer[pos:], where)
+        _, pos = read_varint(footer, 0, where)  # metaindex handle: offset, size (TF writes no meta blocks)
+        _, pos = read_varint(footer, pos, where)
+        top = read_block(index, footer[pos:], where)
         self.entries: dict[str, TensorEntry] = {}
         header = None
-        for _, handle in _block_entries(top, where):
-            for key, value in _block_entries(_read_block(index, handle, where), where):
+        for _, handle in block_entries(top, where):
+            for key, value in block_entries(read_block(index, handle, where), where):
                 if key == b"":
                     header = _proto_fields(value, where)
                 elif not key.startswith(b"\x00"):  # keys starting with NUL hold the slices of partitioned tensors
@@ -243,15 +276,19 @@ class TFCheckpoint:
         if entry is None:
             raise CheckpointError(f"{self.index_path}: no tensor named {name!r}")
         if entry.partitioned:
-            raise CheckpointError(f"{self.index_path}: tensor {name!r} is a partitioned variable (saved in slices), "
-                                  "which is not supported")
+            raise CheckpointError(
+                f"{self.index_path}: tensor {name!r} is a partitioned variable (saved in slices), "
+                "which is not supported"
+            )
         dtype = _NUMPY_DTYPES.get(entry.dtype)
         if dtype is None:
             raise CheckpointError(f"{self.index_path}: tensor {name!r} has unsupported dtype {entry.dtype}")
         count = int(np.prod(entry.shape, dtype=np.int64))
         if entry.size != count * dtype.itemsize:
-            raise CheckpointError(f"{self.index_path}: tensor {name!r} has {entry.size} bytes, but shape "
-                                  f"{list(entry.shape)} of {entry.dtype} needs {count * dtype.itemsize}")
+            raise CheckpointError(
+                f"{self.index_path}: tensor {name!r} has {entry.size} bytes, but shape "
+                f"{list(entry.shape)} of {entry.dtype} needs {count * dtype.itemsize}"
+            )
         path = self.shard_path(entry.shard)
         # seek + read into one buffer that becomes the array: peak memory is one copy of each tensor.
         buffer = bytearray(entry.size)
@@ -259,8 +296,10 @@ class TFCheckpoint:
             with open(path, "rb") as handle:
                 file_size = os.fstat(handle.fileno()).st_size
                 if entry.offset + entry.size > file_size:
-                    raise CheckpointError(f"{path}: truncated: tensor {name!r} needs bytes up to "
-                                          f"{entry.offset + entry.size}, the file has {file_size}")
+                    raise CheckpointError(
+                        f"{path}: truncated: tensor {name!r} needs bytes up to "
+                        f"{entry.offset + entry.size}, the file has {file_size}"
+                    )
                 handle.seek(entry.offset)
                 handle.readinto(buffer)
         except FileNotFoundError:
@@ -409,16 +448,17 @@ def write_tf_checkpoint(prefix: str | os.PathLike, tensors: Mapping[str, np.ndar
         array = np.asarray(tensors[name])
         dtype = writable.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
         if dtype is None or not name:
-            raise CheckpointError(f"{prefix}: cannot write tensor {name!r} of dtype {array.dtype} (supported: "
-                                  f"{', '.join(writable.values())}; names must not be empty)")
+            raise CheckpointError(
+                f"{prefix}: cannot write tensor {name!r} of dtype {array.dtype} (supported: "
+                f"{', '.join(writable.values())}; names must not be empty)"
+            )
         raw = np.ascontiguousarray(array, dtype=_NUMPY_DTYPES[dtype]).tobytes()
-        entries.append((name.encode("utf-8"), _encode_entry(dtype, array.shape, len(data), len(raw),
-                                                            masked_crc32c(raw))))
+        entries.append(
+            (name.encode("utf-8"), _encode_entry(dtype, array.shape, len(data), len(raw), masked_crc32c(raw)))
+        )
         data += raw
     header = _field(1, 1) + _field(3, _field(1, 1))  # one shard, little-endian (0, left out), format version 1
     index = _table([(b"", header)] + entries)
     for path, contents in ((f"{prefix}.data-00000-of-00001", data), (f"{prefix}.index", index)):
-        with open(path + ".tmp", "wb") as handle:
-            handle.write(contents)
-        os.replace(path + ".tmp", path)
+        write_atomically(path, bytes(contents))
     return prefix

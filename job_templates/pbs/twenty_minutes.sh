@@ -41,7 +41,7 @@ for name in BATCH_SIZE BASELINE_BATCH_SIZE OPTIMIZED_BATCH_SIZE; do
 done
 if ! command -v qsub >/dev/null 2>&1; then
   echo "twenty_minutes.sh: error: qsub not found: run it on a PBS login node (elsewhere, run the two jobs by hand:" \
-       "see README.md, \"The 20-minute comparison\")" >&2
+       "see docs/clusters.md, \"The 20-minute comparison\")" >&2
   exit 2
 fi
 export MAX_TRAIN_SECONDS=${MAX_TRAIN_SECONDS:-1200}

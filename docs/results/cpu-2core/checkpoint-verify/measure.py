@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from bertbench.training.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint
 from bertbench.model.config import BertConfig
 from bertbench.model.modeling import BertForPreTraining
+from bertbench.training.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint
 
 
 def drop_page_cache(path: str) -> None:
@@ -39,16 +39,19 @@ def main() -> None:
         parameter.grad = torch.zeros_like(parameter)
     optimizer.step()
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-    times = {name: [] for name in ("save", "verify (cached)", "load (cached)", "verify (from disk)",
-                                   "load (from disk)")}
+    times = {
+        name: [] for name in ("save", "verify (cached)", "load (cached)", "verify (from disk)", "load (from disk)")
+    }
     for round_ in range(args.rounds):
         started = time.perf_counter()
         path = save_checkpoint(args.dir, round_ + 1, state, keep_max=1)
         times["save"].append(time.perf_counter() - started)
         for cached in (True, False):
             where = "cached" if cached else "from disk"
-            for name, action in ((f"verify ({where})", lambda: verify_checkpoint(path)),
-                                 (f"load ({where})", lambda: load_checkpoint(path, verify=False))):
+            for name, action in (
+                (f"verify ({where})", lambda: verify_checkpoint(path)),
+                (f"load ({where})", lambda: load_checkpoint(path, verify=False)),
+            ):
                 if not cached:
                     drop_page_cache(path)
                 started = time.perf_counter()

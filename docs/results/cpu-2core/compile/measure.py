@@ -5,6 +5,7 @@ per setting (results.md beside this file) and every time as JSON on stderr.
     PYTHONPATH=. python docs/results/cpu-2core/compile/measure.py --model mini --kinds finetuning,pretraining \
         --variants baseline,full,selective --rounds 7 --warmup 3 --threads 1
 """
+
 import argparse
 import json
 import statistics
@@ -12,6 +13,7 @@ import sys
 import time
 
 import torch
+
 from bertbench.bench import workload
 
 parser = argparse.ArgumentParser()
@@ -40,18 +42,32 @@ for kind in args.kinds.split(","):
             steps[compiled] = step
         times = {False: [], True: []}
         for r in range(args.rounds):
-            for compiled in ((False, True) if r % 2 == 0 else (True, False)):
+            for compiled in (False, True) if r % 2 == 0 else (True, False):
                 started = time.perf_counter()
                 steps[compiled]()
                 times[compiled].append(time.perf_counter() - started)
         speedups = [e / c for e, c in zip(times[False], times[True])]
-        row = {"model": args.model, "kind": kind, "variant": name, "batch": args.batch, "seq": args.seq,
-               "eager_s": times[False], "compiled_s": times[True], "speedup": speedups,
-               "warmup_eager_s": warm[False], "warmup_compiled_s": warm[True]}
+        row = {
+            "model": args.model,
+            "kind": kind,
+            "variant": name,
+            "batch": args.batch,
+            "seq": args.seq,
+            "eager_s": times[False],
+            "compiled_s": times[True],
+            "speedup": speedups,
+            "warmup_eager_s": warm[False],
+            "warmup_compiled_s": warm[True],
+        }
         rows.append(row)
+
         def mmm(v, f="%.3f"):
             return "/".join(f % x for x in (min(v), statistics.median(v), max(v)))
-        print(f"| {args.model} | {kind} | {name} | {mmm(times[False])} | {mmm(times[True])} | {mmm(speedups, '%.2f')} | "
-              f"{warm[True] - args.warmup * statistics.median(times[True]):.0f} |", flush=True)
+
+        print(
+            f"| {args.model} | {kind} | {name} | {mmm(times[False])} | {mmm(times[True])} | {mmm(speedups, '%.2f')} | "
+            f"{warm[True] - args.warmup * statistics.median(times[True]):.0f} |",
+            flush=True,
+        )
         del steps
 json.dump(rows, sys.stderr)

@@ -12,25 +12,29 @@ import os
 import statistics
 import tempfile
 
-from bertbench.runners import classifier as run_classifier
 from bertbench.bench import finetuning
 from bertbench.demo import run as demo
-
+from bertbench.runners import classifier as run_classifier
 
 WRITTEN: dict[str, dict] = {}  # inputs directory -> the flags that read it
 
 
 def mrpc_accuracy(root: str, learning_rate: float, bias_correction: bool, seed: int) -> dict:
-    args = finetuning.build_parser().parse_args(["--task", "glue", "--max_seq_length", "64",
-                                                 "--learning_rate", str(learning_rate), "--seed", str(seed)])
+    args = finetuning.build_parser().parse_args(
+        ["--task", "glue", "--max_seq_length", "64", "--learning_rate", str(learning_rate), "--seed", str(seed)]
+    )
     config = finetuning.bert_config(args)
     inputs_dir = os.path.join(root, f"inputs-{seed}-{learning_rate}")
     if inputs_dir not in WRITTEN:  # the data, vocab and config once per setting, not once per rule
         os.makedirs(inputs_dir)
         WRITTEN[inputs_dir] = finetuning.write_inputs(inputs_dir, args, config)
     values = dict(WRITTEN[inputs_dir])
-    values.update(do_train=True, adam_bias_correction=bias_correction, save_checkpoints_secs=0,
-                  output_dir=os.path.join(root, f"run-{learning_rate}-{bias_correction}-{seed}"))
+    values.update(
+        do_train=True,
+        adam_bias_correction=bias_correction,
+        save_checkpoints_secs=0,
+        output_dir=os.path.join(root, f"run-{learning_rate}-{bias_correction}-{seed}"),
+    )
     return finetuning.train_once(run_classifier.SPEC, values, ["dev_acc"])
 
 
@@ -57,16 +61,22 @@ def main() -> None:
                 for name, bias_correction in rules.items():
                     scores[name].append(mrpc_accuracy(root, learning_rate, bias_correction, seed)["dev_acc"])
             for name, values in scores.items():
-                print(f"| run_classifier, built-in MRPC, tiny, 1 epoch | {learning_rate:g} | {name} | "
-                      f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f} |", flush=True)
+                print(
+                    f"| run_classifier, built-in MRPC, tiny, 1 epoch | {learning_rate:g} | {name} | "
+                    f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f} |",
+                    flush=True,
+                )
     for learning_rate in map(float, filter(None, args.demo_learning_rates.split(","))):
         scores = {name: [] for name in rules}
         for seed in range(args.seeds):
             for name, bias_correction in rules.items():
                 scores[name].append(demo_accuracy(learning_rate, bias_correction, seed))
         for name, values in scores.items():
-            print(f"| demo GLUE step (baseline, 200 steps) | {learning_rate:g} | {name} | "
-                  f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f} |", flush=True)
+            print(
+                f"| demo GLUE step (baseline, 200 steps) | {learning_rate:g} | {name} | "
+                f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -25,17 +25,15 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from bertbench.training import optim
 from bertbench.model.config import BertConfig
 from bertbench.model.modeling import BertForPreTraining
-from bertbench.tasks.synthetic import MODEL_SIZES
-from bertbench.training.step import TrainStep
+from bertbench.model.sizes import MODEL_SIZES
+from bertbench.training import optim
 from bertbench.training.config import TrainConfig
+from bertbench.training.step import TrainStep
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "tests"))
-from optimizer_references import (AdamWeightDecay, FedGradients, FusedLamb, clip_by_global_norm,  # noqa: E402
-                                  google_trajectory)
-
+from optimizer_references import AdamWeightDecay, FedGradients, FusedLamb, clip_by_global_norm, google_trajectory  # noqa: E402
 
 WARMUP_ROUNDS = 2
 
@@ -44,8 +42,14 @@ class LambBefore(torch.optim.Optimizer):
     """bertbench's Lamb before issue 17, as it was: a Python loop over the parameters, the trust ratio on every
     tensor."""
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+    ):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
     @torch.no_grad()
@@ -70,8 +74,9 @@ class LambBefore(torch.optim.Optimizer):
                 if group["weight_decay"]:
                     update.add_(parameter, alpha=group["weight_decay"])
                 weight_norm, update_norm = parameter.norm(), update.norm()
-                trust_ratio = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm,
-                                          torch.ones_like(weight_norm))
+                trust_ratio = torch.where(
+                    (weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, torch.ones_like(weight_norm)
+                )
                 parameter.sub_(update * (group["lr"] * trust_ratio))
 
 
@@ -82,9 +87,16 @@ def flat(weights: dict[str, np.ndarray]) -> np.ndarray:
 def bertbench_run(google, optimizer: str, bias_correction: bool) -> list[np.ndarray]:
     """The weights after each step of bertbench's TrainStep fed Google's gradients, at Google's schedule."""
     model = FedGradients(google.initial)
-    step = TrainStep(model, TrainConfig(num_train_steps=google.num_train_steps, learning_rate=google.init_lr,
-                                        warmup_proportion=google.num_warmup_steps / google.num_train_steps,
-                                        optimizer=optimizer, adam_bias_correction=bias_correction))
+    step = TrainStep(
+        model,
+        TrainConfig(
+            num_train_steps=google.num_train_steps,
+            learning_rate=google.init_lr,
+            warmup_proportion=google.num_warmup_steps / google.num_train_steps,
+            optimizer=optimizer,
+            adam_bias_correction=bias_correction,
+        ),
+    )
     weights = []
     for grads in google.grads:
         step(iter([{name: torch.from_numpy(grad) for name, grad in grads.items()}]))
@@ -102,8 +114,7 @@ def before_run(google) -> list[np.ndarray]:
             parameter.grad = torch.from_numpy(grads[name].copy())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for group in optimizer.param_groups:
-            group["lr"] = google.init_lr * optim.warmup_decay_factor(t, google.num_train_steps,
-                                                                     google.num_warmup_steps)
+            group["lr"] = google.init_lr * optim.warmup_decay_factor(t, google.num_train_steps, google.num_warmup_steps)
         optimizer.step()
         weights.append(flat({name: p.detach().numpy() for name, p in model.named_parameters()}))
     return weights
@@ -123,13 +134,18 @@ def transcription_run(google) -> list[np.ndarray]:
 
 def apex_run(google, use_nvlamb: bool) -> list[np.ndarray]:
     names = list(google.initial)
-    reference = FusedLamb(list(google.initial.values()),
-                          [0.0 if name.endswith("bias") or "LayerNorm" in name else 0.01 for name in names],
-                          max_grad_norm=1.0, use_nvlamb=use_nvlamb)
+    reference = FusedLamb(
+        list(google.initial.values()),
+        [0.0 if name.endswith("bias") or "LayerNorm" in name else 0.01 for name in names],
+        max_grad_norm=1.0,
+        use_nvlamb=use_nvlamb,
+    )
     weights = []
     for t, grads in enumerate(google.grads):
-        reference.step([grads[name] for name in names],
-                       google.init_lr * optim.warmup_decay_factor(t, google.num_train_steps, google.num_warmup_steps))
+        reference.step(
+            [grads[name] for name in names],
+            google.init_lr * optim.warmup_decay_factor(t, google.num_train_steps, google.num_warmup_steps),
+        )
         weights.append(flat(dict(zip(names, reference.params))))
     return weights
 
@@ -147,27 +163,45 @@ def update_ratios(ours: list[np.ndarray], theirs: list[np.ndarray], start: np.nd
 def ratio_table(google) -> None:
     start = flat(google.initial)
     googles = [flat(weights) for weights in google.params]
-    rows = [("adamw (Google's rule, default)", bertbench_run(google, "adamw", False), googles,
-             "Google's create_optimizer (TF)"),
-            ("adamw --adam_bias_correction", bertbench_run(google, "adamw", True), googles,
-             "Google's create_optimizer (TF)"),
-            ("(NumPy float64 transcription of Google's rule)", transcription_run(google), googles,
-             "Google's create_optimizer (TF)"),
-            ("lamb", bertbench_run(google, "lamb", False), apex_run(google, False), "apex FusedLAMB (NumPy)"),
-            ("nvlamb", bertbench_run(google, "nvlamb", False), apex_run(google, True),
-             "apex FusedLAMB use_nvlamb (NumPy)"),
-            ("LAMB before (trust ratio everywhere)", before_run(google), apex_run(google, False),
-             "apex FusedLAMB (NumPy)")]
+    rows = [
+        (
+            "adamw (Google's rule, default)",
+            bertbench_run(google, "adamw", False),
+            googles,
+            "Google's create_optimizer (TF)",
+        ),
+        (
+            "adamw --adam_bias_correction",
+            bertbench_run(google, "adamw", True),
+            googles,
+            "Google's create_optimizer (TF)",
+        ),
+        (
+            "(NumPy float64 transcription of Google's rule)",
+            transcription_run(google),
+            googles,
+            "Google's create_optimizer (TF)",
+        ),
+        ("lamb", bertbench_run(google, "lamb", False), apex_run(google, False), "apex FusedLAMB (NumPy)"),
+        ("nvlamb", bertbench_run(google, "nvlamb", False), apex_run(google, True), "apex FusedLAMB use_nvlamb (NumPy)"),
+        ("LAMB before (trust ratio everywhere)", before_run(google), apex_run(google, False), "apex FusedLAMB (NumPy)"),
+    ]
     warmup = google.num_warmup_steps
-    print(f"(a) ||delta p|| bertbench / source per step, 4 tensors, {google.num_train_steps} steps, peak lr "
-          f"{google.init_lr}, warm-up {warmup} steps, clipping at 1.0")
-    print(f"| bertbench | source | steps 1-{warmup - 1}: min / median / max | steps {warmup}-"
-          f"{google.num_train_steps - 1}: min / median / max |")
+    print(
+        f"(a) ||delta p|| bertbench / source per step, 4 tensors, {google.num_train_steps} steps, peak lr "
+        f"{google.init_lr}, warm-up {warmup} steps, clipping at 1.0"
+    )
+    print(
+        f"| bertbench | source | steps 1-{warmup - 1}: min / median / max | steps {warmup}-"
+        f"{google.num_train_steps - 1}: min / median / max |"
+    )
     print("|---|---|---|---|")
     for name, ours, theirs, source in rows:
         ratios = update_ratios(ours, theirs, start)
-        cells = [f"{np.nanmin(part):.4f} / {np.nanmedian(part):.4f} / {np.nanmax(part):.4f}"
-                 for part in (ratios[1:warmup], ratios[warmup:])]
+        cells = [
+            f"{np.nanmin(part):.4f} / {np.nanmedian(part):.4f} / {np.nanmax(part):.4f}"
+            for part in (ratios[1:warmup], ratios[warmup:])
+        ]
         print(f"| {name} | {source} | {cells[0]} | {cells[1]} |")
 
 
@@ -181,8 +215,10 @@ def timing_table(repeats: int) -> None:
         "LAMB before (per-parameter loop)": LambBefore(optim.parameter_groups(model, 0.01), lr=1e-3),
         "lamb (multi-tensor)": optim.build_optimizer(model, "lamb", 1e-3),
         "adamw, Google's rule (multi-tensor)": optim.build_optimizer(model, "adamw", 1e-3),
-        "adamw --adam_bias_correction (torch fused)": optim.build_optimizer(model, "adamw", 1e-3,
-                                                                           adam_bias_correction=True)}
+        "adamw --adam_bias_correction (torch fused)": optim.build_optimizer(
+            model, "adamw", 1e-3, adam_bias_correction=True
+        ),
+    }
     times = {name: [] for name in optimizers}
     for parameter, grad in zip(parameters, grads):
         parameter.grad = torch.empty_like(grad)
@@ -195,8 +231,10 @@ def timing_table(repeats: int) -> None:
             elapsed = time.perf_counter() - started
             if round_ >= WARMUP_ROUNDS:
                 times[name].append(elapsed)
-    print(f"\n(b) optimizer.step() of BERT-large pre-training ({count / 1e6:.0f}M fp32 parameters, CPU, "
-          f"{torch.get_num_threads()} threads), {repeats} interleaved rounds after {WARMUP_ROUNDS} untimed")
+    print(
+        f"\n(b) optimizer.step() of BERT-large pre-training ({count / 1e6:.0f}M fp32 parameters, CPU, "
+        f"{torch.get_num_threads()} threads), {repeats} interleaved rounds after {WARMUP_ROUNDS} untimed"
+    )
     print("| optimizer | median s | min s | max s |")
     print("|---|---|---|---|")
     for name, values in times.items():

@@ -8,7 +8,6 @@ shapes, what was checked before) and the value check (every value read), by 1 an
 
 import argparse
 import os
-import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -31,12 +30,19 @@ def write_shard(path: str, count: int, seed: int) -> None:
     segments = (np.arange(SEQ) >= lengths[:, None] // 2) & mask
     positions = np.zeros((count, PREDICTIONS), dtype=np.int64)
     for row in range(count):
-        picked = np.sort(rng.choice(np.arange(1, lengths[row]), min(PREDICTIONS, int(lengths[row] * 0.15) + 1),
-                                    replace=False))
-        positions[row, :len(picked)] = picked
+        picked = np.sort(
+            rng.choice(np.arange(1, lengths[row]), min(PREDICTIONS, int(lengths[row] * 0.15) + 1), replace=False)
+        )
+        positions[row, : len(picked)] = picked
     masked_ids = np.where(positions > 0, np.take_along_axis(ids, positions, axis=1), 0)
-    arrays = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "masked_lm_positions": positions,
-              "masked_lm_ids": masked_ids, "next_sentence_labels": rng.integers(0, 2, count)}
+    arrays = {
+        "input_ids": ids,
+        "input_mask": mask,
+        "segment_ids": segments,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": masked_ids,
+        "next_sentence_labels": rng.integers(0, 2, count),
+    }
     with h5py.File(path, "w") as handle:
         for key, array in arrays.items():
             handle.create_dataset(key, data=array.astype(NVIDIA_DTYPES[key]), compression="gzip")
@@ -70,8 +76,10 @@ def main() -> None:
     started = time.perf_counter()
     check_values(paths)
     one = time.perf_counter() - started
-    print(f"value check, 1 process: {one:.1f} s ({total / 1e6 / one:.0f} MB/s on disk, {sequences / one:,.0f} "
-          "sequences/s)")
+    print(
+        f"value check, 1 process: {one:.1f} s ({total / 1e6 / one:.0f} MB/s on disk, {sequences / one:,.0f} "
+        "sequences/s)"
+    )
     started = time.perf_counter()
     with ProcessPoolExecutor(2) as pool:  # as two ranks share the shards
         list(pool.map(check_values, [paths[0::2], paths[1::2]]))

@@ -13,6 +13,7 @@ batches, holding the same weights. Rounds run A B C ..., then ... C B A. Prints 
         --contenders full:baseline,full:before,real-text:baseline,real-text:baseline/padded,real-text:hf-dynamic \\
         --before /tmp/before
 """
+
 import argparse
 import importlib.util
 import json
@@ -22,8 +23,8 @@ import time
 
 import torch
 
-from bertbench.model import attention
 from bertbench.bench import flops, workload
+from bertbench.model import attention
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="base")
@@ -36,8 +37,12 @@ parser.add_argument("--threads", type=int, default=2)
 parser.add_argument("--contenders", default="full:baseline,real-text:baseline,real-text:baseline/padded")
 parser.add_argument("--before", default=None, help="A checkout whose bertbench/modeling.py is `full:before`.")
 parser.add_argument("--json", default=None, help="Write the settings and every step time here.")
-parser.add_argument("--min_padding_share", type=float, default=None,
-                    help="Set the CPU's attention.MIN_PADDING_SHARE: 0 runs every batch with padding unpadded.")
+parser.add_argument(
+    "--min_padding_share",
+    type=float,
+    default=None,
+    help="Set the CPU's attention.MIN_PADDING_SHARE: 0 runs every batch with padding unpadded.",
+)
 args = parser.parse_args()
 torch.set_num_threads(args.threads)
 if args.min_padding_share is not None:
@@ -61,22 +66,46 @@ for contender in args.contenders.split(","):
     if name == "before":
         reference = workload.build(config, args.kind, workload.Variant.parse("baseline"))
         old = modeling_before(args.before)
-        model = (old.BertForSequenceClassification(config, 2) if args.kind == "finetuning"
-                 else old.BertForPreTraining(config))
+        model = (
+            old.BertForSequenceClassification(config, 2)
+            if args.kind == "finetuning"
+            else old.BertForPreTraining(config)
+        )
         model.load_state_dict(reference.state_dict())
-        step = workload.train_step(config, args.kind, workload.Variant.parse("baseline"), "fp32", args.batch,
-                                   args.seq, model=model.train(), lengths=lengths, steps=args.rounds)
+        step = workload.train_step(
+            config,
+            args.kind,
+            workload.Variant.parse("baseline"),
+            "fp32",
+            args.batch,
+            args.seq,
+            model=model.train(),
+            lengths=lengths,
+            steps=args.rounds,
+        )
     else:
-        step = workload.train_step(config, args.kind, workload.Variant.parse(name, hf=True), "fp32", args.batch,
-                                   args.seq, lengths=lengths, steps=args.rounds, compile=compiled == "compile")
+        step = workload.train_step(
+            config,
+            args.kind,
+            workload.Variant.parse(name, hf=True),
+            "fp32",
+            args.batch,
+            args.seq,
+            lengths=lengths,
+            steps=args.rounds,
+            compile=compiled == "compile",
+        )
     started = time.perf_counter()
     for _ in range(args.warmup):
         step()
     compile_seconds[contender] = time.perf_counter() - started
     step.position = 0
     steps[contender] = step
-    print(f"built {contender} ({compile_seconds[contender]:.1f} s for {args.warmup} warm-up steps)", file=sys.stderr,
-          flush=True)
+    print(
+        f"built {contender} ({compile_seconds[contender]:.1f} s for {args.warmup} warm-up steps)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 times = {name: [] for name in steps}
 for round_index in range(args.rounds):
@@ -96,12 +125,19 @@ for name, step in steps.items():
     median = statistics.median(seconds)
     real_tokens = step.per_step(lambda length: length)
     model_flops = step.per_step(lambda length: flops.train_flops(config, args.kind, length, masked))
-    row = {"contender": name, "seconds": seconds, "seq_per_s": args.batch / median,
-           "real_tokens_per_s": real_tokens / median, "tflops": model_flops / median / 1e12,
-           "warmup_seconds": compile_seconds[name]}
+    row = {
+        "contender": name,
+        "seconds": seconds,
+        "seq_per_s": args.batch / median,
+        "real_tokens_per_s": real_tokens / median,
+        "tflops": model_flops / median / 1e12,
+        "warmup_seconds": compile_seconds[name],
+    }
     rows.append(row)
-    print(f"| {name} | {median:.3f} ({min(seconds):.3f}–{max(seconds):.3f}) | {row['seq_per_s']:.2f} | "
-          f"{row['seq_per_s'] / reference_rate:.2f}x | {row['real_tokens_per_s']:,.0f} | {row['tflops']:.3f} |")
+    print(
+        f"| {name} | {median:.3f} ({min(seconds):.3f}–{max(seconds):.3f}) | {row['seq_per_s']:.2f} | "
+        f"{row['seq_per_s'] / reference_rate:.2f}x | {row['real_tokens_per_s']:,.0f} | {row['tflops']:.3f} |"
+    )
 if args.json:
     with open(args.json, "w", encoding="utf-8") as handle:
         json.dump({"args": vars(args), "rows": rows}, handle)

@@ -23,34 +23,51 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from bertbench.training.checkpoint import CheckpointError, load_checkpoint, newest_intact_checkpoint
+from bertbench.common.errors import UsageError, run_command
+from bertbench.common.flags import ArgumentParser, parse_bool
+from bertbench.common.run_files import RUN_RECORD
 from bertbench.model.config import BertConfig, ConfigError
-from bertbench.common.errors import ArgumentParser, UsageError, run_command
-from bertbench.common.flags import parse_bool
-from bertbench.runners.command import RUN_RECORD, RunRecord
+from bertbench.runners.run_directory import RunRecord
 from bertbench.tasks.glue import get_processor
+from bertbench.tasks.tokenization import VocabError
+from bertbench.training.checkpoint import CheckpointError, load_checkpoint, newest_intact_checkpoint
+from bertbench.weights.hf import check_output_dir, model_tokenizer, save_hf_directory
 from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
 from bertbench.weights.tf_checkpoint import TFCheckpoint
-from bertbench.tasks.tokenization import VocabError
-from bertbench.weights.hf import (WeightsError, check_output_dir, model_tokenizer, read_tf_weights,
-                               save_hf_directory)
+from bertbench.weights.tf_names import WeightsError, read_tf_weights
 
 PROG = "bertbench export"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description="Export a bertbench run or checkpoint, or a TF1 BERT checkpoint, "
-                                                   "as an HF-format directory (weights, config and tokenizer) that "
-                                                   "transformers loads offline.")
-    parser.add_argument("source", metavar="SOURCE", help="a run directory (--output_dir of a runner), a bertbench "
-                                                         "checkpoint (ckpt-<step>.pt), or a TF1 checkpoint prefix")
-    parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="directory to write (must not exist, or be "
-                                                                 "empty, unless --overwrite)")
-    parser.add_argument("--bert_config_file", metavar="JSON", help="the model's bert_config.json (default: the "
-                                                                   "run's record)")
+    parser = ArgumentParser(
+        prog=PROG,
+        description="Export a bertbench run or checkpoint, or a TF1 BERT checkpoint, "
+        "as an HF-format directory (weights, config and tokenizer) that "
+        "transformers loads offline.",
+    )
+    parser.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="a run directory (--output_dir of a runner), a bertbench "
+        "checkpoint (ckpt-<step>.pt), or a TF1 checkpoint prefix",
+    )
+    parser.add_argument(
+        "output_dir", metavar="OUTPUT_DIR", help="directory to write (must not exist, or be empty, unless --overwrite)"
+    )
+    parser.add_argument(
+        "--bert_config_file", metavar="JSON", help="the model's bert_config.json (default: the run's record)"
+    )
     parser.add_argument("--vocab_file", metavar="TXT", help="vocab.txt or tokenizer.json (default: the run's)")
-    parser.add_argument("--do_lower_case", type=parse_bool, nargs="?", const=True, default=None, metavar="BOOL",
-                        help="the tokenizer lower-cases and strips accents (default: the run's, else true)")
+    parser.add_argument(
+        "--do_lower_case",
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="BOOL",
+        help="the tokenizer lower-cases and strips accents (default: the run's, else true)",
+    )
     parser.add_argument("--nodo_lower_case", dest="do_lower_case", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty OUTPUT_DIR")
     return parser
@@ -88,8 +105,10 @@ def read_source(args: argparse.Namespace) -> Exported:
     recorded = record.args if record is not None else {}
     vocab_file = args.vocab_file or recorded.get("vocab_file")
     if args.vocab_file is None and vocab_file is not None and not os.path.exists(vocab_file):
-        raise VocabError(f"{record.path}: the run's vocab_file {vocab_file} is not there (a path relative to where "
-                         "it ran?); give --vocab_file")
+        raise VocabError(
+            f"{record.path}: the run's vocab_file {vocab_file} is not there (a path relative to where "
+            "it ran?); give --vocab_file"
+        )
     do_lower_case = _agreed("do_lower_case", args.do_lower_case, recorded.get("do_lower_case"), record)
     if vocab_file is None:
         notes.append("no vocabulary (--vocab_file), so no tokenizer files")
@@ -104,18 +123,28 @@ def read_source(args: argparse.Namespace) -> Exported:
     labels = problem_type = None
     if record is not None and record.runner == "run_classifier" and "task_name" in recorded:
         processor = get_processor(recorded["task_name"])
-        labels, problem_type = (None, "regression") if processor.is_regression else \
-            (processor.labels, "single_label_classification")
-    return Exported(state=state, config=config, vocab_file=vocab_file, do_lower_case=bool(do_lower_case),
-                    labels=labels, problem_type=problem_type, notes=tuple(notes))
+        labels, problem_type = (
+            (None, "regression") if processor.is_regression else (processor.labels, "single_label_classification")
+        )
+    return Exported(
+        state=state,
+        config=config,
+        vocab_file=vocab_file,
+        do_lower_case=bool(do_lower_case),
+        labels=labels,
+        problem_type=problem_type,
+        notes=tuple(notes),
+    )
 
 
 def _config(flag: str | None, record: RunRecord | None, source: str) -> BertConfig:
     """--bert_config_file, else the run record's config; both given must describe the same model."""
     if record is None:
         if flag is None:
-            raise UsageError(f"--bert_config_file: {source} carries no model config (no {RUN_RECORD} beside it); "
-                             "give the model's bert_config.json")
+            raise UsageError(
+                f"--bert_config_file: {source} carries no model config (no {RUN_RECORD} beside it); "
+                "give the model's bert_config.json"
+            )
         return BertConfig.from_json_file(flag)
     recorded = BertConfig.from_dict(dict(record.bert_config), source=record.path)
     if flag is not None and BertConfig.from_json_file(flag) != recorded:
@@ -125,8 +154,10 @@ def _config(flag: str | None, record: RunRecord | None, source: str) -> BertConf
 
 def _agreed(name: str, flag, recorded, record: RunRecord | None):
     if flag is not None and recorded is not None and flag != recorded:
-        raise UsageError(f"--{name}={str(flag).lower()} contradicts {record.path}, which says "
-                         f"{name}={str(recorded).lower()}; leave the flag out")
+        raise UsageError(
+            f"--{name}={str(flag).lower()} contradicts {record.path}, which says "
+            f"{name}={str(recorded).lower()}; leave the flag out"
+        )
     return flag if flag is not None else recorded
 
 
@@ -135,17 +166,28 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         check_output_dir(args.output_dir, args.overwrite)
         exported = read_source(args)
-        architecture = save_hf_directory(exported.state, exported.config, args.output_dir,
-                                         vocab_file=exported.vocab_file, overwrite=args.overwrite,
-                                         do_lower_case=exported.do_lower_case, labels=exported.labels,
-                                         problem_type=exported.problem_type)
+        architecture = save_hf_directory(
+            exported.state,
+            exported.config,
+            args.output_dir,
+            vocab_file=exported.vocab_file,
+            overwrite=args.overwrite,
+            do_lower_case=exported.do_lower_case,
+            labels=exported.labels,
+            problem_type=exported.problem_type,
+        )
         for note in exported.notes:
             print(f"{PROG}: {note}")
-        print(f"{PROG}: wrote {args.output_dir} ({architecture}"
-              + (f", labels {', '.join(exported.labels)}" if exported.labels else "")
-              + (", with the tokenizer" if exported.vocab_file else ", no tokenizer") + ")")
-    return run_command(PROG, body, input_errors=(CheckpointError, TFCheckpointError, ConfigError, VocabError,
-                                                 WeightsError))
+        print(
+            f"{PROG}: wrote {args.output_dir} ({architecture}"
+            + (f", labels {', '.join(exported.labels)}" if exported.labels else "")
+            + (", with the tokenizer" if exported.vocab_file else ", no tokenizer")
+            + ")"
+        )
+
+    return run_command(
+        PROG, body, input_errors=(CheckpointError, TFCheckpointError, ConfigError, VocabError, WeightsError)
+    )
 
 
 if __name__ == "__main__":

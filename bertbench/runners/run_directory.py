@@ -1,0 +1,206 @@
+"""A runner's run directory (--output_dir): its record, bertbench_run.json (which runner made it, with which flags,
+model and processes), checked against each later command; the directory held for one command (runners.run_lock);
+and what it says of the run's history (saved checkpoints, the step of warm-start weights)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bertbench import __version__
+from bertbench.common.durable import write_atomically
+from bertbench.common.errors import UsageError
+from bertbench.common.run_files import METRICS, RUN_RECORD, TRAIN_RESULTS
+from bertbench.model.config import BertConfig
+from bertbench.runners.run_lock import RunDirectoryBusy, RunLock
+from bertbench.training import optim
+from bertbench.training.checkpoint import (
+    checkpoint_step,
+    holds_training_state,
+    latest_checkpoint,
+    remove_temporary_files,
+)
+from bertbench.training.distributed import Distributed
+from bertbench.training.metrics import scan_log
+from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
+from bertbench.weights.tf_checkpoint import TFCheckpoint
+
+Log = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """bertbench_run.json: which runner made the run directory, its flags (by name), model config and process
+    count, and what the run derived from them once (`derived`: where a phase 2's phase 1 ended)."""
+
+    path: str
+    runner: str
+    args: Mapping[str, Any]
+    bert_config: Mapping[str, Any]
+    world_size: int
+    derived: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def read(cls, output_dir: str) -> RunRecord | None:
+        path = os.path.join(output_dir, RUN_RECORD)
+        if not os.path.isfile(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            # Records written before `derived` existed have none.
+            return cls(
+                path=path,
+                runner=data["runner"],
+                args=_with_legacy_rule(data["args"]),
+                bert_config=data["bert_config"],
+                world_size=data["world_size"],
+                derived=data.get("derived", {}),
+            )
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise UsageError(f"{path}: not valid JSON ({error})") from None
+        except (KeyError, TypeError) as error:
+            raise UsageError(f"{path}: not a bertbench run record (missing {error})") from None
+
+    def write(self) -> None:
+        write_json(
+            self.path,
+            {
+                "runner": self.runner,
+                "bertbench_version": __version__,
+                "args": self.args,
+                "bert_config": self.bert_config,
+                "world_size": self.world_size,
+                "derived": self.derived,
+            },
+        )
+
+
+def _with_legacy_rule(args: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record's flags, with the optimizer rule a run recorded before bertbench had --adam_bias_correction was
+    trained with (optim.legacy_rule: bias-corrected AdamW, and nvlamb for its lamb), so that resuming it keeps it."""
+    if "adam_bias_correction" in args or "optimizer_type" not in args:
+        return args
+    optimizer, bias_correction = optim.legacy_rule(args["optimizer_type"])
+    return {**args, "optimizer_type": optimizer, "adam_bias_correction": bias_correction}
+
+
+def read_json(path: str) -> Any:
+    """A JSON file a run wrote (train_results.json, eval_results.json, ...)."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def write_json(path: str, data: Mapping[str, Any]) -> None:
+    """A JSON file of the run directory, written whole or not at all."""
+    write_atomically(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_record(
+    record: RunRecord | None,
+    runner: str,
+    config: Any,
+    bert_config: BertConfig,
+    dist: Distributed,
+    derived: Mapping[str, Any] | None = None,
+) -> None:
+    """A new run's record (rank 0): every flag of the RunnerConfig `config` but the per-command ones, the model
+    config, the processes."""
+    if record is not None or not dist.is_main:
+        return
+    os.makedirs(config.run.model_dir, exist_ok=True)
+    args = {name: value for name, value in vars(config.flags).items() if name not in config.per_command}
+    RunRecord(
+        os.path.join(config.run.model_dir, RUN_RECORD),
+        runner,
+        args,
+        dataclasses.asdict(bert_config),
+        dist.world_size,
+        dict(derived or {}),
+    ).write()
+
+
+def check_record(record: RunRecord | None, bert_config: BertConfig, config: Any, dist: Distributed) -> None:
+    """The model settings must be able to run on this job's device; a recorded run must continue with the same
+    model and, when training, the same number of processes."""
+    reason = config.model.unrunnable(dist.device)
+    if reason is not None:
+        raise UsageError(reason)
+    if record is None:
+        return
+    current = dataclasses.asdict(bert_config)
+    for key in sorted(set(current) | set(record.bert_config)):
+        if current.get(key) != record.bert_config.get(key):
+            raise UsageError(
+                f"{record.path}: this run's model has {key}={record.bert_config.get(key)}, "
+                f"{config.task.bert_config_file} has {current.get(key)}; use a new --output_dir"
+            )
+    if config.task.do_train and record.world_size != dist.world_size:
+        raise UsageError(
+            f"{record.path}: this run was trained by {record.world_size} process(es), this command "
+            f"has {dist.world_size}; the global batch and data order would change"
+        )
+
+
+@contextlib.contextmanager
+def hold_run_directory(model_dir: str, training: bool, record: RunRecord | None, dist: Distributed, log: Log):
+    """The run directory for this command alone (run_lock.RunLock, taken by rank 0 for every rank), and checked: a
+    run that has saved checkpoints (saved_history) but holds none now is refused rather than silently started again
+    from step 0. A command that fails before it writes leaves the directory as it was (the lock file included), so
+    every check of its inputs comes before its first write: remove_leftovers, once the checks are done."""
+    with contextlib.ExitStack() as stack:
+        refusal = None
+        if dist.is_main:
+            try:
+                stack.enter_context(RunLock(model_dir, log))
+            except RunDirectoryBusy as busy:
+                refusal = str(busy)
+        refusal = next((message for message in dist.all_gather_object(refusal) if message), None)
+        if refusal:
+            raise RunDirectoryBusy(refusal)
+        history = saved_history(model_dir)
+        if training and record is not None and history and not holds_training_state(model_dir):
+            raise UsageError(
+                f"{model_dir}: this run has saved checkpoints ({history}) but holds none now, so it "
+                "cannot resume; to start it over, remove the directory or use another --output_dir"
+            )
+        yield
+
+
+def remove_leftovers(model_dir: str, dist: Distributed, log: Log) -> None:
+    """Remove the temporary files a killed save left in the run directory (rank 0): a command's first write there,
+    made once every check is done (hold_run_directory)."""
+    if dist.is_main:
+        for name in remove_temporary_files(model_dir):
+            log(f"removed {os.path.join(model_dir, name)}, left by a save that did not finish")
+
+
+def saved_history(model_dir: str) -> str | None:
+    """What says that a run in model_dir has saved a checkpoint: train_results.json (written after a checkpoint),
+    or a metrics.jsonl line naming its newest checkpoint. A run stopped before its first save has none: starting it
+    again from step 0 is its exact resume."""
+    if os.path.isfile(os.path.join(model_dir, TRAIN_RESULTS)):
+        return f"{TRAIN_RESULTS} is there"
+    metrics = os.path.join(model_dir, METRICS)
+    for number, entry in scan_log(metrics).records:
+        if entry.get("checkpoint_step") is not None:
+            return f"{metrics} line {number} follows the checkpoint of step {entry['checkpoint_step']}"
+    return None
+
+
+def saved_step(path: str) -> int | None:
+    """The training step of warm-start weights: a bertbench checkpoint's (a run directory: its newest), a TF1
+    checkpoint's global_step (a fine-tuned model.ckpt-1000); None for weights that do not say (HF, a TF1 checkpoint
+    without one)."""
+    newest = latest_checkpoint(path) if os.path.isdir(path) else path if path.endswith(".pt") else None
+    if newest is not None:
+        return checkpoint_step(newest)
+    with contextlib.suppress(TFCheckpointError, OSError):
+        checkpoint = TFCheckpoint(path)
+        if "global_step" in checkpoint.entries:
+            return int(checkpoint.read("global_step"))
+    return None
