@@ -177,7 +177,6 @@ class PretrainingData(TaskData):
     batches: PretrainingBatches | None
     shards: int
     eval_features: dict | None
-    eval_dir: str | None
     scores: dict[int, dict] = dataclasses.field(default_factory=dict)
 
 
@@ -367,7 +366,6 @@ class PretrainingRunner(TaskRunner):
             batches=batches,
             shards=len(train_files),
             eval_features=eval_features,
-            eval_dir=eval_dir,
         )
 
     def continues_phase(self, config: RunnerConfig) -> bool:
