@@ -63,8 +63,8 @@ class ArgumentParser(argparse.ArgumentParser):
 def setting(help: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
     """A dataclass field that is also a flag: its --help text, its default, and what else the flag or a run record
     reads from metadata: choices, aliases (other names of the flag), required (None is refused), positive (values
-    <= 0 are refused), defines_run (a resumed run must keep it), per_command (what one command does, not what the
-    run is: never recorded)."""
+    <= 0 are refused), defines_run (a resumed run must keep it), defines_training (a resumed training must keep
+    it; an evaluation may differ), per_command (what one command does, not what the run is: never recorded)."""
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -17,13 +17,11 @@ from bertbench.common.run_files import EVAL_RESULTS, EVAL_RESULTS_TEXT, TRAIN_RE
 from bertbench.common.signals import signal_status
 from bertbench.model.factory import path_of
 from bertbench.runners.config import RunnerConfig
-from bertbench.runners.run_directory import write_json
+from bertbench.runners.run_directory import Log, write_json
 from bertbench.training import optim
 from bertbench.training.distributed import Distributed
 from bertbench.training.loop import Estimator
 from bertbench.training.stats import TrainResult, run_totals
-
-Log = Callable[[str], None]
 
 
 def report_training(

@@ -29,7 +29,7 @@ from bertbench.training.metrics import scan_log
 from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
 from bertbench.weights.tf_checkpoint import TFCheckpoint
 
-Log = Callable[[str], None]
+Log = Callable[[str], None]  # where a runner's lines go: progress.log on rank 0, nothing elsewhere
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,7 @@ class RunRecord:
         if not os.path.isfile(path):
             return None
         try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
+            data = read_json(path)
             # Records written before `derived` existed have none.
             return cls(
                 path=path,

@@ -22,6 +22,7 @@ from bertbench.model.config import BertConfig, ConfigError
 from bertbench.runners.config import RunnerConfig, RunnerSettings, RunnerSpec, config_from_values, parse_config
 from bertbench.runners.results import JsonSummary, interrupted_status, report_training
 from bertbench.runners.run_directory import (
+    Log,
     RunRecord,
     check_record,
     hold_run_directory,
@@ -46,8 +47,6 @@ from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
 # runtime failures of a run (exit status 1).
 INPUT_ERRORS = (ConfigError, VocabError, WeightsError, CheckpointError, TFCheckpointError)
 RUNTIME_FAILURES = (TrainingDivergedError, torch.cuda.OutOfMemoryError)
-
-Log = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
