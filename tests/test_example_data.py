@@ -1,19 +1,15 @@
 """`bertbench example-data` and the TF1 checkpoint writer under it: the writer against checkpoints TensorFlow wrote
-(tests/fixtures/tf1_tiny: read, written, read again, byte for byte), the example directory's contents, and every
-command of its README.txt run as printed."""
+(tests/fixtures/tf1_tiny: read, written, read again, byte for byte) and the example directory's contents. Every
+command of its README.txt runs as printed in test_scripts.py, whose scripts most of them are."""
 
 import json
 import os
-import shlex
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from bertbench import cli
 from bertbench.model.config import BertConfig
 from bertbench.runners import example_data
 from bertbench.tasks.tokenization import BertTokenizer
@@ -129,64 +125,3 @@ def test_every_file_is_tokenised_by_the_one_vocabulary(example):
         stats = json.loads((example / "shards" / name / "create_pretraining_data.json").read_text())
         assert stats["settings"]["max_seq_length"] == seq
         assert stats["settings"]["input_file"].startswith(f"{example}/corpus/")  # the paths a user sees
-
-
-def readme_commands(example, out):
-    """The commands of README.txt, each as one line, its output directory moved to `out`."""
-    text = (example / "README.txt").read_text()
-    default_out = os.path.join(tempfile.gettempdir(), "bertbench-example-runs")
-    lines = text.split("\n\nRun from", 1)[1].replace("\\\n", "").splitlines()[1:]
-    return [line.replace(default_out, str(out)) for line in lines if line and not line.startswith("#")]
-
-
-@pytest.mark.slow
-def test_every_readme_command_runs_as_printed(example, tmp_path, capsys):
-    """README.txt's commands as typed: the scripts, with their positional arguments, in bash in the repository; the
-    `bertbench ...` commands through the same entry point in this process (the words as bash splits them), which
-    spares a Python start each. Each ends with status 0 and its results."""
-    commands = readme_commands(example, tmp_path)
-    assert [shlex.split(command)[0].split("=")[0] for command in commands] == [
-        "bertbench",
-        "bertbench",
-        "bertbench",
-        "BERT_DIR",
-        "scripts/eval.sh",
-        "bertbench",
-        "bertbench",
-        "BERT_DIR",
-        "bertbench",
-        "bertbench",
-        "BERT_DIR",
-        "BERT_DIR",
-    ]
-    output = []
-    for command in commands:
-        words = shlex.split(command)
-        if words[0] == "bertbench":
-            assert cli.main(words[1:]) == 0, command
-            continue
-        done = subprocess.run(
-            ["bash", "-c", f"set -euo pipefail\n{command}\n"], cwd=ROOT, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, command + "\n" + done.stdout[-4000:] + done.stderr[-4000:]
-        output.append(done.stdout)
-    output = capsys.readouterr().out + "".join(output)
-    assert f"loaded {example}/bert/bert_model.ckpt" in output  # --init_checkpoint read the TF1 checkpoint
-    assert f"loaded {example}/bert-hf" in output
-    for run in (
-        "mrpc",
-        "mrpc-hf",
-        "squad",
-        "pretraining",
-        "results/MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1",
-        "results/squad2.0_bert_fp32_bs16_lr3e-5_seq128_stride64_baseline_gpu1",
-        "results/pretraining_fp32_baseline_gpu1/phase1",
-        "results/pretraining_fp32_baseline_gpu1/phase2",
-    ):
-        assert (tmp_path / run / "train_results.json").is_file(), run
-    assert (tmp_path / "shards" / "training_00000.hdf5").is_file()
-    exported = tmp_path / "mrpc-hf-exported"  # the HF run back out as an HF directory
-    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"} <= {
-        path.name for path in exported.iterdir()
-    }
-    assert "exact_match" in output

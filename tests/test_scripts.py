@@ -1,21 +1,195 @@
-"""scripts/run_glue.sh, scripts/run_squad.sh and scripts/eval.sh as users run them: positional arguments,
-BERT_DIR/GLUE_DIR/SQUAD_DIR/RESULTS_DIR, Google's TF1 files (the fixture) as the pre-trained model, GLUE and SQuAD
-files in their release layouts, no network."""
+"""scripts/run_glue.sh, run_squad.sh, run_pretraining.sh and eval.sh as users run them.
 
+First the commands of `bertbench example-data`'s README.txt, run once, as printed and in order: the scripts with
+their positional arguments and BERT_DIR/GLUE_DIR/SQUAD_DIR/RESULTS_DIR, Google's TF1 layout as the pre-trained
+model, GLUE, SQuAD and NVIDIA's shards in their release layouts, no network. Then each script's defaults, knobs,
+node settings and refusals, with a stand-in PYTHON that records the command a script builds where running it would
+add only a Python start: the runs of several processes through torchrun are test_distributed's (on one node) and
+test_job_templates' (across nodes)."""
+
+import contextlib
+import io
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from helpers import free_port
 
-from bertbench.tasks.synthetic import write_glue_task, write_squad
-from bertbench.training.checkpoint import list_checkpoints
+from bertbench import cli
+from bertbench.runners import example_data
+from bertbench.tasks.synthetic import write_glue_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
 BERT_DIR = os.path.join(ROOT, "tests", "fixtures", "tf1_tiny")
+
+
+@dataclass
+class ExampleRuns:
+    example: Path  # the directory bertbench example-data wrote
+    out: Path  # where README.txt's commands wrote, in place of its default
+    outputs: list[tuple[str, str]]  # (command, its stdout), in README.txt's order
+
+    def output(self, of: str) -> str:
+        """The stdout of the one command that holds `of`."""
+        (found,) = [output for command, output in self.outputs if of in command]
+        return found
+
+    @property
+    def results(self) -> Path:
+        return self.out / "results"  # the scripts' RESULTS_DIR
+
+
+def readme_commands(example: Path, out: Path) -> list[str]:
+    """The commands of README.txt, each as one line, its output directory moved to `out`."""
+    text = (example / "README.txt").read_text()
+    default_out = os.path.join(tempfile.gettempdir(), "bertbench-example-runs")
+    lines = text.split("\n\nRun from", 1)[1].replace("\\\n", "").splitlines()[1:]
+    return [line.replace(default_out, str(out)) for line in lines if line and not line.startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def example_runs(tmp_path_factory) -> ExampleRuns:
+    """Every README.txt command run as typed: the scripts in bash in the repository, the `bertbench ...` commands
+    through the same entry point in this process (the words as bash splits them), which spares a Python start each.
+    Each must end with status 0."""
+    example = tmp_path_factory.mktemp("example") / "data"
+    assert example_data.main([str(example)]) == 0
+    out = tmp_path_factory.mktemp("runs")
+    outputs = []
+    for command in readme_commands(example, out):
+        words = shlex.split(command)
+        if words[0] == "bertbench":
+            with contextlib.redirect_stdout(io.StringIO()) as stdout:
+                assert cli.main(words[1:]) == 0, command
+            outputs.append((command, stdout.getvalue()))
+            continue
+        done = subprocess.run(
+            ["bash", "-c", f"set -euo pipefail\n{command}\n"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, command + "\n" + done.stdout[-4000:] + done.stderr[-4000:]
+        outputs.append((command, done.stdout))
+    return ExampleRuns(example, out, outputs)
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def printed(output: str, metric: str) -> str:
+    """The value a runner printed for `metric` ("  metric = value" in its results block), the last if several."""
+    return re.findall(rf"^\s*{re.escape(metric)} = (\S+)$", output, re.MULTILINE)[-1]
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_printed(example_runs):
+    assert [shlex.split(command)[0].split("=")[0] for command, _ in example_runs.outputs] == [
+        "bertbench",
+        "bertbench",
+        "bertbench",
+        "BERT_DIR",
+        "bertbench",
+        "bertbench",
+        "BERT_DIR",
+        "scripts/eval.sh",
+        "bertbench",
+        "bertbench",
+        "BERT_DIR",
+        "BERT_DIR",
+    ]
+    example, out = example_runs.example, example_runs.out
+    output = "".join(output for _, output in example_runs.outputs)
+    assert f"loaded {example}/bert/bert_model.ckpt" in output  # --init_checkpoint read the TF1 checkpoint
+    assert f"loaded {example}/bert-hf" in output
+    for run in (
+        "mrpc",
+        "mrpc-hf",
+        "squad",
+        "pretraining",
+        "results/MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1",
+        "results/squad2.0_bert_fp32_bs16_lr3e-5_seq128_stride64_baseline_gpu1",
+        "results/pretraining_fp32_baseline_gpu1/phase1",
+        "results/pretraining_fp32_baseline_gpu1/phase2",
+    ):
+        assert (out / run / "train_results.json").is_file(), run
+    assert (out / "shards" / "training_00000.hdf5").is_file()
+    exported = out / "mrpc-hf-exported"  # the HF run back out as an HF directory
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"} <= {
+        path.name for path in exported.iterdir()
+    }
+    assert "exact_match" in example_runs.output("bertbench evaluate-squad")
+
+
+GLUE_RUN = "MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1"
+SQUAD_RUN = "squad2.0_bert_fp32_bs16_lr3e-5_seq128_stride64_baseline_gpu1"
+
+
+@pytest.mark.slow
+def test_run_glue_trains_from_the_tf1_checkpoint(example_runs):
+    done = example_runs.output("scripts/run_glue.sh")
+    run_dir = example_runs.results / GLUE_RUN
+    assert f"loaded {example_runs.example}/bert/bert_model.ckpt" in done  # the default init_checkpoint, $BERT_DIR's
+    train = read_json(run_dir / "train_results.json")
+    assert train["global_step"] == 24  # 3 epochs of 256 examples in batches of 32
+    assert (run_dir / "train.log").read_text().count("***** Training summary *****") == 1
+    args = read_json(run_dir / "bertbench_run.json")["args"]
+    assert (args["train_batch_size"], args["learning_rate"], args["precision"], args["use_xla"]) == (
+        32,
+        2e-5,
+        "fp32",
+        False,
+    )
+    assert "python" in (run_dir / "command.log").read_text()
+
+
+@pytest.mark.slow
+def test_run_squad_trains_on_v2_and_writes_the_official_files(example_runs):
+    done = example_runs.output("scripts/run_squad.sh")
+    run_dir = example_runs.results / SQUAD_RUN  # "bert": $BERT_DIR's name
+    assert f"loaded {example_runs.example}/bert/bert_model.ckpt" in done
+    results = read_json(run_dir / "eval_results.json")
+    assert results["questions"] == 30 and {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(results)
+    for name in ("predictions.json", "nbest_predictions.json", "null_odds.json", "train.log", "command.log"):
+        assert (run_dir / name).is_file(), name
+    args = read_json(run_dir / "bertbench_run.json")["args"]
+    assert (args["version_2_with_negative"], args["doc_stride"], args["max_seq_length"]) == (True, 64, 128)
+
+
+@pytest.mark.slow
+def test_eval_sh_scores_each_run_again_with_the_runner_that_made_it(example_runs):
+    """eval.sh over the scripts' RESULTS_DIR: the GLUE run evaluated and the SQuAD run predicted again, each with
+    the figures its training run printed, and written to the run's results."""
+    scored = example_runs.output("scripts/eval.sh")
+    glue, squad = scored.split(f"== {example_runs.results / SQUAD_RUN}\n")
+    assert glue.startswith(f"== {example_runs.results / GLUE_RUN}\n")
+    trained = example_runs.output("scripts/run_glue.sh")
+    assert printed(glue, "dev_acc") == printed(trained, "dev_acc")
+    assert str(read_json(example_runs.results / GLUE_RUN / "eval_results.json")["dev_acc"]) == printed(glue, "dev_acc")
+    trained = example_runs.output("scripts/run_squad.sh")
+    for metric in ("exact", "f1"):
+        assert printed(squad, metric) == printed(trained, metric), metric
+    assert len(read_json(example_runs.results / SQUAD_RUN / "predictions.json")) == 30
+
+
+@pytest.mark.slow
+def test_run_pretraining_phase2_continues_phase1(example_runs):
+    """Phase 1 (20 steps of 2 accumulated micro-batches of 8, 128 tokens), scored on the eval shard; phase 2 (5
+    steps of 4 sequences of 512 tokens) goes on from it: its schedule starts at phase 1's last step."""
+    run_root = example_runs.results / "pretraining_fp32_baseline_gpu1"
+    train = read_json(run_root / "phase1" / "train_results.json")
+    assert train["global_step"] == 20 and train["sentences"] == 20 * 8 * 2 and train["max_seq_length"] == 128
+    assert read_json(run_root / "phase1" / "eval_results.json")["global_step"] == 20
+    train = read_json(run_root / "phase2" / "train_results.json")
+    assert train["global_step"] == 25 and train["schedule_start_step"] == 20 and train["max_seq_length"] == 512
+    assert "python" in (run_root / "phase2" / "command.log").read_text()
 
 
 @pytest.fixture
@@ -38,46 +212,8 @@ def run_glue(env, *arguments):
 
 # task batch lr precision use_xla num_gpu seq doc_stride epochs warmup init_checkpoint ("" = $BERT_DIR's)
 POSITIONAL = ["MRPC", "16", "1e-3", "fp32", "false", "1", "32", "64", "1.0", "0.1", ""]
-
-
-@pytest.mark.slow
-def test_run_glue_trains_from_the_tf1_checkpoint_and_eval_sh_scores_it(env, tmp_path):
-    done = run_glue(env, *POSITIONAL, "--save_checkpoints_steps=5")
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1"
-    assert f"loaded {BERT_DIR}/bert_model.ckpt" in done.stdout  # the default init_checkpoint
-    results = json.loads((run_dir / "eval_results.json").read_text())
-    assert results["global_step"] == 16 and results["dev_examples"] == 64
-    assert (run_dir / "train.log").read_text().count("***** Training summary *****") == 1
-    args = json.loads((run_dir / "bertbench_run.json").read_text())["args"]
-    assert (args["train_batch_size"], args["learning_rate"], args["precision"], args["use_xla"]) == (
-        16,
-        1e-3,
-        "fp32",
-        False,
-    )
-
-    os.remove(run_dir / "eval_results.json")
-    # a run directory (the SQuAD test gives eval.sh a directory of runs)
-    scored = subprocess.run(
-        ["bash", os.path.join(SCRIPTS, "eval.sh"), str(run_dir)], env=env, capture_output=True, text=True
-    )
-    assert scored.returncode == 0, scored.stderr
-    assert f"dev_acc = {results['dev_acc']}" in scored.stdout
-    assert json.loads((run_dir / "eval_results.json").read_text())["dev_acc"] == results["dev_acc"]
-
-
-@pytest.mark.slow
-def test_run_glue_with_two_processes_goes_through_torchrun(env, tmp_path):
-    arguments = POSITIONAL.copy()
-    arguments[1], arguments[5] = "8", "2"  # 8 sequences on each of 2 processes
-    done = run_glue(env, *arguments)
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_baseline_gpu2"
-    train = json.loads((run_dir / "train_results.json").read_text())
-    assert train["world_size"] == 2 and train["global_step"] == 16 and train["sentences"] == 256
-    assert done.stdout.count("***** Eval results") == 1  # rank 0 alone reports
-    assert [step for step, _ in list_checkpoints(run_dir)] == [16]
+# batch lr precision use_xla num_gpu seq doc_stride bert_model squad_version init_checkpoint ("" = $BERT_DIR's) epochs
+SQUAD_POSITIONAL = ["8", "1e-3", "fp32", "false", "1", "64", "16", "base", "2.0", "", "1.0"]
 
 
 def recorded_command(env, tmp_path, script, *arguments):
@@ -166,6 +302,61 @@ def test_the_template_knobs_become_runner_flags_that_the_command_line_overrides(
     )
 
 
+@pytest.mark.parametrize(
+    "script, arguments, runner, run_dir",
+    [
+        (
+            "run_glue.sh",
+            POSITIONAL[:5] + ["2"] + POSITIONAL[6:],
+            "run_classifier",
+            "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu2",
+        ),
+        (
+            "run_squad.sh",
+            SQUAD_POSITIONAL[:4] + ["2"] + SQUAD_POSITIONAL[5:],
+            "run_squad",
+            "squad2.0_tf1_tiny_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu2",
+        ),
+    ],
+)
+def test_num_gpu_processes_start_through_torchrun_on_one_node(env, tmp_path, script, arguments, runner, run_dir):
+    argv, _ = recorded_command(dict(env, SQUAD_DIR=str(tmp_path)), tmp_path, script, *arguments)
+    launch = ["-m", "bertbench.runners.launch", "--standalone", "--nproc-per-node=2", "--max-restarts=0"]
+    assert argv[: len(launch) + 2] == [*launch, "-m", f"bertbench.{runner}"]
+    assert f"--output_dir={tmp_path}/results/{run_dir}" in argv
+
+
+def test_eval_sh_takes_a_run_a_directory_of_runs_or_results_dir(example_runs, tmp_path):
+    """The runner command eval.sh starts for each run (the PYTHON stand-in records it; the one-line reads of each
+    run's record go to Python): a run directory, a directory of runs, or $RESULTS_DIR when given flags only."""
+    record = tmp_path / "commands"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} "$@"\necho "$*" >> "{record}"\n')
+    fake.chmod(0o755)
+
+    def commands(*arguments, **variables):
+        done = subprocess.run(
+            ["bash", os.path.join(SCRIPTS, "eval.sh"), *arguments],
+            env=dict(os.environ, PYTHON=str(fake), **variables),
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        lines = record.read_text().splitlines()
+        record.unlink()
+        return lines
+
+    glue, squad = example_runs.results / GLUE_RUN, example_runs.results / SQUAD_RUN
+    assert commands(str(glue)) == [f"-m bertbench.run_classifier --do_eval=true --output_dir={glue}"]
+    both = [
+        f"-m bertbench.run_classifier --do_eval=true --output_dir={glue}",
+        f"-m bertbench.run_squad --do_predict=true --output_dir={squad}",
+    ]
+    assert commands(str(example_runs.results)) == both
+    flagged = [f"{command} --eval_batch_size=4" for command in both]
+    assert commands("--eval_batch_size=4", RESULTS_DIR=str(example_runs.results)) == flagged
+
+
 def test_bad_arguments_and_missing_runs(env, tmp_path):
     arguments = POSITIONAL.copy()
     arguments[3] = "fp64"
@@ -199,34 +390,6 @@ def run_squad(env, *arguments):
     return subprocess.run(
         ["bash", os.path.join(SCRIPTS, "run_squad.sh"), *arguments], env=env, capture_output=True, text=True
     )
-
-
-# batch lr precision use_xla num_gpu seq doc_stride bert_model squad_version init_checkpoint ("" = $BERT_DIR's) epochs
-SQUAD_POSITIONAL = ["8", "1e-3", "fp32", "false", "1", "64", "16", "base", "2.0", "", "1.0"]
-
-
-@pytest.mark.slow
-def test_run_squad_trains_predicts_scores_and_eval_sh_predicts_again(env, tmp_path):
-    write_squad(tmp_path / "squad", "2.0", train=20, dev=10)  # SQUAD_DIR holds train-v2.0.json and dev-v2.0.json
-    env = dict(env, SQUAD_DIR=str(tmp_path / "squad"))
-    done = run_squad(env, *SQUAD_POSITIONAL, "--max_query_length=16")
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "squad2.0_tf1_tiny_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu1"  # BERT_DIR's
-    assert f"loaded {BERT_DIR}/bert_model.ckpt" in done.stdout
-    results = json.loads((run_dir / "eval_results.json").read_text())
-    assert results["questions"] == 30 and {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(results)
-    for name in ("predictions.json", "nbest_predictions.json", "null_odds.json", "train.log", "command.log"):
-        assert (run_dir / name).is_file(), name
-    args = json.loads((run_dir / "bertbench_run.json").read_text())["args"]
-    assert (args["version_2_with_negative"], args["doc_stride"], args["max_seq_length"]) == (True, 16, 64)
-
-    predictions = (run_dir / "predictions.json").read_text()
-    os.remove(run_dir / "predictions.json")
-    # no argument, as the original was run: the runs of $RESULTS_DIR (the GLUE test gives eval.sh a run directory)
-    scored = subprocess.run(["bash", os.path.join(SCRIPTS, "eval.sh")], env=env, capture_output=True, text=True)
-    assert scored.returncode == 0, scored.stderr
-    assert f"exact = {results['exact']}" in scored.stdout
-    assert (run_dir / "predictions.json").read_text() == predictions
 
 
 @pytest.mark.parametrize(
@@ -264,20 +427,6 @@ def test_run_directory_names_carry_the_modeling_module_and_policy(flags, tag):
         check=True,
     )
     assert done.stdout == f"{tag}\n"
-
-
-@pytest.mark.slow
-def test_run_squad_with_two_processes_goes_through_torchrun(env, tmp_path):
-    write_squad(tmp_path / "squad", "1.1", train=20, dev=10)
-    arguments = SQUAD_POSITIONAL.copy()
-    arguments[4], arguments[8] = "2", "1.1"
-    done = run_squad(dict(env, SQUAD_DIR=str(tmp_path / "squad")), *arguments, "--max_query_length=16")
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_dir = tmp_path / "results" / "squad1.1_tf1_tiny_fp32_bs8_lr1e-3_seq64_stride16_baseline_gpu2"
-    train = json.loads((run_dir / "train_results.json").read_text())
-    assert train["world_size"] == 2 and train["sentences"] == 16 * train["global_step"]
-    assert done.stdout.count("***** Eval results") == 1  # rank 0 alone reports
-    assert len(json.loads((run_dir / "predictions.json").read_text())) == 30
 
 
 def resolve_nodes(**variables):
@@ -390,26 +539,6 @@ def run_pretraining(env, *arguments):
     return subprocess.run(
         ["bash", os.path.join(SCRIPTS, "run_pretraining.sh"), *arguments], env=env, capture_output=True, text=True
     )
-
-
-# phase batch lr precision num_gpu warmup train_steps accumulation save_checkpoint_steps seed
-def pretraining_arguments(phase, steps):
-    return [phase, "4", "1e-3", "fp32", "1", "0.5", steps, "2", "2", "1"]
-
-
-@pytest.mark.slow
-def test_run_pretraining_phase1_then_phase2_continues_it(pretraining_env, tmp_path):
-    phase1 = run_pretraining(pretraining_env, *pretraining_arguments("1", "3"), "--log_step_count_steps=1")
-    assert phase1.returncode == 0, phase1.stdout + phase1.stderr
-    run_root = tmp_path / "results" / "pretraining_fp32_baseline_gpu1"
-    train = json.loads((run_root / "phase1" / "train_results.json").read_text())
-    assert train["global_step"] == 3 and train["sentences"] == 3 * 4 * 2 and train["max_seq_length"] == 128
-    assert json.loads((run_root / "phase1" / "eval_results.json").read_text())["global_step"] == 3
-    phase2 = run_pretraining(pretraining_env, *pretraining_arguments("2", "2"))
-    assert phase2.returncode == 0, phase2.stdout + phase2.stderr
-    train = json.loads((run_root / "phase2" / "train_results.json").read_text())
-    assert train["global_step"] == 5 and train["schedule_start_step"] == 3 and train["max_seq_length"] == 512
-    assert "python" in (run_root / "phase2" / "command.log").read_text()
 
 
 @pytest.mark.parametrize(

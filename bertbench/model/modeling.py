@@ -230,7 +230,9 @@ def packer_for(
     return Packer(bert.path_rule(device, dtype or next(bert.parameters()).dtype, compiled), bucketed)
 
 
-@torch.compiler.disable
+# torch.compiler.disable in torch's lazy form, which imports torch._dynamo at the first call rather than with this
+# module, so that an eager run starts without it (see optim._AdamMoments). Its graph break reads "marked as skipped".
+@torch._disable_dynamo
 def _packing_on_device(bert: BertModel, attention_mask: torch.Tensor, compiled: bool) -> Packing:
     # A mask already on the device: its sizes cost a sync, and torch.compile traces the model around this call.
     device = attention_mask.device

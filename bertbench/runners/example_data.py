@@ -142,9 +142,8 @@ bertbench classify --task_name=MRPC --do_train --do_eval --data_dir={d}/glue/MRP
 # back out to an HF directory that transformers loads (the fine-tuned classifier, its tokenizer files included)
 bertbench export {out}/mrpc-hf {out}/mrpc-hf-exported
 
-# GLUE with the original's positional arguments (task batch lr precision use_xla num_gpu seq), then eval.sh
+# GLUE with the original's positional arguments (task batch lr precision use_xla num_gpu seq)
 BERT_DIR={d}/bert GLUE_DIR={d}/glue RESULTS_DIR={out}/results scripts/run_glue.sh MRPC 32 2e-5 fp32 false 1 128
-scripts/eval.sh {out}/results
 
 # SQuAD v1.1 (add --version_2_with_negative and the v2.0 files for 2.0), then the official scores again
 bertbench squad --do_train --do_predict --train_file={d}/squad/v1.1/train-v1.1.json \\
@@ -156,6 +155,9 @@ bertbench evaluate-squad {d}/squad/v1.1/dev-v1.1.json {out}/squad/predictions.js
 BERT_DIR={d}/bert SQUAD_DIR={d}/squad/v2.0 RESULTS_DIR={out}/results scripts/run_squad.sh 16 3e-5 fp32 false 1 \\
   128 64 base 2.0
 
+# eval.sh scores every run the two scripts wrote again: GLUE evaluates its dev set, SQuAD predicts and scores
+scripts/eval.sh {out}/results
+
 # pre-training data from the text, then pre-training on the shipped shards (phase 1, scored on the eval shard)
 bertbench create-pretraining-data --input_file={d}/corpus/train.txt --vocab_file={d}/bert/vocab.txt \\
   --output_dir={out}/shards --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=1
@@ -166,7 +168,7 @@ bertbench pretrain --do_train --do_eval --input_dir={d}/shards/phase1 --eval_dir
 # pre-training with NVIDIA's positional arguments (phase batch lr precision num_gpu warmup steps accumulation
 # save_steps): phase 1, then phase 2 continuing it
 BERT_DIR={d}/bert DATA_DIR_PHASE1={d}/shards/phase1 DATA_DIR_PHASE2={d}/shards/phase2 EVAL_DIR={d}/shards/eval \\
-  RESULTS_DIR={out}/results scripts/run_pretraining.sh 1 16 1e-3 fp32 1 0.1 20 1 10
+  RESULTS_DIR={out}/results scripts/run_pretraining.sh 1 8 1e-3 fp32 1 0.1 20 2 10
 BERT_DIR={d}/bert DATA_DIR_PHASE1={d}/shards/phase1 DATA_DIR_PHASE2={d}/shards/phase2 EVAL_DIR={d}/shards/eval \\
   RESULTS_DIR={out}/results scripts/run_pretraining.sh 2 4 1e-3 fp32 1 0.1 5 1 10
 """

@@ -170,15 +170,17 @@ def shutdown() -> None:
 
 @contextmanager
 def job_from_environment(device: str | None = None) -> Iterator[Distributed]:
-    """init_from_environment for the block, and the process group torn down after it. A block that ends normally
-    (return included) first frees what still holds the process group and waits for every rank; a DDP wrapper left
-    in a reference cycle would otherwise be destroyed at exit, after the group, and a rank that leaves while another
-    still finishes the last collective can abort both (gloo: "terminate called without an active exception"). One
-    that raises does not wait, for the other ranks may never arrive."""
+    """init_from_environment for the block, and the process group torn down after it. A block of several processes
+    that ends normally (return included) first frees what still holds the process group and waits for every rank; a
+    DDP wrapper left in a reference cycle would otherwise be destroyed at exit, after the group, and a rank that
+    leaves while another still finishes the last collective can abort both (gloo: "terminate called without an
+    active exception"). One that raises does not wait, for the other ranks may never arrive. A single process has no
+    group to outlive, and skips the full collection (a second in a process holding much, such as a test's)."""
     job = init_from_environment(device)
     try:
         yield job
-        gc.collect()
-        job.barrier()
+        if job.enabled:
+            gc.collect()
+            job.barrier()
     finally:
         shutdown()

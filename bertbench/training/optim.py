@@ -127,11 +127,27 @@ def _clips_in_step(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
+def _without_dynamo_wrapper(method):
+    """An Optimizer method without the torch._disable_dynamo wrapper torch puts on it (functools.wraps keeps the
+    method as __wrapped__); the method itself where torch has none."""
+    return getattr(method, "__wrapped__", method)
+
+
 class _AdamMoments(torch.optim.Optimizer):
     """What the Adam-family rules share: settings checked once, and each group's tensors gathered into lists for the
     multi-tensor (torch._foreach_*) kernels, with the moments and step count under torch's state names."""
 
     name = "Adam"
+
+    # torch.optim.Optimizer wraps these four in torch._disable_dynamo, whose first call imports torch._dynamo in
+    # every run, compiled or not: with modeling's one disabled call, 1.9 s of the 4.9 s the README's GLUE command
+    # takes on a CPU core, and hundreds of modules read from a cluster's shared file system (DDP's forward loads it
+    # in its own right). The wrapper matters only when they are called inside a compiled region, which they never
+    # are here (the training step compiles the model and LAMB's update, not the optimizer's bookkeeping).
+    add_param_group = _without_dynamo_wrapper(torch.optim.Optimizer.add_param_group)
+    zero_grad = _without_dynamo_wrapper(torch.optim.Optimizer.zero_grad)
+    state_dict = _without_dynamo_wrapper(torch.optim.Optimizer.state_dict)
+    load_state_dict = _without_dynamo_wrapper(torch.optim.Optimizer.load_state_dict)
 
     def __init__(
         self,
