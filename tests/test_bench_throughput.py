@@ -221,11 +221,12 @@ def test_the_hf_contender_holds_the_baselines_weights_and_trains_by_the_same_ste
 
 
 def test_an_mfu_above_100_percent_is_flagged_as_a_peak_measured_under_load(tmp_path, monkeypatch):
-    # the matmul peak "measured" at 1 GFLOP/s: every step then achieves more than the peak
+    # the matmul peak "measured" at 1 MFLOP/s: every step then achieves more than the peak, however busy the machine
+    # (at 1 GFLOP/s, a loaded 2-core machine once ran the tiny model's steps at 0.6 of it)
     monkeypatch.setattr(
         throughput,
         "device_peaks",
-        lambda precisions, device: {precision: (1e9, "measured fp32 matmul on cpu") for precision in precisions},
+        lambda precisions, device: {precision: (1e6, "measured fp32 matmul on cpu") for precision in precisions},
     )
     assert (
         throughput.main(
