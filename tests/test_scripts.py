@@ -139,6 +139,7 @@ def test_run_glue_trains_from_the_tf1_checkpoint(example_runs):
     assert f"loaded {example_runs.example}/bert/bert_model.ckpt" in done  # the default init_checkpoint, $BERT_DIR's
     train = read_json(run_dir / "train_results.json")
     assert train["global_step"] == 24  # 3 epochs of 256 examples in batches of 32
+    assert read_json(run_dir / "eval_results.json")["dev_examples"] == 64
     assert (run_dir / "train.log").read_text().count("***** Training summary *****") == 1
     args = read_json(run_dir / "bertbench_run.json")["args"]
     assert (args["train_batch_size"], args["learning_rate"], args["precision"], args["use_xla"]) == (

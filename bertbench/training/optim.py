@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -129,8 +130,11 @@ def _clips_in_step(optimizer: torch.optim.Optimizer) -> bool:
 
 def _without_dynamo_wrapper(method):
     """An Optimizer method without the torch._disable_dynamo wrapper torch puts on it (functools.wraps keeps the
-    method as __wrapped__); the method itself where torch has none."""
-    return getattr(method, "__wrapped__", method)
+    method as __wrapped__); the method as it is where torch gives it no such wrapper (or another one)."""
+    wrapper_file = getattr(getattr(method, "__code__", None), "co_filename", "")
+    if hasattr(method, "__wrapped__") and os.path.basename(wrapper_file) == "_compile.py":  # torch/_compile.py
+        return method.__wrapped__
+    return method
 
 
 class _AdamMoments(torch.optim.Optimizer):
