@@ -106,16 +106,16 @@ def sweep(inputs: Path, work: Path) -> list[str]:
 
     for fraction in DELAYS:
         trial(fraction * seconds)
-    for _ in range(4):  # on a busy machine the phases shift: look for training between the last stop and done
-        if problems or "training" in seen.values() or "done" not in seen.values():
+    for _ in range(6):  # on a busy machine the phases shift: look for training where a stop turns into done
+        if problems or "training" in seen.values():
             break
-        trial(
-            (
-                max(delay for delay, phase in seen.items() if phase != "done")
-                + min(delay for delay, phase in seen.items() if phase == "done")
-            )
-            / 2
-        )
+        # The first delay, in order, at which a stop is followed by done: the phases shift from run to run, so a
+        # longer delay may still find the run before its end, and halving one pair of delays again would repeat.
+        ordered = sorted(seen.items())
+        turns = [(a, b) for (a, before), (b, after) in zip(ordered, ordered[1:]) if before != "done" == after]
+        if not turns:
+            break
+        trial(sum(turns[0]) / 2)
     if not problems and set(seen.values()) != {"training", "other", "done"}:
         problems.append(f"the sweep did not see every phase: {seen}")
     return problems
