@@ -144,10 +144,10 @@ class _AdamMoments(torch.optim.Optimizer):
     name = "Adam"
 
     # torch.optim.Optimizer wraps these four in torch._disable_dynamo, whose first call imports torch._dynamo in
-    # every run, compiled or not: with modeling's one disabled call, 1.9 s of the 4.9 s the README's GLUE command
-    # takes on a CPU core, and hundreds of modules read from a cluster's shared file system (DDP's forward loads it
-    # in its own right). The wrapper matters only when they are called inside a compiled region, which they never
-    # are here (the training step compiles the model and LAMB's update, not the optimizer's bookkeeping).
+    # every run, compiled or not: with modeling's one disabled call, 1.9 s of the 4.7 s of CPU the README's GLUE
+    # command took on a core here, and hundreds of modules read from a cluster's shared file system (DDP's forward
+    # loads it in its own right). The wrapper matters only when they are called inside a compiled region, which they
+    # never are here (the training step compiles the model and LAMB's update, not the optimizer's bookkeeping).
     add_param_group = _without_dynamo_wrapper(torch.optim.Optimizer.add_param_group)
     zero_grad = _without_dynamo_wrapper(torch.optim.Optimizer.zero_grad)
     state_dict = _without_dynamo_wrapper(torch.optim.Optimizer.state_dict)
