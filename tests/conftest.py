@@ -5,23 +5,30 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import tiny_config, write_bert_dir, write_nvidia_shard
-
-from bertbench.model.config import BertConfig
 
 # The tests' models are tiny and the machine they run on may have 2 cores, shared with the processes a test starts:
 # a second intra-op thread then costs far more than it gives (OpenMP threads spin waiting for each other; a run of
-# test_run_squad took 4x the CPU time with 2). One thread here and, through the environment, in every process a test
-# starts, unless OMP_NUM_THREADS says otherwise (a bench's --threads still sets its own).
+# test_run_squad took 4x the CPU time with 2). One thread in every process that imports torch after this (the
+# test modules', pytest-xdist's workers, the processes a test starts), unless OMP_NUM_THREADS says otherwise (a
+# bench's --threads still sets its own).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# Nothing here imports torch or bertbench at module level: under `pytest -n` this module also loads in the process
+# that only starts the workers, before it starts them (torch's import: 2-3 s of the suite's start).
 
 # A worker holds torch, dynamo and transformers (millions of long-lived objects), and its tests make many more (traced
 # graphs, models, runs): at CPython's thresholds (700, 10, 10) a full collection of all of it, 0.5 s here, ran every
 # few seconds. Collections every 10,000 allocations and a full one every 400 of them took test_run_squad,
 # test_compile and test_estimator from 123 s of CPU to 103 s (garbage collection from 14 s to 4), for 18 MB more.
 gc.set_threshold(10_000, 20, 20)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """Collect the garbage once, then freeze what is left: pytest collects 5 times as the session closes (to report
+    exceptions raised in finalizers), 0.4 s a pass over a worker's heap, and the run waits for its last worker. The
+    one pass here still runs the finalizers, whose exceptions pytest then reports."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
@@ -31,7 +38,10 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 @pytest.fixture
-def config() -> BertConfig:
+def config():
+    """The tiny BertConfig (helpers.tiny_config)."""
+    from helpers import tiny_config
+
     return tiny_config()
 
 
@@ -72,6 +82,8 @@ def pytest_collection_modifyitems(config, items):
     # together, instead of one worker meeting a 20-second test at the end. The sort is stable, so the rest keep their
     # order.
     items.sort(key=lambda item: not slow(item))
+    import torch  # the test modules imported it already
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
@@ -84,6 +96,8 @@ def pytest_collection_modifyitems(config, items):
 def runner_inputs(tmp_path_factory) -> Path:
     """Small valid inputs of the three runners: glue/MRPC, squad/ (v1.1), shards/ and eval/ (NVIDIA's layout) and
     bert/ (TINY_BERT, the built-in vocabulary)."""
+    from helpers import write_bert_dir, write_nvidia_shard
+
     from bertbench.tasks.synthetic import write_glue_task, write_squad
 
     root = tmp_path_factory.mktemp("runner_inputs")

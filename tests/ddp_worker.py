@@ -6,7 +6,8 @@ Writes rank 0's findings as JSON to argv[1]:
 - evaluate / predict over an odd number of examples split across the ranks, against the same model run by this
   process alone over all of them;
 - Distributed.mean, broadcast_module and shard;
-- a checkpoint that rank 0 wrote training alone, resumed on both ranks (weights, data position, RNG restart).
+- a checkpoint that rank 0 wrote training alone, resumed on both ranks (weights, data position, RNG restart);
+- a time budget, measured on rank 0's clock though rank 1's loop started first.
 
 argv[2], when given, is the directory where the training runs are kept (each in <modeling>-<policy>/), for the test
 to resume one of them in a single process.
@@ -16,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import torch
 from torch import nn
@@ -25,12 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import tiny_batch, tiny_config  # noqa: E402
 
 from bertbench.model.factory import build_model  # noqa: E402
+from bertbench.training import loop  # noqa: E402
 from bertbench.training.batches import ShuffledBatches  # noqa: E402
 from bertbench.training.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
 from bertbench.training.config import RunConfig, TrainConfig  # noqa: E402
 from bertbench.training.distributed import job_from_environment  # noqa: E402
 from bertbench.training.loop import Estimator  # noqa: E402
 from bertbench.training.state import seed_everything  # noqa: E402
+from bertbench.training.stats import LoopStats  # noqa: E402
 
 ALLREDUCES: list[bool] = []  # per bucket all-reduce: whether it was the backward pass's last bucket
 
@@ -130,6 +134,39 @@ def resume_a_one_process_run_on_two(config, dist_info, scratch: str) -> dict:
     }
 
 
+def budget_on_rank_zeros_clock(config, dist_info, scratch: str) -> dict:
+    """A time budget of 0.5 s, with rank 0's loop clock started 0.5 s after rank 1's (rank 0 does the loop's
+    set-up alone, making the directory and opening the log, though in milliseconds; here it also sleeps). Rank 1's
+    clock then runs while it waits for rank 0 in the first step's all-reduce; the budget is rank 0's clock's, the
+    one that times the run's figures."""
+
+    class LateOnRankZero(LoopStats):
+        def __init__(self, **kwargs):
+            if dist_info.is_main:
+                time.sleep(0.5)
+            super().__init__(**kwargs)
+
+    seed_everything(0)
+    estimator = Estimator(
+        build_model("classification", config, num_labels=2),
+        RunConfig(model_dir=os.path.join(scratch, "budget"), save_checkpoints_secs=None),
+        TrainConfig(num_train_steps=100_000, excluded_steps=0, max_train_seconds=0.5),
+        dist_info,
+        log=lambda line: None,
+    )
+    batches = ShuffledBatches(features(config, 64, seed=1), 2, seed=0, rank=dist_info.rank, world_size=2)
+    loop.LoopStats = LateOnRankZero
+    try:
+        result = estimator.train(batches)
+    finally:
+        loop.LoopStats = LoopStats
+    return {
+        "seconds": result.seconds,
+        "budget_exhausted": result.budget_exhausted,
+        "steps": dist_info.all_gather_object(result.global_step),
+    }
+
+
 def count_allreduces(config, dist_info, modeling: str, policy: str, model_dir: str) -> dict[str, int]:
     seed_everything(0)
     model = build_model("classification", config, modeling, policy, num_labels=2)
@@ -186,6 +223,7 @@ def check(dist_info) -> dict:
         report["eval_loss"], report["reference_loss"] = scores["loss"], reference.loss.item()
         report["shard"] = dist_info.all_gather_object(list(dist_info.shard(37)))
         report["one_process_run_resumed_on_two"] = resume_a_one_process_run_on_two(config, dist_info, scratch)
+        report["budget"] = budget_on_rank_zeros_clock(config, dist_info, scratch)
 
     report["mean_of_ranks"] = dist_info.mean(float(dist_info.rank))
     layer = nn.Linear(3, 3)

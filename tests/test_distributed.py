@@ -96,23 +96,31 @@ def one_process(data, tmp_path_factory):
     return out
 
 
-def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_process):
-    """The most involved setting against the plainest: recompute (selective) with 2 accumulated micro-batches of 4 on
-    each of 2 processes, against the baseline on 1 process with batches of 16. (Each setting costs a torchrun job:
-    the other policies' DDP steps are ddp_worker's, the plain DDP step the job templates' and scripts' tests'.)"""
-    out = tmp_path / "run"
-    done = classify_on(
-        2,
-        data,
-        out,
-        "--train_batch_size=4",
-        "--num_accumulation_steps=2",
-        "--modeling=recompute",
-        "--recompute-policy=selective",
-    )
+# The most involved setting: recompute (selective), 2 accumulated micro-batches of 4 on each of 2 processes (a global
+# batch of 16: 48 steps). (Each setting costs a torchrun job: the other policies' DDP steps are ddp_worker's, the
+# plain DDP step the job templates' and scripts' tests'.)
+TWO_PROCESSES = [
+    "--train_batch_size=4",
+    "--num_accumulation_steps=2",
+    "--modeling=recompute",
+    "--recompute-policy=selective",
+]
+TWO_PROCESS_STEPS = 48
+
+
+@pytest.fixture(scope="module")
+def two_processes(data, tmp_path_factory):
+    """The run of TWO_PROCESSES, uninterrupted, and its output."""
+    out = tmp_path_factory.mktemp("two") / "run"
+    return out, classify_on(2, data, out, *TWO_PROCESSES)
+
+
+def test_two_processes_match_one_with_the_same_global_batch(two_processes, one_process):
+    """The most involved setting against the plainest: the baseline on 1 process with batches of 16."""
+    out, done = two_processes
     steps, curve = zip(*losses(out))
     reference_steps, reference_curve = zip(*losses(one_process))
-    assert steps == reference_steps == tuple(range(4, 49, 4))
+    assert steps == reference_steps == tuple(range(4, TWO_PROCESS_STEPS + 1, 4))
     assert curve == pytest.approx(reference_curve, rel=1e-5)  # the logged loss is the mean over both ranks
     weights, reference = final_weights(out), final_weights(one_process)
     assert weights.keys() == reference.keys()
@@ -120,7 +128,8 @@ def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_
         torch.testing.assert_close(weights[name], reference[name], rtol=1e-4, atol=1e-5)
 
     train, reference_train = read_json(out / "train_results.json"), read_json(one_process / "train_results.json")
-    assert (train["world_size"], train["global_step"], train["sentences"]) == (2, 48, reference_train["sentences"])
+    assert (train["world_size"], train["global_step"]) == (2, TWO_PROCESS_STEPS)
+    assert train["sentences"] == reference_train["sentences"]
     assert (train["nodes"], reference_train["nodes"]) == (1, 1)
     results, reference_results = read_json(out / "eval_results.json"), read_json(one_process / "eval_results.json")
     assert results["dev_examples"] == 61  # every dev example scored once, across both ranks
@@ -128,11 +137,11 @@ def test_two_processes_match_one_with_the_same_global_batch(data, tmp_path, one_
     assert results["dev_loss"] == pytest.approx(reference_results["dev_loss"], rel=1e-4)
     # rank 0 alone reports and writes: one summary, one checkpoint, no per-rank files
     assert done.stdout.count("***** Eval results") == 1 and done.stdout.count("***** Training summary") == 1
-    assert [step for step, _ in list_checkpoints(out)] == [48]
+    assert [step for step, _ in list_checkpoints(out)] == [TWO_PROCESS_STEPS]
     assert sorted(os.listdir(out)) == [
         LOCK,
         "bertbench_run.json",
-        "ckpt-000000048.pt",
+        f"ckpt-{TWO_PROCESS_STEPS:09d}.pt",
         "eval_results.json",
         "eval_results.txt",
         "metrics.jsonl",
@@ -161,6 +170,16 @@ def test_accumulation_all_reduces_once_per_step_and_inference_gathers_every_exam
     assert first + second == list(range(37)) and len(first) == 19
     assert report["mean_of_ranks"] == 0.5
     assert report["broadcast_weights"] == [[1.0], [1.0]]
+
+
+def test_the_time_budget_is_rank_zeros_whose_clock_times_the_run(ddp_worker_run):
+    """Rank 0's loop clock started 0.5 s after rank 1's, which ran while rank 1 waited for rank 0: the budget
+    (0.5 s) stops both ranks at the same step once rank 0's clock has spent it, not rank 1's after one step, so a run
+    the budget ended never reports fewer train seconds than the budget (bench budget's train_seconds)."""
+    budget = ddp_worker_run[0]["budget"]
+    assert budget["budget_exhausted"] and budget["seconds"] >= 0.5
+    first, second = budget["steps"]
+    assert first == second > 1
 
 
 def generator_seeded(seed: int) -> list[int]:
@@ -317,33 +336,16 @@ def worker_with_rank(rank: int, marker: str) -> int:
     raise AssertionError(f"no worker with RANK={rank} running {marker}")
 
 
-LONG_RUN_STEPS = 80
-SAVE_EVERY = 10
-
-
-def long_run(data, out):
-    # 80 steps with a checkpoint every 10: a few seconds, long enough to be hit twice in the middle.
+def preempted_run(data, out):
+    """TWO_PROCESSES (two_processes is its uninterrupted run) with a checkpoint every 4 steps, as often as it logs,
+    and a restart of the workers allowed: 48 steps, which leave room to be hit twice in the middle."""
     return launch_command(
         2,
         "-m",
         "bertbench.runners.classifier",
-        *flags(
-            data,
-            out,
-            "--train_batch_size=8",
-            "--num_train_epochs=5",
-            f"--save_checkpoints_steps={SAVE_EVERY}",
-            f"--log_step_count_steps={SAVE_EVERY}",
-        ),
+        *flags(data, out, *TWO_PROCESSES, "--save_checkpoints_steps=4"),
         restarts=1,
     )
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(data, tmp_path_factory):
-    whole = tmp_path_factory.mktemp("whole") / "run"
-    run(long_run(data, whole))
-    return whole
 
 
 def newest_checkpoint_after(process, out, step: int) -> int:
@@ -356,7 +358,7 @@ def newest_checkpoint_after(process, out, step: int) -> int:
 
 
 def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_if_uninterrupted(
-    data, tmp_path, uninterrupted
+    data, tmp_path, two_processes
 ):
     """One job, hit twice: SIGKILL to the worker of rank 0 (the one that writes the checkpoints), after which
     torchrun restarts both workers and they resume from the newest checkpoint (in a process group of their own: the
@@ -364,7 +366,8 @@ def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_i
     which passes it to the workers: they save and it exits 143. The same command then ends the run with the
     uninterrupted run's weights, scores and log."""
     out = tmp_path / "preempted"
-    process = subprocess.Popen(long_run(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    uninterrupted = two_processes[0]
+    process = subprocess.Popen(preempted_run(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_after = newest_checkpoint_after(process, out, -1)
     os.kill(worker_with_rank(0, str(out)), signal.SIGKILL)
     newest_checkpoint_after(process, out, killed_after)  # the restart trains
@@ -377,16 +380,16 @@ def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_i
     assert len(resumed) == 1 and resumed[0] >= killed_after, output[-3000:]
     train = read_json(out / "train_results.json")
     assert train["interrupted_by"] == "SIGTERM"
-    assert killed_after < train["global_step"] == list_checkpoints(out)[-1][0] < LONG_RUN_STEPS
+    assert killed_after < train["global_step"] == list_checkpoints(out)[-1][0] < TWO_PROCESS_STEPS
     assert not (out / "eval_results.json").exists()
 
-    run(long_run(data, out))
+    run(preempted_run(data, out))
     assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(), final_weights(uninterrupted).values()))
     assert read_json(out / "eval_results.json") == read_json(uninterrupted / "eval_results.json")
     # Each step logged once (those logged after the last checkpoint and lost, once), with the uninterrupted run's
     # losses: the line SIGTERM's stop wrote closed its window early, and the resumed run logged the whole window.
     assert losses(out) == losses(uninterrupted)
-    assert [step for step, _ in losses(out)] == list(range(SAVE_EVERY, LONG_RUN_STEPS + 1, SAVE_EVERY))
+    assert [step for step, _ in losses(out)] == list(range(4, TWO_PROCESS_STEPS + 1, 4))
 
 
 def test_a_node_that_never_joins_times_out_in_one_line(tmp_path, capsys):

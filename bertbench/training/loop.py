@@ -362,9 +362,13 @@ class TrainingLoop:
                 ):
                     with stats.pause(save=False):
                         target_reached = self.evaluation.run(estimator.global_step)
-                # Every rank's clock differs a little: OR-ing the decision makes all ranks stop at the same step.
+                # Ranks must stop and save at the same step: each decision is OR-ed over them. The time budget is
+                # rank 0's clock alone, the one that times the run's figures, so a run the budget ended never
+                # reports fewer train seconds than the budget (another rank's loop may have started earlier).
                 stop, save_due, out_of_time = estimator.dist.any(
-                    signals.received is not None, self.saving.due(estimator.global_step), stats.budget_spent()
+                    signals.received is not None,
+                    self.saving.due(estimator.global_step),
+                    estimator.dist.is_main and stats.budget_spent(),
                 )
                 # The last step is logged too, so a run shorter than log_step_count_steps has its line.
                 ending = finished or stop or out_of_time or target_reached

@@ -26,9 +26,25 @@ LEVELS = {"quiet": logging.WARNING, "normal": logging.INFO, "verbose": logging.D
 VERBOSITY_VARIABLE = "BERTBENCH_VERBOSITY"
 
 
+# tqdm makes its lock at the first line written through it; made here, at start-up, a signal that stops a command
+# cannot come in the middle of making it (where tqdm's clean-up then fails on the lock it never made).
+tqdm.get_lock()
+
+
+def _stop_behind(error: BaseException) -> BaseException | None:
+    """The stop (SIGTERM's Stopped, SIGINT's KeyboardInterrupt: exceptions that are not Exceptions) that `error` was
+    raised while handling, if any."""
+    cause = error.__context__
+    while cause is not None and isinstance(cause, Exception):
+        cause = cause.__context__
+    return cause
+
+
 class _StdoutHandler(logging.Handler):
     """Each line to the stdout of the moment (a test's capture, run_values' redirect), flushed, above any progress
-    bar. When stdout's reader has gone (`| head`) the lines go to /dev/null from then on: the run goes on."""
+    bar. When stdout's reader has gone (`| head`) the lines go to /dev/null from then on: the run goes on. A stop
+    raised while a line is written (a signal) stops the command, even where tqdm's clean-up then raised an error of
+    its own, which logging would report as "--- Logging error ---" and swallow."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -37,7 +53,10 @@ class _StdoutHandler(logging.Handler):
                 sys.stdout.flush()
         except BrokenPipeError:
             silence_stdout()
-        except Exception:
+        except Exception as error:
+            stop = _stop_behind(error)
+            if stop is not None:
+                raise stop from None
             self.handleError(record)
 
 
