@@ -92,20 +92,21 @@ def final_weights(directory):
 @pytest.fixture(scope="module")
 def one_process(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("one") / "run"
-    assert classify(flags(data, out, "--train_batch_size=16")) == 0
+    assert classify(flags(data, out, "--train_batch_size=16", "--num_train_epochs=5")) == 0
     return out
 
 
 # The most involved setting: recompute (selective), 2 accumulated micro-batches of 4 on each of 2 processes (a global
-# batch of 16: 48 steps). (Each setting costs a torchrun job: the other policies' DDP steps are ddp_worker's, the
+# batch of 16: 80 steps in 5 epochs, which give the killed-workers test room to hit the run twice in the middle). (Each setting costs a torchrun job: the other policies' DDP steps are ddp_worker's, the
 # plain DDP step the job templates' and scripts' tests'.)
 TWO_PROCESSES = [
     "--train_batch_size=4",
     "--num_accumulation_steps=2",
     "--modeling=recompute",
     "--recompute-policy=selective",
+    "--num_train_epochs=5",
 ]
-TWO_PROCESS_STEPS = 48
+TWO_PROCESS_STEPS = 80
 
 
 @pytest.fixture(scope="module")
@@ -338,7 +339,8 @@ def worker_with_rank(rank: int, marker: str) -> int:
 
 def preempted_run(data, out):
     """TWO_PROCESSES (two_processes is its uninterrupted run) with a checkpoint every 4 steps, as often as it logs,
-    and a restart of the workers allowed: 48 steps, which leave room to be hit twice in the middle."""
+    and a restart of the workers allowed: 76 steps after the first checkpoint for the first hit to land in (the
+    test reacts to that checkpoint), more after the restart for the second."""
     return launch_command(
         2,
         "-m",
