@@ -7,6 +7,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,12 @@ def tiny_batch(config: BertConfig, batch: int = 3, seq: int = 24, seed: int = 0)
     for row in range(batch):
         attention_mask[row, seq - 3 * row :] = 0
     return input_ids, token_type_ids, attention_mask
+
+
+def read_json(path: str | Path) -> Any:
+    """A JSON file's contents (a run's train_results.json, a bench's report)."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
 
 
 def free_port() -> int:

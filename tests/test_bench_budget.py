@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from helpers import write_bert_dir
+from helpers import read_json, write_bert_dir
 
 from bertbench.bench import budget
 from bertbench.tasks.synthetic import write_glue_task
@@ -25,11 +25,6 @@ def race(tmp_path_factory):
     out = tmp_path_factory.mktemp("budget") / "out"
     assert budget.main(["--minutes=0.02", "--contenders=baseline:1,full:2", *TINY, f"--output_dir={out}"]) == 0
     return out
-
-
-def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
 
 
 @pytest.mark.slow

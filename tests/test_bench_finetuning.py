@@ -1,21 +1,16 @@
 """`bertbench bench finetuning`: the runners trained as users run them (in-process, from Python values), each
 variant in interleaved rounds with the spread of its figures; timed-save cost and resume after SIGKILL."""
 
-import json
 import statistics
 
 import pytest
+from helpers import read_json
 
 from bertbench.bench import finetuning
 from bertbench.runners.skeleton import TaskRunner
 from bertbench.tasks import synthetic
 
 QUICK = ["--model=tiny", "--max_seq_length=32", "--train_batch_size=16", "--save_checkpoints_secs=0.05"]
-
-
-def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
 
 
 @pytest.fixture(scope="module")

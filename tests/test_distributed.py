@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from ddp_worker import FirstBatchProbe, features, same_weights
-from helpers import classifier_flags, free_port, tiny_config, write_bert_dir
+from helpers import classifier_flags, free_port, read_json, tiny_config, write_bert_dir
 
 from bertbench.common.run_files import LOCK
 from bertbench.model.factory import build_model
@@ -74,11 +74,6 @@ def run(command, timeout=300):
 
 def classify_on(processes: int, data, out, *extra):
     return run(launch_command(processes, "-m", "bertbench.runners.classifier", *flags(data, out, *extra)))
-
-
-def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
 
 
 def losses(out):

@@ -2,13 +2,12 @@
 exists, with a tiny model for a few steps, its outputs checked; run_pretraining in fp16 and bf16 resumed from a
 middle checkpoint ends where the uninterrupted run ends, its loss scaler restored."""
 
-import json
 import os
 import shutil
 
 import pytest
 import torch
-from helpers import runner_command
+from helpers import read_json, runner_command
 
 from bertbench.bench import budget, finetuning, memory, profile, scaling, throughput
 from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
@@ -27,11 +26,6 @@ def device(request):
     yield request.param
     torch.cuda.set_per_process_memory_fraction(1.0, torch.device(request.param).index)
     torch.cuda.set_device(current)
-
-
-def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
 
 
 def test_throughput_times_the_step_on_the_gpu_it_was_given(device, tmp_path):

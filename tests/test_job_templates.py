@@ -3,7 +3,6 @@ or two hosts, a remote shell, Singularity), the Slurm job submitted to a real si
 slurmctld, slurmd and munge, started here), the Kubernetes PyTorchJob's pods as the Kubeflow operator starts them;
 the container recipes against the repository."""
 
-import json
 import os
 import re
 import shlex
@@ -14,7 +13,7 @@ import time
 
 import pytest
 import yaml
-from helpers import free_port
+from helpers import free_port, read_json
 
 from bertbench.tasks.synthetic import write_glue_task
 
@@ -48,11 +47,6 @@ def job_env(tmp_path):
         MASTER_PORT=str(free_port()),
         **CPU_SETTINGS,
     )
-
-
-def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
 
 
 def pbs_env(job_env, tmp_path, hosts):

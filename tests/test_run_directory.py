@@ -1,7 +1,6 @@
 """A run directory keeps everything a run measured: one command at a time (the lock), figures that add up over every
 invocation, checkpoints verified before a resume, and no silent restart or poisoned directory."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -10,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from helpers import classifier_flags, flip_byte, snapshot, write_bert_dir
+from helpers import classifier_flags, flip_byte, read_json, snapshot, write_bert_dir
 
 from bertbench.common.run_files import LOCK
 from bertbench.runners.classifier import main
@@ -31,11 +30,6 @@ def flags(data, out, *extra):
     return classifier_flags(
         data, out, "--do_train", "--do_eval", *extra, learning_rate="2e-3", log_every=4, save_every=8, keep=3
     )
-
-
-def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
 
 
 # ---- the lock ----------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import sys
 import h5py
 import pytest
 import torch
-from helpers import write_bert_dir, write_nvidia_shard
+from helpers import read_json, write_bert_dir, write_nvidia_shard
 
 from bertbench import cli
 from bertbench.model.factory import MODELINGS
@@ -49,11 +49,6 @@ def flags(data, out, *extra, train="train", evaluate="eval"):
         f"--output_dir={out}",
         *extra,
     ]
-
-
-def read_json(path):
-    with open(path) as handle:
-        return json.load(handle)
 
 
 def final_weights(out):

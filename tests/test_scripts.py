@@ -9,7 +9,6 @@ test_job_templates' (across nodes)."""
 
 import contextlib
 import io
-import json
 import os
 import re
 import shlex
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import free_port, read_json
 
 from bertbench import cli
 from bertbench.runners import example_data
@@ -77,11 +76,6 @@ def example_runs(tmp_path_factory) -> ExampleRuns:
         assert done.returncode == 0, command + "\n" + done.stdout[-4000:] + done.stderr[-4000:]
         outputs.append((command, done.stdout))
     return ExampleRuns(example, out, outputs)
-
-
-def read_json(path):
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 def printed(output: str, metric: str) -> str:
