@@ -2,6 +2,7 @@
 
 import gc
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,13 @@ import pytest
 # test modules', pytest-xdist's workers, the processes a test starts), unless OMP_NUM_THREADS says otherwise (a
 # bench's --threads still sets its own).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The tests, and every process they start (runners, torchrun jobs and their workers, the scripts), import the bertbench
+# of this checkout, wherever pytest was started from and whatever a `pip install -e` elsewhere put on the path: a
+# worker started from a test's directory would otherwise import the installed one (another checkout's code, tested
+# silently, or none: "No module named 'bertbench'").
+REPOSITORY = str(Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, REPOSITORY)
 # Nothing here imports torch or bertbench at module level: under `pytest -n` this module also loads in the process
 # that only starts the workers, before it starts them (torch's import: 2-3 s of the suite's start).
 

@@ -118,3 +118,24 @@ def test_tests_sharing_a_module_fixture_keep_their_group(shared_by_the_module, r
     if "PYTEST_XDIST_WORKER" not in os.environ or not getattr(request.config.option, "loadgroup", False):
         pytest.skip("the README's command runs the tests on pytest-xdist's workers, with --dist loadgroup")
     assert request.node.nodeid.endswith("@test_tests"), request.node.nodeid
+
+
+def test_the_tests_and_the_processes_they_start_import_this_checkout(tmp_path):
+    """A test that starts a process (a runner, a torchrun job, a script) tests the bertbench of this checkout, not
+    one that `pip install -e` of another checkout put on the path (conftest.py puts this one first), even from a
+    directory of its own, where Python does not look in the checkout."""
+    import subprocess
+    import sys
+
+    import bertbench
+
+    checkout = TESTS.parent / "bertbench"
+    assert Path(bertbench.__file__).resolve().parent == checkout.resolve()
+    started = subprocess.run(
+        [sys.executable, "-c", "import bertbench; print(bertbench.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(started.stdout.strip()).resolve().parent == checkout.resolve()
