@@ -4,7 +4,9 @@ exits 143 (in training), stops at once with its one line and 143 (any other phas
 uninterrupted run's weights.
 
 One Python process imports bertbench once and forks a child per delay, which starts as the `bertbench` script does
-(bertbench's own start-up, then cli.main() and the interpreter's exit); the parent sends SIGTERM after the delay."""
+(bertbench's own start-up, then cli.main() and the interpreter's exit); the parent sends SIGTERM after the delay.
+Training is a few milliseconds of the run, less than a busy machine's jitter from run to run: when the delays miss
+it, a last trial sends SIGTERM as the run's first checkpoint appears, in training by construction."""
 
 import gc
 import importlib
@@ -19,7 +21,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 # Delays from 0 to a little past the uninterrupted run's end (in fractions of it), closer together early on: start-up
-# and training take a fifth of it, the rest is writing the results and Python's shutdown (0.3 s with torch loaded).
+# and training (8 steps) take a fifth of it, the rest is writing the results and Python's shutdown (0.3 s with torch
+# loaded).
 DELAYS = [0, 0.05, 0.11, 0.17, 0.4, 1.1]
 TRAINING = "SIGTERM received: saving a checkpoint at the end of this step, then stopping"
 # Before cli.main's run_command, or in it: the process's own handler names the program, the command itself.
@@ -37,10 +40,10 @@ def catches_sigterm(pid):
     return bool(mask & (1 << (signal.SIGTERM - 1)))
 
 
-def run_child(argv, log, delay=None, exit_quickly=False):
-    """`bertbench ARGV` in a forked child (stderr to `log`), sent SIGTERM `delay` s after it first handles SIGTERM.
-    Returns the exit status (-15: killed by the default handler) and the seconds it ran. `exit_quickly`: without
-    Python's shutdown, for a run whose exit is not under test."""
+def run_child(argv, log, delay=None, exit_quickly=False, after_file=None):
+    """`bertbench ARGV` in a forked child (stderr to `log`), sent SIGTERM `delay` s after it first handles SIGTERM,
+    or as soon as the file `after_file` exists. Returns the exit status (-15: killed by the default handler) and the
+    seconds it ran. `exit_quickly`: without Python's shutdown, for a run whose exit is not under test."""
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # the child's exit then skips the parent's objects: 0.3 s instead of 1 s, the same phases
@@ -64,6 +67,10 @@ def run_child(argv, log, delay=None, exit_quickly=False):
             time.sleep(0.0005)
         time.sleep(delay)
         os.kill(pid, signal.SIGTERM)
+    elif after_file is not None:
+        while not after_file.exists() and os.waitpid(pid, os.WNOHANG) == (0, 0):
+            time.sleep(0.0005)
+        os.kill(pid, signal.SIGTERM)  # a child that has exited stays a zombie until the wait below: still its pid
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return status, time.monotonic() - started
 
@@ -72,10 +79,12 @@ def sweep(inputs: Path, work: Path) -> list[str]:
     """Every problem seen, one line each."""
     from helpers import runner_command
 
+    from bertbench.common.run_files import checkpoint_name
     from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
 
-    def command(out):
-        return ["classify", *runner_command("classifier", inputs, out, "--save_checkpoints_steps=1")[1]]
+    def command(out):  # 8 steps of 8, a checkpoint after each
+        extra = ("--num_train_epochs=4", "--save_checkpoints_steps=1")
+        return ["classify", *runner_command("classifier", inputs, out, *extra)[1]]
 
     def final_weights(out):
         return load_checkpoint(list_checkpoints(out)[-1][1])["model"]
@@ -85,22 +94,26 @@ def sweep(inputs: Path, work: Path) -> list[str]:
     reference = final_weights(work / "reference")
     problems, seen = [], {}
 
-    def trial(delay):
-        out, log = work / f"run-{delay:.4f}", work / f"run-{delay:.4f}.err"
-        status, _ = run_child(command(out), log, delay)
+    def trial(delay, in_training=False):
+        name = "run-at-first-checkpoint" if in_training else f"run-{delay:.4f}"
+        out, log = work / name, work / f"{name}.err"
+        status, _ = run_child(command(out), log, delay, after_file=out / checkpoint_name(1) if in_training else None)
         text = log.read_text()
         lines = [line for line in text.splitlines() if line.strip()]
-        where = f"SIGTERM at {delay:.3f} s of {seconds:.3f}: exit {status}, stderr {lines}"
+        moment = "as the first checkpoint appeared" if in_training else f"at {delay:.3f} s of {seconds:.3f}"
+        where = f"SIGTERM {moment}: exit {status}, stderr {lines}"
         expected = {0: [[]], 143: [[TRAINING], *OTHER_PHASE]}
         if status not in expected or lines not in expected[status] or "Traceback" in text:
             problems.append(where)
             return
-        seen[delay] = "done" if not lines else "training" if lines == [TRAINING] else "other"
+        seen["at the first checkpoint" if in_training else delay] = (
+            "done" if not lines else "training" if lines == [TRAINING] else "other"
+        )
         if status == 0:  # done before the signal: nothing to resume
             return
-        again, _ = run_child(command(out), work / f"run-{delay:.4f}-again.err", exit_quickly=True)
+        again, _ = run_child(command(out), work / f"{name}-again.err", exit_quickly=True)
         if again != 0:
-            problems.append(f"{where}; run again: exit {again}, {(work / f'run-{delay:.4f}-again.err').read_text()}")
+            problems.append(f"{where}; run again: exit {again}, {(work / f'{name}-again.err').read_text()}")
         elif any(not (final_weights(out)[name] == weights).all() for name, weights in reference.items()):
             problems.append(f"{where}; run again, its weights differ from the uninterrupted run's")
 
@@ -116,6 +129,8 @@ def sweep(inputs: Path, work: Path) -> list[str]:
         if not turns:
             break
         trial(sum(turns[0]) / 2)
+    if not problems and "training" not in seen.values():
+        trial(None, in_training=True)
     if not problems and set(seen.values()) != {"training", "other", "done"}:
         problems.append(f"the sweep did not see every phase: {seen}")
     return problems
