@@ -6,7 +6,7 @@ uninterrupted run's weights.
 One Python process imports bertbench once and forks a child per delay, which starts as the `bertbench` script does
 (bertbench's own start-up, then cli.main() and the interpreter's exit); the parent sends SIGTERM after the delay.
 Training is a few milliseconds of the run, less than a busy machine's jitter from run to run: when the delays miss
-it, a last trial sends SIGTERM as the run's first checkpoint appears, in training by construction."""
+it, a last trial sends SIGTERM as the run's first checkpoint appears, with 7 of its 8 steps still to train."""
 
 import gc
 import importlib
@@ -95,8 +95,8 @@ def sweep(inputs: Path, work: Path) -> list[str]:
     problems, seen = [], {}
 
     def trial(delay, in_training=False):
-        name = "run-at-first-checkpoint" if in_training else f"run-{delay:.4f}"
-        out, log = work / name, work / f"{name}.err"
+        run_name = "run-at-first-checkpoint" if in_training else f"run-{delay:.4f}"
+        out, log = work / run_name, work / f"{run_name}.err"
         status, _ = run_child(command(out), log, delay, after_file=out / checkpoint_name(1) if in_training else None)
         text = log.read_text()
         lines = [line for line in text.splitlines() if line.strip()]
@@ -111,9 +111,9 @@ def sweep(inputs: Path, work: Path) -> list[str]:
         )
         if status == 0:  # done before the signal: nothing to resume
             return
-        again, _ = run_child(command(out), work / f"{name}-again.err", exit_quickly=True)
+        again, _ = run_child(command(out), work / f"{run_name}-again.err", exit_quickly=True)
         if again != 0:
-            problems.append(f"{where}; run again: exit {again}, {(work / f'{name}-again.err').read_text()}")
+            problems.append(f"{where}; run again: exit {again}, {(work / f'{run_name}-again.err').read_text()}")
         elif any(not (final_weights(out)[name] == weights).all() for name, weights in reference.items()):
             problems.append(f"{where}; run again, its weights differ from the uninterrupted run's")
 
