@@ -4,6 +4,7 @@ import pytest
 
 from bertbench import cli as bertbench_cli
 from bertbench.bench import plan, report, scaling
+from bertbench.common.run_files import METRICS
 
 
 @pytest.mark.slow
@@ -111,7 +112,7 @@ def test_speedup_and_efficiency_are_of_each_jobs_median_step(tmp_path, monkeypat
 def test_a_jobs_step_times_are_read_from_its_one_step_windows(tmp_path):
     # rank 0 logs each step's seq/s over all the ranks' sequences: 32 sequences at 64, 128 and 16 seq/s
     records = [{"step": step, "seq_per_s": rate} for step, rate in ((1, 8.0), (2, 64.0), (3, 128.0), (4, 16.0))]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    (tmp_path / METRICS).write_text("".join(json.dumps(record) + "\n" for record in records))
     assert scaling.steady_step_seconds(str(tmp_path), 1, 32) == [0.5, 0.25, 2.0]
 
 

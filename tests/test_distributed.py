@@ -20,7 +20,7 @@ import torch
 from ddp_worker import FirstBatchProbe, features, same_weights
 from helpers import classifier_flags, free_port, read_json, tiny_config, write_bert_dir
 
-from bertbench.common.run_files import LOCK
+from bertbench.common.run_files import LOCK, checkpoint_name
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
 from bertbench.runners import launch
@@ -92,8 +92,9 @@ def one_process(data, tmp_path_factory):
 
 
 # The most involved setting: recompute (selective), 2 accumulated micro-batches of 4 on each of 2 processes (a global
-# batch of 16: 80 steps in 5 epochs, which give the killed-workers test room to hit the run twice in the middle). (Each setting costs a torchrun job: the other policies' DDP steps are ddp_worker's, the
-# plain DDP step the job templates' and scripts' tests'.)
+# batch of 16: 80 steps in 5 epochs, which give the killed-workers test room to hit the run twice in the middle).
+# Each setting costs a torchrun job: the other policies' DDP steps are ddp_worker's, the plain DDP step the job
+# templates' and scripts' tests'.
 TWO_PROCESSES = [
     "--train_batch_size=4",
     "--num_accumulation_steps=2",
@@ -137,7 +138,7 @@ def test_two_processes_match_one_with_the_same_global_batch(two_processes, one_p
     assert sorted(os.listdir(out)) == [
         LOCK,
         "bertbench_run.json",
-        f"ckpt-{TWO_PROCESS_STEPS:09d}.pt",
+        checkpoint_name(TWO_PROCESS_STEPS),
         "eval_results.json",
         "eval_results.txt",
         "metrics.jsonl",

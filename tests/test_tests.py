@@ -4,9 +4,13 @@ another test module or conftest.py, and tests use bertbench through its public n
 
 import ast
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+import bertbench
 
 TESTS = Path(__file__).parent
 # The modules of tests/ that are neither tests nor conftest.py: test files may import these.
@@ -124,11 +128,6 @@ def test_the_tests_and_the_processes_they_start_import_this_checkout(tmp_path):
     """A test that starts a process (a runner, a torchrun job, a script) tests the bertbench of this checkout, not
     one that `pip install -e` of another checkout put on the path (conftest.py puts this one first), even from a
     directory of its own, where Python does not look in the checkout."""
-    import subprocess
-    import sys
-
-    import bertbench
-
     checkout = TESTS.parent / "bertbench"
     assert Path(bertbench.__file__).resolve().parent == checkout.resolve()
     started = subprocess.run(
