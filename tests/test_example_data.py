@@ -13,7 +13,7 @@ import torch
 from bertbench.model.config import BertConfig
 from bertbench.runners import example_data
 from bertbench.tasks.tokenization import BertTokenizer
-from bertbench.weights.hf import load_state_dict
+from bertbench.weights.pretrained import load_state_dict
 from bertbench.weights.tf_checkpoint import (
     CheckpointError,
     TFCheckpoint,

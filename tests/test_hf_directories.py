@@ -22,7 +22,7 @@ from bertbench.tasks.glue import encode_examples, get_processor
 from bertbench.tasks.synthetic import write_glue_task
 from bertbench.tasks.tokenization import BertTokenizer, VocabError, load_vocab
 from bertbench.training.checkpoint import latest_checkpoint
-from bertbench.weights.hf import load_pretrained
+from bertbench.weights.pretrained import load_pretrained
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf1_tiny"
 

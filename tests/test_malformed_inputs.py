@@ -29,6 +29,7 @@ from bertbench.runners import pretraining as run_pretraining
 from bertbench.runners import squad as run_squad
 from bertbench.tasks import create_pretraining_data
 from bertbench.tasks.synthetic import write_corpus, write_glue_task, write_squad
+from bertbench.training.checkpoint import save_checkpoint
 from bertbench.weights import convert
 from bertbench.weights.hf import save_hf_directory
 from bertbench.weights.tf_checkpoint import block_entries, masked_crc32c, read_block, read_varint
@@ -304,6 +305,36 @@ def hf_of_another_model_type(inputs: Path, tmp: Path) -> Path:
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
     return directory
+
+
+def torch_file(inputs: Path, tmp: Path, name: str, make: Callable[[dict], object]) -> Path:
+    """tmp/name: torch.save of `make(the HF directory's weights)`: another project's checkpoint of the tiny model."""
+    from safetensors.torch import load_file
+
+    path = tmp / name
+    torch.save(make(load_file(inputs / "hf" / "model.safetensors")), path)
+    return path
+
+
+def without_layer(state: dict, layer: int) -> dict:
+    return {name: tensor for name, tensor in state.items() if f"encoder.layer.{layer}." not in name}
+
+
+def with_a_third_layer(state: dict) -> dict:
+    return {**state, **{name.replace("layer.1.", "layer.2."): t for name, t in state.items() if "layer.1." in name}}
+
+
+def bertbench_run(inputs: Path, tmp: Path, damaged: bool = False) -> Path:
+    """tmp/run: a bertbench run directory holding the checkpoint of step 4 (the HF directory's weights); `damaged`:
+    with a flipped byte in the middle of its weights."""
+    from safetensors.torch import load_file
+
+    checkpoint = Path(save_checkpoint(tmp / "run", 4, {"model": load_file(inputs / "hf" / "model.safetensors")}))
+    if damaged:
+        data = bytearray(checkpoint.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        checkpoint.write_bytes(bytes(data))
+    return checkpoint.parent
 
 
 def shards_copy(inputs: Path, tmp: Path, damage: Callable, which: str = "shards") -> Path:
@@ -825,6 +856,107 @@ CASES = [
         ),
         state="empty",
     ),
+    # ---- warm-start checkpoints of every format: a checkpoint that cannot be this model's is refused -------------
+    Case(
+        "init-checkpoint-torch-file-without-bert-weights",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(
+                inputs,
+                out,
+                "--do_train",
+                f"--init_checkpoint={torch_file(inputs, tmp, 'ckpt_8601.pt', lambda s: {'epoch': 2, 'files': [0]})}",
+            ),
+            (f"{tmp / 'ckpt_8601.pt'}: no BERT weights in it (a dict of epoch, files); expected BERT's weights",),
+        ),
+    ),
+    Case(
+        "init-checkpoint-of-another-model",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(
+                inputs,
+                out,
+                "--do_train",
+                "--init_checkpoint="
+                + str(
+                    torch_file(inputs, tmp, "gpt.pt", lambda s: {"model": {"h.0.attn.c_attn.weight": torch.ones(2)}})
+                ),
+            ),
+            f"{tmp / 'gpt.pt'}: no BERT encoder weight in it (1 tensors such as h.0.attn.c_attn.weight)",
+        ),
+    ),
+    Case(
+        "init-checkpoint-without-an-encoder-layer",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(
+                inputs,
+                out,
+                "--do_train",
+                f"--init_checkpoint={torch_file(inputs, tmp, 'one-layer.bin', lambda s: without_layer(s, 1))}",
+            ),
+            (
+                f"{tmp / 'one-layer.bin'}: 16 of the model's 37 encoder weights are not in it (bert.encoder.layer.1)",
+                "--allow_partial_init_checkpoint",
+            ),
+        ),
+    ),
+    Case(
+        "init-checkpoint-of-more-layers-than-the-config",
+        "squad",
+        lambda inputs, tmp, out: (
+            squad_flags(
+                inputs,
+                out,
+                f"--init_checkpoint={torch_file(inputs, tmp, 'three-layers.pt', with_a_third_layer)}",
+            ),
+            f"{tmp / 'three-layers.pt'}: it holds encoder weights the model has no place for (bert.encoder.layer.2)",
+        ),
+    ),
+    Case(
+        "init-checkpoint-run-whose-checkpoint-is-damaged",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(inputs, out, "--do_eval", f"--init_checkpoint={bertbench_run(inputs, tmp, damaged=True)}"),
+            (f"{tmp / 'run' / 'ckpt-000000004.pt'}: damaged checkpoint",),
+        ),
+    ),
+    Case(
+        "init-checkpoint-google-name-in-a-bertbench-run",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(
+                inputs, out, "--do_eval", f"--init_checkpoint={bertbench_run(inputs, tmp) / 'model.ckpt-4'}"
+            ),
+            (
+                f"{tmp / 'run' / 'model.ckpt-4'}: no such file or directory; {tmp / 'run'} is a bertbench run",
+                f"give the run directory {tmp / 'run'} (its newest checkpoint) or {tmp / 'run' / 'ckpt-000000004.pt'}",
+            ),
+        ),
+    ),
+    Case(
+        "init-checkpoint-missing",
+        "pretrain",
+        lambda inputs, tmp, out: (
+            pretrain_flags(inputs, out, f"--init_checkpoint={tmp / 'nowhere' / 'bert_model.ckpt'}"),
+            f"{tmp / 'nowhere' / 'bert_model.ckpt'}: no such file or directory ({tmp / 'nowhere'} does not exist)",
+        ),
+    ),
+    Case(
+        "max-train-samples-below-a-batch-is-named-before-the-checkpoint-is-read",
+        "classify",
+        lambda inputs, tmp, out: (
+            classify_flags(
+                inputs,
+                out,
+                "--do_train",
+                "--max_train_samples=4",
+                f"--init_checkpoint={write_bytes(tmp / 'garbage.bin', b'not a checkpoint')}",
+            ),
+            "4 training sequences make no full step of 16 sequences",
+        ),
+    ),
     # ---- HF checkpoints ---------------------------------------------------------------------------------------------
     hf_case("hf-truncated-safetensors", hf_truncated, "cannot read weights"),
     hf_case("hf-safetensors-wrong-shape", hf_with_wrong_shape, "bert.embeddings.position_embeddings.weight has shape"),
@@ -832,7 +964,9 @@ CASES = [
     hf_case(
         "hf-config-of-another-model-type", hf_of_another_model_type, "key 'model_type' is 'roberta'", "config.json"
     ),
-    hf_case("hf-directory-without-weights", hf_without_weights, "no model.safetensors", ""),
+    hf_case(
+        "hf-directory-without-weights", hf_without_weights, "an HF directory without weights (no model.safetensors", ""
+    ),
     hf_case(
         "hf-truncated-safetensors-on-an-unsaved-run", hf_truncated, "cannot read weights", state="classify-unsaved"
     ),
@@ -856,7 +990,7 @@ CASES = [
             classify_flags(
                 inputs, out, "--do_train", f"--init_checkpoint={write_bytes(tmp / 'notes' / 'a.txt', b'').parent}"
             ),
-            f"{tmp / 'notes'}: no model.safetensors",
+            f"{tmp / 'notes'}: a directory with no BERT weights (it holds a.txt); expected BERT's weights",
         ),
         state="classify-unsaved",
     ),

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from bertbench.model.config import BertConfig
 from bertbench.tasks.tokenization import load_vocab
 from bertbench.weights import convert
-from bertbench.weights.hf import load_pretrained, load_state_dict, save_hf_directory
+from bertbench.weights.hf import save_hf_directory
+from bertbench.weights.pretrained import load_pretrained, load_state_dict
 from bertbench.weights.tf_checkpoint import read_tf_checkpoint
 from bertbench.weights.tf_names import WeightsError, map_tf_names, tf_to_hf_state_dict
 
@@ -403,7 +404,7 @@ def test_round_trip_through_safetensors_and_bin(tmp_path, safe):
     assert not any(name.startswith("cls.predictions.decoder.") for name in state)  # tied aliases saved once
     model = transformers.BertForPreTraining(hf_config())
     report = load_pretrained(model, tmp_path / "out", CONFIG)
-    assert report.missing == [] and report.unexpected == []
+    assert report.missing == report.new == report.unused == []
     assert_same_weights(model, reference)
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     hf_model, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "out", output_loading_info=True)
@@ -441,20 +442,20 @@ def test_old_gamma_beta_names_and_sharded_safetensors(tmp_path):
 def test_load_pretrained_fits_prefixes_and_reports_heads(pretraining_dir):
     classifier = transformers.BertForSequenceClassification(hf_config(num_labels=3))
     report = load_pretrained(classifier, pretraining_dir)
-    assert report.missing == ["classifier.weight", "classifier.bias"]
-    assert all(name.startswith("cls.") for name in report.unexpected) and len(report.unexpected) == 7
+    assert report.missing == [] and report.new == ["classifier.weight", "classifier.bias"]
+    assert all(name.startswith("cls.") for name in report.unused) and len(report.unused) == 7
     assert_same_weights(classifier.bert, reference_pretraining_model().bert)
 
     encoder = transformers.BertModel(hf_config())
     report = load_pretrained(encoder, pretraining_dir)
-    assert report.missing == [] and len(report.unexpected) == 7
+    assert report.missing == report.new == [] and len(report.unused) == 7
     assert_same_weights(encoder, reference_pretraining_model().bert)
 
 
 def test_load_pretrained_from_tf_checkpoint_directly():
     model = transformers.BertForPreTraining(hf_config())
     report = load_pretrained(model, PRETRAINING)  # finds bert_config.json beside the checkpoint
-    assert report.missing == [] and report.unexpected == []
+    assert report.missing == report.new == report.unused == []
     assert_same_weights(model, reference_pretraining_model())
 
 
@@ -484,7 +485,7 @@ def test_load_state_dict_checks_the_config(pretraining_dir):
         r"shape \[64, 32\], the config implies \[128, 32\]",
     ):
         load_state_dict(pretraining_dir, dataclasses.replace(CONFIG, max_position_embeddings=128))
-    with pytest.raises(WeightsError, match=r"no model\.safetensors, .* or TensorFlow checkpoint"):
+    with pytest.raises(WeightsError, match=r"fixtures: a directory with no BERT weights \(it holds google_bert, "):
         load_state_dict(FIXTURE.parent)
 
 
@@ -492,7 +493,7 @@ def test_bertbench_model_matches_hf(pretraining_dir, tmp_path):
     modeling = pytest.importorskip("bertbench.model.modeling")
     model = modeling.BertForPreTraining(CONFIG)
     report = load_pretrained(model, pretraining_dir)
-    assert report.missing == [] and report.unexpected == []
+    assert report.missing == report.new == report.unused == []
     reference = reference_pretraining_model()
     inputs = hf_inputs()
     positions = torch.tensor([[1, 4, 7], [2, 3, 8]])

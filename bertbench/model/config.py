@@ -1,4 +1,5 @@
-"""BertConfig: the model hyper-parameters, read from Google's bert_config.json or an HF config.json."""
+"""BertConfig: the model hyper-parameters, read from Google's bert_config.json, an HF config.json or the model config
+a bertbench run records (bertbench_run.json)."""
 
 from __future__ import annotations
 
@@ -191,7 +192,8 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
-        """Read a Google bert_config.json or an HF config.json (a directory means its config.json)."""
+        """Read a Google bert_config.json, an HF config.json (a directory means its config.json) or a bertbench run
+        record's model config (what a run directory as --init_checkpoint supplies as --bert_config_file)."""
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
@@ -204,6 +206,8 @@ class BertConfig:
             raise ConfigError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a JSON object of config keys")
+        if isinstance(values.get("bert_config"), dict) and "runner" in values:  # a run record (runners.run_directory)
+            return cls.from_dict(values["bert_config"], source=f"{path}: bert_config")
         return cls.from_dict(values, source=path)
 
     def to_google_dict(self) -> dict[str, Any]:

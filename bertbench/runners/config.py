@@ -36,9 +36,9 @@ from bertbench.common.flags import (
     setting,
 )
 from bertbench.model.factory import ModelSettings
-from bertbench.runners.run_directory import RunRecord
+from bertbench.runners.run_directory import RunRecord, run_flags, run_of_checkpoint
 from bertbench.training.config import RunConfig, TrainConfig
-from bertbench.weights.hf import flags_from_hf_directory
+from bertbench.weights.hf import hf_directory_flags, take_checkpoint_flags
 
 # --lr_scaling: the factor on --learning_rate for a number of processes.
 LR_SCALINGS = {"none": lambda processes: 1.0, "linear": float, "sqrt": math.sqrt}
@@ -263,6 +263,12 @@ class RunnerSettings:
         "checkpoint: that run resumes.",
         None,
     )
+    allow_partial_init_checkpoint: bool = setting(
+        "Warm-start even when --init_checkpoint lacks some of the model's encoder weights, or holds encoder weights "
+        "the model has no place for (more layers): those start from random values or are left out, and the log "
+        "names them. Off: such a checkpoint is refused (it is rarely this model's).",
+        False,
+    )
     do_train: bool = setting("Train (resuming from output_dir's newest checkpoint if any).", False, per_command=True)
     max_seq_length: int = setting("Tokens per sequence, padded or truncated.", 128, positive=True, defines_run=True)
     train_batch_size: int = setting("Sequences per micro-batch per process.", 32, positive=True, defines_run=True)
@@ -448,8 +454,16 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
                 )
         recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
     values = {**parser.defaults, **recorded, **given}
-    # An HF directory as --init_checkpoint says the model config, vocabulary and lower-casing the flags leave out.
-    taken, note = flags_from_hf_directory(values["init_checkpoint"], {**recorded, **given}, parser.defaults)
+    # An HF directory or a bertbench run as --init_checkpoint says the model config, vocabulary and lower-casing the
+    # flags leave out.
+    init_checkpoint = values["init_checkpoint"]
+    warm_run = run_of_checkpoint(init_checkpoint)
+    found = (
+        run_flags(warm_run) if warm_run is not None else hf_directory_flags(init_checkpoint) if init_checkpoint else {}
+    )
+    taken, note = take_checkpoint_flags(
+        found, init_checkpoint if found else None, {**recorded, **given}, parser.defaults
+    )
     values.update(taken)
     notes.extend([note] if note else [])
     train_fields = parser.field_values(TrainConfig, values)

@@ -1,6 +1,6 @@
 """A runner's run directory (--output_dir): its record, bertbench_run.json (which runner made it, with which flags,
 model and processes), checked against each later command; the directory held for one command (runners.run_lock);
-and what it says of the run's history (saved checkpoints, the step of warm-start weights)."""
+and what it says of the run's history (saved checkpoints)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,10 @@ from bertbench.training import optim
 from bertbench.training.checkpoint import (
     checkpoint_step,
     holds_training_state,
-    latest_checkpoint,
     remove_temporary_files,
 )
 from bertbench.training.distributed import Distributed
 from bertbench.training.metrics import scan_log
-from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
-from bertbench.weights.tf_checkpoint import TFCheckpoint
 
 Log = Callable[[str], None]  # where a runner's lines go: progress.log on rank 0, nothing elsewhere
 
@@ -191,15 +188,31 @@ def saved_history(model_dir: str) -> str | None:
     return None
 
 
-def saved_step(path: str) -> int | None:
-    """The training step of warm-start weights: a bertbench checkpoint's (a run directory: its newest), a TF1
-    checkpoint's global_step (a fine-tuned model.ckpt-1000); None for weights that do not say (HF, a TF1 checkpoint
-    without one)."""
-    newest = latest_checkpoint(path) if os.path.isdir(path) else path if path.endswith(".pt") else None
-    if newest is not None:
-        return checkpoint_step(newest)
-    with contextlib.suppress(TFCheckpointError, OSError):
-        checkpoint = TFCheckpoint(path)
-        if "global_step" in checkpoint.entries:
-            return int(checkpoint.read("global_step"))
-    return None
+def run_of_checkpoint(path: str | None) -> RunRecord | None:
+    """The record of the bertbench run a checkpoint path belongs to: a run directory, or a ckpt-*.pt in one (or in
+    its worker-<rank>/ directory); None for anything else."""
+    if not path:
+        return None
+    if os.path.isdir(path):
+        return RunRecord.read(path)
+    if not os.path.isfile(path) or checkpoint_step(path) is None:
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    return RunRecord.read(directory) or RunRecord.read(os.path.dirname(directory))
+
+
+def run_flags(record: RunRecord) -> dict[str, tuple[Any, str]]:
+    """What a run's record says of the model flags a later command on its checkpoints leaves out (bert_config_file,
+    vocab_file, do_lower_case), each with the file that says it: the run is a self-contained checkpoint."""
+    found: dict[str, tuple[Any, str]] = {"bert_config_file": (record.path, record.path)}
+    vocab_file = record.args.get("vocab_file")
+    if vocab_file is not None:
+        if not os.path.exists(vocab_file):
+            raise UsageError(
+                f"{record.path}: the run's vocab_file {vocab_file} is not there (a path relative to where it ran?); "
+                "give --vocab_file"
+            )
+        found["vocab_file"] = (vocab_file, record.path)
+    if record.args.get("do_lower_case") is not None:
+        found["do_lower_case"] = (record.args["do_lower_case"], record.path)
+    return found

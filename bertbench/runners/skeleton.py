@@ -27,7 +27,6 @@ from bertbench.runners.run_directory import (
     check_record,
     hold_run_directory,
     remove_leftovers,
-    saved_step,
     write_record,
 )
 from bertbench.tasks.tokenization import BertTokenizer, VocabError
@@ -40,8 +39,9 @@ from bertbench.training.loop import Estimator, TrainingDivergedError
 from bertbench.training.state import RESTORE, WARM_START, RunStart, decide_start, seed_everything, trains_independently
 from bertbench.training.stats import TrainResult
 from bertbench.training.step import runnable_config
-from bertbench.weights.hf import WeightsError, load_pretrained
+from bertbench.weights.pretrained import LoadReport, find_weights, load_pretrained, read_weights
 from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
+from bertbench.weights.tf_names import WeightsError
 
 # Errors a user's input causes (exit status 2, see bertbench.common.errors), each naming its file or flag; and the
 # runtime failures of a run (exit status 1).
@@ -159,16 +159,10 @@ def run_task(runner: TaskRunner, config: RunnerConfig, record: RunRecord | None)
         data = runner.read(config, bert_config, tokenizer, dist, log, cleanup)
         check_record(record, bert_config, config, dist)
         with hold_run_directory(config.run.model_dir, task.do_train, record, dist, log):
-            model, start = build_model(
-                config,
-                runner.model_task,
-                bert_config,
-                dist,
-                log,
-                continue_phase=task.do_train and runner.continues_phase(config),
-                **data.head_kwargs,
-            )
+            start = decide_run_start(config, dist, log, task.do_train and runner.continues_phase(config))
+            # Every check that needs no model (the steps a run can take from its data) comes before the model loads.
             plan = runner.plan(config, data, start, record, dist) if task.do_train else None
+            model, warm_start = build_model(config, runner.model_task, bert_config, start, log, **data.head_kwargs)
             estimator = build_estimator(config, model, dist, plan)
             remove_leftovers(config.run.model_dir, dist, log)
             if task.do_train:
@@ -177,7 +171,7 @@ def run_task(runner: TaskRunner, config: RunnerConfig, record: RunRecord | None)
                 if result.interrupted_by is not None:
                     return interrupted_status(result)
             else:
-                restore_for_inference(estimator, start)
+                restore_for_inference(estimator, start, warm_start)
             summary.log([], runner.infer(config, estimator, data, dist, log))
             summary.write(dist.is_main)
         return 0
@@ -221,29 +215,29 @@ def main_process_log(dist: Distributed) -> Log:
     return progress.log if dist.is_main else (lambda line: None)
 
 
-def build_model(
-    config: RunnerConfig,
-    task: str,
-    bert_config: BertConfig,
-    dist: Distributed,
-    log: Log,
-    continue_phase: bool = False,
-    **head_kwargs,
-) -> tuple[nn.Module, RunStart]:
-    """The task model from the chosen modeling module, and where the run starts, decided once here
-    (training.state.decide_start): training resumes output_dir's checkpoint, continues an earlier phase
-    (`continue_phase`), warm-starts from --init_checkpoint or starts afresh; evaluation and prediction restore the
-    run's checkpoint or warm-start from --init_checkpoint. A warm start's weights are loaded here."""
-    settings = config.task
-    start = decide_start(
+def decide_run_start(config: RunnerConfig, dist: Distributed, log: Log, continue_phase: bool) -> RunStart:
+    """Where the run starts (training.state.decide_start): training resumes output_dir's checkpoint, continues an
+    earlier phase (`continue_phase`), warm-starts from --init_checkpoint or starts afresh; evaluation and prediction
+    restore the run's checkpoint or warm-start from --init_checkpoint."""
+    return decide_start(
         config.run.model_dir,
-        training=settings.do_train,
-        init_checkpoint=settings.init_checkpoint,
+        training=config.task.do_train,
+        init_checkpoint=config.task.init_checkpoint,
         continue_phase=continue_phase,
         dist=dist,
         independent_workers=trains_independently(config.train, dist),
         log=log,
     )
+
+
+def build_model(
+    config: RunnerConfig, task: str, bert_config: BertConfig, start: RunStart, log: Log, **head_kwargs
+) -> tuple[nn.Module, LoadReport | None]:
+    """The task model from the chosen modeling module, seeded; a warm start's weights loaded into it (read and
+    checked first: a checkpoint that cannot be this model's is refused before the model is built), with what was
+    loaded in the log."""
+    settings = config.task
+    weights = read_weights(find_weights(start.checkpoint), bert_config) if start.kind == WARM_START else None
     seed_everything(config.run.seed)
     try:
         model = config.model.build(task, bert_config, **head_kwargs)
@@ -254,9 +248,11 @@ def build_model(
             f"{settings.bert_config_file}: the model does not fit in this machine's memory "
             f"({one_line(error).split('. ', 1)[-1]})"
         ) from None
-    if start.kind == WARM_START:
-        log(str(load_pretrained(model, start.checkpoint, bert_config)))
-    return model, start
+    if weights is None:
+        return model, None
+    report = load_pretrained(model, weights, allow_partial=settings.allow_partial_init_checkpoint, log=log)
+    log(str(report))
+    return model, report
 
 
 def build_estimator(config: RunnerConfig, model: nn.Module, dist: Distributed, plan: TrainingPlan | None) -> Estimator:
@@ -275,13 +271,13 @@ def build_estimator(config: RunnerConfig, model: nn.Module, dist: Distributed, p
     return estimator
 
 
-def restore_for_inference(estimator: Estimator, start: RunStart) -> None:
+def restore_for_inference(estimator: Estimator, start: RunStart, warm_start: LoadReport | None) -> None:
     """Without training, evaluation and prediction score the run's checkpoint (or the warm start's weights, at the
     step they were saved at, when they say it)."""
     if start.kind == RESTORE:
         estimator.restore(start.checkpoint, verify=False)  # decide_start verified it
-    elif start.kind == WARM_START:
-        estimator.global_step = saved_step(start.checkpoint) or 0
+    elif warm_start is not None:
+        estimator.global_step = warm_start.step or 0
 
 
 # ---- the fine-tuning runners: features in memory, epochs, independent workers chosen by a dev figure --------------

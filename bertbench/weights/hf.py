@@ -1,5 +1,5 @@
-"""HF-format weights read and written: directories, weights files, loading into a model; Google's TensorFlow names
-and their mapping are in weights.tf_names.
+"""HF-format directories and weights files: recognised, their tokenizer flags taken, written atomically; reading any
+checkpoint into a model is weights.pretrained's, Google's TensorFlow names and their mapping are weights.tf_names'.
 
 bertbench's state-dict names are exactly HF transformers' BERT names, so an HF directory is bertbench's own format:
 `config.json` + `model.safetensors` (or `pytorch_model.bin`) + the tokenizer files, loadable by both.
@@ -7,13 +7,9 @@ bertbench's state-dict names are exactly HF transformers' BERT names, so an HF d
 
 from __future__ import annotations
 
-import glob
 import json
-import logging
 import os
-import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +23,6 @@ from bertbench.tasks.tokenization import (
     read_tokenizer_json,
     vocab_path,
 )
-from bertbench.training.checkpoint import TRAINING_CHECKPOINT_FORMAT, latest_checkpoint
 from bertbench.weights.tf_checkpoint import TFCheckpoint
 from bertbench.weights.tf_names import (
     TFMapping,
@@ -36,49 +31,12 @@ from bertbench.weights.tf_names import (
     tf_model_variables,
 )
 
-logger = logging.getLogger(__name__)
-
-
 # Aliases HF ties to another parameter and re-ties on load, so a saved file holds each of these once, under the
 # other name (what HF's own save_pretrained does).
 _HF_TIED_ALIASES = frozenset({"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"})
 
 
-def _hf_name(name: str) -> str:
-    """HF names as transformers spells them now: checkpoints from before 2020 call LayerNorm's weights gamma/beta."""
-    return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
-
-
-def _load_file(path: str) -> dict[str, torch.Tensor]:
-    if not os.path.isfile(path):
-        raise WeightsError(f"{path}: no such file")
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            return load_file(path)
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # safetensors and pickle raise many types; the user needs the file and the reason
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise WeightsError(f"{path}: cannot read weights ({reason})") from None
-    if isinstance(state, dict) and state.get("format") == TRAINING_CHECKPOINT_FORMAT:
-        return state["model"]  # a bertbench training checkpoint: its weights, without the optimizer and the rest
-    return state
-
-
-def _load_sharded(index_path: str) -> dict[str, torch.Tensor]:
-    try:
-        with open(index_path, encoding="utf-8") as handle:
-            weight_map = json.load(handle)["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise WeightsError(f"{index_path}: not a sharded-weights index (no 'weight_map')") from None
-    state = {}
-    for shard in sorted(set(weight_map.values())):
-        state.update(_load_file(os.path.join(os.path.dirname(index_path), shard)))
-    return state
-
-
-_HF_WEIGHT_FILES = (
+HF_WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
     "pytorch_model.bin",
@@ -90,55 +48,11 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
     """An HF-format directory: config.json beside model.safetensors, pytorch_model.bin or a sharded index of them."""
     path = os.fspath(path)
     return os.path.isfile(os.path.join(path, "config.json")) and any(
-        os.path.isfile(os.path.join(path, name)) for name in _HF_WEIGHT_FILES
+        os.path.isfile(os.path.join(path, name)) for name in HF_WEIGHT_FILES
     )
 
 
-def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -> dict[str, torch.Tensor]:
-    """HF-named weights from an HF directory, a .safetensors/.bin file, a bertbench training checkpoint (a ckpt-*.pt
-    file, or a run directory: its newest), or a TF checkpoint (prefix, .index, dir).
-
-    A TF checkpoint needs `config` (or a bert_config.json beside it) for its shapes; for HF weights a given `config`
-    is checked against every weight it knows, and an HF directory's config.json must be a BERT's.
-    """
-    path = os.fspath(path)
-    weights_file = None
-    if os.path.isdir(path):
-        weights_file = next(
-            (os.path.join(path, name) for name in _HF_WEIGHT_FILES if os.path.isfile(os.path.join(path, name))), None
-        )
-        if weights_file is not None and os.path.isfile(os.path.join(path, "config.json")):
-            BertConfig.from_json_file(path)  # an HF directory of another model (model_type roberta, ...) is refused
-        if weights_file is None and not glob.glob(os.path.join(glob.escape(path), "*.index")):
-            weights_file = latest_checkpoint(path)  # a bertbench run directory: its newest checkpoint
-            if weights_file is None:
-                raise WeightsError(
-                    f"{path}: no {', '.join(_HF_WEIGHT_FILES)}, bertbench checkpoint or TensorFlow checkpoint"
-                )
-    elif path.endswith((".safetensors", ".bin", ".pt", ".pth", ".index.json")):
-        weights_file = path
-    if weights_file is None:
-        checkpoint = TFCheckpoint(path)
-        if config is None:
-            config_file = os.path.join(os.path.dirname(checkpoint.prefix), "bert_config.json")
-            if not os.path.isfile(config_file):
-                raise WeightsError(
-                    f"{checkpoint.index_path}: a TensorFlow checkpoint needs a config for its "
-                    "shapes, and there is no bert_config.json beside it"
-                )
-            config = BertConfig.from_json_file(config_file)
-        return read_tf_weights(checkpoint, config)[0]
-    if weights_file.endswith(".index.json"):
-        state = _load_sharded(weights_file)
-    else:
-        state = _load_file(weights_file)
-    state = {_hf_name(name): tensor for name, tensor in state.items()}
-    if config is not None:
-        _check_shapes(state, config, weights_file)
-    return state
-
-
-def _check_shapes(state: Mapping[str, torch.Tensor], config: BertConfig, source: str) -> None:
+def check_shapes(state: Mapping[str, torch.Tensor], config: BertConfig, source: str) -> None:
     num_labels = state["classifier.weight"].shape[0] if "classifier.weight" in state else None
     expected = {}
     for tf_name, (hf_name, shape) in tf_model_variables(config, num_labels).items():
@@ -149,38 +63,31 @@ def _check_shapes(state: Mapping[str, torch.Tensor], config: BertConfig, source:
             raise WeightsError(f"{source}: {name} has shape {list(tensor.shape)}, the config implies {list(shape)}")
 
 
-@dataclass
-class LoadReport:
-    """What `load_pretrained` left untouched: model weights the checkpoint lacks, checkpoint weights the model lacks."""
+def hf_directory_flags(directory: str | os.PathLike) -> dict[str, tuple[Any, str]]:
+    """What an HF directory says of the flags bert_config_file, vocab_file and do_lower_case, each with the file that
+    says it: its config.json, its vocab.txt or tokenizer.json, and the lower-casing its tokenizer_config.json or
+    tokenizer.json says; nothing for a path that is no HF directory."""
+    directory = os.fspath(directory)
+    if not is_hf_directory(directory):
+        return {}
+    found: dict[str, tuple[Any, str]] = {"bert_config_file": (os.path.join(directory, "config.json"),) * 2}
+    tokenizer = directory_tokenizer(directory)
+    if tokenizer.vocab_file is not None:
+        found["vocab_file"] = (tokenizer.vocab_file,) * 2
+    if tokenizer.do_lower_case is not None:
+        found["do_lower_case"] = (tokenizer.do_lower_case, tokenizer.lower_case_from)
+    return found
 
-    source: str
-    missing: list[str]
-    unexpected: list[str]
 
-    def __str__(self) -> str:
-        def names(keys: list[str]) -> str:
-            return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "") if keys else "none"
-
-        return f"loaded {self.source}; missing: {names(self.missing)}; unexpected: {names(self.unexpected)}"
-
-
-def flags_from_hf_directory(
-    init_checkpoint: str | None, stated: Mapping[str, Any], wanted: Collection[str]
+def take_checkpoint_flags(
+    found: Mapping[str, tuple[Any, str]], origin: str | None, stated: Mapping[str, Any], wanted: Collection[str]
 ) -> tuple[dict[str, Any], str | None]:
     """The values of the `wanted` flags (bert_config_file, vocab_file, do_lower_case) that a command leaves out
-    (`stated`: the flags it gives or its run recorded) and that the HF directory `init_checkpoint` supplies: its
-    config.json, its vocab.txt or tokenizer.json, and the lower-casing its tokenizer_config.json or tokenizer.json
-    says; and a one-line note of what was taken, None if nothing. A vocab_file that is a tokenizer.json says the
-    lower-casing too. A stated flag that contradicts the file is a WeightsError naming both."""
-    found: dict[str, tuple[Any, str]] = {}  # flag -> (value, the file that says it)
-    directory = init_checkpoint if init_checkpoint and is_hf_directory(init_checkpoint) else None
-    if directory is not None:
-        found["bert_config_file"] = (os.path.join(directory, "config.json"),) * 2
-        tokenizer = directory_tokenizer(directory)
-        if tokenizer.vocab_file is not None:
-            found["vocab_file"] = (tokenizer.vocab_file,) * 2
-        if tokenizer.do_lower_case is not None:
-            found["do_lower_case"] = (tokenizer.do_lower_case, tokenizer.lower_case_from)
+    (`stated`: the flags it gives or its run recorded) and that a checkpoint `origin` supplies (`found`: flag ->
+    (value, the file that says it); an HF directory's, a bertbench run's), and a one-line note of what was taken,
+    None if nothing. A vocab_file that is a tokenizer.json says the lower-casing too. A stated flag that contradicts
+    the file is a WeightsError naming both."""
+    found = dict(found)
     vocab_file = stated.get("vocab_file") or found.get("vocab_file", (None,))[0]
     if (
         "do_lower_case" not in found
@@ -218,50 +125,7 @@ def flags_from_hf_directory(
         + (f" (from {found[name][1]})" if name == "do_lower_case" else "")
         for name, value in taken.items()
     )
-    return taken, f"{spelt}, taken from {directory or vocab_file}"
-
-
-def _alias_groups(model: torch.nn.Module) -> dict[str, list[str]]:
-    """{name: all names of that parameter} for parameters registered under several names (tied weights)."""
-    by_id: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(parameter), []).append(name)
-    return {name: names for names in by_id.values() for name in names}
-
-
-def load_pretrained(model: torch.nn.Module, path: str | os.PathLike, config: BertConfig | None = None) -> LoadReport:
-    """Loads weights from `path` (anything `load_state_dict` reads) into `model`, fitting the `bert.` prefix.
-
-    Missing task heads are normal when warm-starting from pre-training weights: they are reported, not errors, as are
-    weights the model has no place for. A weight whose shape differs from the model's is an error.
-    """
-    source = os.fspath(path)
-    state = load_state_dict(path, config)
-    targets = model.state_dict(keep_vars=True)
-    matched, unexpected = {}, []
-    for name, value in state.items():
-        target = next(
-            (candidate for candidate in (name, f"bert.{name}", name.removeprefix("bert.")) if candidate in targets),
-            None,
-        )
-        if target is None:
-            unexpected.append(name)
-        elif targets[target].shape != value.shape:
-            raise WeightsError(
-                f"{source}: {name} has shape {list(value.shape)}, the model expects {list(targets[target].shape)}"
-            )
-        else:
-            matched[target] = value
-    # Copy only once every shape has been checked, so a bad file leaves the model as it was.
-    with torch.no_grad():
-        for target, value in matched.items():
-            targets[target].copy_(value)
-    loaded = set(matched)
-    aliases = _alias_groups(model)
-    missing = [name for name in targets if not loaded.intersection(aliases.get(name, [name]))]
-    report = LoadReport(source=source, missing=missing, unexpected=sorted(unexpected))
-    logger.info("%s", report)
-    return report
+    return taken, f"{spelt}, taken from {origin or vocab_file}"
 
 
 def _architecture(names) -> str:
@@ -340,7 +204,7 @@ def save_hf_directory(
     Every input is checked before anything is written.
     """
     state = _weights_to_save(model)
-    _check_shapes(state, config, "model")
+    check_shapes(state, config, "model")
     architecture = _architecture(state)
     if architecture == "BertModel":  # HF's BertModel names carry no `bert.` prefix
         state = {name.removeprefix("bert."): tensor for name, tensor in state.items()}
@@ -388,7 +252,7 @@ def save_hf_weights_file(
     path = os.path.abspath(os.fspath(path))
     _check_output_file(path, overwrite)
     state = _weights_to_save(model)
-    _check_shapes(state, config, "model")
+    check_shapes(state, config, "model")
     if "cls.predictions.bias" in state:  # HF's state_dict() lists the decoder tied to these under its own names
         state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
         state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]

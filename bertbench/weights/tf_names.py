@@ -100,10 +100,13 @@ class TFMapping:
         )
 
 
-def map_tf_names(shapes: Mapping[str, tuple[int, ...]], config: BertConfig, source: str = "checkpoint") -> TFMapping:
+def map_tf_names(
+    shapes: Mapping[str, tuple[int, ...]], config: BertConfig, source: str = "checkpoint", require_encoder: bool = True
+) -> TFMapping:
     """Sorts TF variables into model weights (shape-checked against `config`) and everything else (skipped).
 
-    Every encoder weight the config implies must be present; heads are optional. Errors name `source` and the variable.
+    Every encoder weight the config implies must be present (`require_encoder=False`: the caller checks what is
+    missing, weights.pretrained.load_pretrained); heads are optional. Errors name `source` and the variable.
     """
     num_labels = next(
         (shapes[name][0] for name in ("output_weights", "output_bias") if name in shapes and len(shapes[name]) >= 1),
@@ -128,7 +131,7 @@ def map_tf_names(shapes: Mapping[str, tuple[int, ...]], config: BertConfig, sour
             )
         mapping.skipped.append(name)
     missing = [name for name in table if name.startswith("bert/") and name not in mapping.names]
-    if missing:
+    if missing and require_encoder:
         raise WeightsError(
             f"{source}: missing variable {missing[0]}"
             + (f" (and {len(missing) - 1} more encoder variables)" if len(missing) > 1 else "")
@@ -157,8 +160,10 @@ def tf_to_hf_state_dict(tf_vars: Mapping[str, np.ndarray], config: BertConfig) -
     return _tf_state_dict(mapping, tf_vars.__getitem__)
 
 
-def read_tf_weights(checkpoint: TFCheckpoint, config: BertConfig) -> tuple[dict[str, torch.Tensor], TFMapping]:
+def read_tf_weights(
+    checkpoint: TFCheckpoint, config: BertConfig, require_encoder: bool = True
+) -> tuple[dict[str, torch.Tensor], TFMapping]:
     """The model weights of a TF checkpoint as an HF state dict, reading only those tensors (not the slots)."""
     shapes = {name: shape for name, (_, shape) in checkpoint.variables.items()}
-    mapping = map_tf_names(shapes, config, source=checkpoint.index_path)
+    mapping = map_tf_names(shapes, config, source=checkpoint.index_path, require_encoder=require_encoder)
     return _tf_state_dict(mapping, checkpoint.read), mapping
