@@ -138,7 +138,11 @@ def test_export_of_a_checkpoint_file_and_of_a_tf_checkpoint(root, tmp_path, caps
     "args, message",
     [
         (["{fixture}/bert_model.ckpt", "{tmp}/out"], "--bert_config_file: "),
-        (["{tmp}/nowhere", "{tmp}/out", "--bert_config_file", "{fixture}/bert_config.json"], "nowhere"),
+        (
+            ["{tmp}/nowhere", "{tmp}/out", "--bert_config_file", "{fixture}/bert_config.json"],
+            "{tmp}/nowhere: no such file or directory",
+        ),
+        (["{run}/model.ckpt-8", "{tmp}/out"], "{run}/model.ckpt-8: no such file or directory; {run} is a bertbench run"),
         (["{run}", "{tmp}/out", "--nodo_lower_case"], "--do_lower_case=false contradicts"),
         (["{run}", "{tmp}/out", "--bert_config_file", "{fixture}/bert_config.json"], "describes another model"),
         (["{run}", "{hf}"], "exists and is not empty"),
@@ -148,7 +152,7 @@ def test_export_refusals_are_one_line_and_write_nothing(root, tmp_path, capsys, 
     values = {"fixture": FIXTURE, "tmp": tmp_path, "run": root / "run", "hf": root / "hf"}
     before = sorted(os.listdir(root / "hf"))
     assert export.main([arg.format(**values) for arg in args]) == 2
-    assert message in one_line_error(capsys, "bertbench export")
+    assert message.format(**values) in one_line_error(capsys, "bertbench export")
     assert not (tmp_path / "out").exists() and sorted(os.listdir(root / "hf")) == before
 
 

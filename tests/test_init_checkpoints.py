@@ -263,3 +263,22 @@ def test_a_flag_that_contradicts_the_runs_record_is_refused(finished_classifier,
         in capsys.readouterr().err
     )
     assert snapshot(tmp_path / "out") is None
+
+
+def test_export_takes_every_format_too(sources, tmp_path, capsys):
+    """`bertbench export` of NVIDIA's checkpoint: an HF directory that transformers loads with its weights."""
+    transformers = pytest.importorskip("transformers")
+    from bertbench.runners import export
+
+    config_file = tmp_path / "bert_config.json"
+    config_file.write_text(json.dumps(TINY_BERT))
+    out = tmp_path / "hf"
+    assert (
+        export.main([str(sources["nvidia-pretraining-checkpoint"]), str(out), "--bert_config_file", str(config_file)])
+        == 0
+    )
+    assert "NVIDIA's checkpoint: its 'model' entry" in capsys.readouterr().out
+    model, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    reference = sources["reference"]
+    assert all(torch.equal(tensor, reference[name]) for name, tensor in model.state_dict().items() if name in reference)

@@ -1,4 +1,4 @@
-r"""`bertbench export SOURCE OUTPUT_DIR`: a run, a bertbench checkpoint or a Google TF1 checkpoint as an HF directory.
+r"""`bertbench export SOURCE OUTPUT_DIR`: a run, a bertbench checkpoint or any other checkpoint as an HF directory.
 
     bertbench export results/mrpc bert-mrpc-hf
     bertbench export results/mrpc/ckpt-344.pt bert-mrpc-hf
@@ -7,7 +7,8 @@ r"""`bertbench export SOURCE OUTPUT_DIR`: a run, a bertbench checkpoint or a Goo
 
 SOURCE is a run directory (its newest checkpoint that verifies, and what its bertbench_run.json says: the model
 config, the vocabulary, do_lower_case, a GLUE task's labels), a bertbench checkpoint file (with the run record beside
-it, or --bert_config_file), or a TF1 checkpoint prefix (with --bert_config_file). OUTPUT_DIR gets config.json (the
+it, or --bert_config_file), or any other checkpoint --init_checkpoint takes (weights.pretrained: a TF1 checkpoint
+prefix, NVIDIA's checkpoint, a state dict; with --bert_config_file). OUTPUT_DIR gets config.json (the
 task head's architecture, num_labels and id2label), model.safetensors and, where the vocabulary is known, vocab.txt,
 tokenizer.json, tokenizer_config.json and special_tokens_map.json: transformers' AutoModelFor... and AutoTokenizer
 load it offline. Every input is checked before anything is written, and OUTPUT_DIR appears whole or not at all.
@@ -27,14 +28,14 @@ from bertbench.common.errors import UsageError, run_command
 from bertbench.common.flags import ArgumentParser, parse_bool
 from bertbench.common.run_files import RUN_RECORD
 from bertbench.model.config import BertConfig, ConfigError
-from bertbench.runners.run_directory import RunRecord
+from bertbench.runners.run_directory import RunRecord, run_of_checkpoint
 from bertbench.tasks.glue import get_processor
 from bertbench.tasks.tokenization import VocabError
-from bertbench.training.checkpoint import CheckpointError, load_checkpoint, newest_intact_checkpoint
+from bertbench.training.checkpoint import CheckpointError
 from bertbench.weights.hf import check_output_dir, model_tokenizer, save_hf_directory
+from bertbench.weights.pretrained import BERTBENCH_CHECKPOINT, find_weights, read_weights
 from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
-from bertbench.weights.tf_checkpoint import TFCheckpoint
-from bertbench.weights.tf_names import WeightsError, read_tf_weights
+from bertbench.weights.tf_names import WeightsError
 
 PROG = "bertbench export"
 
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         "source",
         metavar="SOURCE",
         help="a run directory (--output_dir of a runner), a bertbench "
-        "checkpoint (ckpt-<step>.pt), or a TF1 checkpoint prefix",
+        "checkpoint (ckpt-<step>.pt), or any checkpoint --init_checkpoint takes (a TF1 checkpoint prefix, "
+        "NVIDIA's checkpoint, a state dict)",
     )
     parser.add_argument(
         "output_dir", metavar="OUTPUT_DIR", help="directory to write (must not exist, or be empty, unless --overwrite)"
@@ -88,20 +90,10 @@ class Exported:
 
 def read_source(args: argparse.Namespace) -> Exported:
     """The weights, config, tokenizer and labels SOURCE and the flags give (see the module docstring)."""
-    source, notes = args.source, []
-    if os.path.isdir(source) and os.path.isfile(os.path.join(source, RUN_RECORD)):
-        record = RunRecord.read(source)
-        checkpoint = newest_intact_checkpoint(source, lambda line: notes.append(line))
-        if checkpoint is None:
-            raise CheckpointError(f"{source}: this run has no checkpoint (ckpt-<step>.pt) to export yet")
-        state = load_checkpoint(checkpoint, verify=False)["model"]  # newest_intact_checkpoint verified it
-    elif os.path.isfile(source) and not source.endswith(".index"):
-        directory = os.path.dirname(os.path.abspath(source))  # the run directory, or a worker's (worker-NNNNN/)
-        record = RunRecord.read(directory) or RunRecord.read(os.path.dirname(directory))
-        checkpoint, state = source, load_checkpoint(source)["model"]
-    else:
-        record, checkpoint, state = None, TFCheckpoint(source), None
-    config = _config(args.bert_config_file, record, source)
+    source = find_weights(args.source)  # a path that is not there, or holds no weights, is named here
+    notes = list(source.notes)
+    record = run_of_checkpoint(source.file if source.kind == BERTBENCH_CHECKPOINT else source.path)
+    config = _config(args.bert_config_file, record, source.path)
     recorded = record.args if record is not None else {}
     vocab_file = args.vocab_file or recorded.get("vocab_file")
     if args.vocab_file is None and vocab_file is not None and not os.path.exists(vocab_file):
@@ -117,9 +109,12 @@ def read_source(args: argparse.Namespace) -> Exported:
         notes.append("do_lower_case=true, the default (--nodo_lower_case for a cased model)")
     if vocab_file is not None:
         model_tokenizer(vocab_file, do_lower_case, config)
-    if state is None:  # read last: a TF checkpoint may be gigabytes
-        state, mapping = read_tf_weights(checkpoint, config)
-        notes.append(f"{checkpoint.prefix}: {mapping.summary()}")
+    weights = read_weights(source, config)  # read last: a checkpoint may be gigabytes
+    notes.append(
+        f"{source.path}: {weights.described}"
+        + (f"; names read as {', '.join(weights.renamed)}" if weights.renamed else "")
+    )
+    state = weights.state
     labels = problem_type = None
     if record is not None and record.runner == "run_classifier" and "task_name" in recorded:
         processor = get_processor(recorded["task_name"])
