@@ -10,7 +10,7 @@ import sys
 import h5py
 import pytest
 import torch
-from helpers import read_json, write_bert_dir, write_nvidia_shard
+from helpers import read_json, snapshot, write_bert_dir, write_nvidia_shard
 
 from bertbench import cli
 from bertbench.model.factory import MODELINGS
@@ -146,6 +146,90 @@ def test_phase2_resumes_without_phase1s_directory(phase1, data, tmp_path):
     train = read_json(out / "train_results.json")
     assert train["resumed_from"].endswith("ckpt-000000035.pt") and train["global_step"] == 40
     assert train["schedule_start_step"] == 30
+
+
+def phase2_in_place(phase1, data, tmp_path, *extra):
+    """NVIDIA's phase 2 command (run_pretraining.sh) on a copy of phase 1's directory: its own batch, steps, rate
+    and warm-up, --resume_from_checkpoint and --phase1_end_step, no --init_checkpoint."""
+    run = tmp_path / "run"
+    if not run.exists():
+        shutil.copytree(phase1, run)
+    argv = flags(data, run, "--do_train", "--phase2", "--resume_from_checkpoint", "--phase1_end_step=30")
+    argv = [flag for flag in argv if not flag.startswith(("--train_batch_size", "--learning_rate"))]
+    return run, [
+        *argv,
+        "--train_batch_size=16",
+        "--max_steps=10",
+        "--learning_rate=1e-3",
+        "--warmup_proportion=0.5",
+        "--num_steps_per_checkpoint=5",
+        *extra,
+    ]
+
+
+def test_nvidias_phase2_goes_on_in_phase1s_directory(phase1, data, tmp_path, capsys):
+    """Before: refused by the run record (this run was made with --train_batch_size=8, the command gives 16)."""
+    run, argv = phase2_in_place(phase1, data, tmp_path, "--keep_checkpoint_max=5")
+    assert main(argv) == 0
+    assert f"note: {run} holds phase 1 of this run (its bertbench_run.json): phase 2 goes on" in capsys.readouterr().out
+    assert [step for step, _ in list_checkpoints(run)][-3:] == [30, 35, 40]
+    train, phase1_train = read_json(run / "train_results.json"), read_json(run / "phase1_train_results.json")
+    assert (train["global_step"], train["schedule_start_step"], train["phase2"]) == (40, 30, True)
+    assert (phase1_train["global_step"], phase1_train["phase2"]) == (30, False)
+    assert read_json(run / "phase1_eval_results.json")["global_step"] == 30
+    assert [record["step"] for record in map(json.loads, open(run / "metrics.jsonl"))] == [
+        5,
+        10,
+        15,
+        20,
+        25,
+        30,
+        35,
+        40,
+    ]
+    assert [record["step"] for record in map(json.loads, open(run / "evals.jsonl"))] == [10, 20, 30]  # phase 1's
+    record = read_json(run / "bertbench_run.json")
+    assert record["args"]["train_batch_size"] == 16 and record["derived"] == {"phase1_end_step": 30}
+    assert [phase["args"]["train_batch_size"] for phase in record["phases"]] == [8]
+    # The same phase 2 the bertbench way, from phase 1's directory into a new one, trains the same weights.
+    elsewhere = [flag.replace(str(run), str(tmp_path / "elsewhere")) for flag in argv] + [f"--init_checkpoint={phase1}"]
+    assert main(elsewhere) == 0
+    assert all(
+        torch.equal(final_weights(run)[name], tensor) for name, tensor in final_weights(tmp_path / "elsewhere").items()
+    )
+
+
+def test_phase2_in_place_resumes_as_phase2(phase1, data, tmp_path):
+    """Killed before its first save, phase 2 in place goes on from phase 1's last checkpoint again, not as a resume
+    of it; killed later, it resumes its own: the same weights either way."""
+    run, argv = phase2_in_place(phase1, data, tmp_path, "--keep_checkpoint_max=5")
+    assert main(argv) == 0
+    uninterrupted = final_weights(run)
+    for killed_before in ([40], [35, 40]):  # phase 2's last save, then its first save too
+        for step in killed_before:
+            os.remove(run / f"ckpt-{step:09d}.pt")
+        assert main(argv) == 0
+        assert all(torch.equal(final_weights(run)[name], tensor) for name, tensor in uninterrupted.items())
+    train = read_json(run / "train_results.json")
+    assert train["schedule_start_step"] == 30 and train["global_step"] == 40
+    assert [record["step"] for record in map(json.loads, open(run / "metrics.jsonl"))] == [
+        5,
+        10,
+        15,
+        20,
+        25,
+        30,
+        35,
+        40,
+    ]
+
+
+def test_phase2_in_phase1s_directory_and_another_phase1_is_refused(phase1, data, tmp_path, error_line):
+    run, argv = phase2_in_place(phase1, data, tmp_path, f"--init_checkpoint={phase1}")
+    before = snapshot(run)
+    assert main(argv) == 2
+    assert f"--phase2 on {run}, which holds phase 1 of a run, and --init_checkpoint={phase1}" in error_line()
+    assert snapshot(run) == before
 
 
 def test_phase2_refuses_another_phase1_end_step(phase1, data, tmp_path, error_line):
@@ -332,7 +416,7 @@ def test_a_bad_eval_shard_fails_before_training(data, tmp_path, error_line):
         (["--do_train"], "--do_train needs --num_train_steps"),
         (["--num_train_steps=5"], "at least one of --do_train or --do_eval"),
         (["--do_train", "--num_train_steps=5", "--target_mlm_accuracy=0.7"], "give --eval_iter_samples"),
-        (["--do_train", "--num_train_steps=5", "--phase2"], "--phase2 needs --init_checkpoint"),
+        (["--do_train", "--num_train_steps=5", "--phase2"], "--phase2 needs phase 1: --init_checkpoint=its run"),
         (["--do_train", "--num_train_steps=5", "--length_bins=8,16"], "--length_bins must end at --max_seq_length 32"),
         (
             ["--do_train", "--num_train_steps=5", "--input_dir=/nonexistent/*.hdf5"],

@@ -336,6 +336,10 @@ class RunnerSpec:
     omit: tuple[str, ...] = ()
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     input_errors: tuple[type[Exception], ...] = ()
+    # The flag of a later phase (run_pretraining's phase2): a training command that gives it on a run directory
+    # whose record has it off starts that run's next phase in place, as NVIDIA's phase 2 goes on in phase 1's
+    # --output_dir; the phase's flags then replace the record's.
+    phase_flag: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,6 +355,7 @@ class RunnerConfig:
     flags: FrozenNamespace
     per_command: frozenset[str]
     notes: tuple[str, ...] = ()
+    new_phase: bool = False  # the command starts the next phase of the run its output_dir holds (RunnerSpec)
 
     def global_batch(self, world_size: int) -> int:
         """Sequences per optimizer step over every process: micro-batch x accumulation x processes."""
@@ -437,7 +442,14 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
     notes = parser.notes(given)
     record = RunRecord.read(given["output_dir"])
     recorded = {}
-    if record is not None:
+    new_phase = starts_new_phase(spec, record, given)
+    if new_phase:
+        notes.append(
+            f"{given['output_dir']} holds phase 1 of this run (its {os.path.basename(record.path)}): phase 2 goes on "
+            "from its newest checkpoint, with this command's flags; phase 1's results are kept as phase1_*"
+        )
+        given.setdefault("init_checkpoint", given["output_dir"])  # NVIDIA's phase 2 names no checkpoint
+    elif record is not None:
         if record.runner != spec.name:
             raise UsageError(
                 f"{record.path}: holds a {record.runner} run, not a {spec.name} run; use another --output_dir"
@@ -451,6 +463,11 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
                     f"{record.path}: this run was made with --{name}={record.args[name]}, the command "
                     f"gives {given[name]}; use a new --output_dir, or leave the flag out to continue "
                     "the run"
+                    + (
+                        f" (a later phase goes on here with --{spec.phase_flag})"
+                        if spec.phase_flag and not record.args.get(spec.phase_flag)
+                        else ""
+                    )
                 )
         recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
     values = {**parser.defaults, **recorded, **given}
@@ -467,7 +484,7 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
     values.update(taken)
     notes.extend([note] if note else [])
     train_fields = parser.field_values(TrainConfig, values)
-    if record is not None and values["do_train"]:  # how the steps run: an evaluation may use another precision
+    if record is not None and values["do_train"] and not new_phase:  # an evaluation may use another precision
         defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
         was = {**defaults, **parser.field_values(TrainConfig, {**parser.defaults, **recorded})}
         now = {**defaults, **train_fields}
@@ -498,5 +515,23 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
         flags=FrozenNamespace(**values),
         per_command=frozenset(name for name, field in parser.fields.items() if field.metadata.get("per_command")),
         notes=tuple(notes),
+        new_phase=new_phase,
     )
     return config, record
+
+
+def starts_new_phase(spec: RunnerSpec, record: RunRecord | None, given: Mapping[str, Any]) -> bool:
+    """Whether a training command starts the next phase of the run in its output_dir (RunnerSpec.phase_flag): the
+    command gives the phase's flag, the record has it off. A phase 1 named elsewhere as well is refused: which of
+    the two is meant cannot be told."""
+    if not (spec.phase_flag and record is not None and record.runner == spec.name and given.get("do_train")):
+        return False
+    if not given.get(spec.phase_flag) or record.args.get(spec.phase_flag):
+        return False
+    other = given.get("init_checkpoint")
+    if other and not (os.path.exists(other) and os.path.samefile(os.path.realpath(other), given["output_dir"])):
+        raise UsageError(
+            f"--{spec.phase_flag} on {given['output_dir']}, which holds phase 1 of a run, and --init_checkpoint={other}: "
+            "phase 2 goes on from one of them; leave --init_checkpoint out to go on in place, or give a new --output_dir"
+        )
+    return True

@@ -52,7 +52,7 @@ from bertbench.tasks.pretraining import (
 from bertbench.training.distributed import Distributed
 from bertbench.training.loop import Estimator, PeriodicEvaluation
 from bertbench.training.metrics import MetricsLog
-from bertbench.training.state import CONTINUE, RESUME, RunStart
+from bertbench.training.state import CONTINUE, RunStart, logs_kept_through
 from bertbench.training.stats import TrainResult
 
 PROGRAM = "run_pretraining"
@@ -94,9 +94,9 @@ class PretrainingSettings(RunnerSettings):
         "Warm-up steps (Google's); overrides --warmup_proportion.", None, defines_run=True
     )
     phase2: bool = setting(
-        "Continue from phase 1: --init_checkpoint is its run directory or checkpoint, whose "
-        "weights, optimizer moments and step count this run starts from; warm-up and decay start "
-        "anew.",
+        "Continue from phase 1: its weights, optimizer moments and step count, from --init_checkpoint (its run "
+        "directory or checkpoint) or, given phase 1's own --output_dir (NVIDIA's way), in place, phase 1's results "
+        "kept as phase1_*; warm-up and decay start anew.",
         False,
         defines_run=True,
     )
@@ -157,7 +157,10 @@ class PretrainingSettings(RunnerSettings):
                 "--target_mlm_accuracy is checked at the evaluations during training: give --eval_iter_samples"
             )
         if self.phase2 and not self.init_checkpoint:
-            raise UsageError("--phase2 needs --init_checkpoint: phase 1's run directory or checkpoint")
+            raise UsageError(
+                "--phase2 needs phase 1: --init_checkpoint=its run directory or checkpoint, or phase 1's own "
+                "--output_dir to go on in"
+            )
         if self.num_warmup_steps is not None and not 0 <= self.num_warmup_steps <= (self.num_train_steps or 0):
             raise UsageError(f"--num_warmup_steps must be 0..--num_train_steps, got {self.num_warmup_steps}")
         if self.target_mlm_accuracy is not None and not 0 < self.target_mlm_accuracy <= 1:
@@ -371,6 +374,15 @@ class PretrainingRunner(TaskRunner):
     def continues_phase(self, config: RunnerConfig) -> bool:
         return config.task.phase2  # its weights come with the rest of phase 1's state, through Estimator.train
 
+    def earlier_phase_end(self, config: RunnerConfig, record: RunRecord | None) -> float | None:
+        """Phase 2 in phase 1's own directory (NVIDIA's way): as it starts, every checkpoint there is phase 1's;
+        resumed, those up to the step its record says phase 1 ended at."""
+        if not config.task.phase2:
+            return None
+        if config.new_phase:
+            return math.inf
+        return record.derived.get("phase1_end_step") if record is not None else None
+
     def plan(
         self, config: RunnerConfig, data: PretrainingData, start: RunStart, record: RunRecord | None, dist: Distributed
     ) -> TrainingPlan:
@@ -403,7 +415,7 @@ class PretrainingRunner(TaskRunner):
         settings, train, batches = config.task, estimator.train_config, data.batches
         start_step = plan.num_train_steps - settings.num_train_steps
         evaluation = (
-            MlmEvaluation(config, estimator, data, dist, log, start.step if start.kind == RESUME else None)
+            MlmEvaluation(config, estimator, data, dist, log, logs_kept_through(start, config.run.model_dir))
             if data.eval_features is not None
             else None
         )
@@ -469,6 +481,7 @@ SPEC = PretrainingRunner(
     defaults={"optimizer_type": "lamb", "decay": "poly", "poly_power": 0.5},
     input_errors=(ShardError,),
     model_task="pretraining",
+    phase_flag="phase2",
 )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from bertbench import __version__
 from bertbench.common.durable import write_atomically
 from bertbench.common.errors import UsageError
-from bertbench.common.run_files import METRICS, RUN_RECORD, TRAIN_RESULTS
+from bertbench.common.run_files import EVAL_RESULTS, EVAL_RESULTS_TEXT, METRICS, RUN_RECORD, TRAIN_RESULTS
 from bertbench.model.config import BertConfig
 from bertbench.runners.run_lock import RunDirectoryBusy, RunLock
 from bertbench.training import optim
@@ -27,12 +27,15 @@ from bertbench.training.distributed import Distributed
 from bertbench.training.metrics import scan_log
 
 Log = Callable[[str], None]  # where a runner's lines go: progress.log on rank 0, nothing elsewhere
+# What a phase's results are, kept as phase<N>_<name> when the run's next phase goes on in its directory.
+PHASE_RESULTS = (TRAIN_RESULTS, EVAL_RESULTS, EVAL_RESULTS_TEXT)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
     """bertbench_run.json: which runner made the run directory, its flags (by name), model config and process
-    count, and what the run derived from them once (`derived`: where a phase 2's phase 1 ended)."""
+    count, what the run derived from them once (`derived`: where a phase 2's phase 1 ended), and the earlier phases
+    of a run that went on in their directory (`phases`: each one's flags, processes and derived values)."""
 
     path: str
     runner: str
@@ -40,6 +43,7 @@ class RunRecord:
     bert_config: Mapping[str, Any]
     world_size: int
     derived: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    phases: list[Mapping[str, Any]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def read(cls, output_dir: str) -> RunRecord | None:
@@ -56,6 +60,7 @@ class RunRecord:
                 bert_config=data["bert_config"],
                 world_size=data["world_size"],
                 derived=data.get("derived", {}),
+                phases=data.get("phases", []),
             )
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise UsageError(f"{path}: not valid JSON ({error})") from None
@@ -72,6 +77,7 @@ class RunRecord:
                 "bert_config": self.bert_config,
                 "world_size": self.world_size,
                 "derived": self.derived,
+                "phases": self.phases,
             },
         )
 
@@ -105,10 +111,18 @@ def write_record(
     derived: Mapping[str, Any] | None = None,
 ) -> None:
     """A new run's record (rank 0): every flag of the RunnerConfig `config` but the per-command ones, the model
-    config, the processes."""
-    if record is not None or not dist.is_main:
+    config, the processes. A command that starts the run's next phase in place (config.new_phase) writes the new
+    phase's record with the earlier ones under `phases`, after keeping their results files as phase<N>_<name>."""
+    if not dist.is_main or (record is not None and not config.new_phase):
         return
     os.makedirs(config.run.model_dir, exist_ok=True)
+    phases = []
+    if record is not None:
+        phases = [
+            *record.phases,
+            {"args": dict(record.args), "world_size": record.world_size, "derived": dict(record.derived)},
+        ]
+        keep_phase_results(config.run.model_dir, len(phases))
     args = {name: value for name, value in vars(config.flags).items() if name not in config.per_command}
     RunRecord(
         os.path.join(config.run.model_dir, RUN_RECORD),
@@ -117,7 +131,17 @@ def write_record(
         dataclasses.asdict(bert_config),
         dist.world_size,
         dict(derived or {}),
+        phases,
     ).write()
+
+
+def keep_phase_results(model_dir: str, phase: int) -> None:
+    """Phase `phase`'s results files in model_dir, renamed phase<phase>_<name> so that the next phase's do not
+    replace them (a rename already done, by a start killed before its record was written, is not done again)."""
+    for name in PHASE_RESULTS:
+        path, kept = os.path.join(model_dir, name), os.path.join(model_dir, f"phase{phase}_{name}")
+        if os.path.isfile(path) and not os.path.exists(kept):
+            os.replace(path, kept)
 
 
 def check_record(record: RunRecord | None, bert_config: BertConfig, config: Any, dist: Distributed) -> None:
@@ -135,7 +159,7 @@ def check_record(record: RunRecord | None, bert_config: BertConfig, config: Any,
                 f"{record.path}: this run's model has {key}={record.bert_config.get(key)}, "
                 f"{config.task.bert_config_file} has {current.get(key)}; use a new --output_dir"
             )
-    if config.task.do_train and record.world_size != dist.world_size:
+    if config.task.do_train and not config.new_phase and record.world_size != dist.world_size:
         raise UsageError(
             f"{record.path}: this run was trained by {record.world_size} process(es), this command "
             f"has {dist.world_size}; the global batch and data order would change"

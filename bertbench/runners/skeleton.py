@@ -97,6 +97,11 @@ class TaskRunner(RunnerSpec):
         """Whether training starts from an earlier phase's state (pre-training's phase 2)."""
         return False
 
+    def earlier_phase_end(self, config: RunnerConfig, record: RunRecord | None) -> float | None:
+        """The step up to which output_dir's checkpoints are an earlier phase's, continued from rather than resumed
+        (training.state.decide_start); None when it holds no earlier phase."""
+        return None
+
     def plan(
         self, config: RunnerConfig, data: TaskData, start: RunStart, record: RunRecord | None, dist: Distributed
     ) -> TrainingPlan:
@@ -159,7 +164,7 @@ def run_task(runner: TaskRunner, config: RunnerConfig, record: RunRecord | None)
         data = runner.read(config, bert_config, tokenizer, dist, log, cleanup)
         check_record(record, bert_config, config, dist)
         with hold_run_directory(config.run.model_dir, task.do_train, record, dist, log):
-            start = decide_run_start(config, dist, log, task.do_train and runner.continues_phase(config))
+            start = decide_run_start(config, runner, record, dist, log)
             # Every check that needs no model (the steps a run can take from its data) comes before the model loads.
             plan = runner.plan(config, data, start, record, dist) if task.do_train else None
             model, warm_start = build_model(config, runner.model_task, bert_config, start, log, **data.head_kwargs)
@@ -215,15 +220,20 @@ def main_process_log(dist: Distributed) -> Log:
     return progress.log if dist.is_main else (lambda line: None)
 
 
-def decide_run_start(config: RunnerConfig, dist: Distributed, log: Log, continue_phase: bool) -> RunStart:
+def decide_run_start(
+    config: RunnerConfig, runner: TaskRunner, record: RunRecord | None, dist: Distributed, log: Log
+) -> RunStart:
     """Where the run starts (training.state.decide_start): training resumes output_dir's checkpoint, continues an
-    earlier phase (`continue_phase`), warm-starts from --init_checkpoint or starts afresh; evaluation and prediction
-    restore the run's checkpoint or warm-start from --init_checkpoint."""
+    earlier phase (the runner's continues_phase; in output_dir itself, its earlier_phase_end), warm-starts from
+    --init_checkpoint or starts afresh; evaluation and prediction restore the run's checkpoint or warm-start from
+    --init_checkpoint."""
+    training = config.task.do_train
     return decide_start(
         config.run.model_dir,
-        training=config.task.do_train,
+        training=training,
         init_checkpoint=config.task.init_checkpoint,
-        continue_phase=continue_phase,
+        continue_phase=training and runner.continues_phase(config),
+        earlier_phase_end=runner.earlier_phase_end(config, record) if training else None,
         dist=dist,
         independent_workers=trains_independently(config.train, dist),
         log=log,

@@ -60,6 +60,7 @@ from bertbench.training.state import (
     TrainingCheckpoints,
     decide_start,
     load_weights,
+    logs_kept_through,
     read_training_state,
     seed_everything,
     trains_independently,
@@ -249,6 +250,7 @@ class TrainingStart:
     restore_seconds: float = 0.0  # reading and restoring it
     segments: list[dict[str, Any]] = field(default_factory=list)  # the earlier invocations' figures
     log_window: dict[str, Any] | None = None  # the log window open when it was saved
+    keeps_logs: bool = False  # the run's logs up to `step` are its history (a resume, a phase going on in place)
 
 
 def restore_training(
@@ -281,7 +283,10 @@ def restore_training(
     )
     if start.kind != RESUME:
         seed_everything(run.seed + dist.rank)
-        begun = TrainingStart(checkpoints.continue_phase(start.checkpoint, state) if start.kind == CONTINUE else 0)
+        begun = TrainingStart(
+            checkpoints.continue_phase(start.checkpoint, state) if start.kind == CONTINUE else 0,
+            keeps_logs=logs_kept_through(start, run.model_dir) is not None,
+        )
         return step, checkpoints, begun
     segments = list(state.get("segments", []))  # the earlier invocations' figures, up to this checkpoint
     started = time.perf_counter()
@@ -293,6 +298,7 @@ def restore_training(
         reading_seconds + time.perf_counter() - started,
         segments,
         restored.log_window,
+        keeps_logs=True,
     )
     log(
         f"resumed from {begun.resumed_from} (step {begun.step}, epoch {batches.epoch:.2f}) in "
@@ -485,7 +491,7 @@ class TrainingLog:
         # the window early and goes, for the resumed run logs the whole window at the next log step.
         keep_through = global_step - 1 if begun.log_window and begun.log_window["steps"] else global_step
         self.metrics = (
-            MetricsLog(os.path.join(model_dir, run_files.METRICS), keep_through if begun.resumed_from else None, log)
+            MetricsLog(os.path.join(model_dir, run_files.METRICS), keep_through if begun.keeps_logs else None, log)
             if dist.is_main
             else None
         )

@@ -66,23 +66,29 @@ def decide_start(
     training: bool,
     init_checkpoint: str | None = None,
     continue_phase: bool = False,
+    earlier_phase_end: float | None = None,
     dist: Distributed | None = None,
     independent_workers: bool = False,
     log: Callable[[str], None] = lambda line: None,
 ) -> RunStart:
     """Training: resume the run's newest checkpoint (independent workers: the newest step every worker saved); else
     continue the earlier phase in init_checkpoint (`continue_phase`), warm-start from init_checkpoint, or start
-    afresh. Evaluation/prediction: restore the run's newest checkpoint, else warm-start from init_checkpoint; with
-    neither there is nothing to score, a CheckpointError."""
+    afresh. A phase may go on in the earlier phase's own directory (NVIDIA's phase 2): model_dir's checkpoints up to
+    step `earlier_phase_end` are that phase's, continued from, not resumed. Evaluation/prediction: restore the run's
+    newest checkpoint, else warm-start from init_checkpoint; with neither there is nothing to score, a
+    CheckpointError."""
     if training:
         path = (
             _resume_path(model_dir, dist or Distributed(), log)
             if independent_workers
             else newest_intact_checkpoint(model_dir, log)
         )
-        if path is not None:
+        earlier = path is not None and earlier_phase_end is not None and checkpoint_step(path) <= earlier_phase_end
+        if path is not None and not earlier:
             return RunStart(RESUME, path, checkpoint_step(path))
         if continue_phase:
+            if earlier:
+                return RunStart(CONTINUE, path, checkpoint_step(path))  # verified by newest_intact_checkpoint
             if not init_checkpoint:
                 raise CheckpointError("continuing an earlier phase needs its checkpoint or run directory")
             given_file = not os.path.isdir(init_checkpoint)
@@ -316,6 +322,20 @@ class TrainingCheckpoints:
                 "from zero"
             )
         return step
+
+
+def logs_kept_through(start: RunStart, model_dir: str) -> int | None:
+    """The step up to which a run's logs in model_dir (metrics.jsonl, evals.jsonl, event files) are its history and
+    are kept: a resumed run's checkpoint step, or the step an earlier phase ended at when the run goes on in that
+    phase's directory; None for a run that starts its logs afresh."""
+    if start.kind == RESUME:
+        return start.step
+    continued_here = (
+        start.kind == CONTINUE
+        and os.path.isdir(model_dir)
+        and os.path.samefile(os.path.dirname(os.path.abspath(start.checkpoint)), model_dir)
+    )
+    return start.step if continued_here else None
 
 
 def read_training_state(start: RunStart) -> dict[str, Any] | None:
