@@ -58,6 +58,7 @@ COMMANDS = {
 
 # Options of `bertbench` itself, before the command: how much the run's log says (bertbench.training.progress.LEVELS).
 VERBOSITY_OPTIONS = {"-q": "quiet", "--quiet": "quiet", "-v": "verbose", "--verbose": "verbose"}
+VERSION_OPTIONS = ("-V", "--version")
 
 
 def _usage() -> str:
@@ -80,11 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     verbosity = "normal"
     while argv and argv[0] in VERBOSITY_OPTIONS:
         verbosity, argv = VERBOSITY_OPTIONS[argv[0]], argv[1:]
-    if argv and argv[0] in ("-V", "--version"):
+    if argv and argv[0] in VERSION_OPTIONS:
         from bertbench import __version__
 
         return run_command("bertbench", lambda: print(f"bertbench {__version__}"))
-    return dispatch("bertbench", argv, COMMANDS, _usage(), around=functools.partial(_log_level, verbosity))
+    return dispatch(
+        "bertbench",
+        argv,
+        COMMANDS,
+        _usage(),
+        around=functools.partial(_log_level, verbosity),
+        options=[*VERBOSITY_OPTIONS, *VERSION_OPTIONS],
+    )
 
 
 def _log_level(verbosity: str) -> AbstractContextManager:

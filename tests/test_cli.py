@@ -7,7 +7,10 @@ import pytest
 
 from bertbench import __version__, cli
 from bertbench.bench.cli import BENCHES
+from bertbench.common.flags import spelling
 from bertbench.training import progress
+
+COMMANDS, KINDS = ", ".join(cli.COMMANDS), ", ".join(BENCHES)
 
 
 def test_usage_lists_commands(capsys):
@@ -25,9 +28,34 @@ def test_no_command_is_a_usage_error_pointing_at_help(argv, help_command, error_
     assert f"`{help_command}`" in error_line()
 
 
-def test_unknown_command_is_a_one_line_error(error_line):
-    assert cli.main(["train-everything"]) == 2
-    assert error_line().startswith("bertbench: error: unknown command 'train-everything'; choose one of demo, ")
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (
+            ["clasify"],
+            f"bertbench: error: unknown command 'clasify' (did you mean 'classify'?); choose one of {COMMANDS}",
+        ),
+        (["train-everything"], f"bertbench: error: unknown command 'train-everything'; choose one of {COMMANDS}"),
+        (
+            ["bench", "throughputt"],
+            f"bertbench bench: error: unknown bench 'throughputt' (did you mean 'throughput'?); choose one of {KINDS}",
+        ),
+        (
+            ["--quite", "demo"],
+            "bertbench: error: unknown option '--quite' (did you mean '--quiet'?); `bertbench --help` lists them",
+        ),
+        (["-x", "demo"], "bertbench: error: unknown option '-x'; `bertbench --help` lists them"),
+    ],
+)
+def test_an_unknown_command_is_one_line_with_the_closest_name(argv, line, error_line):
+    assert cli.main(argv) == 2
+    assert error_line() == line
+
+
+@pytest.mark.parametrize("command", [["create_pretraining_data"], ["example_data"], ["bench", "squad_data"]])
+def test_a_command_name_takes_underscores_for_its_hyphens(command, capsys, monkeypatch):
+    out, _ = run_help(command, capsys, monkeypatch)
+    assert out.startswith(f"usage: bertbench {' '.join(command).replace('_', '-')} ")
 
 
 def test_version(capsys):
@@ -57,13 +85,8 @@ def test_every_command_is_covered():
 
 
 @pytest.mark.parametrize("name", sorted(OWN_FLAG))
-def test_every_command_has_help(name, capsys):
-    try:  # in-process: a command returns its status, argparse exits with it
-        status = cli.main([name, "--help"])
-    except SystemExit as stop:
-        status = stop.code
-    assert status in (0, None)
-    out = capsys.readouterr().out
+def test_every_command_has_help(name, capsys, monkeypatch):
+    out, _ = run_help([name], capsys, monkeypatch)
     assert OWN_FLAG[name] in out
     if name == "launch":  # torchrun's parser would name itself after sys.argv[0]
         assert out.startswith("usage: bertbench launch ")
@@ -86,19 +109,24 @@ def options_help(out: str) -> dict[str, str]:
 EVERY_HELP = [[name] for name in cli.COMMANDS if name != "bench"] + [["bench", kind] for kind in BENCHES]
 
 
-@pytest.mark.parametrize("command", EVERY_HELP, ids=" ".join)
-def test_help_names_the_command_and_shows_each_default_once(command, capsys, monkeypatch):
+def run_help(command: list[str], capsys, monkeypatch) -> tuple[str, list[argparse.ArgumentParser]]:
+    """`bertbench COMMAND --help`: what it printed, and the parsers that printed it."""
     parsers = []
     print_help = argparse.ArgumentParser.print_help
     monkeypatch.setattr(
         argparse.ArgumentParser, "print_help", lambda parser, *args: (parsers.append(parser), print_help(parser, *args))
     )
-    try:
+    try:  # in-process: a command returns its status, argparse exits with it
         status = cli.main([*command, "--help"])
     except SystemExit as stop:
         status = stop.code
     assert status in (0, None)
-    out = capsys.readouterr().out
+    return capsys.readouterr().out, parsers
+
+
+@pytest.mark.parametrize("command", EVERY_HELP, ids=" ".join)
+def test_help_names_the_command_and_shows_each_default_once(command, capsys, monkeypatch):
+    out, parsers = run_help(command, capsys, monkeypatch)
     assert out.startswith(f"usage: bertbench {' '.join(command)} ")
     if command == ["launch"]:  # torchrun's own parser and help text
         return
@@ -116,6 +144,38 @@ def test_help_names_the_command_and_shows_each_default_once(command, capsys, mon
         ):
             assert entries[action.option_strings[0]].count("(default:") == 1, (action.option_strings, default)
     assert not parser.description or parser.description.rstrip().endswith((".", ")")), parser.description
+
+
+# Every command but launch, whose parser is torchrun's own (its flags have both spellings already, and what follows the
+# script is the script's).
+PARSED = [command for command in EVERY_HELP if command != ["launch"]]
+
+
+@pytest.mark.parametrize("command", PARSED, ids=" ".join)
+def test_every_flag_takes_both_spellings_and_help_shows_one(command, capsys, monkeypatch):
+    _, (parser,) = run_help(command, capsys, monkeypatch)
+    swap = str.maketrans("_-", "-_")
+    for action in parser._actions:
+        options = [option for option in action.option_strings if option.startswith("--")]
+        assert len({spelling(option) for option in options}) == len(options), f"two spellings of one flag: {options}"
+        for option in options:
+            other = f"--{option[2:].translate(swap)}"
+            assert parser.respelled([f"{other}=x", other]) == [f"{option}=x", option]
+            if isinstance(action, argparse._StoreFalseAction) and option.startswith("--no"):  # absl's --noflag
+                for negation in (f"--no_{option[4:]}", f"--no-{option[4:].replace('_', '-')}"):
+                    assert parser.respelled([negation]) == [option]
+
+
+@pytest.mark.parametrize("command", PARSED, ids=" ".join)
+def test_a_misspelt_flag_of_every_command_gets_the_closest_in_its_one_line(command, tmp_path, monkeypatch, error_line):
+    flag = "--overwrite" if command[0] == "bench" else OWN_FLAG[command[0]]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*command, f"{flag[:-1]}=1"]) == 2  # its last letter left out
+    line = error_line()
+    assert line.startswith(
+        f"bertbench {' '.join(command)}: error: unrecognized arguments: {flag[:-1]}=1 (did you mean {flag}?)"
+    )
+    assert os.listdir(tmp_path) == []
 
 
 def test_quiet_keeps_warnings_only_also_in_the_processes_it_starts(capsys):

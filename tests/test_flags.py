@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from helpers import tiny_config
+from helpers import snapshot, tiny_config
 from torch import nn
 
 from bertbench.common.errors import UsageError
@@ -53,6 +53,35 @@ def test_flags_from_a_dataclass_carry_its_help_type_and_default():
     assert given == {"path": "p", "count": 5, "rate": 0.5, "on": False, "kind": "b", "edges": "1,2"}
     assert vars(parser.parse_args(["--path=p", "--on=false"])) == {"path": "p", "on": False}  # only what was given
     assert vars(parser.parse_args(["--path=p", "--no_on"]))["on"] is False
+
+
+@pytest.mark.parametrize(
+    "argv, given, errors",
+    [
+        (["--path=p", "--no-on", "--sort", "b"], {"path": "p", "on": False, "kind": "b"}, []),
+        (["--path", "--count"], None, ["argument --path: expected one argument"]),  # an option is never a value
+        (["--path=--count", "--rate=-1"], {"path": "--count", "rate": -1.0}, []),  # ... but after `=` it is
+        (["--path=p", "--", "--no-on", "--cuont"], {"path": "p"}, ["unrecognized arguments: -- --no-on --cuont"]),
+        (
+            ["--cuont=2", "--kind=c", "--frobnicate", "--rate=fast"],
+            None,
+            [
+                "unrecognized arguments: --cuont=2 (did you mean --count?) --frobnicate",
+                "argument --kind/--sort: invalid choice: 'c' (choose from 'a', 'b')",
+                "argument --rate: invalid float value: 'fast'",
+                "the following arguments are required: --path",
+            ],
+        ),
+    ],
+)
+def test_a_command_line_in_either_spelling_and_every_error_in_it(argv, given, errors):
+    """A flag takes `_` or `-` between its words; every usage error is found, unknown flags first (with the closest
+    flag, when one is close), then the values refused, then what is missing; values and what follows `--` are never
+    read as flags."""
+    parser = FlagParser(prog="example")
+    add_dataclass_flags(parser, Example)
+    namespace, found = parser.parse_args_and_errors(argv)
+    assert (given, found) == (None if namespace is None else vars(namespace), errors)
 
 
 @pytest.mark.parametrize(
@@ -216,7 +245,10 @@ def test_flags_a_runner_does_without_are_not_offered(capsys):
         (["--optimizer_type=sgd"], "argument --optimizer_type: invalid choice: 'sgd'"),
         (["--keep_checkpoint_max=0"], "--keep_checkpoint_max must be at least 1, got 0"),  # RunConfig's own check
         (["--max_seq_length=0"], "--max_seq_length must be positive, got 0"),
-        (["--learning_rat=1e-4"], "unrecognized arguments: --learning_rat=1e-4"),  # absl refuses abbreviations too
+        (
+            ["--learning_rat=1e-4"],  # absl refuses abbreviations too
+            "unrecognized arguments: --learning_rat=1e-4 (did you mean --learning_rate?)",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_with_status_2(module, extra, message, tmp_path, error_line):
@@ -318,13 +350,22 @@ def test_values_give_the_command_their_flags_give(tmp_path, spec, values):
 @pytest.mark.parametrize(
     "values, message",
     [
-        ({"max_seq_lenght": 64}, "unknown flag 'max_seq_lenght'"),
+        ({"max_seq_lenght": 64}, "unknown flag 'max_seq_lenght' (did you mean 'max_seq_length'?)"),
         ({"max_seq_length": "64"}, "--max_seq_length: expected int, got '64'"),
         ({"max_seq_length": True}, "--max_seq_length: expected int, got True"),
         ({"do_train": 1}, "--do_train: expected bool, got 1"),
         ({"learning_rate": "fast"}, "--learning_rate: expected float, got 'fast'"),
-        ({"modeling": "fast"}, "--modeling: 'fast' is not one of baseline, recompute"),
+        ({"modeling": "fast"}, "--modeling: invalid choice: 'fast' (choose from 'baseline', 'recompute')"),
         ({"max_seq_length": 0}, "--max_seq_length must be positive, got 0"),
+        (
+            {"max_seq_lenght": 64, "modeling": "basline", "learning_rate": "fast"},
+            "unknown flag 'max_seq_lenght' (did you mean 'max_seq_length'?); --modeling: invalid choice: 'basline' "
+            "(did you mean 'baseline'? choose from 'baseline', 'recompute'); --learning_rate: expected float, got 'fast'",
+        ),
+        (  # an unknown name leaves the others to be checked: the flags still missing too
+            {"do_trian": True, "vocab_file": None, "data_dir": None},
+            "unknown flag 'do_trian' (did you mean 'do_train'?); --vocab_file and --data_dir are required",
+        ),
     ],
 )
 def test_bad_values_are_one_line_and_write_nothing(tmp_path, error_line, values, message):
@@ -339,4 +380,84 @@ def test_bad_values_are_one_line_and_write_nothing(tmp_path, error_line, values,
         **values,
     }
     assert run_classifier.SPEC.run_values(given) == 2
-    assert message in error_line() and not out.exists()
+    assert error_line() == f"run_classifier: error: {message}" and not out.exists()
+
+
+# ---- a runner's command line: either spelling, every usage error in its one line ----------------------------------
+
+CLASSIFY = ["--bert_config_file=c", "--vocab_file=v", "--task_name=MRPC", "--data_dir=d"]
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (
+            ["--output_dir=RUN", "--do_trian", *CLASSIFY],
+            "unrecognized arguments: --do_trian (did you mean --do_train?); at least one of --do_train, --do_eval or "
+            "--do_predict must be true",
+        ),
+        (
+            ["--output_dir=RUN", "--do_train", "--modeling=basline", *CLASSIFY],
+            "argument --modeling: invalid choice: 'basline' (did you mean 'baseline'? choose from 'baseline', "
+            "'recompute')",
+        ),
+        (  # nothing close, nothing offered
+            ["--output_dir=RUN", "--do_train", "--frobnicate=1", "--modeling=fast", *CLASSIFY],
+            "unrecognized arguments: --frobnicate=1; argument --modeling: invalid choice: 'fast' (choose from "
+            "'baseline', 'recompute')",
+        ),
+        (
+            ["--output_dir=RUN", "--do_train"],
+            "--bert_config_file, --vocab_file, --task_name and --data_dir are required",
+        ),
+        (
+            ["--output_dir=RUN", "--do_train", "--bert_confg_file=c", "--task_name=MRPC", "--data_dir=d"],
+            "unrecognized arguments: --bert_confg_file=c (did you mean --bert_config_file?); --bert_config_file and "
+            "--vocab_file are required",
+        ),
+        (
+            ["--output_dir=RUN", "--do_train", "--max_seq_length=0", "--train_batch_size=-1", *CLASSIFY],
+            "--max_seq_length must be positive, got 0; --train_batch_size must be positive, got -1",
+        ),
+        (
+            ["--do-trian", "--ouput-dir=RUN"],
+            "unrecognized arguments: --do-trian (did you mean --do_train?) --ouput-dir=RUN (did you mean "
+            "--output_dir?); the following arguments are required: --output_dir",
+        ),
+        (
+            ["--output-dir=RUN", "--do_trian", "--learning-rate=fast", "--modeling=basline", "--max-seq-length"],
+            "unrecognized arguments: --do_trian (did you mean --do_train?); argument --learning_rate: invalid float "
+            "value: 'fast'; argument --modeling: invalid choice: 'basline' (did you mean 'baseline'? choose from "
+            "'baseline', 'recompute'); argument --max_seq_length: expected one argument",
+        ),
+    ],
+)
+def test_every_usage_error_of_a_runner_is_in_its_one_line_and_nothing_is_written(argv, line, tmp_path, error_line):
+    """In this order: unknown flags (with the closest one), refused values, what argparse finds missing; then, when
+    every flag given was read, the runner's own checks (the flags a run record or an HF directory did not fill)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("the user's")
+    before = snapshot(run)
+    assert run_classifier.main([arg.replace("RUN", str(run)) for arg in argv]) == 2
+    assert error_line() == f"run_classifier: error: {line.replace('RUN', str(run))}"
+    assert snapshot(run) == before
+
+
+def test_a_flag_in_either_spelling_is_the_same_flag(tmp_path):
+    """--help shows one spelling; `-` for `_` names the same flag, a boolean's --no-flag and --no_flag are --noflag."""
+    flags = {"learning_rate": "1e-4", "max_seq_length": "64", "recompute_policy": "every-k", "json_summary": "s.json"}
+    declared, _ = parse_config(
+        run_classifier.SPEC,
+        [f"--output_dir={tmp_path}", *CLASSIFY, "--do_train", "--nodo_lower_case", "--no_cuda"]
+        + [f"--{name}={value}" for name, value in flags.items()],
+    )
+    for negations in (["--no-do-lower-case", "--no-cuda"], ["--no_do_lower_case", "--nocuda"]):
+        respelt = [f"--{name.replace('_', '-')}" for name in flags]
+        spelt, _ = parse_config(
+            run_classifier.SPEC,
+            [f"--output-dir={tmp_path}", *CLASSIFY, "--do-train", *negations]
+            + [arg for option, value in zip(respelt, flags.values(), strict=True) for arg in (option, value)],
+        )
+        assert spelt == declared
+    assert (declared.task.do_lower_case, declared.task.device, declared.flags.learning_rate) == (False, "cpu", 1e-4)

@@ -99,7 +99,6 @@ def parser_for(bench: str, description: str) -> argparse.ArgumentParser:
     output = parser.add_argument_group("output")
     output.add_argument(
         "--output_dir",
-        "--output-dir",
         default=None,
         help=f"Where {bench}.json, {bench}.md and {bench}-*.png go (default: bench_results/{bench}-<date>-<time>).",
     )

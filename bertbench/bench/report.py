@@ -316,7 +316,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--output_dir",
-        "--output-dir",
         default=None,
         help="Where report.md, report.json and report-*.png go (default: bench_results/report-<date>-<time>).",
     )

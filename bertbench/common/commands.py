@@ -7,10 +7,11 @@ import contextlib
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from bertbench.common.errors import INPUT_ERROR, run_command
+from bertbench.common.flags import closest
 
 # A command table: name -> (module with main(argv), one-line help); a module is imported only when its command runs.
 CommandTable = Mapping[str, tuple[str, str]]
@@ -28,19 +29,28 @@ def dispatch(
     usage: str,
     noun: str = "command",
     around: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    options: Collection[str] = (),
 ) -> int:
     """Run the command argv[0] names with the rest of argv, as `program`: -h/--help prints `usage`; no command or an
-    unknown one is one line on stderr and INPUT_ERROR. The command's module is imported only now, under
-    run_command (so that a signal while torch is imported is one line too), and its main runs inside `around()`;
-    a main that takes `prog` is told f"{program} NAME", to name itself as typed in its usage line and errors."""
+    unknown one is one line on stderr and INPUT_ERROR, a misspelt one with the closest name (`options`: those
+    `program` reads before the command, for a misspelt option). A name takes `_` for `-` (create_pretraining_data is
+    create-pretraining-data), as flags do. The command's module is imported only now, under run_command (so that a
+    signal while torch is imported is one line too), and its main runs inside `around()`; a main that takes `prog`
+    is told f"{program} NAME", to name itself as typed in its usage line and errors."""
     if argv and argv[0] in ("-h", "--help"):
         return run_command(program, lambda: print(usage))
     if not argv:
         print(f"{program}: error: no {noun} given; `{program} --help` lists them", file=sys.stderr)
         return INPUT_ERROR
-    name, rest = argv[0], list(argv[1:])
+    name, rest = argv[0].replace("_", "-"), list(argv[1:])
     if name not in commands:
-        print(f"{program}: error: unknown {noun} {name!r}; choose one of {', '.join(commands)}", file=sys.stderr)
+        if name.startswith("-"):  # a misspelt option of the program's own
+            unknown, names, listed = "option", [*options, "-h", "--help"], f"`{program} --help` lists them"
+        else:
+            unknown, names, listed = noun, list(commands), f"choose one of {', '.join(commands)}"
+        meant = closest(name, names)
+        hint = f" (did you mean {meant!r}?)" if meant else ""
+        print(f"{program}: error: unknown {unknown} {argv[0]!r}{hint}; {listed}", file=sys.stderr)
         return INPUT_ERROR
 
     def body() -> int:

@@ -5,18 +5,21 @@ A command's settings are dataclasses whose fields carry their --help text (`sett
 another project's flag name and value (Google's --num_accumulation_steps for TrainConfig.gradient_accumulation_steps).
 Booleans take absl's spellings: --flag, --flag=false, --noflag. FlagParser records only the flags a command gives
 (their defaults are kept apart), so that a run directory's record can fill the others; `build` turns flag values back
-into the dataclass. Every bertbench command parses with ArgumentParser (one-line errors, exit status 2) and its
-HelpFormatter (each default shown once).
+into the dataclass. Every bertbench command parses with ArgumentParser and its HelpFormatter (each default shown once):
+a flag in either spelling (--learning-rate is --learning_rate), every usage error of a command line in one line with
+exit status 2, a misspelt flag or choice with the closest one (`closest`, which the sub-command dispatcher uses too).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import re
+import sys
 import typing
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from bertbench.common.errors import INPUT_ERROR, UsageError
@@ -45,19 +48,149 @@ class HelpFormatter(argparse.HelpFormatter):
         return help if action.nargs == 0 else help_with_default(help, action.default)
 
 
+# How alike a word and a name must be (difflib's ratio) for the name to be offered as what the word misspells: 0.6,
+# difflib's default, offered --amp for --warmup; 0.7 keeps a swapped, missing or extra letter (--do_trian,
+# --learning_rat, 'basline') and a word cut short (--output for --output_dir).
+CLOSE = 0.7
+
+
+def closest(word: str, names: Iterable[str]) -> str | None:
+    """The name `word` most likely misspells (difflib, ignoring case), or None when none is close: what a usage
+    error offers as "did you mean"."""
+    by_lower = {str(name).lower(): name for name in names}
+    matches = difflib.get_close_matches(word.lower(), by_lower, n=1, cutoff=CLOSE)
+    return by_lower[matches[0]] if matches else None
+
+
+def invalid_choice(value: Any, choices: Iterable[Any]) -> str:
+    """A value that is none of `choices`, said as argparse does, with the closest choice when one is close."""
+    choices = list(choices)
+    meant = closest(value, map(str, choices)) if isinstance(value, str) else None
+    offered = f"did you mean {meant!r}? " if meant else ""
+    return f"invalid choice: {value!r} ({offered}choose from {', '.join(map(repr, choices))})"
+
+
+def spelling(option: str) -> str:
+    """What an option's spellings share: --learning-rate and --learning_rate are learning_rate; a boolean's
+    --no-flag and --no_flag are absl's --noflag."""
+    key = option.lstrip("-").replace("-", "_")
+    return "no" + key[3:] if key.startswith("no_") else key
+
+
+class _Refused(Exception):
+    """argparse's error in a parse that lists every error (ArgumentParser.parse_args_and_errors): its message."""
+
+
+_REFUSED = object()  # what a refused value leaves: parsing goes on, to find the command line's other errors
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose errors are one line naming the flag (no usage block above it), with exit status 2, and whose
     --help shows each default once (HelpFormatter). A flag must be spelled out: argparse would take
     `--learning_rat` for `--learning_rate`, absl refuses it, and a typo that silently picks some flag is worse than
-    an error."""
+    an error. Each flag takes either spelling, `_` or `-` between its words (--help shows the declared one), and
+    every usage error of a command line is in its one line (parse_args_and_errors), a misspelt flag or choice with
+    the closest one."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self._refused: list[str] | None = None  # while parse_args_and_errors runs: the values refused, in order
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace=None) -> argparse.Namespace:
+        namespace, errors = self.parse_args_and_errors(args, namespace)
+        if errors:
+            self.error("; ".join(errors))
+        return namespace
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
+        return super().parse_known_args(self.respelled(args), namespace)
+
+    def parse_args_and_errors(
+        self, args: Sequence[str] | None = None, namespace=None
+    ) -> tuple[argparse.Namespace | None, list[str]]:
+        """The command line's values and every usage error in it, in this order: the unrecognized arguments (each
+        misspelt flag with the closest flag: a misspelt required flag is then also missing, below), the values
+        refused in the order given, then what argparse finds wrong with the whole (a flag missing its value,
+        required flags missing). The values are None when anything but unrecognized arguments was refused: a
+        command may check them further only when every flag given was read."""
+        args = self.respelled(args)
+        self._refused = []
+        try:
+            namespace, extras = super().parse_known_args(args, namespace)
+            ending = []
+        except _Refused as refusal:  # argparse stopped: the unknown flags are found without it
+            namespace, extras, ending = None, [arg for arg in _options(args) if self._unknown(arg)], [str(refusal)]
+        finally:
+            refused, self._refused = self._refused, None
+        before_values = set(_options(args))  # after `--` an argument is a value, never a misspelt flag
+        unrecognized = [self._with_closest(arg) if arg in before_values else arg for arg in extras]
+        errors = ["unrecognized arguments: " + " ".join(unrecognized)] if extras else []
+        errors += refused + ending
+        return (None if refused or ending else namespace), errors
+
+    def respelled(self, args: Sequence[str] | None) -> list[str]:
+        """`args` with each flag as this parser declares it (--learning-rate as --learning_rate, --no-do-lower-case
+        as --nodo_lower_case): the same flag in another spelling, never a guess. Values and whatever follows `--`
+        stay as given."""
+        args = list(sys.argv[1:] if args is None else args)
+        spellings = self._spellings()
+        options = _options(args)
+        for index, arg in enumerate(options):
+            name, equals, value = arg.partition("=")
+            if self._unknown(arg) and spelling(name) in spellings:
+                args[index] = spellings[spelling(name)] + equals + value
+        return args
 
     def error(self, message: str):
+        if self._refused is not None:  # inside parse_args_and_errors, which reports it with the others
+            raise _Refused(message)
         self.exit(INPUT_ERROR, f"{self.prog}: error: {message}\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse converts and checks each flag's value here (Python 3.11 to 3.13 alike); a refused one is noted and
+        # parsing goes on, where argparse would stop at the first
+        try:
+            return super()._get_values(action, arg_strings)
+        except argparse.ArgumentError as error:
+            if self._refused is None:
+                raise
+            self._refused.append(str(error))
+            return _REFUSED
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:  # argparse's check of a choice
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentError(action, invalid_choice(value, action.choices))
+
+    def _spellings(self) -> dict[str, str]:
+        """Each long option's spelling() -> the option as declared."""
+        spellings: dict[str, str] = {}
+        for option, action in self._option_string_actions.items():
+            if option.startswith("--"):
+                declared = spellings.setdefault(spelling(option), option)
+                assert self._option_string_actions[declared] is action, (
+                    f"{declared} and {option}: two flags, one spelling"
+                )
+        return spellings
+
+    def _unknown(self, arg: str) -> bool:
+        """Whether `arg` is a flag this parser lacks, as argparse reads it: --name or --name=value with a name it
+        does not know (an argument with a space in it is a value)."""
+        name = arg.partition("=")[0]
+        return arg.startswith("--") and len(arg) > 2 and name not in self._option_string_actions and " " not in arg
+
+    def _with_closest(self, arg: str) -> str:
+        if not arg.startswith("-"):
+            return arg  # a value no flag takes
+        spellings = self._spellings()
+        meant = closest(spelling(arg.partition("=")[0]), spellings)
+        return f"{arg} (did you mean {spellings[meant]}?)" if meant else arg
+
+
+def _options(args: list[str]) -> list[str]:
+    """The arguments before `--`, after which every argument is a value."""
+    return args[: args.index("--")] if "--" in args else args
 
 
 def setting(help: str, default: Any = dataclasses.MISSING, **metadata: Any) -> Any:
@@ -144,7 +277,7 @@ class FlagParser(ArgumentParser):
 
     def bool_flag(self, group, name: str, default: bool, help: str, aliases: Sequence[str] = ()) -> None:
         self.flag(group, name, default, help, aliases, nargs="?", const=True, type=parse_bool, metavar="BOOL")
-        group.add_argument(f"--no{name}", f"--no_{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
+        group.add_argument(f"--no{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
 
     def ignored_flags(self, flags: Sequence[IgnoredFlag], title: str) -> None:
         """Accept `flags` in a group of their own; they have no default, so only a command that gives one holds
@@ -196,29 +329,35 @@ class FlagParser(ArgumentParser):
                 values[field] = at_default.pop()
         return values
 
-    def given_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """What parse_args returns for a command that gives `values`, Python values by flag name (how code calls a
-        command: the demo, the benches, the tests): each checked as parsing checks a flag (a flag of this parser,
-        a value of its type, one of its choices), with the defaults argparse itself fills in; None gives nothing."""
+    def given_values(self, values: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+        """What parse_args_and_errors returns for a command that gives `values`, Python values by flag name (how
+        code calls a command: the demo, the benches, the tests): each checked as parsing checks a flag (a flag of
+        this parser, a value of its type, one of its choices), with the defaults argparse itself fills in; None gives
+        nothing. The errors: the unknown names (each with the closest flag), then the values refused, in the order
+        given; the values are None when one was refused."""
         actions: dict[str, argparse.Action] = {}
         for action in self._actions:
             if action.option_strings and action.dest != "help" and (action.dest not in actions or action.type):
                 actions[action.dest] = action  # a boolean's --flag (typed), not its --noflag
         given = {dest: action.default for dest, action in actions.items() if action.default is not argparse.SUPPRESS}
+        unknown, refused = [], []
         for name, value in values.items():
             action = actions.get(name)
             if action is None:
-                raise UsageError(f"unknown flag {name!r}")
+                meant = closest(name, actions)
+                unknown.append(f"unknown flag {name!r}" + (f" (did you mean {meant!r}?)" if meant else ""))
+                continue
             if value is None:
                 continue
             kind = bool if action.type is parse_bool else action.type if action.type in (int, float) else str
             accepted = (int, float) if kind is float else kind  # a float flag takes an int, as its text would
             if not isinstance(value, accepted) or isinstance(value, bool) and kind is not bool:
-                raise UsageError(f"--{name}: expected {kind.__name__}, got {value!r}")
-            if action.choices is not None and value not in action.choices:
-                raise UsageError(f"--{name}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-            given[name] = value
-        return given
+                refused.append(f"--{name}: expected {kind.__name__}, got {value!r}")
+            elif action.choices is not None and value not in action.choices:
+                refused.append(f"--{name}: {invalid_choice(value, action.choices)}")
+            else:
+                given[name] = value
+        return (None if refused else given), unknown + refused
 
 
 def as_flags(values: Mapping[str, Any]) -> list[str]:

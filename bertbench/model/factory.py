@@ -84,12 +84,9 @@ class ModelSettings:
         "selective (every block keeps all but its GELU output, recomputed in backward).",
         "full",
         choices=recompute.POLICIES,
-        aliases=("recompute-policy",),
         defines_training=True,
     )
-    recompute_every: int = setting(
-        "k of the every-k policy.", 2, aliases=("recompute-every",), positive=True, defines_training=True
-    )
+    recompute_every: int = setting("k of the every-k policy.", 2, positive=True, defines_training=True)
     unpad: bool = setting(
         "Run batches with padding on their real tokens only (variable-length attention); "
         "--unpad=false (or --nounpad) computes every sequence at --max_seq_length, as Google's and "
@@ -108,7 +105,6 @@ class ModelSettings:
         "default; on a CPU, per-sequence for a batch whose longest sequence has 64 tokens or more, else masked).",
         None,
         choices=ATTENTION_KERNELS,
-        aliases=("attention-kernel",),
         defines_training=True,
     )
 

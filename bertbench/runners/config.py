@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bertbench.common.errors import UsageError
+from bertbench.common.errors import INPUT_ERRORS, UsageError, one_line
 from bertbench.common.flags import (
     FlagName,
     FlagParser,
@@ -152,7 +152,6 @@ IGNORED_FLAGS = (
         "the progress bar is drawn only on a terminal; a batch job's output gets one "
         "plain line every --log_step_count_steps",
         bool,
-        aliases=("disable-progress-bar",),
     ),
     IgnoredFlag("verbose_logging", "the windows' answer-alignment warnings are not printed", bool, runners=_SQUAD),
     IgnoredFlag("skip_cache", "the features are made in memory at each start, not cached", bool, runners=_SQUAD),
@@ -238,13 +237,24 @@ NOT_FLAGS = ("num_train_steps", "max_grad_norm", "excluded_steps")
 
 
 def check_fields(settings: Any) -> None:
-    """The checks a settings dataclass's metadata asks for: `required` (None refused), `positive` (<= 0 refused)."""
-    for field in dataclasses.fields(settings):
+    """The checks a settings dataclass's metadata asks for, every field's in one error: `required` (None refused;
+    the flags missing named together), `positive` (<= 0 refused)."""
+    fields = dataclasses.fields(settings)
+    missing = [
+        f"--{field.name}"
+        for field in fields
+        if field.metadata.get("required") and getattr(settings, field.name) is None
+    ]
+    errors = []
+    if missing:
+        names = f"{', '.join(missing[:-1])} and {missing[-1]} are" if len(missing) > 1 else f"{missing[0]} is"
+        errors.append(f"{names} required")
+    for field in fields:
         value = getattr(settings, field.name)
-        if value is None and field.metadata.get("required"):
-            raise UsageError(f"--{field.name} is required")
         if value is not None and field.metadata.get("positive") and not value > 0:  # NaN too
-            raise UsageError(f"--{field.name} must be positive, got {value}")
+            errors.append(f"--{field.name} must be positive, got {value}")
+    if errors:
+        raise UsageError("; ".join(errors))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,7 +298,6 @@ class RunnerSettings:
         "time and sequences/s, final loss, scores) to this file, in dllogger's JSON "
         "lines (NVIDIA's --json-summary).",
         None,
-        aliases=("json-summary",),
         per_command=True,
     )
 
@@ -425,16 +434,35 @@ def parse_config(
     spec: RunnerSpec, argv: Sequence[str] | None, prog: str | None = None
 ) -> tuple[RunnerConfig, RunRecord | None]:
     """The command's flags, the run directory's recorded flags for those it leaves out, then the defaults. A flag
-    whose field `defines_run` must not contradict the record."""
+    whose field `defines_run` must not contradict the record. Every usage error is in one UsageError
+    (resolve_or_report)."""
     parser = build_parser(spec, prog)
-    return resolve(spec, parser, vars(parser.parse_args(argv)))
+    namespace, errors = parser.parse_args_and_errors(argv)
+    return resolve_or_report(spec, parser, None if namespace is None else vars(namespace), errors)
 
 
 def config_from_values(spec: RunnerSpec, values: Mapping[str, Any]) -> tuple[RunnerConfig, RunRecord | None]:
     """parse_config for a command given as Python values by flag name ({"do_train": True, "max_seq_length": 64,
     "modeling": "recompute", ...}), checked as the flags would be."""
     parser = build_parser(spec)
-    return resolve(spec, parser, parser.given_values(values))
+    return resolve_or_report(spec, parser, *parser.given_values(values))
+
+
+def resolve_or_report(
+    spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any] | None, errors: Sequence[str]
+) -> tuple[RunnerConfig, RunRecord | None]:
+    """resolve, or every usage error of the command in one UsageError: first those of the command line itself
+    (`errors`: unknown flags, refused values, required flags missing), then, when every flag given was read (`given`
+    is not None), what resolve refuses (the flags a record did not fill, a value that contradicts the run, a file a
+    flag names)."""
+    if not errors:
+        return resolve(spec, parser, given)
+    if given is not None:
+        try:
+            resolve(spec, parser, given)
+        except INPUT_ERRORS + spec.input_errors as error:
+            errors = [*errors, one_line(error)]
+    raise UsageError("; ".join(errors))
 
 
 def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> tuple[RunnerConfig, RunRecord | None]:

@@ -4,9 +4,8 @@ r"""`bertbench convert`: a Google or NVIDIA TensorFlow BERT checkpoint to an HF-
         --bert_config_file uncased_L-12_H-768_A-12/bert_config.json --output_dir bert-base-uncased \
         --vocab_file uncased_L-12_H-768_A-12/vocab.txt
 
-The flags are spelled as every other bertbench command spells them (underscores, `--output_dir`). The spellings of
-earlier releases (`--tf-checkpoint`, `--bert-config`, `--output`, `--vocab-file`, `--pytorch-bin`) are kept as
-aliases, and HF's `convert_bert_original_tf_checkpoint_to_pytorch.py` command line works as it does there:
+The flags are spelled as every other bertbench command spells them (underscores, `--output_dir`; `-` works too, as
+everywhere). The names of earlier releases (`--bert-config`, `--output`) are kept as aliases, and HF's `convert_bert_original_tf_checkpoint_to_pytorch.py` command line works as it does there:
 `--tf_checkpoint_path`, `--bert_config_file`, and `--pytorch_dump_path FILE`, which writes the one file FILE (a
 torch.save'd state dict, pytorch_model.bin's format), not a directory.
 """
@@ -35,7 +34,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--tf_checkpoint",
-        "--tf-checkpoint",
         "--tf_checkpoint_path",
         dest="tf_checkpoint",
         required=True,
@@ -69,7 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--vocab_file",
-        "--vocab-file",
         dest="vocab_file",
         metavar="TXT",
         help="the checkpoint's vocab.txt (or tokenizer.json): the output directory gets the "
@@ -93,7 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--pytorch_bin",
-        "--pytorch-bin",
         dest="pytorch_bin",
         action="store_true",
         help="write pytorch_model.bin instead of model.safetensors",
