@@ -142,7 +142,10 @@ def test_export_of_a_checkpoint_file_and_of_a_tf_checkpoint(root, tmp_path, caps
             ["{tmp}/nowhere", "{tmp}/out", "--bert_config_file", "{fixture}/bert_config.json"],
             "{tmp}/nowhere: no such file or directory",
         ),
-        (["{run}/model.ckpt-8", "{tmp}/out"], "{run}/model.ckpt-8: no such file or directory; {run} is a bertbench run"),
+        (
+            ["{run}/model.ckpt-8", "{tmp}/out"],
+            "{run}/model.ckpt-8: no such file or directory; {run} is a bertbench run",
+        ),
         (["{run}", "{tmp}/out", "--nodo_lower_case"], "--do_lower_case=false contradicts"),
         (["{run}", "{tmp}/out", "--bert_config_file", "{fixture}/bert_config.json"], "describes another model"),
         (["{run}", "{hf}"], "exists and is not empty"),
