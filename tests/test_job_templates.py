@@ -329,17 +329,24 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
     assert "--rdzv-backend=c10d --rdzv-endpoint=localhost:" in (run_dir / "command.log").read_text()
 
 
+def recording_python(tmp_path):
+    """A PYTHON stand-in that records the words of each call (a line each) instead of running anything: (its path,
+    the record)."""
+    record = tmp_path / "python.argv"
+    (tmp_path / "python").write_text(f'#!/bin/sh\nfor word in "$@"; do echo "$word" >> "{record}"; done\n')
+    (tmp_path / "python").chmod(0o755)
+    return str(tmp_path / "python"), record
+
+
 @pytest.mark.parametrize(
     "template, batch, xla", [("baseline_1gpu.pbs", "24", "true"), ("optimized_2x4gpu.pbs", "48", "false")]
 )
 def test_pbs_jobs_default_to_the_originals_runs(job_env, tmp_path, template, batch, xla):
     """Nothing set: the baseline job is the original's run_glue.sh defaults, the optimized job the original's
     optimized run (batch 48 per GPU, no XLA). A PYTHON stand-in records the runner's command instead of training."""
-    record = tmp_path / "python.argv"
-    (tmp_path / "python").write_text(f'#!/bin/sh\nfor word in "$@"; do echo "$word" >> "{record}"; done\n')
-    (tmp_path / "python").chmod(0o755)
+    python, record = recording_python(tmp_path)
     env = {name: value for name, value in pbs_env(job_env, tmp_path, ["localhost"]).items() if name not in CPU_SETTINGS}
-    done = run_job(os.path.join(TEMPLATES, "pbs", template), dict(env, PYTHON=str(tmp_path / "python")), tmp_path)
+    done = run_job(os.path.join(TEMPLATES, "pbs", template), dict(env, PYTHON=python), tmp_path)
     assert done.returncode == 0, done.stderr
     argv = record.read_text().splitlines()
     assert f"--train_batch_size={batch}" in argv and f"--use_xla={xla}" in argv and "--task_name=MNLI" in argv
@@ -350,6 +357,124 @@ def test_pbs_job_without_hosts_fails_clearly(job_env, tmp_path):
     done = run_job(os.path.join(TEMPLATES, "pbs", "baseline_1gpu.pbs"), env, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == f"every_node.sh: error: {tmp_path / 'nodefile'} lists no hosts"
+
+
+# ---- outside the scheduler: one line, and the way to try the template on this machine -------------------------------
+
+
+def outside_any_job(env):
+    """The environment without what PBS or Slurm give a job."""
+    return {name: value for name, value in env.items() if not name.startswith(("PBS_", "SLURM_"))}
+
+
+def tried_here(line, env, cwd):
+    """Runs the command that ends a template's line ("... with the same variables: COMMAND") in bash."""
+    command = line.split("with the same variables: ", 1)[1]
+    return subprocess.run(["bash", "-c", command], env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "template, missing, started",
+    [
+        ("baseline_1gpu.pbs", "PBS_O_WORKDIR and PBS_NODEFILE", "--train_batch_size=8"),
+        ("optimized_2x4gpu.pbs", "PBS_O_WORKDIR and PBS_NODEFILE", "--lr_scaling=linear"),
+        ("compare.pbs", "PBS_O_WORKDIR", None),
+    ],
+)
+def test_a_pbs_template_outside_pbs_says_so_in_one_line_with_the_command_that_tries_it_here(
+    job_env, tmp_path, template, missing, started
+):
+    python, record = recording_python(tmp_path)
+    env = dict(outside_any_job(job_env), PYTHON=python)
+    script = os.path.join(TEMPLATES, "pbs", template)
+    done = run_job(script, env, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    (line,) = done.stderr.splitlines()
+    nodefile = " PBS_NODEFILE=<(echo localhost)" if "PBS_NODEFILE" in missing else ""
+    assert line == (
+        f"{template}: error: not inside a PBS job ({missing} unset): submit it with qsub, or try it on this machine "
+        f"as a one-host job, with the same variables: PBS_O_WORKDIR={ROOT}{nodefile} bash {script}"
+    )
+    assert not record.exists() and not os.path.exists(env["RESULTS_DIR"])  # nothing started
+    tried = tried_here(line, env, tmp_path)
+    if started:  # the job's runner, started here (the stand-in records its flags)
+        assert tried.returncode == 0, tried.stderr
+        assert "--task_name=MRPC" in record.read_text().splitlines() and started in record.read_text()
+    else:  # past the PBS variables, to the job's own first check
+        assert (tried.returncode, tried.stderr) == (
+            2,
+            f"compare.pbs: error: {env['RESULTS_DIR']} holds no run directory: did the training jobs start?\n",
+        )
+
+
+@pytest.mark.slow
+def test_the_documented_one_machine_way_trains_with_a_pbs_template_and_compares(tmp_path):
+    """docs/clusters.md's block, as printed, from a directory laid out as the repository (its job_templates/ and
+    scripts/): the example data, the baseline job as a one-host job, then compare.pbs on its run."""
+    page = open(os.path.join(ROOT, "docs", "clusters.md")).read()
+    block = re.search(r"```bash\n(.*?)```", page[page.index("## A template on one machine") :], re.S).group(1)
+    for name in ("job_templates", "scripts"):
+        (tmp_path / name).symlink_to(os.path.join(ROOT, name))
+    env = dict(outside_any_job(os.environ), PYTHON=sys.executable)
+    done = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\n{block}"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "pbs" / "MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1"
+    train = read_json(run_dir / "train_results.json")
+    assert (train["world_size"], train["modeling"], train["train_batch_size"]) == (1, "baseline", 32)
+    report = read_json(tmp_path / "runs" / "pbs" / "report" / "report.json")
+    assert [row["run"] for row in report["comparisons"]["training"]["rows"]] == [run_dir.name]
+
+
+def test_twenty_minutes_without_qsub_gives_its_jobs_one_after_the_other_here(job_env, tmp_path):
+    python, record = recording_python(tmp_path)
+    env = dict(outside_any_job(job_env), PYTHON=python, PATH="/usr/bin:/bin", BASELINE_BATCH_SIZE="4")
+    done = subprocess.run(
+        [os.path.join(TEMPLATES, "pbs", "twenty_minutes.sh")], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
+        "twenty_minutes.sh: error: qsub not found: run it on a PBS login node, or try it on this machine, its jobs "
+        f"one after the other as one-host jobs: ( export PBS_O_WORKDIR={ROOT} BERT_DIR={BERT_DIR} "
+    )
+    assert not record.exists() and not os.path.exists(env["RESULTS_DIR"])
+    command = line.split("as one-host jobs: ", 1)[1]
+    tried = subprocess.run(["bash", "-c", command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # each job ran here: the two runners (with the batch each job takes, in the 20-minute budget), then compare.pbs,
+    # which finds no run directory (the stand-in trained nothing)
+    words = record.read_text().splitlines()
+    assert [word for word in words if word.startswith("--train_batch_size=")] == [
+        "--train_batch_size=4",
+        "--train_batch_size=8",
+    ]
+    assert words.count("--max_train_seconds=1200") == 2
+    assert tried.stderr.endswith(
+        f"compare.pbs: error: {env['RESULTS_DIR']} holds no run directory: did the training jobs start?\n"
+    )
+
+
+def test_the_slurm_job_outside_slurm_says_so_in_one_line_with_what_its_nodes_run(job_env, tmp_path):
+    python, record = recording_python(tmp_path)
+    env = dict(outside_any_job(job_env), PYTHON=python)
+    done = run_job(os.path.join(TEMPLATES, "slurm", "run_glue.sbatch"), env, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    (line,) = done.stderr.splitlines()
+    assert line == (
+        "run_glue.sbatch: error: not inside a Slurm job (SLURM_JOB_ID unset): submit it with sbatch, or try on this "
+        f"machine what it runs on each node, with the same variables: cd {ROOT} && scripts/run_glue.sh MRPC 8 1e-3 "
+        "fp32 false 1 32 64 1.0 0.1"
+    )
+    assert not record.exists() and not os.path.exists(env["RESULTS_DIR"])
+    tried = tried_here(line, env, tmp_path)
+    assert tried.returncode == 0, tried.stderr
+    assert "--task_name=MRPC" in record.read_text().splitlines()
 
 
 # ---- Slurm ---------------------------------------------------------------------------------------------------------

@@ -1,4 +1,9 @@
-# Sourced by the PBS job templates: start a command once on every node of the job, as one node of a multi-node run.
+# Sourced by the PBS job templates: stop in one line outside a PBS job, and start a command once on every node of the
+# job, as one node of a multi-node run.
+#
+# require_pbs_job NAME...: returns 2, with one line on stderr, when any of the variables NAME... that PBS gives a job
+# (PBS_O_WORKDIR, PBS_NODEFILE) is unset, as when the template runs outside PBS: what is missing, and the command that
+# runs the template on this machine as a one-host job (PBS_O_WORKDIR the repository, a node file listing localhost).
 #
 # run_on_every_node COMMAND...: runs COMMAND (scripts/run_glue.sh or run_squad.sh and their arguments) once on each
 # distinct host of $PBS_NODEFILE, in $PBS_O_WORKDIR, with NNODES, NODE_RANK, MASTER_ADDR (the first host),
@@ -38,6 +43,19 @@ EVERY_NODE_VARIABLES=(BERT_DIR GLUE_DIR SQUAD_DIR RESULTS_DIR PYTHON RDZV_TIMEOU
                       TORCH_ELASTIC_SHUTDOWN_TIMEOUT PATH VIRTUAL_ENV PYTHONPATH LD_LIBRARY_PATH OMP_NUM_THREADS
                       LOGLEVEL NCCL_DEBUG NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME
                       MODELING RECOMPUTE_POLICY MAX_TRAIN_SECONDS LR_SCALING EXTRA_FLAGS CORES_PER_GPU)
+
+require_pbs_job() {
+  local missing=() name try
+  for name in "$@"; do
+    [ -n "${!name:-}" ] || missing+=("$name")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  try="PBS_O_WORKDIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && printf %q "$PWD")"
+  [[ " $* " == *" PBS_NODEFILE "* ]] && try+=" PBS_NODEFILE=<(echo localhost)"
+  echo "${0##*/}: error: not inside a PBS job (${missing[0]}${missing[1]:+ and ${missing[1]}} unset): submit it with" \
+       "qsub, or try it on this machine as a one-host job, with the same variables: $try bash $(printf %q "$0")" >&2
+  return 2
+}
 
 run_on_every_node() {
   local hosts=() first_lines=() host line index name status=0 pids=() pid prefix=() container=() argv=() starter=()

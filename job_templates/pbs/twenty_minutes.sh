@@ -20,7 +20,8 @@
 #   BASELINE_BATCH_SIZE=32 OPTIMIZED_BATCH_SIZE=64 BERT_DIR=... GLUE_DIR=... job_templates/pbs/twenty_minutes.sh
 #
 # Each run's learning-rate schedule is that of EPOCHS; the budget cuts it short, as the original's 20-minute runs
-# did. Without qsub on PATH (not a PBS login node) it stops with one line and status 2, having submitted nothing.
+# did. Without qsub on PATH (not a PBS login node) it stops with one line and status 2, having submitted nothing: the
+# line gives the command that runs the three jobs one after the other on this machine, each as a one-host job.
 set -euo pipefail
 
 if [ ! -f job_templates/pbs/baseline_1gpu.pbs ]; then
@@ -39,11 +40,6 @@ for name in BATCH_SIZE BASELINE_BATCH_SIZE OPTIMIZED_BATCH_SIZE; do
     exit 2
   fi
 done
-if ! command -v qsub >/dev/null 2>&1; then
-  echo "twenty_minutes.sh: error: qsub not found: run it on a PBS login node (elsewhere, run the two jobs by hand:" \
-       "see docs/clusters.md, \"The 20-minute comparison\")" >&2
-  exit 2
-fi
 export MAX_TRAIN_SECONDS=${MAX_TRAIN_SECONDS:-1200}
 export RESULTS_DIR=${RESULTS_DIR:-$PWD/results/twenty-minutes-$(date +%Y%m%d-%H%M%S)}
 if ! [[ "$MAX_TRAIN_SECONDS" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
@@ -66,6 +62,23 @@ baseline_batch=${BASELINE_BATCH_SIZE:-${BATCH_SIZE:-}}
 optimized_batch=${OPTIMIZED_BATCH_SIZE:-${BATCH_SIZE:-}}
 baseline_variables=$variables${baseline_batch:+,BATCH_SIZE=$baseline_batch}
 optimized_variables=$variables${GPUS_PER_NODE:+,GPUS_PER_NODE}${optimized_batch:+,BATCH_SIZE=$optimized_batch}
+
+if ! command -v qsub >/dev/null 2>&1; then
+  # The three jobs one after the other on this machine, each as a one-host job with what qsub -v would give it
+  # (PATH and the Python environment are this shell's already).
+  exported=()
+  for name in "${passed[@]}"; do
+    [[ " PATH VIRTUAL_ENV PYTHONPATH " == *" $name "* ]] || exported+=("$name=$(printf %q "${!name}")")
+  done
+  one_host="PBS_NODEFILE=<(echo localhost)"
+  optimized_only="${GPUS_PER_NODE:+GPUS_PER_NODE=$(printf %q "$GPUS_PER_NODE") }"
+  echo "twenty_minutes.sh: error: qsub not found: run it on a PBS login node, or try it on this machine, its jobs" \
+       "one after the other as one-host jobs: ( export PBS_O_WORKDIR=$(printf %q "$PWD") ${exported[*]};" \
+       "$one_host ${baseline_batch:+BATCH_SIZE=$baseline_batch }bash job_templates/pbs/baseline_1gpu.pbs;" \
+       "$one_host $optimized_only${optimized_batch:+BATCH_SIZE=$optimized_batch }bash" \
+       "job_templates/pbs/optimized_2x4gpu.pbs; bash job_templates/pbs/compare.pbs )" >&2
+  exit 2
+fi
 baseline=$(qsub ${options[@]+"${options[@]}"} -v "$baseline_variables" job_templates/pbs/baseline_1gpu.pbs)
 optimized=$(qsub ${options[@]+"${options[@]}"} -v "$optimized_variables" job_templates/pbs/optimized_2x4gpu.pbs)
 compare=$(qsub ${options[@]+"${options[@]}"} -W "depend=afterany:$baseline:$optimized" -v "$variables" \
