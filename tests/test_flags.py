@@ -142,6 +142,7 @@ TRANSLATIONS = [
         4,
     ),
     ("optimizer_type", ["--optimizer_type=adam"], train_values, "optimizer", "adamw"),
+    ("optimizer", ["--optimizer=lamb"], train_values, "optimizer", "lamb"),
     ("optimizer_type", ["--optimizer_type=lamb"], train_values, "optimizer", "lamb"),
     ("poly_power", ["--poly_power=2"], train_values, "decay_power", 2.0),
     ("use_xla", ["--use_xla"], train_values, "compile", True),
@@ -153,6 +154,14 @@ TRANSLATIONS = [
     ("use_fp16", ["--use_fp16", "--precision=fp16"], train_values, "precision", "fp16"),
     ("sync_gradients", ["--no_sync_gradients"], train_values, "sync_gradients", False),
 ]
+
+
+@pytest.mark.parametrize(
+    "argv, optimizer", [([], "lamb"), (["--optimizer=adamw"], "adamw"), (["--optimizer_type=adam"], "adamw")]
+)
+def test_run_pretraining_trains_with_lamb_unless_told_googles_rule(tmp_path, argv, optimizer):
+    command = parse(run_pretraining.SPEC, tmp_path, *argv)
+    assert (command.train.optimizer, command.train.adam_bias_correction) == (optimizer, False)
 
 
 def test_every_name_of_the_table_is_tested():

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+import torch
 from helpers import runner_command
 
 from bertbench.runners import classifier as run_classifier
@@ -204,6 +205,37 @@ def test_google_run_pretraining_do_eval_scores_the_input_file(runner_inputs, tmp
     assert "scores the training shards" in capsys.readouterr().out
     results = json.loads((tmp_path / "run" / "eval_results.json").read_text())
     assert results["eval_sequences"] == 16 and "masked_lm_accuracy" in results
+    # Google's eval_results.txt keys, each with the value of its own definition (a mean over the masked tokens, a
+    # mean over the sequences), and the total loss as the mean of the batches' losses.
+    google = dict(line.split(" = ") for line in (tmp_path / "run" / "eval_results.txt").read_text().splitlines())
+    google_keys = ("global_step", "loss", "masked_lm_accuracy", "masked_lm_loss", "next_sentence_accuracy")
+    assert set(google_keys + ("next_sentence_loss",)) <= set(google)
+    assert float(google["masked_lm_loss"]) > 0 and float(google["next_sentence_loss"]) > 0
+
+
+def test_masked_lm_and_next_sentence_losses_are_googles_means():
+    """A batch of two sequences, 3 and 1 masked tokens: the masked-LM loss is the mean over the 4 tokens (not over
+    the sequences' means), the next-sentence loss the mean over the 2 sequences."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from bertbench.model.config import IGNORE_INDEX
+    from bertbench.tasks.pretraining import accuracies, prediction_counts
+
+    torch.manual_seed(0)
+    mlm_logits, nsp_logits = torch.randn(2, 3, 10), torch.randn(2, 2)
+    labels = torch.tensor([[1, 2, 3], [4, IGNORE_INDEX, IGNORE_INDEX]])
+    batch = {"masked_lm_labels": labels, "next_sentence_labels": torch.tensor([0, 1])}
+    scores = accuracies(prediction_counts(SimpleNamespace(mlm_logits=mlm_logits, nsp_logits=nsp_logits), batch))
+    token_losses = [
+        F.cross_entropy(mlm_logits[row, column][None], labels[row, column][None])
+        for row, column in ((0, 0), (0, 1), (0, 2), (1, 0))
+    ]
+    assert scores["masked_lm_loss"] == pytest.approx(float(sum(token_losses) / 4), rel=1e-6)
+    assert scores["next_sentence_loss"] == pytest.approx(
+        float(F.cross_entropy(nsp_logits, torch.tensor([0, 1]))), rel=1e-6
+    )
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,13 @@ FLAG_NAMES = (
         default="adam",
         note="adam is AdamW (NVIDIA's names).",
     ),
+    FlagName(
+        "optimizer",
+        TrainConfig,
+        "optimizer",
+        note="run_pretraining's default is NVIDIA's lamb; --optimizer adamw trains with Google's run_pretraining.py "
+        "rule (AdamWeightDecayOptimizer, without bias correction; with --poly_power 1, Google's linear decay).",
+    ),
     FlagName("poly_power", TrainConfig, "decay_power"),
     FlagName("use_xla", TrainConfig, "compile"),
     FlagName("precision", TrainConfig, "precision", default=None, note="Default fp32, or fp16 with --amp."),

@@ -480,23 +480,35 @@ def read_eval_set(
 
 
 def prediction_counts(output, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per sequence: masked tokens predicted right, masked tokens, next-sentence label predicted right (for
-    Estimator.evaluate's `extract`; summed by `accuracies`)."""
-    labels = batch["masked_lm_labels"]
+    """Per sequence: masked tokens predicted right, masked tokens, the masked tokens' summed cross-entropy, the
+    next-sentence label predicted right and its cross-entropy (for Estimator.evaluate's `extract`; summed by
+    `accuracies`)."""
+    import torch.nn.functional as F  # here, as torch is: see the imports
+
+    labels, next_sentence = batch["masked_lm_labels"], batch["next_sentence_labels"].flatten()
     real = labels != IGNORE_INDEX
     right = (output.mlm_logits.argmax(-1) == labels) & real
+    token_loss = F.cross_entropy(
+        output.mlm_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view_as(labels)
     return {
         "mlm_correct": right.sum(1),
         "mlm_count": real.sum(1),
-        "nsp_correct": (output.nsp_logits.argmax(-1) == batch["next_sentence_labels"]).long(),
+        "mlm_loss": token_loss.sum(1),
+        "nsp_correct": (output.nsp_logits.argmax(-1) == next_sentence).long(),
+        "nsp_loss": F.cross_entropy(output.nsp_logits.float(), next_sentence, reduction="none"),
     }
 
 
 def accuracies(counts: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """Masked-LM accuracy (over masked tokens, as MLPerf scores it) and next-sentence accuracy."""
+    """Masked-LM accuracy (over masked tokens, as MLPerf scores it) and next-sentence accuracy, and the two losses
+    as Google's run_pretraining reports them: the masked-LM loss a mean over the masked tokens, the next-sentence
+    loss a mean over the sequences."""
     masked = int(counts["mlm_count"].sum())
     return {
         "masked_lm_accuracy": int(counts["mlm_correct"].sum()) / max(1, masked),
+        "masked_lm_loss": float(counts["mlm_loss"].double().sum()) / max(1, masked),
         "next_sentence_accuracy": float(counts["nsp_correct"].float().mean()),
+        "next_sentence_loss": float(counts["nsp_loss"].double().mean()),
         "masked_tokens": masked,
     }
