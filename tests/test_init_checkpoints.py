@@ -62,7 +62,10 @@ def sources(tmp_path_factory):
     tf.parent.mkdir()
     write_tf_checkpoint(str(tf), tf_variables(model, CONFIG))
     (tf.parent / "checkpoint").write_text('model_checkpoint_path: "bert_model.ckpt"\n')
-    paths.update({"tf1-prefix": tf, "tf1-index": Path(f"{tf}.index"), "tf1-directory": tf.parent})
+    Path(f"{tf}.meta").write_bytes(b"")  # TF1's graph beside the checkpoint: a name users give too
+    paths.update(
+        {"tf1-prefix": tf, "tf1-index": Path(f"{tf}.index"), "tf1-meta": Path(f"{tf}.meta"), "tf1-directory": tf.parent}
+    )
 
     save_hf_directory(model, CONFIG, root / "hf-safetensors")
     save_hf_directory(model, CONFIG, root / "hf-bin", safe_serialization=False)
@@ -126,6 +129,7 @@ def sources(tmp_path_factory):
 FORMATS = [
     ("tf1-prefix", "Google's TF1 checkpoint"),
     ("tf1-index", "Google's TF1 checkpoint"),
+    ("tf1-meta", "Google's TF1 checkpoint"),
     ("tf1-directory", "Google's TF1 checkpoint"),
     ("hf-directory", "HF directory"),
     ("hf-directory-bin", "HF directory"),
@@ -158,6 +162,16 @@ def test_every_format_loads_every_encoder_weight_exactly(sources, name, describe
         "weights and bert.pooler (2 weights); new, from random values: classifier (2 weights); not used: "
         "cls.predictions, cls.seq_relationship"
     )
+
+
+def test_evaluation_from_a_checkpoint_reports_the_step_it_was_saved_at(sources):
+    steps = {
+        name: load_pretrained(build_model("pretraining", CONFIG), sources[name], CONFIG).step
+        for name in sources
+        if name != "reference"
+    }
+    assert steps["nvidia-pretraining-checkpoint"] == 8601 and steps["bertbench-run"] == 12
+    assert steps["hf-directory"] is None and steps["ddp-state-dict"] is None
 
 
 def test_the_names_a_wrapper_or_nvidia_gave_are_said_in_the_report(sources):

@@ -70,6 +70,7 @@ EXPECTED = (
 STATE_ENTRIES = ("model", "state_dict", "model_state_dict")
 # Name parts of wrappers around a model: DistributedDataParallel's module., torch.compile's _orig_mod.
 WRAPPER_PARTS = {"module": "a DDP wrapper (module.)", "_orig_mod": "torch.compile (_orig_mod.)"}
+NVIDIA_CHECKPOINT_NAME = re.compile(r"^ckpt_(\d+)\.pt$")  # run_pretraining.py's, named by its step
 GOOGLE_CHECKPOINT_NAME = re.compile(r"^model\.ckpt-(\d+)(\.index|\.data-\d{5}-of-\d{5}|\.meta)?$")
 
 
@@ -96,6 +97,8 @@ def find_weights(path: str | os.PathLike) -> WeightsSource:
     name = os.path.basename(path)
     if name.endswith(".index") or re.search(r"\.data-\d{5}-of-\d{5}$", name):
         return WeightsSource(path, TF1, path)
+    if name.endswith(".meta") and os.path.isfile(path.removesuffix(".meta") + ".index"):  # TF1's graph, beside it
+        return WeightsSource(path, TF1, path.removesuffix(".meta"))
     if name.endswith(".index.json"):
         return WeightsSource(path, HF_SHARDED, path)
     if name.endswith(".safetensors"):
@@ -491,9 +494,13 @@ def load_state_dict(path: str | os.PathLike, config: BertConfig | None = None) -
 
 def warm_start_step(source: WeightsSource) -> int | None:
     """The training step warm-start weights were saved at, when they say it: a bertbench checkpoint's, a TF1
-    checkpoint's global_step (a fine-tuned model.ckpt-1000); None for the others."""
+    checkpoint's global_step (a fine-tuned model.ckpt-1000), the step in NVIDIA's ckpt_<step>.pt; None for the
+    others."""
     if source.kind in (BERTBENCH_RUN, BERTBENCH_CHECKPOINT):
         return checkpoint_step(source.file)
+    nvidia = NVIDIA_CHECKPOINT_NAME.match(os.path.basename(source.file))
+    if source.kind == TORCH_FILE and nvidia:
+        return int(nvidia.group(1))
     if source.kind == TF1:
         checkpoint = TFCheckpoint(source.file)
         if "global_step" in checkpoint.entries:
