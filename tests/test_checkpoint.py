@@ -7,6 +7,7 @@ import pytest
 import torch
 from helpers import flip_byte
 
+from bertbench.common.durable import WriteError
 from bertbench.training import checkpoint
 from bertbench.training.checkpoint import CheckpointError, SaveTrigger
 
@@ -45,7 +46,7 @@ def test_workers_defer_pruning_and_a_run_with_worker_checkpoints_holds_state(tmp
         checkpoint.save_checkpoint(worker, step, state(step), keep_max=None)  # the other workers are still writing
     assert [step for step, _ in checkpoint.list_checkpoints(worker)] == [10, 20, 30]
     assert checkpoint.holds_training_state(tmp_path)  # through its worker
-    checkpoint.prune_checkpoints(worker, 1)
+    checkpoint.prune_checkpoints(worker, 1, 30)
     assert [step for step, _ in checkpoint.list_checkpoints(worker)] == [30]
 
 
@@ -151,6 +152,51 @@ def test_stray_files_named_like_checkpoints_are_named_once_and_never_counted_nor
     checkpoint.save_checkpoint(tmp_path, 24, state(24), keep_max=2)
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [20, 24, 30]
     assert len(checkpoint.stray_files(tmp_path)) == 4
+
+
+def test_entries_that_are_not_regular_files_are_strays_never_resumed_counted_replaced_nor_deleted(tmp_path):
+    """A directory, a symbolic link (even to a checkpoint of ours) and a pipe named like checkpoints: save_checkpoint
+    writes none of them. Listing them never opens the pipe (an open would block)."""
+    for step in (10, 20):
+        checkpoint.save_checkpoint(tmp_path, step, state(step), keep_max=2)
+    (tmp_path / "ckpt-000000030.pt").mkdir()
+    (tmp_path / "ckpt-000000040.pt").symlink_to(tmp_path / "ckpt-000000020.pt")
+    os.mkfifo(tmp_path / "ckpt-000000050.pt")
+    strays = {os.path.basename(path): why for path, why in checkpoint.stray_files(tmp_path)}
+    assert strays == {
+        "ckpt-000000030.pt": "a directory",
+        "ckpt-000000040.pt": "a symbolic link",
+        "ckpt-000000050.pt": "not a regular file",
+    }
+    warnings = []
+    assert checkpoint.newest_intact_checkpoint(tmp_path, warnings.append) == checkpoint.checkpoint_path(tmp_path, 20)
+    assert len(warnings) == 3 and all("damaged" not in line for line in warnings)
+    assert checkpoint.latest_checkpoint(tmp_path) == checkpoint.checkpoint_path(tmp_path, 20)
+    checkpoint.save_checkpoint(tmp_path, 60, state(60), keep_max=1)  # past every stray: only 10 and 20 go
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [60]
+    assert {os.path.basename(path) for path, _ in checkpoint.stray_files(tmp_path)} == set(strays)
+    for step, why in ((30, "a directory"), (40, "a symbolic link"), (50, "not a regular file")):
+        path = checkpoint.checkpoint_path(tmp_path, step)
+        with pytest.raises(WriteError) as failure:  # a save of a stray's step does not replace it
+            checkpoint.save_checkpoint(tmp_path, step, state(step), keep_max=1)
+        assert str(failure.value) == (
+            f"{path}: could not be written (it exists and is not a checkpoint ({why}): move it out of the run "
+            f"directory); the newest complete checkpoint is {checkpoint.checkpoint_path(tmp_path, 60)}"
+        )
+    assert os.path.islink(tmp_path / "ckpt-000000040.pt") and not os.listdir(tmp_path / "ckpt-000000030.pt")
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [60] and len(os.listdir(tmp_path)) == 4
+
+
+def test_rotation_deletes_nothing_until_the_newest_checkpoint_is_in_place(tmp_path):
+    for step in (10, 20):
+        checkpoint.save_checkpoint(tmp_path, step, state(step), keep_max=2)
+    checkpoint.prune_checkpoints(tmp_path, 1, 30)  # 30 is not on disk (its save failed): 10 and 20 stay
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [10, 20]
+    damaged = checkpoint.checkpoint_path(tmp_path, 40)  # one of ours, newer, damaged: never counted as the newest
+    with open(damaged, "wb") as handle:
+        handle.write(open(checkpoint.checkpoint_path(tmp_path, 20), "rb").read()[:100])
+    checkpoint.prune_checkpoints(tmp_path, 1, 20)
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [20, 40]
 
 
 def test_temporary_files_of_killed_saves_are_removed_and_nothing_else(tmp_path):

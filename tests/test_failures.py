@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from helpers import classifier_flags, snapshot, write_bert_dir
+from helpers import classifier_flags, flip_byte, snapshot, write_bert_dir
 from tqdm import tqdm
 
 from bertbench.common.durable import WriteError, write_atomically
@@ -170,6 +170,64 @@ def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(da
     assert main(flags(data, reference, "--do_train")) == 0
     resumed, whole = (load_checkpoint(list_checkpoints(run)[-1][1])["model"] for run in (out, reference))
     assert all(torch.equal(resumed[name], whole[name]) for name in whole)
+
+
+# ---- things named like a checkpoint --------------------------------------------------------------------------------
+
+
+def test_a_directory_named_like_a_newer_checkpoint_is_left_alone_and_the_run_resumes_past_it(
+    data, tmp_path, monkeypatch, capsys
+):
+    """A SIGTERM in step 6 leaves the checkpoint of step 6; a directory ckpt-000000010.pt/ appears beside it. The
+    resumed run names it once, resumes step 6 (not the directory), saves steps 8 and 12 past it, rotation deleting
+    only real checkpoints older than the one just written, and ends with the uninterrupted run's weights."""
+    out = tmp_path / "run"
+    signal_at_forward(monkeypatch, [signal.SIGTERM], training=True, from_call=6)
+    assert main(flags(data, out, "--do_train")) == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    assert [step for step, _ in list_checkpoints(out)] == [6]
+    stray = out / "ckpt-000000010.pt"
+    stray.mkdir()
+    (stray / "notes.txt").write_text("not a checkpoint")
+    capsys.readouterr()
+    assert main(flags(data, out, "--do_train")) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and f"{stray} is not a checkpoint (a directory)" in warnings[0]
+    results = json.loads((out / "train_results.json").read_text())
+    assert results["resumed_from"] == str(out / "ckpt-000000006.pt") and results["global_step"] == 12
+    assert [step for step, _ in list_checkpoints(out)] == [12]
+    assert (stray / "notes.txt").read_text() == "not a checkpoint"
+    assert main(flags(data, tmp_path / "whole", "--do_train")) == 0
+    resumed, whole = (load_checkpoint(list_checkpoints(tmp_path / name)[-1][1])["model"] for name in ("run", "whole"))
+    assert all(torch.equal(resumed[name], whole[name]) for name in whole)
+
+
+def test_a_directory_named_like_a_checkpoint_the_run_saves_stops_it_in_one_line_keeping_the_last_one(
+    data, tmp_path, error_line
+):
+    out = tmp_path / "run"
+    (out / "ckpt-000000008.pt").mkdir(parents=True)
+    assert main(flags(data, out, "--do_train")) == 1
+    assert error_line() == (
+        f"run_classifier: error: {out}/ckpt-000000008.pt: could not be written (it exists and is not a checkpoint "
+        f"(a directory): move it out of the run directory); the newest complete checkpoint is {out}/ckpt-000000004.pt"
+    )
+    assert [step for step, _ in list_checkpoints(out)] == [4] and not temporary_files(out)
+    (out / "ckpt-000000008.pt").rmdir()
+    assert main(flags(data, out, "--do_train")) == 0
+    assert json.loads((out / "train_results.json").read_text())["resumed_from"] == str(out / "ckpt-000000004.pt")
+
+
+def test_a_finished_run_run_again_keeps_its_checkpoint_beside_a_newer_damaged_one(finished_run, data, tmp_path):
+    """The re-run resumes its last step and prunes as its last save did: up to the checkpoint it resumed, not up to
+    a newer file that fails verification (counted, it would leave the damaged file alone)."""
+    run = copy_of(finished_run, tmp_path)
+    damaged = run / "ckpt-000000016.pt"
+    shutil.copy(run / "ckpt-000000012.pt", damaged)
+    flip_byte(damaged, os.path.getsize(damaged) // 2)
+    assert main(flags(data, run, "--do_train")) == 0
+    assert [step for step, _ in list_checkpoints(run)] == [12, 16]
+    verify_checkpoint(run / "ckpt-000000012.pt")
 
 
 # ---- a closed stdout ---------------------------------------------------------------------------------------------

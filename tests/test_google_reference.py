@@ -190,7 +190,7 @@ def squad_settings():
 
 
 @functools.cache
-def bertbench_squad(version: str, training: bool):
+def bertbench_squad(version: str, training: bool, answer_span: str = "google"):
     data = fixture("squad_features.json.gz")
     settings = data["settings"]
     examples = read_examples(FIXTURES / data[version]["file"], training=training, version_2=version == "v2.0")
@@ -201,6 +201,7 @@ def bertbench_squad(version: str, training: bool):
         settings["doc_stride"],
         settings["max_query_length"],
         training=training,
+        answer_span=answer_span,
     )
     return examples, features
 
@@ -280,6 +281,25 @@ def test_squad_training_features(version):
                 + ("" if same_ids else "\n  (the windows' input_ids differ too)")
             )
     assert not mismatches, mismatch_report(mismatches, len(features), f"{version} training windows")
+
+
+@pytest.mark.parametrize("version", SQUAD_VERSIONS)
+def test_squad_training_features_of_the_character_rule_part_where_answers_cut_punctuated_words(version):
+    """--train_answer_span=characters points at the tokens holding the answer's characters: it parts from Google's
+    targets only on the answers make_fixtures.py places inside words split at punctuation (its last article), where
+    no run of the words' tokens is the answer's own (Google's rule then takes the whole words) or where that run
+    comes first in the word ("bye" in "bye-bye,")."""
+    data = fixture("squad_features.json.gz")[version]
+    examples, features = bertbench_squad(version, training=True, answer_span="characters")
+    positions = zip(features.inputs["start_positions"].tolist(), features.inputs["end_positions"].tolist())
+    parted = {
+        examples[google["example_index"]].answer_text
+        for google, (start, end), (google_start, google_end, _) in zip(data["eval"], positions, data["train_positions"])
+        if (start, end) != (google_start, google_end)
+    }
+    assert parted == {"coded", "'decod", "e's", 'oftware"', "ate-of-the-ar", "PL-comp", "895-1943", "bye"}
+    punctuated = load_json(data["file"])["data"][-1]["paragraphs"][0]
+    assert "'decoded'," in punctuated["context"] and parted <= {qa["answers"][0]["text"] for qa in punctuated["qas"]}
 
 
 def google_training_reads(squad: dict) -> tuple[list[str], list[str]]:

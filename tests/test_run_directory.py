@@ -89,9 +89,11 @@ def test_a_rerun_of_a_finished_run_keeps_its_figures_and_only_evaluates(data, wh
     assert main(flags(data, whole)) == 0
     assert "the run is already at its last step 24: nothing to train, its figures are kept" in capsys.readouterr().out
     after = read_json(whole / "train_results.json")
-    for name in ("steps", "sentences", "seconds", "steady_sentences_per_second", "segments"):
+    whole_run = ("steps", "sentences", "seconds", "steady_sentences_per_second", "segments", "evaluation_seconds")
+    for name in (*whole_run, "final_loss", "first_step_seconds"):
         assert after[name] == before[name], name
-    assert after["invocation"]["steps"] == 0
+    assert before["final_loss"] > 0 and before["first_step_seconds"] > 0
+    assert after["invocation"]["steps"] == 0 and after["invocation"]["final_loss"] is None
     assert (whole / "metrics.jsonl").read_text() == metrics
     assert read_json(whole / "eval_results.json")["global_step"] == 24
 
@@ -123,6 +125,9 @@ def test_a_run_killed_after_a_checkpoint_keeps_the_figures_it_saved(data, whole,
     assert results["sentences"] == 24 * 16 == first["sentences"] + second["sentences"]
     assert results["seconds"] == pytest.approx(first["seconds"] + second["seconds"])
     assert results["invocation"]["steps"] == 8
+    # The run's first step is the first segment's, its final loss the last one's (this invocation's).
+    assert results["first_step_seconds"] == first["first_step_seconds"]
+    assert results["final_loss"] == second["final_loss"] == results["invocation"]["final_loss"]
     final = load_checkpoint(list_checkpoints(out)[-1][1])["model"]
     reference = load_checkpoint(list_checkpoints(whole)[-1][1])["model"]
     assert all(torch.equal(final[name], reference[name]) for name in reference)

@@ -3,12 +3,16 @@
 import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from bertbench.runners.config import parse_config
+from bertbench.runners.squad import SPEC, read
 from bertbench.tasks.squad.answers import GoogleAnswerText, postprocess
-from bertbench.tasks.squad.features import convert_examples
+from bertbench.tasks.squad.features import ANSWER_SPANS, convert_examples
 from bertbench.tasks.squad.reading import SquadDataError, SquadExample, read_examples
 from bertbench.tasks.tokenization import BertTokenizer
 
@@ -81,9 +85,65 @@ def test_answers_map_to_exactly_their_tokens(tokenizer, context, answer, tokens)
     assert answer_tokens(features, tokenizer) == tokens
 
 
-def test_an_answer_inside_a_word_maps_to_the_word(tokenizer):
-    features = convert_examples([example("an unbelievable dog", "believ")], tokenizer, 32, 8, 8, training=True)
-    assert answer_tokens(features, tokenizer) == ["##believ"]
+@pytest.mark.parametrize(
+    "answer_span, tokens",
+    [("google", ["un", "##believ", "##able"]), ("characters", ["##believ"])],
+)
+def test_an_answer_inside_a_word_maps_to_the_word_or_to_its_pieces(tokenizer, answer_span, tokens):
+    """ "believ" tokenizes to [UNK] alone: no run of the word's tokens is it, and Google's rule takes the word."""
+    features = convert_examples(
+        [example("an unbelievable dog", "believ")], tokenizer, 32, 8, 8, training=True, answer_span=answer_span
+    )
+    assert answer_tokens(features, tokenizer) == tokens
+
+
+@pytest.mark.parametrize(
+    "context, answer, start, google, characters",
+    [
+        # The answer's own tokens occur twice in the word: Google's rule takes the first, from the left.
+        ("a dog,dog barks", "dog", 6, (1, 1), (3, 3)),
+        # They occur once, after the word's other pieces: both rules point at them.
+        ("it is $1000, then", "1000,", 7, (3, 5), (3, 5)),
+        # The answer cuts a piece ("000" tokenizes to [UNK]): Google's rule takes the whole word, punctuation too.
+        ("it is $1000, then", "000", 8, (2, 5), (3, 4)),
+    ],
+)
+def test_googles_rule_narrows_the_words_to_the_first_run_of_the_answers_tokens(
+    tokenizer, context, answer, start, google, characters
+):
+    assert context[start : start + len(answer)] == answer
+    for answer_span, expected in (("google", google), ("characters", characters)):
+        features = convert_examples(
+            [example(context, answer, start)], tokenizer, 32, 8, 8, training=True, answer_span=answer_span
+        )
+        context_start = 6  # after [CLS] what is [UNK] ? [SEP]
+        positions = (int(features.inputs["start_positions"][0]), int(features.inputs["end_positions"][0]))
+        assert positions == (expected[0] + context_start, expected[1] + context_start), answer_span
+
+
+def test_the_runners_flag_chooses_the_rule_and_google_s_is_the_default(tmp_path):
+    fixtures = Path(__file__).parent / "fixtures" / "google_bert"
+    tokenizer = BertTokenizer.from_vocab_file(fixtures / "vocab.txt", do_lower_case=True)
+    positions = {}
+    for flag in ["", *(f"--train_answer_span={answer_span}" for answer_span in ANSWER_SPANS)]:
+        config, _ = parse_config(
+            SPEC,
+            [
+                "--do_train",
+                f"--train_file={fixtures / 'squad' / 'train-v1.1.json'}",
+                f"--vocab_file={fixtures / 'vocab.txt'}",
+                f"--bert_config_file={tmp_path / 'bert_config.json'}",
+                f"--output_dir={tmp_path / 'run'}",
+                "--max_seq_length=64",
+                "--doc_stride=32",
+                "--max_query_length=16",
+                *([flag] if flag else []),
+            ],
+        )
+        train = read(config.task, tokenizer, lambda line: None).train
+        positions[flag] = torch.stack([train["start_positions"], train["end_positions"]])
+    google, characters = positions["--train_answer_span=google"], positions["--train_answer_span=characters"]
+    assert torch.equal(positions[""], google) and not torch.equal(google, characters)
 
 
 def google_windows(num_tokens, budget, stride):

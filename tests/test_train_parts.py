@@ -154,13 +154,23 @@ def test_steady_throughput_leaves_out_the_first_steps_saves_and_evaluations():
         steady_seconds=4.0,
         steady_sentences_per_second=2.0,
         steady_real_tokens_per_second=10.0,
+        evaluation_seconds=1.0,
+        final_loss=0.25,
+        first_step_seconds=3.0,
     )
     totals = run_totals([segment, second])
     assert totals["real_tokens_per_second"] == (340 + 50) / (10.75 + 5.0)
     assert totals["steady_real_tokens_per_second"] == (8 * 34 + 10.0 * 4.0) / (8.0 + 4.0)
     assert totals["padding_fraction"] == 1 - 390 / 500
+    # The run's final loss is its last segment's, its first step the first one's.
+    assert (totals["final_loss"], totals["first_step_seconds"], totals["evaluation_seconds"]) == (0.25, 1.0, 1.25)
     older = {name: value for name, value in segment.items() if "real_tokens" not in name and name != "tokens"}
     assert run_totals([older, second])["real_tokens_per_second"] is None
+    # A segment saved before bertbench kept these figures leaves the run without them, not with another's.
+    kept_since = ("evaluation_seconds", "final_loss", "first_step_seconds")
+    oldest = {name: value for name, value in segment.items() if name not in kept_since}
+    totals = run_totals([oldest, second])
+    assert (totals["final_loss"], totals["first_step_seconds"], totals["evaluation_seconds"]) == (0.25, None, None)
 
 
 def test_the_first_step_is_timed_from_the_loops_start():

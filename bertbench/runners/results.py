@@ -110,6 +110,9 @@ def invocation_figures(result: TrainResult) -> dict[str, Any]:
             "sentences_per_second",
             "steady_sentences_per_second",
             "steady_steps",
+            "evaluation_seconds",
+            "final_loss",
+            "first_step_seconds",
         )
     }
 

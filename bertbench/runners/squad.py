@@ -30,7 +30,7 @@ from bertbench.runners.results import report_eval
 from bertbench.runners.run_directory import write_json
 from bertbench.runners.skeleton import FineTuningData, FineTuningRunner, WorkerScore
 from bertbench.tasks.squad.answers import ANSWER_TEXTS, GoogleAnswerText, SquadPredictions, postprocess
-from bertbench.tasks.squad.features import SquadFeatures, convert_examples
+from bertbench.tasks.squad.features import ANSWER_SPANS, SquadFeatures, convert_examples
 from bertbench.tasks.squad.reading import SquadDataError, SquadExample, read_examples
 from bertbench.tasks.squad.scoring import ScoredQuestion, evaluate, read_questions
 from bertbench.tasks.tokenization import BertTokenizer
@@ -63,6 +63,18 @@ class SquadSettings(FineTuningSettings):
         "only (an answer holding a no-break space). Off: they are skipped, as "
         "Google's reader skips them, with a warning naming them.",
         False,
+        defines_run=True,
+    )
+    train_answer_span: str = setting(
+        "Which context tokens a training answer's start and end point at. google: "
+        "Google's run_squad's rule, the whole words holding the answer narrowed to the "
+        "first run of their tokens that is the answer text's own tokens, else all of "
+        "them (with the quote, bracket or rest of a word piece next to an answer that "
+        "cuts a piece); the original's targets, for results that compare with its. "
+        "characters: the tokens holding the answer's characters, at the place "
+        "annotated; tighter targets where answers cut words.",
+        "google",
+        choices=ANSWER_SPANS,
         defines_run=True,
     )
     null_score_diff_threshold: float = setting(
@@ -119,7 +131,13 @@ def make_features(
     started = time.perf_counter()
     try:
         features = convert_examples(
-            examples, tokenizer, settings.max_seq_length, settings.doc_stride, settings.max_query_length, training
+            examples,
+            tokenizer,
+            settings.max_seq_length,
+            settings.doc_stride,
+            settings.max_query_length,
+            training,
+            settings.train_answer_span,
         )
     except SquadDataError as error:
         raise SquadDataError(f"{path}: {error}") from None

@@ -1,15 +1,17 @@
 """Training checkpoints on disk: atomic writes, keep-the-newest-N rotation, and the time/step save trigger.
 
-A checkpoint is one file `ckpt-<step>.pt` in the model directory, written to a temporary name, fsynced and renamed,
-so a crash at any point leaves either the complete new file or none; older files beyond `keep_max` are deleted only
-after the new one is in place. The trigger mirrors tf.estimator's RunConfig: every `save_secs` of wall-clock time
-and/or every `save_steps` steps. Independent workers (training without gradient all-reduce) each keep their own
-checkpoints in `worker-<rank>/` under the model directory.
+A checkpoint is one regular file `ckpt-<step>.pt` in the model directory, written to a temporary name, fsynced and
+renamed, so a crash at any point leaves either the complete new file or none; older files beyond `keep_max` are
+deleted only after the new one is in place, and never anything that save_checkpoint cannot have written (a stray: a
+directory, a link, another program's file named like a checkpoint). The trigger mirrors tf.estimator's RunConfig:
+every `save_secs` of wall-clock time and/or every `save_steps` steps. Independent workers (training without gradient
+all-reduce) each keep their own checkpoints in `worker-<rank>/` under the model directory.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 import zipfile
 import zlib
@@ -39,9 +41,10 @@ def list_checkpoints(model_dir: str | os.PathLike) -> list[tuple[int, str]]:
 
 
 def stray_files(model_dir: str | os.PathLike) -> list[tuple[str, str]]:
-    """(path, why) of the files in model_dir named like a checkpoint that save_checkpoint cannot have written: not a
-    zip archive as torch.save writes, or one that does not hold a bertbench training checkpoint. A checkpoint of ours
-    that is damaged still begins as one and is listed by list_checkpoints (verification then passes over it)."""
+    """(path, why) of the entries in model_dir named like a checkpoint that save_checkpoint cannot have written: not
+    a regular file (a directory, a symbolic link, a pipe), not a zip archive as torch.save writes, or one that does
+    not hold a bertbench training checkpoint. A checkpoint of ours that is damaged still begins as one and is listed
+    by list_checkpoints (verification then passes over it), and so is one this process cannot read."""
     return _scan(model_dir)[1]
 
 
@@ -70,8 +73,14 @@ _ZIP_START = b"PK\x03\x04"  # every torch.save archive's first bytes, whatever d
 
 
 def _not_ours(path: str) -> str | None:
-    """Why the file at `path` is no checkpoint save_checkpoint wrote; None when it may be one (intact or damaged).
-    Reads the zip directory and the pickle (a small part of a checkpoint), not the tensors."""
+    """Why the entry at `path` is no checkpoint save_checkpoint wrote; None when it may be one (intact, damaged or
+    unreadable here). Reads the zip directory and the pickle (a small part of a checkpoint), not the tensors; never
+    opens what is not a regular file (a pipe would block the open)."""
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISREG(mode):
+        return (
+            "a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+        )
     try:
         with open(path, "rb") as handle:
             start = handle.read(len(_ZIP_START))
@@ -122,13 +131,15 @@ def holds_training_state(model_dir: str | os.PathLike) -> bool:
     )
 
 
-def prune_checkpoints(model_dir: str | os.PathLike, keep_max: int, saved_step: int | None = None) -> None:
-    """Delete all but the newest `keep_max` checkpoints of model_dir; with `saved_step` (the one just written), the
-    newest up to that step: a later one is a damaged file the run resumed past (evidence, which its own save of
-    that step replaces), and counting it would delete the good ones."""
-    checkpoints = [
-        (step, path) for step, path in list_checkpoints(model_dir) if saved_step is None or step <= saved_step
-    ]
+def prune_checkpoints(model_dir: str | os.PathLike, keep_max: int, newest_step: int) -> None:
+    """Delete all but the newest `keep_max` checkpoints of model_dir up to `newest_step`, that of the checkpoint just
+    written (or just verified), and nothing while that checkpoint is not in place: rotation never deletes one before
+    a newer one is safely on disk. A checkpoint after newest_step is a damaged file the run resumed past (evidence,
+    which its own save of that step replaces), and counting it would delete the good ones; strays are never
+    listed, so never counted nor deleted."""
+    checkpoints = [(step, path) for step, path in list_checkpoints(model_dir) if step <= newest_step]
+    if not checkpoints or checkpoints[-1][0] != newest_step:
+        return
     for _, old in checkpoints[:-keep_max]:
         os.remove(old)
 
@@ -141,6 +152,14 @@ def save_checkpoint(model_dir: str | os.PathLike, step: int, state: dict[str, An
     model_dir = os.fspath(model_dir)
     os.makedirs(model_dir, exist_ok=True)
     path = checkpoint_path(model_dir, step)
+    in_the_way = os.path.lexists(path) and _not_ours(path)
+    if in_the_way:  # renaming the new file over a stray would delete it
+        newest = latest_checkpoint(model_dir)
+        raise write_failure(
+            path,
+            FileExistsError(f"it exists and is not a checkpoint ({in_the_way}): move it out of the run directory"),
+            f"the newest complete checkpoint is {newest}" if newest else "no checkpoint was kept",
+        )
     handle = None
     try:
         # A signal too leaves the old checkpoints and removes the partial file; the rename is fsynced before

@@ -305,7 +305,7 @@ def restore_training(
         f"{begun.restore_seconds:.2f} s"
     )
     if begun.step >= config.num_train_steps:
-        checkpoints.prune()
+        checkpoints.prune(begun.step)
     return step, checkpoints, begun
 
 

@@ -240,11 +240,12 @@ class TrainingCheckpoints:
         prune_checkpoints(self.directory, self.keep_max, global_step)
         return path
 
-    def prune(self) -> None:
-        """Keep the newest keep_max checkpoints: what the last save does, for a run killed after that save but
-        before its prune (the run is at its last step, so no save of its own comes again)."""
+    def prune(self, resumed_step: int) -> None:
+        """Keep the newest keep_max checkpoints up to the one resumed at `resumed_step`: what the last save does, for
+        a run killed after that save but before its prune (the run is at its last step, so no save of its own comes
+        again)."""
         if self.independent_workers or self.dist.is_main:
-            prune_checkpoints(self.directory, self.keep_max)
+            prune_checkpoints(self.directory, self.keep_max, resumed_step)
 
     def restore(self, path: str, state: Mapping[str, Any], seed: int) -> Restored:
         """Every part from `state` (read from `path`): the run continues exactly where it was saved."""

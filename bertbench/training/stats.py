@@ -43,7 +43,7 @@ class TrainResult:
     real_tokens_per_second: float | None  # tokens that were not padding / seconds
     steady_real_tokens_per_second: float | None  # the same over the steady steps
     skipped_steps: int  # fp16 steps skipped for inf/NaN gradients, in the whole run
-    final_loss: float | None  # mean loss of the last logged window
+    final_loss: float | None  # mean loss of this call's last trained step's window (LoopStats.last_window_loss)
     last_checkpoint: str | None
     epoch: float
     # Every segment of the run that trained: the earlier invocations' (from the checkpoint resumed) and this one's.
@@ -181,6 +181,11 @@ class LoopStats:
         self.window_started = self.clock()
         return window
 
+    def last_window_loss(self) -> float | None:
+        """The mean loss of the last trained step's window: the open window's so far (a stop or a save between log
+        steps), else the last one logged; None before any step. Every rank calls it: the mean is over the ranks."""
+        return self.mean_loss() if self.window_counted else self.last_loss
+
     def finite_loss(self) -> float:
         """The window's loss so far (0 when no step counted), for the check before a save."""
         return self.mean_loss() if self.window_counted else 0.0
@@ -202,7 +207,8 @@ class LoopStats:
     def segment(self, global_step: int, ended: str | None) -> dict[str, Any]:
         """This invocation's figures so far, as train_results.json's `segments` list them: steps start_step to
         global_step, how the segment `ended` (None while it runs: a segment read back from a checkpoint with None
-        was lost after that save, and its later steps were trained again)."""
+        was lost after that save, and its later steps were trained again), its last window's loss and its first
+        step's seconds."""
         synchronize(self.device)
         now = self.clock()
         seconds = now - self.started
@@ -228,6 +234,9 @@ class LoopStats:
             "steady_seconds": steady_seconds,
             "checkpoint_saves": self.saves,
             "checkpoint_seconds": self.save_seconds,
+            "evaluation_seconds": self.evaluation_seconds,
+            "final_loss": self.last_window_loss(),
+            "first_step_seconds": self.first_step_seconds,
             "world_size": self.world_size,
             "ended": ended,
         }
@@ -249,8 +258,6 @@ class LoopStats:
     ) -> TrainResult:
         """This invocation's figures; `segments`: the run's, as its last checkpoint holds them."""
         this = self.segment(global_step, ended=None)
-        if self.window_counted:
-            self.last_loss = self.mean_loss()
         return TrainResult(
             global_step=global_step,
             resumed_from=resumed_from,
@@ -271,7 +278,7 @@ class LoopStats:
             real_tokens_per_second=this["real_tokens"] / max(1e-9, this["seconds"]) if this["steps"] else None,
             steady_real_tokens_per_second=this["steady_real_tokens_per_second"],
             skipped_steps=skipped,
-            final_loss=self.last_loss,
+            final_loss=this["final_loss"],
             last_checkpoint=last_checkpoint,
             epoch=epoch,
             segments=list(segments),
@@ -282,7 +289,9 @@ class LoopStats:
 
 def run_totals(segments: list[dict[str, Any]]) -> dict[str, Any]:
     """The whole run's figures over its segments (every invocation that trained): steps, sentences and seconds
-    added up, and the rates over those sums (the steady rate over the segments' steady parts)."""
+    added up, the rates over those sums (the steady rate over the segments' steady parts), the loss of the run's
+    last window and the seconds of its first step. A figure some segment lacks (one saved before bertbench kept
+    it) is None rather than a part of the run's."""
     total = {
         name: sum(segment[name] for segment in segments)
         for name in (
@@ -314,7 +323,11 @@ def run_totals(segments: list[dict[str, Any]]) -> dict[str, Any]:
         if counted
         else None
     )
+    evaluations = [segment.get("evaluation_seconds") for segment in segments]
     return {
+        "final_loss": segments[-1].get("final_loss"),
+        "first_step_seconds": segments[0].get("first_step_seconds"),
+        "evaluation_seconds": None if None in evaluations else sum(evaluations),
         "real_tokens_per_second": real_tokens / total["seconds"] if counted and total["seconds"] else None,
         "steady_real_tokens_per_second": steady_real / total["steady_seconds"]
         if counted and total["steady_steps"]

@@ -1,12 +1,15 @@
 """SQuAD features for BERT, as Google's run_squad.py builds them: [CLS] question [SEP] context window [SEP], the
 question cut to max_query_length tokens, long contexts split into windows doc_stride tokens apart. Token positions
-come from the fast tokenizer's character offsets, so an answer maps to tokens exactly (accents, CJK, runs of
-whitespace) and a predicted span maps back to the original context text, not to joined word pieces. A training window
-that does not hold the whole answer, and every window of an unanswerable v2.0 question, points at [CLS].
+come from the fast tokenizer's character offsets, so a predicted span maps back to the original context text, not
+to joined word pieces. A training answer's tokens follow Google's rule by default (ANSWER_SPANS: the whole words
+holding it, narrowed to the first run of tokens that are the answer text's own), or the tokens holding its
+characters. A training window that does not hold the whole answer, and every window of an unanswerable v2.0 question,
+points at [CLS].
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from collections.abc import Sequence
@@ -16,8 +19,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from bertbench.tasks.squad.reading import SquadDataError, SquadExample
+from bertbench.tasks.squad.reading import SquadDataError, SquadExample, google_words
 from bertbench.tasks.tokenization import BertTokenizer
+
+# Which context tokens a training answer's start and end positions point at (see _google_answer_tokens and
+# _character_answer_tokens).
+ANSWER_SPANS = ("google", "characters")
 
 
 @dataclass
@@ -41,13 +48,17 @@ def convert_examples(
     doc_stride: int,
     max_query_length: int,
     training: bool,
+    answer_span: str = "google",
 ) -> SquadFeatures:
     """Windows of every example. Questions and contexts are tokenized in parallel batches (each distinct context
     once: a SQuAD paragraph serves about five questions); windows and answer positions come from the offsets.
 
     Windows follow Google's run_squad: each holds up to max_seq_length - len(question) - 3 context tokens and starts
     doc_stride tokens after the previous one, the last ending at the context's end. A training window holding the
-    whole answer points start/end_positions at it; other windows, and unanswerable questions, at [CLS] (0)."""
+    whole answer (its tokens by the `answer_span` rule, one of ANSWER_SPANS) points start/end_positions at it; other
+    windows, and unanswerable questions, at [CLS] (0)."""
+    if answer_span not in ANSWER_SPANS:
+        raise ValueError(f"answer_span must be one of {', '.join(ANSWER_SPANS)}, got {answer_span!r}")
     if max_seq_length <= max_query_length + 3:
         raise ValueError(
             f"max_seq_length {max_seq_length} leaves no room for the context after a question of up to "
@@ -69,13 +80,29 @@ def convert_examples(
         for context, encoding in zip(contexts, encoded_contexts)
     ]
 
+    by_words = training and answer_span == "google"
+    answers = (
+        backend.encode_batch([example.answer_text for example in examples], add_special_tokens=False)
+        if by_words
+        else None
+    )
+    words_of = functools.lru_cache(maxsize=None)(
+        lambda number: _token_words(contexts[number], context_tokens[number][1])
+    )
+
     windows: list[_Window] = []
     for index, (example, question) in enumerate(zip(examples, questions)):
         question_ids = question.ids[:max_query_length]
         doc_ids, doc_offsets = context_tokens[context_index[example.context]]
         if len(doc_ids) == 0:
             raise SquadDataError(f"question {example.question_id}: its context has no tokens")
-        answer = _answer_tokens(example, doc_offsets) if training else None
+        answer = (
+            None
+            if not training or example.is_impossible
+            else _google_answer_tokens(example, doc_ids, *words_of(context_index[example.context]), answers[index].ids)
+            if by_words
+            else _character_answer_tokens(example, doc_offsets)
+        )
         spans = _window_spans(len(doc_ids), max_seq_length - len(question_ids) - 3, doc_stride)
         best_window = None if training else _best_window_per_token(spans, len(doc_ids))
         for number, (start, length) in enumerate(spans):
@@ -182,14 +209,43 @@ def _best_window_per_token(spans: list[tuple[int, int]], num_tokens: int) -> np.
     return scores.argmax(axis=0)
 
 
-def _answer_tokens(example: SquadExample, doc_offsets: np.ndarray) -> tuple[int, int] | None:
-    """The first and last context token of the answer: the first token ending after the answer's first character,
-    the last starting before its end. None for an unanswerable question."""
-    if example.is_impossible:
-        return None
+def _character_answer_tokens(example: SquadExample, doc_offsets: np.ndarray) -> tuple[int, int]:
+    """The "characters" rule: the first and last context token holding a character of the answer (the first token
+    ending after its first character, the last starting before its end)."""
     answer_end = example.answer_start + len(example.answer_text)
     first = int(np.searchsorted(doc_offsets[:, 1], example.answer_start, side="right"))
     last = int(np.searchsorted(doc_offsets[:, 0], answer_end, side="left")) - 1
+    return _checked_span(example, first, last)
+
+
+def _token_words(context: str, doc_offsets: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """(the word of each context token, where each word starts): the context's words as Google's run_squad splits
+    them (reading.google_words), a token belonging to the word holding its first character."""
+    _, word_starts = google_words(context)
+    return np.searchsorted(word_starts, doc_offsets[:, 0], side="right") - 1, word_starts
+
+
+def _google_answer_tokens(
+    example: SquadExample, doc_ids: np.ndarray, token_words: np.ndarray, word_starts: list[int], answer_ids: list[int]
+) -> tuple[int, int]:
+    """The "google" rule, Google's run_squad's (convert_examples_to_features and _improve_answer_span): the tokens of
+    the whole words holding the answer's first and last characters (char_to_word_offset: a space belongs to the
+    word before it), narrowed to the first run of them, from the left, that is the answer text's own tokens; the
+    whole words when none is (an answer starting or ending inside a word piece, or in a word split at punctuation
+    where its text tokenizes otherwise)."""
+    first_word = bisect.bisect_right(word_starts, example.answer_start) - 1
+    last_word = bisect.bisect_right(word_starts, example.answer_start + len(example.answer_text) - 1) - 1
+    first = int(np.searchsorted(token_words, first_word, side="left"))
+    last = int(np.searchsorted(token_words, last_word, side="right")) - 1
+    length = len(answer_ids)
+    if length:
+        for start in range(first, last - length + 2):
+            if np.array_equal(doc_ids[start : start + length], answer_ids):
+                return start, start + length - 1
+    return _checked_span(example, first, last)
+
+
+def _checked_span(example: SquadExample, first: int, last: int) -> tuple[int, int]:
     if first > last:
         raise SquadDataError(
             f"question {example.question_id}: the answer {example.answer_text!r} covers no token of the context"
