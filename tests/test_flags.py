@@ -310,6 +310,21 @@ def test_a_record_older_than_adam_bias_correction_resumes_with_the_rule_it_was_t
         parse_config(run_pretraining.SPEC, [f"--output_dir={tmp_path}", "--do_train", "--noadam_bias_correction"])
 
 
+def test_a_squad_record_older_than_train_answer_span_resumes_with_the_character_rule(tmp_path):
+    """Before --train_answer_span, run_squad's training targets were the tokens holding the answer's characters: a
+    run recorded then goes on with them, and a command that would change them is refused."""
+    command = parse(run_squad.SPEC, tmp_path)
+    write_record(None, run_squad.PROGRAM, command, tiny_config(), Distributed())
+    path = tmp_path / RUN_RECORD
+    old = json.loads(path.read_text())
+    del old["args"]["train_answer_span"]
+    path.write_text(json.dumps(old))
+    resumed, _ = parse_config(run_squad.SPEC, [f"--output_dir={tmp_path}", "--do_train"])
+    assert resumed.task.train_answer_span == "characters"
+    with pytest.raises(UsageError, match="this run was made with --train_answer_span=characters, the command gives"):
+        parse_config(run_squad.SPEC, [f"--output_dir={tmp_path}", "--do_train", "--train_answer_span=google"])
+
+
 # ---- a command given as Python values (how the demo and the benches call runners) ----------------------------------
 
 

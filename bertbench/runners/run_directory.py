@@ -56,7 +56,7 @@ class RunRecord:
             return cls(
                 path=path,
                 runner=data["runner"],
-                args=_with_legacy_rule(data["args"]),
+                args=_with_legacy_settings(data["runner"], data["args"]),
                 bert_config=data["bert_config"],
                 world_size=data["world_size"],
                 derived=data.get("derived", {}),
@@ -82,13 +82,16 @@ class RunRecord:
         )
 
 
-def _with_legacy_rule(args: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A record's flags, with the optimizer rule a run recorded before bertbench had --adam_bias_correction was
-    trained with (optim.legacy_rule: bias-corrected AdamW, and nvlamb for its lamb), so that resuming it keeps it."""
-    if "adam_bias_correction" in args or "optimizer_type" not in args:
-        return args
-    optimizer, bias_correction = optim.legacy_rule(args["optimizer_type"])
-    return {**args, "optimizer_type": optimizer, "adam_bias_correction": bias_correction}
+def _with_legacy_settings(runner: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record's flags, with what a run recorded before a setting existed was trained with, so that resuming it
+    keeps it: the optimizer rule of a run from before --adam_bias_correction (optim.legacy_rule: bias-corrected
+    AdamW, and nvlamb for its lamb); the character rule of SQuAD's answer spans before --train_answer_span."""
+    if "adam_bias_correction" not in args and "optimizer_type" in args:
+        optimizer, bias_correction = optim.legacy_rule(args["optimizer_type"])
+        args = {**args, "optimizer_type": optimizer, "adam_bias_correction": bias_correction}
+    if runner == "run_squad" and "train_answer_span" not in args:
+        args = {**args, "train_answer_span": "characters"}
+    return args
 
 
 def read_json(path: str) -> Any:
