@@ -272,7 +272,10 @@ def test_init_from_an_hf_directory(data, tmp_path, capsys):
     save_hf_directory(pretrained, config, tmp_path / "hf")
     out = tmp_path / "out"
     assert main(flags(data, out, "MRPC", "--do_eval", f"--init_checkpoint={tmp_path / 'hf'}")) == 0
-    assert f"loaded {tmp_path / 'hf'}; missing: classifier.weight, classifier.bias" in capsys.readouterr().out
+    assert (
+        f"warm start from {tmp_path / 'hf'} (HF directory): loaded 37 of 37 encoder weights and bert.pooler (2 weights); "
+        "new, from random values: classifier (2 weights); not used: cls.predictions, cls.seq_relationship (7 weights)"
+    ) in capsys.readouterr().out
     assert read_results(out)["global_step"] == 0 and not list_checkpoints(out)
 
 
