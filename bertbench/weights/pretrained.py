@@ -110,13 +110,12 @@ def find_weights(path: str | os.PathLike) -> WeightsSource:
 
 
 def _find_in_directory(path: str) -> WeightsSource:
-    if is_hf_directory(path):
-        BertConfig.from_json_file(path)  # an HF directory of another model (model_type roberta, ...) is refused
-        weights = next(os.path.join(path, name) for name in HF_WEIGHT_FILES if os.path.isfile(os.path.join(path, name)))
-        return WeightsSource(path, HF_DIRECTORY, weights)
     weights = next(
         (os.path.join(path, name) for name in HF_WEIGHT_FILES if os.path.isfile(os.path.join(path, name))), None
     )
+    if weights is not None and is_hf_directory(path):
+        BertConfig.from_json_file(path)  # an HF directory of another model (model_type roberta, ...) is refused
+        return WeightsSource(path, HF_DIRECTORY, weights)
     if weights is not None:  # HF's weights without their config.json: the command's config sizes them
         return WeightsSource(path, HF_SHARDED if weights.endswith(".index.json") else HF_FILE, weights)
     if os.path.isfile(os.path.join(path, "checkpoint")) or glob.glob(os.path.join(glob.escape(path), "*.index")):
@@ -163,8 +162,8 @@ class Weights:
 
     source: WeightsSource
     state: dict[str, torch.Tensor]
-    described: str  # the format, e.g. "NVIDIA's checkpoint (its 'model' entry)"
-    renamed: list[str] = field(default_factory=list)  # name changes made: "DDP's module. prefix", ...
+    described: str  # the format, e.g. "NVIDIA's checkpoint: its 'model' entry; not read: epoch, ..."
+    renamed: list[str] = field(default_factory=list)  # how names were read: "a DDP wrapper (module.)", ...
 
 
 def read_weights(source: WeightsSource, config: BertConfig | None = None) -> Weights:
