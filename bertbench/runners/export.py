@@ -28,7 +28,7 @@ from bertbench.common.flags import ArgumentParser, parse_bool
 from bertbench.common.run_files import RUN_RECORD
 from bertbench.model.config import BertConfig, ConfigError
 from bertbench.runners.run_directory import RunRecord
-from bertbench.tasks.glue import get_processor
+from bertbench.tasks.glue import GlueDataError, glue_task
 from bertbench.tasks.tokenization import VocabError
 from bertbench.training.checkpoint import CheckpointError, load_checkpoint, newest_intact_checkpoint
 from bertbench.weights.hf import check_output_dir, model_tokenizer, save_hf_directory
@@ -122,7 +122,7 @@ def read_source(args: argparse.Namespace) -> Exported:
         notes.append(f"{checkpoint.prefix}: {mapping.summary()}")
     labels = problem_type = None
     if record is not None and record.runner == "run_classifier" and "task_name" in recorded:
-        processor = get_processor(recorded["task_name"])
+        processor = glue_task(recorded["task_name"], recorded.get("train_file"))  # HF's files: their labels
         labels, problem_type = (
             (None, "regression") if processor.is_regression else (processor.labels, "single_label_classification")
         )
@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     return run_command(
-        PROG, body, input_errors=(CheckpointError, TFCheckpointError, ConfigError, VocabError, WeightsError)
+        PROG,
+        body,
+        input_errors=(CheckpointError, TFCheckpointError, ConfigError, VocabError, WeightsError, GlueDataError),
     )
 
 
