@@ -27,6 +27,7 @@ from bertbench.runners import classifier as run_classifier
 from bertbench.runners import evaluate_squad
 from bertbench.runners import pretraining as run_pretraining
 from bertbench.runners import squad as run_squad
+from bertbench.runners.example_data import write_hf_glue_files
 from bertbench.tasks import create_pretraining_data
 from bertbench.tasks.synthetic import write_corpus, write_glue_task, write_squad
 from bertbench.training.checkpoint import save_checkpoint
@@ -393,6 +394,23 @@ def glue_case(id, split, damage, expect, *extra, task="MRPC", state="absent"):
     return Case(id, "classify", build, state)
 
 
+def hf_files_case(id, split, extension, damage, expect, *extra):
+    """A broken copy of HF run_glue's own files (inputs' MRPC as csv or JSON lines): `damage` breaks split's file."""
+
+    def build(inputs, tmp, out):
+        directory = tmp / "files"
+        write_hf_glue_files(inputs / "glue" / "MRPC", directory)
+        damage(directory / f"{split}.{extension}")
+        flags = [f"--{name}_file={directory / f'{name}.{extension}'}" for name in ("train", "validation", "test")]
+        argv = [flag for flag in classify_flags(inputs, out) if not flag.startswith(("--task_name", "--data_dir"))]
+        return [*argv, *flags, *(extra or ("--do_train", "--do_eval", "--do_predict"))], (
+            f"{directory / f'{split}.{extension}'}",
+            expect,
+        )
+
+    return Case(id, "classify", build)
+
+
 def squad_case(id, edit, expect, *extra, name="train-v1.1.json", version="1.1", state="absent"):
     def build(inputs, tmp, out):
         path = broken_squad(inputs, tmp, edit, name)
@@ -588,6 +606,67 @@ CASES = [
     ),
     glue_case("glue-train-non-utf8", "train", not_utf8, ":2: not valid UTF-8", "--do_train"),
     glue_case("glue-dev-missing", "dev", Path.unlink, ": no such file", "--do_train", "--do_eval", state="empty"),
+    # ---- HF run_glue's csv and JSON-lines files ---------------------------------------------------------------------
+    hf_files_case(
+        "hf-csv-no-label-column", "train", "csv", replace_line(1, "sentence1,sentence2,gold"), ": no 'label' column"
+    ),
+    hf_files_case(
+        "hf-csv-short-row",
+        "train",
+        "csv",
+        replace_line(4, "the cat sees .,1"),
+        ":4: 2 comma-separated fields, the header has 3",
+    ),
+    hf_files_case("hf-csv-no-label", "train", "csv", replace_line(3, "the cat sees .,the dog sees .,"), ":3: no label"),
+    hf_files_case("hf-csv-one-class", "train", "csv", keep_lines(0, 2), ": every label is '"),
+    hf_files_case(
+        "hf-csv-text-and-number-labels",
+        "train",
+        "csv",
+        replace_line(5, "a,b,yes"),
+        ":5: label 'yes', where line 2's is ",
+    ),
+    hf_files_case(
+        "hf-csv-nan-label", "train", "csv", replace_line(2, "a,b,nan"), ":2: label nan is not a finite number"
+    ),
+    hf_files_case(
+        "hf-csv-unknown-validation-label",
+        "validation",
+        "csv",
+        replace_line(3, "the cat sees .,the dog sees .,2"),
+        ":3: label '2' is not one of the training file's labels (0, 1)",
+    ),
+    hf_files_case(
+        "hf-csv-test-without-second-column",
+        "test",
+        "csv",
+        replace_line(1, "sentence1,other"),
+        ": no 'sentence2' column, which the training file has",
+    ),
+    hf_files_case("hf-json-not-json", "train", "json", replace_line(6, '{"sentence1": "a",'), ":6: not valid JSON"),
+    hf_files_case(
+        "hf-json-not-an-object",
+        "validation",
+        "json",
+        replace_line(2, '["a", "b", 1]'),
+        ":2: list, expected a JSON object",
+    ),
+    hf_files_case(
+        "hf-json-number-text",
+        "train",
+        "json",
+        replace_line(3, '{"sentence1": 7, "sentence2": "b", "label": 1}'),
+        ":3: column 'sentence1' holds 7, not text",
+    ),
+    hf_files_case(
+        "hf-json-test-record-missing-a-text",
+        "test",
+        "json",
+        replace_line(2, '{"sentence1": "a"}'),
+        ":2: column 'sentence2' holds None, not text",
+    ),
+    hf_files_case("hf-json-empty", "train", "json", empty, ": no examples"),
+    hf_files_case("hf-csv-not-utf8", "validation", "csv", not_utf8, ": not valid UTF-8"),
     # ---- SQuAD JSON -------------------------------------------------------------------------------------------------
     Case(
         "squad-not-json",

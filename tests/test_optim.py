@@ -295,6 +295,43 @@ def test_schedule_drives_the_optimizer_learning_rate():
         optim.warmup_decay_schedule(optimizer, 10, warmup_proportion=1.5)
 
 
+def rates(schedule_args, steps, lr=1e-3):
+    """The learning rate of each of `steps` optimizer steps under warmup_decay_schedule(**schedule_args)."""
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(2))], lr=lr)
+    schedule = optim.warmup_decay_schedule(optimizer, num_train_steps=steps, **schedule_args)
+    seen = []
+    for _ in range(steps + 1):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    return seen
+
+
+def test_hfs_schedule_decays_from_the_peak_at_the_warmup_end_as_hf_trainers_get_scheduler():
+    """HF's get_linear_schedule_with_warmup and get_polynomial_decay_schedule_with_warmup (lr_end 1e-7, power 1),
+    their formulas evaluated by hand for 10 steps, 2 of warm-up."""
+    linear = rates({"warmup_proportion": 0.2, "schedule": "hf"}, 10)
+    assert linear == pytest.approx([0.0, 5e-4, 1e-3, 8.75e-4, 7.5e-4, 6.25e-4, 5e-4, 3.75e-4, 2.5e-4, 1.25e-4, 0.0])
+    poly = rates({"warmup_proportion": 0.2, "schedule": "hf", "decay": "poly"}, 10)
+    assert poly[:3] == pytest.approx([0.0, 5e-4, 1e-3])
+    assert poly[6] == pytest.approx((1e-3 - 1e-7) * 0.5 + 1e-7) and poly[10] == pytest.approx(1e-7)
+    google = rates({"warmup_proportion": 0.2}, 10)
+    assert google[2] == pytest.approx(8e-4)  # Google's decay counts from step 0
+    # HF rounds the warm-up up, math.ceil(100 * 0.07) = 8 in floating point; Google's rounds down to 7
+    assert [rates({"warmup_proportion": 0.07, "schedule": schedule}, 100)[7] for schedule in ("hf", "google")] == (
+        pytest.approx([1e-3 * 7 / 8, 1e-3 * (1 - 7 / 100)])
+    )
+    # a warm-up given in steps is that many, every step of the run in warm-up included
+    assert rates({"warmup_steps": 10, "schedule": "hf", "decay": "poly"}, 10)[9:] == pytest.approx([9e-4, 1e-7])
+
+
+def test_the_optimizer_takes_the_configs_betas_and_epsilon():
+    model = modeling.BertForSequenceClassification(tiny_config(), num_labels=2)
+    config = TrainConfig(num_train_steps=2, adam_beta1=0.8, adam_beta2=0.98, adam_epsilon=1e-8)
+    for group in TrainStep(model, config).optimizer.param_groups:
+        assert (group["betas"], group["eps"]) == ((0.8, 0.98), 1e-8)
+
+
 @pytest.mark.parametrize("name, bias_correction", RULES)
 def test_each_rule_trains_a_tiny_bert(name, bias_correction):
     torch.manual_seed(0)

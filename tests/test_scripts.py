@@ -88,6 +88,7 @@ def test_every_readme_command_runs_as_printed(example_runs):
     assert [shlex.split(command)[0].split("=")[0] for command, _ in example_runs.outputs] == [
         "bertbench",
         "bertbench",
+        "python",
         "bertbench",
         "BERT_DIR",
         "bertbench",
@@ -106,6 +107,7 @@ def test_every_readme_command_runs_as_printed(example_runs):
     for run in (
         "mrpc",
         "mrpc-hf",
+        "mrpc-run-glue",
         "squad",
         "pretraining",
         "results/MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1",

@@ -220,9 +220,11 @@ FIELD_DEFAULT = object()  # a FlagName's default: the field's own
 
 @dataclasses.dataclass(frozen=True)
 class FlagName:
-    """A flag for the field `field` of the dataclass `owner` under another name (NVIDIA's --use_xla for
-    TrainConfig.compile), and how its value becomes the field's. Several flags may set one field (--precision,
-    --amp): those left at their default say nothing, the others must agree."""
+    """A flag for the field `field` of the dataclass `owner` (and of its subclasses) under another name (NVIDIA's
+    --use_xla for TrainConfig.compile), and how its value becomes the field's. Several flags may set one field
+    (--precision, --amp): those left at their default say nothing, the others must agree. `also`: other fields the
+    flag sets to the same value, where the dataclass has them (HF's --per_device_eval_batch_size is the evaluation
+    and the prediction batch)."""
 
     flag: str
     owner: type
@@ -233,6 +235,7 @@ class FlagName:
     default: Any = FIELD_DEFAULT  # the flag's default, when not the field's
     aliases: tuple[str, ...] = ()
     note: str = ""  # how the flag reads, after the field's help
+    also: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,9 +310,12 @@ class FlagParser(ArgumentParser):
         several flags for one field, those at their default say nothing and the others must agree; a field none of
         them sets takes their common default, or the dataclass's when they have none (--precision, --amp)."""
         by_field = defaultdict(list)
+        fields = {field.name for field in dataclasses.fields(cls)}
         for name in self.names.values():
-            if name.owner is cls and name.flag in flags:
-                by_field[name.field].append(name)
+            if issubclass(cls, name.owner) and name.flag in flags:
+                for field in (name.field, *name.also):
+                    if field in fields:
+                        by_field[field].append(name)
         values = {}
         for field, names in by_field.items():
             said = {
@@ -322,10 +328,10 @@ class FlagParser(ArgumentParser):
                     " and ".join(f"--{flag}={_spelt(flags[flag])}" for flag in said)
                     + f" contradict each other: {field} {' or '.join(map(str, said.values()))}"
                 )
-            at_default = {name.value(flags[name.flag]) for name in names}
+            at_default = {name.value(flags[name.flag]) for name in names} - {None}  # None: no default of its own
             if said:
                 values[field] = next(iter(said.values()))
-            elif len(at_default) == 1 and None not in at_default:  # --num_accumulation_steps/--gradient_...
+            elif len(at_default) == 1:  # --num_accumulation_steps/--gradient_accumulation_steps
                 values[field] = at_default.pop()
         return values
 
@@ -378,7 +384,7 @@ def flag_names(cls: type, names: Sequence[FlagName] = ()) -> dict[str, list[Flag
     """The flags of each field of `cls`: those `names` gives it, else the flag of the field's own name."""
     given = defaultdict(list)
     for name in names:
-        if name.owner is cls:
+        if issubclass(cls, name.owner):
             given[name.field].append(name)
     return {
         field.name: given.get(field.name) or [FlagName(field.name, cls, field.name)]

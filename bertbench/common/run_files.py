@@ -15,6 +15,7 @@ EVALS = "evals.jsonl"  # run_pretraining: one JSON object per evaluation
 TRAIN_RESULTS = "train_results.json"  # the training summary, written after a checkpoint
 EVAL_RESULTS = "eval_results.json"  # the dev-set figures by key
 EVAL_RESULTS_TEXT = "eval_results.txt"  # the same figures as Google's `key = value` lines
+ALL_RESULTS = "all_results.json"  # HF's: the eval_* figures of eval_results.json, as HF's Trainer merges them
 RUN_RECORD = "bertbench_run.json"  # which runner made the directory, its flags, model config and processes
 LOCK = ".bertbench.lock"  # the run directory's flock (runners.run_lock)
 GOOGLE_TEST_RESULTS = "test_results.tsv"  # run_classifier --do_predict: Google's class probabilities per example

@@ -6,8 +6,9 @@
 - `train`: training.config.TrainConfig (optimizer, schedule, precision ...) of a command that trains, its
   steps left to the job;
 - `task`: the runner's settings (GlueSettings, SquadSettings, PretrainingSettings: actions, sizes, files).
-Every field's help is its --help; Google's, NVIDIA's and tf.estimator's names for the fields are in FLAG_NAMES, their
-flags that mean nothing here in IGNORED_FLAGS. What depends on the job's processes or the data (the global batch, the
+Every field's help is its --help; Google's, NVIDIA's, HF's and tf.estimator's names for the fields are in FLAG_NAMES,
+their flags that mean nothing here in IGNORED_FLAGS. An HF command (one that gives --model_name_or_path, as HF's
+run_glue.py and run_qa.py do) takes HF Trainer's defaults (HF_DEFAULTS) for what it leaves out. What depends on the job's processes or the data (the global batch, the
 scaled learning rate, the steps) is derived in one place, RunnerConfig's methods. After parsing, code reads the
 sections; `flags` keeps every flag as given only for what records the command (bertbench_run.json, --json_summary).
 
@@ -32,11 +33,13 @@ from bertbench.common.flags import (
     FrozenNamespace,
     IgnoredFlag,
     add_dataclass_flags,
+    as_flags,
     build,
     setting,
 )
 from bertbench.model.factory import ModelSettings
 from bertbench.runners.run_directory import RunRecord, run_flags, run_of_checkpoint
+from bertbench.training.checkpoint import latest_checkpoint
 from bertbench.training.config import RunConfig, TrainConfig
 from bertbench.weights.hf import hf_directory_flags, take_checkpoint_flags
 
@@ -44,6 +47,10 @@ from bertbench.weights.hf import hf_directory_flags, take_checkpoint_flags
 LR_SCALINGS = {"none": lambda processes: 1.0, "linear": float, "sqrt": math.sqrt}
 # NVIDIA's --optimizer_type names for TrainConfig.optimizer.
 OPTIMIZER_TYPES = {"adam": "adamw", "adamw": "adamw", "lamb": "lamb", "nvlamb": "nvlamb"}
+# HF's --optim names of the optimizers bertbench has: torch's AdamW (fused, or apex's, is the same rule).
+HF_ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused")
+# HF's --lr_scheduler_type names for TrainConfig.decay.
+HF_SCHEDULERS = {"linear": "linear", "polynomial": "poly"}
 
 # Google's, NVIDIA's and tf.estimator's flag names for RunConfig and TrainConfig fields, and how a flag's value becomes
 # the field's; a field not named here is the flag of its own name. What depends on the processes or the phase (the
@@ -53,15 +60,51 @@ FLAG_NAMES = (
     FlagName(
         "save_checkpoints_secs", RunConfig, "save_checkpoints_secs", value=lambda secs: secs if secs > 0 else None
     ),
-    FlagName("save_checkpoints_steps", RunConfig, "save_checkpoints_steps", aliases=("num_steps_per_checkpoint",)),
-    FlagName("log_step_count_steps", RunConfig, "log_step_count_steps", aliases=("log_freq",)),
+    FlagName(
+        "save_checkpoints_steps",
+        RunConfig,
+        "save_checkpoints_steps",
+        aliases=("num_steps_per_checkpoint", "save_steps"),
+    ),
+    FlagName("keep_checkpoint_max", RunConfig, "keep_checkpoint_max", aliases=("save_total_limit",)),
+    FlagName("log_step_count_steps", RunConfig, "log_step_count_steps", aliases=("log_freq", "logging_steps")),
     FlagName("num_accumulation_steps", TrainConfig, "gradient_accumulation_steps"),
     FlagName(
         "gradient_accumulation_steps",
         TrainConfig,
         "gradient_accumulation_steps",
         note="NVIDIA's PyTorch name, with its meaning of --train_batch_size: the batch of one optimizer step, "
-        "cut into this many micro-batches (it must divide it).",
+        "cut into this many micro-batches (it must divide it); with HF's --per_device_train_batch_size (or an HF "
+        "command's default), HF's meaning: this many micro-batches of that size per step.",
+    ),
+    FlagName("warmup_proportion", TrainConfig, "warmup_proportion", aliases=("warmup_ratio",)),
+    FlagName("decay", TrainConfig, "decay"),
+    FlagName(
+        "lr_scheduler_type",
+        TrainConfig,
+        "decay",
+        value=lambda kind: None if kind is None else HF_SCHEDULERS[kind],
+        choices=tuple(HF_SCHEDULERS),
+        default=None,
+        note="HF's names: linear, or polynomial (--decay=poly, power --poly_power); HF's others are not here.",
+    ),
+    FlagName("adam_bias_correction", TrainConfig, "adam_bias_correction"),
+    FlagName(
+        "optim",
+        TrainConfig,
+        "adam_bias_correction",
+        value=lambda name: None if name is None else True,
+        type=str,
+        choices=HF_ADAMW,
+        default=None,
+        note="HF's names for torch's AdamW: --adam_bias_correction (HF's other optimizers are not here).",
+    ),
+    FlagName(
+        "max_grad_norm",
+        TrainConfig,
+        "max_grad_norm",
+        value=lambda norm: norm if norm > 0 else None,
+        note="0 or less: no clipping (HF's meaning).",
     ),
     FlagName(
         "optimizer_type",
@@ -80,7 +123,7 @@ FLAG_NAMES = (
         "rule (AdamWeightDecayOptimizer, without bias correction; with --poly_power 1, Google's linear decay).",
     ),
     FlagName("poly_power", TrainConfig, "decay_power"),
-    FlagName("use_xla", TrainConfig, "compile"),
+    FlagName("use_xla", TrainConfig, "compile", aliases=("torch_compile",)),
     FlagName("precision", TrainConfig, "precision", default=None, note="Default fp32, or fp16 with --amp."),
     FlagName(
         "amp",
@@ -102,15 +145,27 @@ FLAG_NAMES = (
         note="Same as --amp (older NVIDIA scripts).",
     ),
     FlagName(
+        "bf16",
+        TrainConfig,
+        "precision",
+        value=lambda on: "bf16" if on else "fp32",
+        type=bool,
+        default=False,
+        note="Mixed precision in bfloat16: --precision=bf16 (HF's flag).",
+    ),
+    FlagName(
         "sync_gradients",
         TrainConfig,
         "sync_gradients",
         note="With --no_sync_gradients the runners keep the worker with the best dev metric.",
     ),
 )
-# Google's and NVIDIA's flags that mean nothing here: a command that gives one runs, and is told why it is ignored.
+# Google's, NVIDIA's and HF's flags that mean nothing here: a command that gives one runs, and is told why it is
+# ignored; a value that cannot be ignored is refused.
 _NO_TPU = "there is no TPU here: bertbench runs on CPUs and CUDA GPUs (--device)"
 _SQUAD, _PRETRAINING = ("run_squad",), ("run_pretraining",)
+_FINE_TUNING = ("run_classifier", "run_squad")
+_NO_HUB = "nothing is read from or written to the Hugging Face hub: the model and the data are local files"
 IGNORED_FLAGS = (
     IgnoredFlag(
         "use_tpu",
@@ -162,7 +217,11 @@ IGNORED_FLAGS = (
     ),
     IgnoredFlag("verbose_logging", "the windows' answer-alignment warnings are not printed", bool, runners=_SQUAD),
     IgnoredFlag("skip_cache", "the features are made in memory at each start, not cached", bool, runners=_SQUAD),
-    IgnoredFlag("cache_dir", "the features are made in memory at each start, not cached", runners=_SQUAD),
+    IgnoredFlag(
+        "cache_dir",
+        "nothing is downloaded, and the features are made in memory at each start, not cached",
+        runners=_FINE_TUNING,
+    ),
     IgnoredFlag(
         "eval_script",
         "the predictions are scored by bertbench's copy of the official evaluate-v1.1.py / "
@@ -233,25 +292,158 @@ IGNORED_FLAGS = (
         ),
         runners=_PRETRAINING,
     ),
+    # HF's run_glue.py, run_qa.py and TrainingArguments
+    IgnoredFlag(
+        "overwrite_output_dir",
+        "bertbench deletes nothing: an absent or empty --output_dir starts a new run (on a directory that holds a "
+        "run the flag is refused, as bertbench resumes that run)",
+        bool,
+        runners=_FINE_TUNING,
+    ),
+    IgnoredFlag(
+        "overwrite_cache", "the features are made in memory at each start, not cached", bool, runners=_FINE_TUNING
+    ),
+    IgnoredFlag(
+        "preprocessing_num_workers",
+        "the texts are tokenized in batches on the tokenizers library's own threads",
+        int,
+        runners=_FINE_TUNING,
+    ),
+    IgnoredFlag(
+        "dataloader_num_workers",
+        "the features are in memory and each batch is cut from them in the training process",
+        int,
+        runners=_FINE_TUNING,
+    ),
+    IgnoredFlag(
+        "use_fast_tokenizer",
+        "the tokenizer is always the tokenizers library's WordPiece, configured as Google's BERT (HF's slow "
+        "BertTokenizer gives the same tokens)",
+        bool,
+        runners=_FINE_TUNING,
+    ),
+    IgnoredFlag(
+        "pad_to_max_length",
+        "the unpadded path computes on the real tokens only, the same maths as padding them to --max_seq_length "
+        "(--unpad=false pads)",
+        bool,
+        runners=_FINE_TUNING,
+    ),
+    IgnoredFlag(
+        "disable_tqdm",
+        "the progress bar is drawn only on a terminal; a batch job's output gets one plain line every "
+        "--log_step_count_steps",
+        bool,
+    ),
+    IgnoredFlag("run_name", "the run is named by its --output_dir"),
+    *(
+        IgnoredFlag(name, _NO_HUB, kind, runners=_FINE_TUNING)
+        for name, kind in (
+            ("model_revision", str),
+            ("token", str),
+            ("use_auth_token", bool),
+            ("trust_remote_code", bool),
+        )
+    ),
+    IgnoredFlag(
+        "push_to_hub",
+        _NO_HUB,
+        bool,
+        refuse=lambda on: (
+            "bertbench never uploads: `bertbench export OUTPUT_DIR DIR` writes the fine-tuned model as an HF "
+            "directory to push yourself"
+            if on
+            else None
+        ),
+        runners=_FINE_TUNING,
+    ),
+    *(
+        IgnoredFlag(
+            name,
+            _NO_HUB,
+            refuse=lambda name: (
+                "bertbench never downloads a dataset: give local files (--train_file, --validation_file, "
+                "--test_file; GLUE's tsv files: --data_dir)"
+            ),
+            runners=_FINE_TUNING,
+        )
+        for name in ("dataset_name", "dataset_config_name")
+    ),
+    *(
+        IgnoredFlag(
+            name,
+            "bertbench evaluates once, after training (--do_eval)",
+            refuse=lambda strategy: (
+                None
+                if strategy == "no"
+                else "bertbench evaluates once, after training (--do_eval): leave the flag out or give no"
+            ),
+            runners=_FINE_TUNING,
+        )
+        for name in ("eval_strategy", "evaluation_strategy")
+    ),
+    IgnoredFlag(
+        "save_strategy",
+        "checkpoints are written every --save_steps (--save_checkpoints_steps) and --save_checkpoints_secs, "
+        "and at the end: a run resumes from them",
+        refuse=lambda strategy: (
+            None
+            if strategy in ("steps", "no")
+            else "bertbench saves by steps and seconds, not by epoch or best score: give --save_steps"
+        ),
+        runners=_FINE_TUNING,
+    ),
+    IgnoredFlag(
+        "load_best_model_at_end",
+        "bertbench keeps the weights of the last step",
+        bool,
+        refuse=lambda on: (
+            "bertbench evaluates once, after training, and keeps the last step's weights; leave the flag out"
+            if on
+            else None
+        ),
+        runners=_FINE_TUNING,
+    ),
+    IgnoredFlag(
+        "label_smoothing_factor",
+        "the loss is plain cross-entropy",
+        float,
+        refuse=lambda factor: (
+            "bertbench trains with plain cross-entropy, no label smoothing; leave the flag out" if factor else None
+        ),
+        runners=_FINE_TUNING,
+    ),
 )
+# HF Trainer's defaults (TrainingArguments) where they differ from Google's, which an HF command (one that gives
+# --model_name_or_path, as HF's run_glue.py and run_qa.py take the model) gets for the fields it leaves out: its
+# users expect the same command to train the same way. Logging and checkpointing keep bertbench's defaults.
+HF_DEFAULTS = {
+    "adam_bias_correction": True,  # HF's adamw_torch
+    "adam_epsilon": 1e-8,
+    "weight_decay": 0.0,
+    "warmup_proportion": 0.0,
+    "schedule": "hf",
+    "per_device_train_batch_size": 8,
+}
 # TrainConfig fields that change how the training steps run, and so what a run measures, whatever flag sets them
 # (--precision, --amp and --use_fp16 all set precision): a resumed training keeps them, as it keeps the model flags
 # (ModelSettings' `defines_training`); evaluation and prediction may differ.
 TRAINING_FIELDS = ("precision", "compile", "cuda_graphs")
-# TrainConfig fields that are no runner's flag: the steps come from the epochs or the phase's steps; clipping and the
-# steady-state window stay Google's and the loop's.
-NOT_FLAGS = ("num_train_steps", "max_grad_norm", "excluded_steps")
+# TrainConfig fields that are no runner's flag: the steps come from the epochs or the phase's steps, a warm-up in steps
+# from the runner's flag; the steady-state window stays the loop's.
+NOT_FLAGS = ("num_train_steps", "excluded_steps", "warmup_steps")
 
 
-def check_fields(settings: Any) -> None:
+def check_fields(settings: Any, also_missing: Sequence[str] = ()) -> None:
     """The checks a settings dataclass's metadata asks for, every field's in one error: `required` (None refused;
-    the flags missing named together), `positive` (<= 0 refused)."""
+    the flags missing named together, with `also_missing`, what the settings' own rules find missing), `positive`
+    (<= 0 refused)."""
     fields = dataclasses.fields(settings)
     missing = [
         f"--{field.name}"
         for field in fields
         if field.metadata.get("required") and getattr(settings, field.name) is None
-    ]
+    ] + list(also_missing)
     errors = []
     if missing:
         names = f"{', '.join(missing[:-1])} and {missing[-1]} are" if len(missing) > 1 else f"{missing[0]} is"
@@ -309,9 +501,21 @@ class RunnerSettings:
     )
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        check_fields(self, self.missing_inputs())
+
+    def missing_inputs(self) -> list[str]:
+        """What a runner's own rules find missing beyond its required flags (the data: a flag or another), named
+        in the one error check_fields raises."""
+        return []
         if self.json_summary is not None and os.path.isdir(self.json_summary):
             raise UsageError(f"--json_summary {self.json_summary}: is a directory; give the file to write")
+
+    @classmethod
+    def from_flags(cls, fields: Mapping[str, Any]) -> RunnerSettings:
+        """The settings of a command whose flags give `fields` (FlagParser.field_values). A runner whose flags
+        include another project's that set several fields together (HF run_qa's --validation_file with --do_eval)
+        works them out here."""
+        return build(cls, FLAG_NAMES, **fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,6 +532,15 @@ class FineTuningSettings(RunnerSettings):
     max_train_samples: int | None = setting(
         "Train on the first N examples only, for quick runs.", None, positive=True, defines_run=True
     )
+    max_eval_samples: int | None = setting(
+        "Score the first N examples of each dev set only, for quick runs (HF's flag).", None, positive=True
+    )
+    max_predict_samples: int | None = setting(
+        "Predict the first N examples of each test set only, for quick runs (HF's flag).", None, positive=True
+    )
+    warmup_steps: int | None = setting(
+        "Warm-up steps, instead of --warmup_proportion's share (HF's flag; 0: the share).", None, defines_run=True
+    )
     max_steps: float | None = setting(
         "Train this many optimizer steps at most, the schedule spanning them, instead "
         "of the epochs' count (NVIDIA's flag; -1, its default: the epochs decide).",
@@ -339,6 +552,65 @@ class FineTuningSettings(RunnerSettings):
         super().__post_init__()
         if self.max_steps is not None and self.max_steps > 0 and self.max_steps != int(self.max_steps):
             raise UsageError(f"--max_steps must be a whole number of steps, got {self.max_steps}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise UsageError(f"--warmup_steps must be 0 or more, got {self.warmup_steps}")
+
+
+def _local_model(path: str | None) -> str | None:
+    """HF's --model_name_or_path as the warm start: a local path; bertbench never downloads a hub model id."""
+    if path is None or os.path.exists(path) or os.path.exists(f"{path}.index"):  # a TF1 checkpoint's prefix too
+        return path
+    directory = os.path.basename(path.rstrip("/")) or "model"
+    raise UsageError(
+        f"--model_name_or_path={path}: no such file or directory, and bertbench never downloads; if it is a hub "
+        f"model id, download it once (huggingface-cli download {path} --local-dir {directory}) and give "
+        f"--model_name_or_path={directory}"
+    )
+
+
+# HF's names for the runners' own settings (they follow the classes they name; FLAG_NAMES is still the one table).
+FLAG_NAMES += (
+    FlagName("init_checkpoint", RunnerSettings, "init_checkpoint"),
+    FlagName(
+        "model_name_or_path",
+        FineTuningSettings,
+        "init_checkpoint",
+        value=_local_model,
+        type=str,
+        note="HF's name for the warm start, a local HF directory (whose config.json, vocabulary and lower-casing "
+        "come with it): the command is then an HF command, with HF Trainer's defaults for what it leaves out "
+        "(docs/runners.md); a hub model id is refused, as bertbench never downloads.",
+    ),
+    FlagName("bert_config_file", RunnerSettings, "bert_config_file", aliases=("config_name",)),
+    FlagName("vocab_file", FineTuningSettings, "vocab_file", aliases=("tokenizer_name",)),
+    FlagName("train_batch_size", RunnerSettings, "train_batch_size"),
+    FlagName(
+        "per_device_train_batch_size",
+        FineTuningSettings,
+        "train_batch_size",
+        default=None,
+        note="HF's name (8 in an HF command); --gradient_accumulation_steps then has HF's meaning.",
+    ),
+    FlagName("predict_batch_size", FineTuningSettings, "predict_batch_size"),
+    FlagName(
+        "per_device_eval_batch_size",
+        FineTuningSettings,
+        "predict_batch_size",
+        default=None,
+        also=("eval_batch_size",),
+        note="HF's name: the evaluation and the prediction batch.",
+    ),
+    FlagName("device", RunnerSettings, "device"),
+    FlagName(
+        "use_cpu",
+        RunnerSettings,
+        "device",
+        value=lambda on: "cpu" if on else None,
+        type=bool,
+        default=False,
+        note="Train on the CPU: --device=cpu (HF's flag).",
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -398,7 +670,9 @@ class RunnerConfig:
 
     def train_config(self, world_size: int, num_train_steps: int, **derived: Any) -> TrainConfig:
         """The TrainConfig this job trains with: the flags' fields, `num_train_steps`, the learning rate scaled for
-        the processes, and the fields a runner derives (`derived`: a warm-up given in steps)."""
+        the processes, a fine-tuning run's --warmup_steps, and the fields a runner derives (`derived`: a warm-up
+        given in steps)."""
+        warmup = getattr(self.task, "warmup_steps", None)
         return build(
             TrainConfig,
             FLAG_NAMES,
@@ -406,6 +680,7 @@ class RunnerConfig:
                 **dataclasses.asdict(self.train),
                 "num_train_steps": num_train_steps,
                 "learning_rate": self.learning_rate(world_size),
+                **({"warmup_steps": warmup} if warmup else {}),  # HF's 0: --warmup_proportion's share
                 **derived,
             },
         )
@@ -414,13 +689,13 @@ class RunnerConfig:
 def build_parser(spec: RunnerSpec, prog: str | None = None) -> FlagParser:
     """One flag per field of the runner's settings, of ModelSettings, RunConfig and TrainConfig (FLAG_NAMES)."""
     parser = FlagParser(prog=prog or spec.name, description=spec.description)
-    add_dataclass_flags(parser, spec.settings, defaults=spec.defaults)
+    add_dataclass_flags(parser, spec.settings, FLAG_NAMES, defaults=spec.defaults)
     add_dataclass_flags(parser, TrainConfig, FLAG_NAMES, NOT_FLAGS + spec.omit, spec.defaults)
     add_dataclass_flags(parser, RunConfig, FLAG_NAMES)
     add_dataclass_flags(parser, ModelSettings)
     parser.ignored_flags(
         [flag for flag in IGNORED_FLAGS if not flag.runners or spec.name in flag.runners],
-        "Google's and NVIDIA's flags that mean nothing here (accepted, with a note)",
+        "Google's, NVIDIA's and HF's flags that mean nothing here (accepted, with a note)",
     )
     nvidia = parser.add_argument_group("NVIDIA's switches for bertbench's flags")
     nvidia.add_argument(
@@ -474,8 +749,14 @@ def resolve_or_report(
 
 def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> tuple[RunnerConfig, RunRecord | None]:
     given = dict(given)
+    overwrite = given.get("overwrite_output_dir")
     notes = parser.notes(given)
     record = RunRecord.read(given["output_dir"])
+    if overwrite and (record is not None or latest_checkpoint(given["output_dir"]) is not None):
+        raise UsageError(
+            f"--overwrite_output_dir: {given['output_dir']} holds a run, and bertbench never deletes one (the same "
+            "command without the flag resumes it); give a new --output_dir to start afresh"
+        )
     recorded = {}
     new_phase = starts_new_phase(spec, record, given)
     if new_phase:
@@ -505,17 +786,21 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
                     )
                 )
         recorded = {name: value for name, value in record.args.items() if name in parser.defaults}
-    values = {**parser.defaults, **recorded, **given}
+    stated = {**recorded, **given}
+    hf = hf_defaults(parser, stated)
+    values = {**parser.defaults, **hf, **stated}
+    if hf and values["do_train"]:
+        notes.append(
+            f"HF Trainer's defaults for what this HF command (--model_name_or_path) leaves out: {' '.join(as_flags(hf))}"
+        )
     # An HF directory or a bertbench run as --init_checkpoint says the model config, vocabulary and lower-casing the
     # flags leave out.
-    init_checkpoint = values["init_checkpoint"]
+    init_checkpoint = parser.field_values(spec.settings, values).get("init_checkpoint")
     warm_run = run_of_checkpoint(init_checkpoint)
     found = (
         run_flags(warm_run) if warm_run is not None else hf_directory_flags(init_checkpoint) if init_checkpoint else {}
     )
-    taken, note = take_checkpoint_flags(
-        found, init_checkpoint if found else None, {**recorded, **given}, parser.defaults
-    )
+    taken, note = take_checkpoint_flags(found, init_checkpoint if found else None, stated, parser.defaults)
     values.update(taken)
     notes.extend([note] if note else [])
     train_fields = parser.field_values(TrainConfig, values)
@@ -530,23 +815,13 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
                     f"{now[name]}; use a new --output_dir, or leave the flag out to continue the run"
                 )
     settings = parser.field_values(spec.settings, values)
-    cut = values.get("gradient_accumulation_steps", 1)
-    if cut > 1:  # NVIDIA's PyTorch scripts: --train_batch_size is the batch of one optimizer step
-        if settings["train_batch_size"] % cut:
-            raise UsageError(
-                f"--train_batch_size {settings['train_batch_size']} is the batch of one optimizer step "
-                f"with --gradient_accumulation_steps (NVIDIA's meaning), so it must divide by {cut}"
-            )
-        settings["train_batch_size"] //= cut
-        notes.append(
-            f"--train_batch_size={values['train_batch_size']} with --gradient_accumulation_steps={cut} "
-            f"(NVIDIA's meaning): micro-batches of {settings['train_batch_size']} sequences"
-        )
+    settings["train_batch_size"], note = micro_batch(values, settings["train_batch_size"])
+    notes.extend([note] if note else [])
     config = RunnerConfig(
         model=build(ModelSettings, **parser.field_values(ModelSettings, values)),
         run=build(RunConfig, FLAG_NAMES, **parser.field_values(RunConfig, values)),
         train=build(TrainConfig, FLAG_NAMES, **train_fields) if values["do_train"] else None,
-        task=build(spec.settings, **settings),
+        task=spec.settings.from_flags(settings),
         flags=FrozenNamespace(**values),
         per_command=frozenset(name for name, field in parser.fields.items() if field.metadata.get("per_command")),
         notes=tuple(notes),
@@ -570,3 +845,40 @@ def starts_new_phase(spec: RunnerSpec, record: RunRecord | None, given: Mapping[
             "phase 2 goes on from one of them; leave --init_checkpoint out to go on in place, or give a new --output_dir"
         )
     return True
+
+
+def hf_defaults(parser: FlagParser, stated: Mapping[str, Any]) -> dict[str, Any]:
+    """HF_DEFAULTS for an HF command (`stated`, the flags it gives and its run recorded, holds --model_name_or_path):
+    those of the parser's flags whose field none of the stated flags sets."""
+    if stated.get("model_name_or_path") is None:
+        return {}
+    set_fields = {id(parser.fields[name]) for name in stated if name in parser.fields}
+    return {
+        name: value
+        for name, value in HF_DEFAULTS.items()
+        if name in parser.fields and id(parser.fields[name]) not in set_fields
+    }
+
+
+def micro_batch(values: Mapping[str, Any], batch: int) -> tuple[int, str | None]:
+    """The micro-batch of a command whose flags (`values`) give the batch `batch`, and a note of how it was read.
+    --gradient_accumulation_steps N has NVIDIA's meaning (--train_batch_size is the batch of one optimizer step, cut
+    into N micro-batches) except with HF's --per_device_train_batch_size, where it has HF's (N micro-batches of that
+    size per step)."""
+    cut = values.get("gradient_accumulation_steps", 1)
+    if cut == 1:
+        return batch, None
+    if values.get("per_device_train_batch_size") is not None:
+        return batch, (
+            f"--per_device_train_batch_size={batch} with --gradient_accumulation_steps={cut} (HF's meaning): "
+            f"{cut} micro-batches of {batch} sequences per optimizer step"
+        )
+    if batch % cut:
+        raise UsageError(
+            f"--train_batch_size {batch} is the batch of one optimizer step with --gradient_accumulation_steps "
+            f"(NVIDIA's meaning), so it must divide by {cut}"
+        )
+    return batch // cut, (
+        f"--train_batch_size={batch} with --gradient_accumulation_steps={cut} (NVIDIA's meaning): micro-batches of "
+        f"{batch // cut} sequences"
+    )

@@ -6,7 +6,8 @@ and script can be tried without a download.
 
 DIR gets a tiny BERT as Google ships one (bert/: bert_config.json, vocab.txt and a TF1 checkpoint bert_model.ckpt
 with Google's variable names, weights from a seeded initialisation) and the same model as an HF directory (bert-hf/);
-a GLUE task in MRPC's layout (glue/MRPC/), SQuAD v1.1 and v2.0 files (squad/v1.1/, squad/v2.0/); a pre-training
+a GLUE task in MRPC's layout (glue/MRPC/) and the same examples as HF run_glue's csv and JSON-lines files
+(glue/files/), SQuAD v1.1 and v2.0 files (squad/v1.1/, squad/v2.0/); a pre-training
 corpus in Google's text format (corpus/) and its hdf5 shards in NVIDIA's layout, made by create_pretraining_data
 (shards/phase1/, shards/phase2/, shards/eval/); all of it tokenised by the one vocab.txt (bertbench.tasks.synthetic's
 tasks). README.txt in DIR says what is where and gives a command for each runner and script that runs in seconds on
@@ -17,6 +18,7 @@ show that the pipeline runs, not what BERT scores.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import shutil
@@ -33,6 +35,7 @@ from bertbench.model.config import BertConfig
 from bertbench.model.factory import build_model
 from bertbench.tasks import synthetic
 from bertbench.tasks.create_pretraining_data import create_pretraining_data
+from bertbench.tasks.glue import get_processor
 from bertbench.tasks.pretraining_data.settings import DataSettings
 from bertbench.weights.hf import save_hf_directory
 from bertbench.weights.tf_checkpoint import write_tf_checkpoint
@@ -84,6 +87,30 @@ def _write_bert(directory: str, seed: int) -> None:
     save_hf_directory(model, config, os.path.join(directory, "bert-hf"), vocab_file=vocab_file)
 
 
+def write_hf_glue_files(task_dir: str, directory: str) -> None:
+    """The MRPC-layout task in `task_dir` as HF run_glue's own files in `directory`: train, validation and test as
+    .csv and as .json (JSON lines), columns sentence1, sentence2 and (but in test) label."""
+    processor = get_processor("MRPC")
+    splits = {
+        "train": processor.train_examples(task_dir),
+        "validation": processor.dev_sets(task_dir)["dev"],
+        "test": processor.test_sets(task_dir)["test"],
+    }
+    os.makedirs(directory)
+    for split, examples in splits.items():
+        rows = [
+            {"sentence1": example.text_a, "sentence2": example.text_b}
+            | ({} if split == "test" else {"label": int(example.label)})
+            for example in examples
+        ]
+        with open(os.path.join(directory, f"{split}.csv"), "w", encoding="utf-8", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        with open(os.path.join(directory, f"{split}.json"), "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+
+
 def _write_pretraining_data(directory: str, seed: int) -> None:
     corpus_dir = os.path.join(directory, "corpus")
     os.makedirs(corpus_dir)
@@ -121,6 +148,7 @@ bert/           a tiny BERT as Google ships one: bert_config.json, vocab.txt, be
                 bert_model.ckpt.data-00000-of-00001 (a TF1 checkpoint with Google's variable names)
 bert-hf/        the same model as an HF directory (config.json, model.safetensors, vocab.txt)
 glue/MRPC/      a sentence-pair task in MRPC's layout: train.tsv, dev.tsv, test.tsv
+glue/files/     the same examples as HF run_glue's own files: {{train,validation,test}}.csv and .json (JSON lines)
 squad/v1.1/     train-v1.1.json, dev-v1.1.json (SQuAD's format)
 squad/v2.0/     train-v2.0.json, dev-v2.0.json (with unanswerable questions)
 corpus/         train.txt, eval.txt: pre-training text, one sentence per line, a blank line between documents
@@ -138,6 +166,11 @@ bertbench classify --task_name=MRPC --do_train --do_eval --do_predict --data_dir
 # GLUE from the HF directory instead: its config, vocabulary and lower-casing come with it
 bertbench classify --task_name=MRPC --do_train --do_eval --data_dir={d}/glue/MRPC --init_checkpoint={d}/bert-hf \\
   --max_seq_length=64 --num_train_epochs=1.0 --output_dir={out}/mrpc-hf
+
+# GLUE with HF's run_glue command, on its csv files (HF Trainer's defaults for what the command leaves out)
+python -m bertbench.run_glue --model_name_or_path {d}/bert-hf --train_file {d}/glue/files/train.csv \\
+  --validation_file {d}/glue/files/validation.csv --do_train --do_eval --max_seq_length 64 \\
+  --per_device_train_batch_size 16 --learning_rate 2e-5 --num_train_epochs 1 --output_dir {out}/mrpc-run-glue
 
 # back out to an HF directory that transformers loads (the fine-tuned classifier, its tokenizer files included)
 bertbench export {out}/mrpc-hf {out}/mrpc-hf-exported
@@ -205,7 +238,8 @@ def write_example_data(directory: str | os.PathLike, overwrite: bool = False, se
         _clear(directory)
     try:
         _write_bert(directory, seed)
-        synthetic.write_glue_task(os.path.join(directory, "glue"), "MRPC", *GLUE_SIZES, seed=seed)
+        mrpc = synthetic.write_glue_task(os.path.join(directory, "glue"), "MRPC", *GLUE_SIZES, seed=seed)
+        write_hf_glue_files(mrpc, os.path.join(directory, "glue", "files"))
         for version in ("1.1", "2.0"):
             synthetic.write_squad(os.path.join(directory, "squad", f"v{version}"), version, *SQUAD_SIZES, seed=seed)
         _write_pretraining_data(directory, seed)

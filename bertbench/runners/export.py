@@ -29,7 +29,7 @@ from bertbench.common.flags import ArgumentParser, parse_bool
 from bertbench.common.run_files import RUN_RECORD
 from bertbench.model.config import BertConfig, ConfigError
 from bertbench.runners.run_directory import RunRecord, run_of_checkpoint
-from bertbench.tasks.glue import get_processor
+from bertbench.tasks.glue import GlueDataError, glue_task
 from bertbench.tasks.tokenization import VocabError
 from bertbench.training.checkpoint import CheckpointError
 from bertbench.weights.hf import check_output_dir, model_tokenizer, save_hf_directory
@@ -117,7 +117,7 @@ def read_source(args: argparse.Namespace) -> Exported:
     state = weights.state
     labels = problem_type = None
     if record is not None and record.runner == "run_classifier" and "task_name" in recorded:
-        processor = get_processor(recorded["task_name"])
+        processor = glue_task(recorded["task_name"], recorded.get("train_file"))  # HF's files: their labels
         labels, problem_type = (
             (None, "regression") if processor.is_regression else (processor.labels, "single_label_classification")
         )
@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     return run_command(
-        PROG, body, input_errors=(CheckpointError, TFCheckpointError, ConfigError, VocabError, WeightsError)
+        PROG,
+        body,
+        input_errors=(CheckpointError, TFCheckpointError, ConfigError, VocabError, WeightsError, GlueDataError),
     )
 
 

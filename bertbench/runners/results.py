@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from bertbench.common.durable import write_atomically
-from bertbench.common.run_files import EVAL_RESULTS, EVAL_RESULTS_TEXT, TRAIN_RESULTS
+from bertbench.common.run_files import ALL_RESULTS, EVAL_RESULTS, EVAL_RESULTS_TEXT, TRAIN_RESULTS
 from bertbench.common.signals import signal_status
 from bertbench.model.factory import path_of
 from bertbench.runners.config import RunnerConfig
-from bertbench.runners.run_directory import Log, write_json
+from bertbench.runners.run_directory import Log, read_json, write_json
 from bertbench.training import optim
 from bertbench.training.distributed import Distributed
 from bertbench.training.loop import Estimator
@@ -125,8 +125,8 @@ def interrupted_status(result: TrainResult) -> int | None:
 def report_eval(
     output_dir: str, title: str, results: Mapping[str, Any], header: Mapping[str, Any], is_main: bool, log: Log
 ) -> None:
-    """Log the figures and (rank 0) write eval_results.txt (Google's `key = value` lines) and eval_results.json
-    (header first: what was scored)."""
+    """Log the figures and (rank 0) write eval_results.txt (Google's `key = value` lines), eval_results.json
+    (header first: what was scored) and HF's all_results.json, whose eval_* figures it updates."""
     log(f"***** Eval results ({title}) *****")
     lines = [f"{key} = {results[key]}" for key in sorted(results)]
     for line in lines:
@@ -135,6 +135,11 @@ def report_eval(
         os.makedirs(output_dir, exist_ok=True)
         write_atomically(os.path.join(output_dir, EVAL_RESULTS_TEXT), "".join(f"{line}\n" for line in lines))
         write_json(os.path.join(output_dir, EVAL_RESULTS), {**header, **results})
+        all_results = os.path.join(output_dir, ALL_RESULTS)
+        earlier = read_json(all_results) if os.path.isfile(all_results) else {}
+        write_json(
+            all_results, {**earlier, **{key: value for key, value in results.items() if key.startswith("eval_")}}
+        )
 
 
 # The final figures NVIDIA's scripts log through dllogger (--json-summary), with the units they declare.

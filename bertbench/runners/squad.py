@@ -6,9 +6,13 @@
         --init_checkpoint=$BERT_DIR/bert_model.ckpt --max_seq_length=384 --doc_stride=128 \\
         --train_batch_size=12 --learning_rate=3e-5 --num_train_epochs=2.0 --output_dir=/tmp/squad_base/
 
+HF's run_qa.py command runs too (`python -m bertbench.run_qa`): its --validation_file is predicted and scored by
+--do_eval, its --test_file predicted by --do_predict (SquadSettings.from_flags).
+
 Writes to output_dir: checkpoints (ckpt-<step>.pt), metrics.jsonl, train_results.json, and with --do_predict
 predictions.json, nbest_predictions.json, null_odds.json (v2.0), and, when the predict file has answers (a dev
-file), eval_results.json/.txt with the official exact match and F1. An epoch is one pass over the training windows
+file), eval_results.json/.txt with the official exact match and F1 (and HF's eval_* keys, also in
+all_results.json). An epoch is one pass over the training windows
 (a long context gives several). Under torchrun every process trains its share of each batch and predicts its share
 of the windows; rank 0 writes. With --no_sync_gradients the processes train apart and the one whose predictions
 score the best F1 on the predict file (a dev file, with answers) is kept.
@@ -20,7 +24,8 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import setting
@@ -90,10 +95,42 @@ class SquadSettings(FineTuningSettings):
     )
     do_eval: bool = setting(
         "Score the predictions against --predict_file's answers (NVIDIA's flag: a file with "
-        "answers is scored anyway); a file without answers is then an error.",
+        "answers is scored anyway); a file without answers is then an error. With HF's --validation_file: "
+        "predict and score that file (HF's meaning).",
         False,
         per_command=True,
     )
+    validation_file: str | None = setting(
+        "HF run_qa's: the SQuAD JSON --do_eval predicts and scores (--predict_file with --do_predict --do_eval).", None
+    )
+    test_file: str | None = setting(
+        "HF run_qa's: the SQuAD JSON --do_predict predicts (--predict_file); one predicted file per command, so "
+        "not with --do_eval's --validation_file.",
+        None,
+    )
+
+    @classmethod
+    def from_flags(cls, fields: Mapping[str, Any]) -> SquadSettings:
+        """HF run_qa's files and actions as bertbench's: --do_eval predicts and scores --validation_file, --do_predict
+        predicts --test_file, each one the --predict_file of Google's --do_predict."""
+        validation, test = fields.get("validation_file"), fields.get("test_file")
+        if validation is None and test is None:
+            return super().from_flags(fields)
+        if fields.get("predict_file") is not None:
+            raise UsageError("--predict_file (Google's) or HF's --validation_file/--test_file: give one")
+        evaluates, predicts = fields.get("do_eval"), fields.get("do_predict")
+        if evaluates and predicts and validation is not None and test is not None:
+            raise UsageError(
+                "--do_eval --validation_file and --do_predict --test_file: bertbench predicts one file per command; "
+                "predict the test file with a second command on the same --output_dir (it uses the trained run)"
+            )
+        for action, file, other in (("do_eval", validation, "validation_file"), ("do_predict", test, "test_file")):
+            if fields.get(action) and file is None:
+                raise UsageError(f"--{action} with HF's files needs --{other}")
+        predicted = validation if evaluates else test if predicts else None
+        return super().from_flags(
+            {**fields, "predict_file": predicted, "do_predict": predicted is not None, "do_eval": bool(evaluates)}
+        )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -169,9 +206,13 @@ def read(settings: SquadSettings, tokenizer: BertTokenizer, log: Callable[[str],
     examples = features = questions = None
     file_is_version_2 = False
     if settings.do_predict:
+        limit = settings.max_eval_samples if settings.do_eval else settings.max_predict_samples
         examples = read_examples(settings.predict_file, training=False, version_2=settings.version_2_with_negative)
+        examples = examples[:limit]
         features = make_features(settings.predict_file, examples, tokenizer, settings, False, log)
         questions, file_is_version_2 = read_questions(settings.predict_file)
+        kept = {example.question_id for example in examples}
+        questions = [question for question in questions if question.question_id in kept]
         if settings.do_eval and not any(question.has_answer for question in questions):
             raise SquadDataError(
                 f"{settings.predict_file}: no answers to score (--do_eval); predict it without "
@@ -280,6 +321,8 @@ def predict(
         "global_step": estimator.global_step,
         "questions": len(data.examples),
         "windows": len(data.features),
+        **{f"eval_{key}": value for key, value in scores.items()},  # HF run_qa's names
+        "eval_samples": len(data.features),
     }
     report_eval(
         output_dir,

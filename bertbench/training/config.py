@@ -90,6 +90,25 @@ class TrainConfig:
         default=1.0,
         metadata={"help": "Power of the polynomial decay (1 is Google's linear decay).", "defines_run": True},
     )
+    schedule: str = field(
+        default="google",
+        metadata={
+            "help": "How warm-up and decay fit together. google (Google's and NVIDIA's BERT): the decay spans every "
+            "step from the first, and the warm-up, floor(warmup_proportion x steps) of them, overrides its start; "
+            "hf (HF Trainer's get_scheduler): ceil(warmup_proportion x steps) warm-up steps, then the decay from "
+            "the peak over the rest (poly: to HF's lr_end 1e-7).",
+            "choices": optim.SCHEDULES,
+            "defines_run": True,
+        },
+    )
+    warmup_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Warm-up steps, instead of warmup_proportion's share (a runner derives it from a flag that gives "
+            "them); None: warmup_proportion.",
+            "defines_run": True,
+        },
+    )
     optimizer: str = field(
         default="adamw",
         metadata={
@@ -108,6 +127,16 @@ class TrainConfig:
             "learning rate). LAMB is always bias-corrected, as apex's.",
             "defines_run": True,
         },
+    )
+    adam_beta1: float = field(
+        default=0.9, metadata={"help": "The optimizer's first-moment decay (every rule).", "defines_run": True}
+    )
+    adam_beta2: float = field(
+        default=0.999, metadata={"help": "The optimizer's second-moment decay (every rule).", "defines_run": True}
+    )
+    adam_epsilon: float = field(
+        default=1e-6,
+        metadata={"help": "The optimizer's epsilon (Google's 1e-6; HF Trainer's is 1e-8).", "defines_run": True},
     )
     weight_decay: float = field(
         default=0.01, metadata={"help": "Decoupled weight decay (not on biases and LayerNorm).", "defines_run": True}
@@ -183,6 +212,15 @@ class TrainConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(optim.OPTIMIZERS)}")
         if self.decay not in optim.DECAYS:
             raise ValueError(f"unknown decay {self.decay!r}; choose one of {', '.join(optim.DECAYS)}")
+        if self.schedule not in optim.SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(optim.SCHEDULES)}")
+        if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1 and 0 < self.adam_epsilon < math.inf):
+            raise ValueError(
+                f"adam_beta1 and adam_beta2 must be in [0, 1) and adam_epsilon positive, got {self.adam_beta1}, "
+                f"{self.adam_beta2} and {self.adam_epsilon}"
+            )
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be at least 0, got {self.warmup_steps}")
         if not self.sync_gradients and self.precision == "fp16":
             raise ValueError(
                 "independent workers need fp32 or bf16: fp16 loss scaling skips overflowing steps on "

@@ -16,9 +16,10 @@ The update rules, each named by where it comes from:
 - `nvlamb` (`Lamb(use_nvlamb=True)`): the trust ratio on every tensor, apex's use_nvlamb=True and NVIDIA's TF
   LAMBOptimizer.
 
-All take Google's epsilon 1e-6 and betas (0.9, 0.999). Weight decay skips biases and LayerNorm parameters, as
-Google's optimization.py does. Gradients are clipped before the optimizer to a global norm of 1.0 as Google and apex
-clip (`clip_by_global_norm`; `clip_and_step` is the training step's clipping and step).
+All take Google's epsilon 1e-6 and betas (0.9, 0.999) unless told otherwise (HF Trainer's epsilon is 1e-8). Weight
+decay skips biases and LayerNorm parameters, as Google's optimization.py does. Gradients are clipped before the
+optimizer to a global norm of 1.0 as Google and apex clip (`clip_by_global_norm`; `clip_and_step` is the training
+step's clipping and step).
 
 On a GPU every rule runs `fused`: in one or two passes over each tensor rather than a dozen multi-tensor ones, so that
 the step costs little more than the traffic of its rule (fp32: read p, g, m, v and write p, m, v, 28 bytes a
@@ -29,7 +30,8 @@ loss scaling, the clipping rides in those kernels too (`grad_scale`): the step r
 norm and once more to update, instead of scaling them in place first. The fused rules are the eager ones to float
 rounding; on the CPU the eager ones are the default (the fused ones can be forced, as the tests do). The schedule follows Google's and NVIDIA's BERT: the decay runs over the whole training
 (from step 0 to num_train_steps) and the linear warm-up overrides its first steps, so the learning rate is 0 at the
-first step and peaks at the last warm-up step.
+first step and peaks at the last warm-up step. HF Trainer's (`schedule="hf"`) starts the decay at the warm-up's end,
+from the peak, and its polynomial decay ends at 1e-7 rather than 0.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ from bertbench.common.errors import one_line
 
 OPTIMIZERS = ("adamw", "lamb", "nvlamb")
 DECAYS = ("linear", "poly")
+# How warm-up and decay fit together: Google's and NVIDIA's BERT, or HF Trainer's get_scheduler (warmup_decay_factor).
+SCHEDULES = ("google", "hf")
+HF_POLYNOMIAL_LR_END = 1e-7  # get_polynomial_decay_schedule_with_warmup's default, which HF's Trainer keeps
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -542,15 +547,32 @@ def _fused_supported(model: nn.Module) -> bool:
 
 
 def warmup_decay_factor(
-    step: int, num_train_steps: int, num_warmup_steps: int, decay: str = "linear", power: float = 1.0
+    step: int,
+    num_train_steps: int,
+    num_warmup_steps: int,
+    decay: str = "linear",
+    power: float = 1.0,
+    schedule: str = "google",
+    end_factor: float = 0.0,
 ) -> float:
-    """Multiplier of the peak learning rate at `step` (0 = the first update)."""
+    """Multiplier of the peak learning rate at `step` (0 = the first update). google: the decay runs from step 0 and
+    the warm-up overrides its first steps; hf: the decay runs from the peak at the warm-up's end, linear to 0 or
+    polynomial to `end_factor` (HF's lr_end over the peak) and stays there after the last step."""
     if decay not in DECAYS:
         raise ValueError(f"unknown decay {decay!r}; choose one of {', '.join(DECAYS)}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if step < num_warmup_steps:
         return step / num_warmup_steps
-    remaining = max(0.0, 1.0 - step / max(1, num_train_steps))
-    return remaining if decay == "linear" else remaining**power
+    if schedule == "google":
+        remaining = max(0.0, 1.0 - step / max(1, num_train_steps))
+        return remaining if decay == "linear" else remaining**power
+    if decay == "linear":
+        return max(0.0, (num_train_steps - step) / max(1, num_train_steps - num_warmup_steps))
+    if step >= num_train_steps:  # HF's value there, without its division by zero when the warm-up is every step
+        return end_factor
+    remaining = 1 - (step - num_warmup_steps) / (num_train_steps - num_warmup_steps)
+    return (1 - end_factor) * remaining**power + end_factor
 
 
 def warmup_decay_schedule(
@@ -559,14 +581,23 @@ def warmup_decay_schedule(
     warmup_proportion: float = 0.1,
     decay: str = "linear",
     power: float = 1.0,
+    schedule: str = "google",
+    warmup_steps: int | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Google's schedule: linear warm-up over warmup_proportion of the steps, then linear or polynomial decay to
-    0 at num_train_steps. Call `step()` after every optimizer step."""
+    """Linear warm-up over `warmup_steps`, or warmup_proportion of the steps (Google's schedule rounds down, HF's
+    up, as each computes it), then linear or polynomial decay to 0 at num_train_steps (warmup_decay_factor).
+    Call `step()` after every optimizer step."""
     if num_train_steps < 1:
         raise ValueError(f"num_train_steps must be at least 1, got {num_train_steps}")
     if not 0.0 <= warmup_proportion <= 1.0:
         raise ValueError(f"warmup_proportion must be in [0, 1], got {warmup_proportion}")
-    num_warmup_steps = math.floor(num_train_steps * warmup_proportion)
+    if warmup_steps is None:
+        rounded = math.floor if schedule == "google" else math.ceil
+        warmup_steps = rounded(num_train_steps * warmup_proportion)
+    end_factor = HF_POLYNOMIAL_LR_END / optimizer.defaults["lr"] if schedule == "hf" and decay == "poly" else 0.0
+    if end_factor >= 1:
+        raise ValueError(f"HF's polynomial decay ends at {HF_POLYNOMIAL_LR_END}, above the peak learning rate")
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_decay_factor(step, num_train_steps, num_warmup_steps, decay, power)
+        optimizer,
+        lambda step: warmup_decay_factor(step, num_train_steps, warmup_steps, decay, power, schedule, end_factor),
     )

@@ -180,6 +180,8 @@ class TrainStep:
             config.optimizer,
             config.learning_rate,
             config.weight_decay,
+            eps=config.adam_epsilon,
+            betas=(config.adam_beta1, config.adam_beta2),
             adam_bias_correction=config.adam_bias_correction,
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
@@ -189,6 +191,8 @@ class TrainStep:
             config.warmup_proportion,
             config.decay,
             config.decay_power,
+            config.schedule,
+            config.warmup_steps,
         )
         self.training_model = wrap_for_training(model, config, self.dist)
         packer = modeling.packer_for(model, self.device, PRECISION_DTYPES[config.precision], config.compile)

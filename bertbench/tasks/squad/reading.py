@@ -1,6 +1,10 @@
 """Reading SQuAD v1.1 / v2.0 JSON files: the questions the runner trains on and predicts (SquadExample), and the
 checks every reader of the files shares. Errors name the file and the question id (SquadDataError).
 
+Besides the official nested layout (articles, paragraphs, questions), a file may hold HF datasets' flattened SQuAD,
+what HF's run_qa.py reads: a `data` list of {id, title, context, question, answers: {text: [...], answer_start:
+[...]}} records, a question without answers unanswerable (v2.0). load_json turns it into the nested layout.
+
 Training questions whose answer Google's reader cannot find in the context's whitespace-split words (an answer holding
 a no-break space) are skipped with a warning, as Google's read_squad_examples skips them, unless kept on request.
 """
@@ -21,14 +25,49 @@ class SquadDataError(ValueError):
 
 
 def load_json(path: str):
-    """A SQuAD file's JSON; a missing file or one that is not JSON is a SquadDataError naming it."""
+    """A SQuAD file's JSON, HF's flattened records in the nested layout; a missing file or one that is not JSON is a
+    SquadDataError naming it."""
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            data = json.load(handle)
     except FileNotFoundError:
         raise SquadDataError(f"{path}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SquadDataError(f"{path}: not valid JSON ({error})") from None
+    records = data.get("data") if isinstance(data, dict) else None
+    if isinstance(records, list) and records and all(isinstance(record, dict) for record in records):
+        if all("context" in record and "paragraphs" not in record for record in records):
+            return {**data, "data": _nested(records, path)}
+    return data
+
+
+def _nested(records: list[dict], path: str) -> list[dict]:
+    """HF's flattened records as articles of paragraphs of questions (each run of records on one context a
+    paragraph), their answers as lists of {text, answer_start}, is_impossible where there are none."""
+    articles: list[dict] = []
+    for record in records:
+        question_id = required_field(record, "id", path, "a record")
+        answers = required_field(record, "answers", path, f"question {question_id}")
+        texts, starts = (answers.get(key) if isinstance(answers, dict) else None for key in ("text", "answer_start"))
+        if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
+            raise SquadDataError(
+                f"{path}: question {question_id}: answers is {answers!r}, expected {{text: [...], answer_start: "
+                "[...]}, lists of one length"
+            )
+        qa = {
+            "id": question_id,
+            "question": required_field(record, "question", path, f"question {question_id}"),
+            "answers": [{"text": text, "answer_start": start} for text, start in zip(texts, starts)],
+            **({} if texts else {"is_impossible": True}),
+        }
+        title = record.get("title")
+        if not articles or articles[-1]["title"] != title:
+            articles.append({"title": title, "paragraphs": []})
+        paragraphs = articles[-1]["paragraphs"]
+        if not paragraphs or paragraphs[-1]["context"] != record["context"]:
+            paragraphs.append({"context": record["context"], "qas": []})
+        paragraphs[-1]["qas"].append(qa)
+    return articles
 
 
 def is_impossible_flag(qa: dict, where: str) -> bool:
