@@ -20,7 +20,7 @@ import torch
 from ddp_worker import FirstBatchProbe, features, same_weights
 from helpers import classifier_flags, free_port, read_json, tiny_config, write_bert_dir
 
-from bertbench.common.run_files import LOCK, checkpoint_name
+from bertbench.common.run_files import ALL_RESULTS, LOCK, checkpoint_name
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
 from bertbench.runners import launch
@@ -137,6 +137,7 @@ def test_two_processes_match_one_with_the_same_global_batch(two_processes, one_p
     assert [step for step, _ in list_checkpoints(out)] == [TWO_PROCESS_STEPS]
     assert sorted(os.listdir(out)) == [
         LOCK,
+        ALL_RESULTS,
         "bertbench_run.json",
         checkpoint_name(TWO_PROCESS_STEPS),
         "eval_results.json",

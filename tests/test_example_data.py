@@ -80,7 +80,16 @@ def test_refuses_a_directory_it_would_clobber_before_writing(tmp_path, capsys):
 def test_overwrite_replaces_the_directory_whole(tmp_path):
     (tmp_path / "stale.txt").write_text("old")
     assert example_data.main([str(tmp_path), "--overwrite"]) == 0
-    assert sorted(os.listdir(tmp_path)) == ["README.txt", "bert", "bert-hf", "corpus", "glue", "shards", "squad"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "README.txt",
+        "bert",
+        "bert-hf",
+        "bert-nvidia",
+        "corpus",
+        "glue",
+        "shards",
+        "squad",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +112,10 @@ def test_the_tiny_bert_is_googles_layout_and_the_hf_directory_holds_the_same_wei
     mapping = map_tf_names(shapes, config)
     assert not mapping.skipped and "cls/predictions/output_bias" in mapping.names  # Google's names, nothing else
     from_tf, from_hf = load_state_dict(bert / "bert_model.ckpt"), load_state_dict(example / "bert-hf")
-    assert set(from_tf) <= set(from_hf) | {"cls.predictions.decoder.weight"}
+    from_nvidia = load_state_dict(example / "bert-nvidia" / "ckpt_1.pt")  # NVIDIA's names, read as HF's
+    assert set(from_tf) <= set(from_hf) | {"cls.predictions.decoder.weight"} and set(from_hf) <= set(from_nvidia)
     for name, value in from_tf.items():
-        assert torch.equal(value, from_hf[name]), name
+        assert torch.equal(value, from_hf[name]) and torch.equal(value, from_nvidia[name]), name
     assert 0.01 < from_tf["bert.encoder.layer.0.attention.self.query.weight"].std() < 0.03  # initializer_range 0.02
 
 

@@ -19,23 +19,11 @@ from bertbench.runners import squad as run_squad
 from bertbench.runners.example_data import tf_variables
 from bertbench.training.checkpoint import save_checkpoint
 from bertbench.weights.hf import save_hf_directory, save_hf_weights_file
-from bertbench.weights.pretrained import load_pretrained
+from bertbench.weights.pretrained import load_pretrained, nvidia_checkpoint
 from bertbench.weights.tf_checkpoint import write_tf_checkpoint
 
 CONFIG = BertConfig(**TINY_BERT)
 ENCODER_WEIGHTS = 5 + 16 * CONFIG.num_hidden_layers  # embeddings (3 tables, a LayerNorm) and 16 per layer
-
-
-def nvidia_names(state: dict) -> dict:
-    """NVIDIA's modeling.py names: its fused bias + activation modules are `dense_act`, and its decoder weight is
-    saved beside the word embeddings it is tied to."""
-    renamed = {
-        name.replace("intermediate.dense.", "intermediate.dense_act.")
-        .replace("pooler.dense.", "pooler.dense_act.")
-        .replace("transform.dense.", "transform.dense_act."): tensor
-        for name, tensor in state.items()
-    }
-    return {**renamed, "cls.predictions.decoder.weight": state["bert.embeddings.word_embeddings.weight"]}
 
 
 class WritesAFileWhenUnpickled:
@@ -96,11 +84,8 @@ def sources(tmp_path_factory):
     nvidia = root / "ckpt_8601.pt"  # run_pretraining.py's checkpoint mid-run, its data loader pickled with it
     torch.save(
         {
-            "model": nvidia_names(plain),
-            "optimizer": {"state": {}, "param_groups": [{"lr": 4e-3, "step": 8601}]},
+            **nvidia_checkpoint(plain),
             "master params": [tensor.float() for tensor in plain.values()],
-            "files": [3, "training_00003.hdf5"],
-            "epoch": 1,
             "data_loader": torch.utils.data.DataLoader(list(range(8)), batch_size=2),
             "sampler_state": WritesAFileWhenUnpickled(root / "code-ran"),
         },

@@ -89,6 +89,7 @@ def test_every_readme_command_runs_as_printed(example_runs):
         "bertbench",
         "bertbench",
         "python",
+        "python",
         "bertbench",
         "BERT_DIR",
         "bertbench",
@@ -102,8 +103,15 @@ def test_every_readme_command_runs_as_printed(example_runs):
     ]
     example, out = example_runs.example, example_runs.out
     output = "".join(output for _, output in example_runs.outputs)
-    assert f"loaded {example}/bert/bert_model.ckpt" in output  # --init_checkpoint read the TF1 checkpoint
-    assert f"loaded {example}/bert-hf" in output
+    # --init_checkpoint read the TF1 checkpoint, the HF directory and NVIDIA's checkpoint, each whole
+    for source in (
+        "bert/bert_model.ckpt (Google's TF1 checkpoint)",
+        "bert-hf (HF directory)",
+        "bert-nvidia/ckpt_1.pt (NVIDIA's",
+    ):
+        assert f"warm start from {example}/{source}" in output
+    assert output.count("loaded 37 of 37 encoder weights") >= 3
+    assert (out / "squad-nvidia" / "dllogger.json").read_text().startswith("DLLL ")
     for run in (
         "mrpc",
         "mrpc-hf",
@@ -132,7 +140,9 @@ SQUAD_RUN = "squad2.0_bert_fp32_bs16_lr3e-5_seq128_stride64_baseline_gpu1"
 def test_run_glue_trains_from_the_tf1_checkpoint(example_runs):
     done = example_runs.output("scripts/run_glue.sh")
     run_dir = example_runs.results / GLUE_RUN
-    assert f"loaded {example_runs.example}/bert/bert_model.ckpt" in done  # the default init_checkpoint, $BERT_DIR's
+    assert (
+        f"warm start from {example_runs.example}/bert/bert_model.ckpt" in done
+    )  # the default init_checkpoint, $BERT_DIR's
     train = read_json(run_dir / "train_results.json")
     assert train["global_step"] == 24  # 3 epochs of 256 examples in batches of 32
     assert read_json(run_dir / "eval_results.json")["dev_examples"] == 64
@@ -151,7 +161,7 @@ def test_run_glue_trains_from_the_tf1_checkpoint(example_runs):
 def test_run_squad_trains_on_v2_and_writes_the_official_files(example_runs):
     done = example_runs.output("scripts/run_squad.sh")
     run_dir = example_runs.results / SQUAD_RUN  # "bert": $BERT_DIR's name
-    assert f"loaded {example_runs.example}/bert/bert_model.ckpt" in done
+    assert f"warm start from {example_runs.example}/bert/bert_model.ckpt" in done
     results = read_json(run_dir / "eval_results.json")
     assert results["questions"] == 30 and {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(results)
     for name in ("predictions.json", "nbest_predictions.json", "null_odds.json", "train.log", "command.log"):

@@ -5,7 +5,8 @@ and script can be tried without a download.
     cat example/README.txt
 
 DIR gets a tiny BERT as Google ships one (bert/: bert_config.json, vocab.txt and a TF1 checkpoint bert_model.ckpt
-with Google's variable names, weights from a seeded initialisation) and the same model as an HF directory (bert-hf/);
+with Google's variable names, weights from a seeded initialisation), the same model as an HF directory (bert-hf/)
+and as NVIDIA's run_pretraining.py saves it (bert-nvidia/ckpt_1.pt);
 a GLUE task in MRPC's layout (glue/MRPC/) and the same examples as HF run_glue's csv and JSON-lines files
 (glue/files/), SQuAD v1.1 and v2.0 files (squad/v1.1/, squad/v2.0/); a pre-training
 corpus in Google's text format (corpus/) and its hdf5 shards in NVIDIA's layout, made by create_pretraining_data
@@ -38,6 +39,7 @@ from bertbench.tasks.create_pretraining_data import create_pretraining_data
 from bertbench.tasks.glue import get_processor
 from bertbench.tasks.pretraining_data.settings import DataSettings
 from bertbench.weights.hf import save_hf_directory
+from bertbench.weights.pretrained import nvidia_checkpoint
 from bertbench.weights.tf_checkpoint import write_tf_checkpoint
 from bertbench.weights.tf_names import tf_model_variables
 
@@ -85,6 +87,8 @@ def _write_bert(directory: str, seed: int) -> None:
     model = build_model("pretraining", config)
     write_tf_checkpoint(os.path.join(bert_dir, "bert_model.ckpt"), tf_variables(model, config))
     save_hf_directory(model, config, os.path.join(directory, "bert-hf"), vocab_file=vocab_file)
+    os.makedirs(os.path.join(directory, "bert-nvidia"))
+    torch.save(nvidia_checkpoint(model.state_dict()), os.path.join(directory, "bert-nvidia", "ckpt_1.pt"))
 
 
 def write_hf_glue_files(task_dir: str, directory: str) -> None:
@@ -147,6 +151,7 @@ what BERT scores. Each command takes seconds on a laptop CPU; outputs go to {out
 bert/           a tiny BERT as Google ships one: bert_config.json, vocab.txt, bert_model.ckpt.index and
                 bert_model.ckpt.data-00000-of-00001 (a TF1 checkpoint with Google's variable names)
 bert-hf/        the same model as an HF directory (config.json, model.safetensors, vocab.txt)
+bert-nvidia/    the same model as NVIDIA's run_pretraining.py saves it: ckpt_1.pt ({{'model': ..., 'optimizer': ...}})
 glue/MRPC/      a sentence-pair task in MRPC's layout: train.tsv, dev.tsv, test.tsv
 glue/files/     the same examples as HF run_glue's own files: {{train,validation,test}}.csv and .json (JSON lines)
 squad/v1.1/     train-v1.1.json, dev-v1.1.json (SQuAD's format)
@@ -171,6 +176,13 @@ bertbench classify --task_name=MRPC --do_train --do_eval --data_dir={d}/glue/MRP
 python -m bertbench.run_glue --model_name_or_path {d}/bert-hf --train_file {d}/glue/files/train.csv \\
   --validation_file {d}/glue/files/validation.csv --do_train --do_eval --max_seq_length 64 \\
   --per_device_train_batch_size 16 --learning_rate 2e-5 --num_train_epochs 1 --output_dir {out}/mrpc-run-glue
+
+# SQuAD with NVIDIA's run_squad command, from NVIDIA's checkpoint, with NVIDIA's dllogger summary
+python -m bertbench.run_squad --init_checkpoint={d}/bert-nvidia/ckpt_1.pt --config_file={d}/bert/bert_config.json \
+  --vocab_file={d}/bert/vocab.txt --bert_model=bert-large-uncased --do_train --do_predict \
+  --train_file={d}/squad/v1.1/train-v1.1.json --predict_file={d}/squad/v1.1/dev-v1.1.json --train_batch_size=16 \
+  --max_seq_length=128 --doc_stride=64 --num_train_epochs=1.0 --output_dir={out}/squad-nvidia \
+  --json-summary {out}/squad-nvidia/dllogger.json
 
 # back out to an HF directory that transformers loads (the fine-tuned classifier, its tokenizer files included)
 bertbench export {out}/mrpc-hf {out}/mrpc-hf-exported

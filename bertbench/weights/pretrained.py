@@ -306,6 +306,25 @@ def _state_dict_of(value: Any, source: WeightsSource | None = None) -> tuple[dic
     )
 
 
+def nvidia_checkpoint(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """HF-named weights as NVIDIA DeepLearningExamples' run_pretraining.py saves them in ckpt_<step>.pt (what
+    read_weights reads back): under 'model', NVIDIA's names for the linear layers it fuses with their activation
+    (dense_act), the decoder beside the word embeddings it is tied to; beside them the training state it keeps (the
+    last shard files read, the epoch, the data loader: none here)."""
+    model = {
+        re.sub(r"(intermediate|pooler|transform)\.dense\.", r"\1.dense_act.", name): t for name, t in state.items()
+    }
+    if "cls.predictions.bias" in model:
+        model["cls.predictions.decoder.weight"] = model["bert.embeddings.word_embeddings.weight"]
+    return {
+        "model": model,
+        "optimizer": {"state": {}, "param_groups": []},
+        "files": [0],
+        "epoch": 0,
+        "data_loader": None,
+    }
+
+
 def _is_state_dict(value: Any) -> bool:
     return isinstance(value, Mapping) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
 
