@@ -1,10 +1,11 @@
-"""What the tests share: the tiny models and batches, the inputs the runners read (a BERT directory, NVIDIA's
-shards, the runners' short commands and the classifier's flags), a snapshot of a directory, a free port, and the
-recompute and unpadded paths' common steps. Test modules import these from here, never from each other or from
+"""What the tests share: the tiny models and batches, the wrappers that stop a run mid-way (a signal, a kill), the
+inputs the runners read (a BERT directory, NVIDIA's shards, the runners' short commands and the classifier's flags),
+a snapshot of a directory, a free port, and the recompute and unpadded paths' common steps. Test modules import these from here, never from each other or from
 conftest.py, which holds only pytest's hooks and fixtures."""
 
 import json
 import os
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,38 @@ class Overflowing(torch.nn.Module):
 
     def state_dict(self, *args, **kwargs):
         return self.model.state_dict(*args, **kwargs)
+
+
+class SignalAfter(torch.nn.Module):
+    """Wraps a model and sends this process `signum` during forward call number `call`: a preemption mid-run."""
+
+    def __init__(self, model, call, signum=signal.SIGTERM):
+        super().__init__()
+        self.model, self.call, self.signum, self.calls = model, call, signum, 0
+        self.config = getattr(model, "config", None)  # the loop counts the model's FLOPs by it
+
+    def forward(self, **batch):
+        self.calls += 1
+        if self.calls == self.call:
+            os.kill(os.getpid(), self.signum)
+        return self.model(**batch)
+
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.model.load_state_dict(*args, **kwargs)
+
+
+class Killed(BaseException):
+    """What a SIGKILL does to a run, in-process: it ends at once, without the stop's save."""
+
+
+class KilledAt(SignalAfter):
+    def forward(self, **batch):
+        if self.calls + 1 == self.call:
+            raise Killed
+        return super().forward(**batch)
 
 
 def is_the_packing_skip(reason: str) -> bool:

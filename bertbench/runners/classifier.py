@@ -160,7 +160,7 @@ def evaluate(settings: GlueSettings, estimator, data: GlueData, is_main: bool, l
             if "acc" in scores:
                 results["eval_accuracy"] = scores["acc"]
     report_eval(
-        estimator.run_config.model_dir,
+        estimator.run_config,
         f"{processor.name}, step {estimator.global_step}",
         results,
         {"task": processor.name},

@@ -1,5 +1,5 @@
-"""What a runner reports: train_results.json and the training summary, eval_results.txt/.json, and NVIDIA's
---json-summary file in dllogger's format."""
+"""What a runner reports: train_results.json and the training summary, eval_results.txt/.json and the evaluation's
+TensorBoard events, and NVIDIA's --json-summary file in dllogger's format."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from bertbench.model.factory import path_of
 from bertbench.runners.config import RunnerConfig
 from bertbench.runners.run_directory import Log, write_json
 from bertbench.training import optim
+from bertbench.training.config import RunConfig
 from bertbench.training.distributed import Distributed
+from bertbench.training.events import write_eval_events
 from bertbench.training.loop import Estimator
 from bertbench.training.stats import TrainResult, run_totals
 
@@ -120,18 +122,21 @@ def interrupted_status(result: TrainResult) -> int | None:
 
 
 def report_eval(
-    output_dir: str, title: str, results: Mapping[str, Any], header: Mapping[str, Any], is_main: bool, log: Log
+    run: RunConfig, title: str, results: Mapping[str, Any], header: Mapping[str, Any], is_main: bool, log: Log
 ) -> None:
-    """Log the figures and (rank 0) write eval_results.txt (Google's `key = value` lines) and eval_results.json
-    (header first: what was scored)."""
+    """Log the figures and (rank 0) write eval_results.txt (Google's `key = value` lines), eval_results.json (header
+    first: what was scored) and, with --report_to tensorboard, the figures at their global_step in the eval/ event
+    files (training.events)."""
     log(f"***** Eval results ({title}) *****")
     lines = [f"{key} = {results[key]}" for key in sorted(results)]
     for line in lines:
         log(f"  {line}")
     if is_main:
-        os.makedirs(output_dir, exist_ok=True)
-        write_atomically(os.path.join(output_dir, EVAL_RESULTS_TEXT), "".join(f"{line}\n" for line in lines))
-        write_json(os.path.join(output_dir, EVAL_RESULTS), {**header, **results})
+        os.makedirs(run.model_dir, exist_ok=True)
+        write_atomically(os.path.join(run.model_dir, EVAL_RESULTS_TEXT), "".join(f"{line}\n" for line in lines))
+        write_json(os.path.join(run.model_dir, EVAL_RESULTS), {**header, **results})
+        if run.reports_to_tensorboard:
+            write_eval_events(run.events_dir, results["global_step"], results, log)
 
 
 # The final figures NVIDIA's scripts log through dllogger (--json-summary), with the units they declare.

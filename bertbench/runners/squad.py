@@ -264,7 +264,7 @@ def predict(
         "windows": len(data.features),
     }
     report_eval(
-        output_dir,
+        estimator.run_config,
         f"{os.path.basename(settings.predict_file)}, step {estimator.global_step}",
         results,
         {"predict_file": settings.predict_file},
