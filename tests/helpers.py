@@ -1,11 +1,13 @@
-"""What the tests share: the tiny models and batches, the inputs the runners read (a BERT directory, NVIDIA's
-shards, the runners' short commands and the classifier's flags), a snapshot of a directory, a free port, and the
-recompute and unpadded paths' common steps. Test modules import these from here, never from each other or from
+"""What the tests share: the tiny models and batches, the wrappers that stop a run mid-way (a signal, a kill), the
+inputs the runners read (a BERT directory, NVIDIA's shards, the runners' short commands and the classifier's flags),
+a snapshot of a directory, a free port, and the recompute and unpadded paths' common steps. Test modules import these from here, never from each other or from
 conftest.py, which holds only pytest's hooks and fixtures."""
 
 import json
 import os
+import signal
 import socket
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,38 @@ class Overflowing(torch.nn.Module):
 
     def state_dict(self, *args, **kwargs):
         return self.model.state_dict(*args, **kwargs)
+
+
+class SignalAfter(torch.nn.Module):
+    """Wraps a model and sends this process `signum` during forward call number `call`: a preemption mid-run."""
+
+    def __init__(self, model, call, signum=signal.SIGTERM):
+        super().__init__()
+        self.model, self.call, self.signum, self.calls = model, call, signum, 0
+        self.config = getattr(model, "config", None)  # the loop counts the model's FLOPs by it
+
+    def forward(self, **batch):
+        self.calls += 1
+        if self.calls == self.call:
+            os.kill(os.getpid(), self.signum)
+        return self.model(**batch)
+
+    def state_dict(self, *args, **kwargs):
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.model.load_state_dict(*args, **kwargs)
+
+
+class Killed(BaseException):
+    """What a SIGKILL does to a run, in-process: it ends at once, without the stop's save."""
+
+
+class KilledAt(SignalAfter):
+    def forward(self, **batch):
+        if self.calls + 1 == self.call:
+            raise Killed
+        return super().forward(**batch)
 
 
 def is_the_packing_skip(reason: str) -> bool:
@@ -405,3 +439,18 @@ def assert_close_to_fp64(ours, padded, fp64, name):
     our_error = (ours.double() - fp64).abs().max().item()
     bound = 4 * reference_error + 1e-6 * fp64.abs().max().item()
     assert our_error <= bound, f"{name}: error {our_error:.3g} vs padded fp32 {reference_error:.3g}"
+
+
+def scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the event files in `directory` by tag, as (step, value) in the order TensorBoard's loader
+    reads them, file after file by name, purging nothing: a step written twice shows twice."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    drawn = defaultdict(list)
+    for path in sorted(Path(directory).glob("events.out.tfevents.*")):
+        events = list(EventFileLoader(str(path)).Load())
+        assert events[0].file_version == "brain.Event:2"
+        for each in events[1:]:
+            for value in each.summary.value:
+                drawn[value.tag].append((each.step, value.tensor.float_val[0]))
+    return dict(drawn)

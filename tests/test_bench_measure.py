@@ -4,8 +4,9 @@ import pytest
 import torch
 from helpers import TINY_BERT
 
-from bertbench.bench import flops, measure, output, plots, workload
+from bertbench.bench import measure, output, plots, workload
 from bertbench.common import noise
+from bertbench.model import flops
 from bertbench.tasks import synthetic
 from bertbench.training import devices
 
@@ -43,6 +44,19 @@ def test_analytic_flops_equal_what_pytorch_counts(kind):
     assert counted_training == 3 * flops.train_flops(config, kind, 48, masked)
 
 
+@pytest.mark.parametrize("kind", workload.STEP_KINDS)
+def test_a_training_batch_counts_each_sequence_at_its_real_length_as_the_benches_do(kind):
+    """The training loop's count of a batch (its model TFLOP/s and MFU) is the bench's: each sequence at its length,
+    pre-training's MLM head on its real predictions."""
+    config = workload.bert_config("tiny", 64)
+    lengths = [48, 30, 30, 12, 7]
+    batch = synthetic.synthetic_batch(config, kind, len(lengths), 48, lengths=lengths)
+    assert flops.batch_train_flops(config, batch) == sum(
+        flops.train_flops(config, kind, length, synthetic.masked_positions(length) if kind == "pretraining" else 0)
+        for length in lengths
+    )
+
+
 def test_full_recompute_redoes_exactly_the_encoder_forward():
     config = workload.bert_config("tiny", 32)
     batch = synthetic.synthetic_batch(config, "finetuning", 2, 32)
@@ -68,14 +82,14 @@ def test_full_recompute_redoes_exactly_the_encoder_forward():
     ],
 )
 def test_gpu_peaks_match_the_longest_name(name, precision, tflops):
-    peak = flops.gpu_peak_flops(name, precision)
+    peak = devices.gpu_peak_flops(name, precision)
     assert peak == (None if tflops is None else pytest.approx(tflops * 1e12))
 
 
 def test_cpu_peak_is_the_measured_matmul():
-    assert flops.peak_flops(torch.device("cpu"), "fp32", 1.5e11) == (1.5e11, "measured fp32 matmul on cpu")
+    assert devices.peak_flops(torch.device("cpu"), "fp32", 1.5e11) == (1.5e11, "measured fp32 matmul on cpu")
     with pytest.raises(ValueError):
-        flops.peak_flops(torch.device("cpu"), "fp32")
+        devices.peak_flops(torch.device("cpu"), "fp32")
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from bertbench import cli as bertbench_cli
-from bertbench.bench import flops, throughput, workload
+from bertbench.bench import throughput, workload
 from bertbench.common import noise
+from bertbench.model import flops
 from bertbench.tasks import synthetic
 from bertbench.training.config import TrainConfig
 from bertbench.training.step import TrainStep

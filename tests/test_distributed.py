@@ -20,7 +20,7 @@ import torch
 from ddp_worker import FirstBatchProbe, features, same_weights
 from helpers import classifier_flags, free_port, read_json, tiny_config, write_bert_dir
 
-from bertbench.common.run_files import ALL_RESULTS, LOCK, checkpoint_name
+from bertbench.common.run_files import ALL_RESULTS, EVENT_FILE_NAME, LOCK, checkpoint_name
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
 from bertbench.runners import launch
@@ -135,16 +135,19 @@ def test_two_processes_match_one_with_the_same_global_batch(two_processes, one_p
     # rank 0 alone reports and writes: one summary, one checkpoint, no per-rank files
     assert done.stdout.count("***** Eval results") == 1 and done.stdout.count("***** Training summary") == 1
     assert [step for step, _ in list_checkpoints(out)] == [TWO_PROCESS_STEPS]
-    assert sorted(os.listdir(out)) == [
+    names = sorted(os.listdir(out))
+    assert [name for name in names if not EVENT_FILE_NAME.match(name)] == [
         LOCK,
         ALL_RESULTS,
         "bertbench_run.json",
         checkpoint_name(TWO_PROCESS_STEPS),
+        "eval",
         "eval_results.json",
         "eval_results.txt",
         "metrics.jsonl",
         "train_results.json",
     ]
+    assert len([name for name in names if EVENT_FILE_NAME.match(name)]) == len(os.listdir(out / "eval")) == 1
 
 
 @pytest.fixture(scope="module")

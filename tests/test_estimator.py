@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import Overflowing, tiny_config
+from helpers import Killed, KilledAt, Overflowing, SignalAfter, tiny_config
 
 from bertbench.model.factory import build_model
 from bertbench.training.batches import ShuffledBatches
@@ -169,26 +169,6 @@ def test_the_last_step_is_logged_even_off_the_logging_interval(tmp_path, steps, 
     assert all(record["seq_per_s"] > 0 for record in records)
 
 
-class SignalAfter(torch.nn.Module):
-    """Wraps a model and sends this process `signum` during forward call number `call`: a preemption mid-run."""
-
-    def __init__(self, model, call, signum=signal.SIGTERM):
-        super().__init__()
-        self.model, self.call, self.signum, self.calls = model, call, signum, 0
-
-    def forward(self, **batch):
-        self.calls += 1
-        if self.calls == self.call:
-            os.kill(os.getpid(), self.signum)
-        return self.model(**batch)
-
-    def state_dict(self, *args, **kwargs):
-        return self.model.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args, **kwargs):
-        return self.model.load_state_dict(*args, **kwargs)
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_at_the_step_boundary_and_resume_is_exact(tmp_path, signum):
     data = features()
@@ -209,17 +189,6 @@ def test_signal_saves_at_the_step_boundary_and_resume_is_exact(tmp_path, signum)
     assert_same_weights(weights(uninterrupted.model), weights(resumed.model))
     steps = [json.loads(line)["step"] for line in open(tmp_path / "part" / "metrics.jsonl")]
     assert steps == [4, 8, 12, 16, 20]
-
-
-class Killed(BaseException):
-    """What a SIGKILL does to a run, in-process: it ends at once, without the stop's save."""
-
-
-class KilledAt(SignalAfter):
-    def forward(self, **batch):
-        if self.calls + 1 == self.call:
-            raise Killed
-        return super().forward(**batch)
 
 
 def logged(model_dir):

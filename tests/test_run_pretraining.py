@@ -10,7 +10,7 @@ import sys
 import h5py
 import pytest
 import torch
-from helpers import read_json, snapshot, write_bert_dir, write_nvidia_shard
+from helpers import read_json, scalars, snapshot, write_bert_dir, write_nvidia_shard
 
 from bertbench import cli
 from bertbench.model.factory import MODELINGS
@@ -188,6 +188,8 @@ def test_nvidias_phase2_goes_on_in_phase1s_directory(phase1, data, tmp_path, cap
         40,
     ]
     assert [record["step"] for record in map(json.loads, open(run / "evals.jsonl"))] == [10, 20, 30]  # phase 1's
+    assert [step for step, _ in scalars(run)["loss"]] == [5, 10, 15, 20, 25, 30, 35, 40]  # TensorBoard's curve too
+    assert [step for step, _ in scalars(run / "eval")["masked_lm_accuracy"]] == [10, 20, 30]
     record = read_json(run / "bertbench_run.json")
     assert record["args"]["train_batch_size"] == 16 and record["derived"] == {"phase1_end_step": 30}
     assert [phase["args"]["train_batch_size"] for phase in record["phases"]] == [8]

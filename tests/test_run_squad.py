@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from helpers import snapshot
 
 from bertbench import cli
 from bertbench.model.config import BertConfig
@@ -337,10 +338,10 @@ def test_bad_training_file_names_the_question_and_leaves_results_alone(data, tmp
 def test_bad_predict_file_fails_before_training_and_overwrites_nothing(v2_run, data, tmp_path, capsys, error_line):
     broken = tmp_path / "dev.json"
     broken.write_text('{"version": "v2.0", "data": [{"paragraphs": [')
-    before = {name: (v2_run / name).read_bytes() for name in os.listdir(v2_run)}
+    before = snapshot(v2_run)
     assert main(["--do_predict", f"--predict_file={broken}", f"--output_dir={v2_run}"]) == 2
     assert error_line().startswith(f"run_squad: error: {broken}: not valid JSON")
-    assert {name: (v2_run / name).read_bytes() for name in os.listdir(v2_run)} == before
+    assert snapshot(v2_run) == before
     out = tmp_path / "fresh"
     assert (
         main(flags(data, out, "1.1", "tiny_config.json", "--do_train", "--do_predict", f"--predict_file={broken}")) == 2

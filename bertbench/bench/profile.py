@@ -30,11 +30,12 @@ from matplotlib.ticker import PercentFormatter
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity
 
-from bertbench.bench import cli, flops, workload
+from bertbench.bench import cli, workload
 from bertbench.bench.output import BenchOutput, markdown_table
 from bertbench.common.durable import atomic_output
 from bertbench.common.flags import description
 from bertbench.common.noise import LoadWatch, cv_text, noisy_warning, spread
+from bertbench.model import flops
 from bertbench.model.config import BertConfig
 from bertbench.tasks import synthetic
 from bertbench.training import devices

@@ -3,7 +3,7 @@
 For each step kind, sequence length and precision, every variant's step is timed at each batch size, the variants
 interleaved (A B C, C B A, ...) so that the machine's drift hits them alike; warm-up steps are left out. Each row
 reports sequences/s, tokens/s, the model TFLOP/s achieved (FLOPs per sequence from the config, see
-bertbench.bench.flops) and MFU against the device's peak: the data sheet's on a known GPU, the measured matmul
+bertbench.model.flops) and MFU against the device's peak: the data sheet's on a known GPU, the measured matmul
 FLOP/s on a CPU. Memory is measured on one extra step per variant, alone: the CUDA allocator's peak on a GPU; on the
 CPU, the bytes the forward saves for backward (exact, by autograd's hooks) and the process's peak resident set.
 
@@ -40,11 +40,12 @@ from collections.abc import Sequence
 
 import torch
 
-from bertbench.bench import cli, flops, measure, workload
+from bertbench.bench import cli, measure, workload
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
 from bertbench.bench.plots import line_plot
 from bertbench.common.flags import parse_bool
 from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
+from bertbench.model import flops
 from bertbench.model.precision import PRECISION_DTYPES
 from bertbench.tasks import synthetic
 from bertbench.training import devices, optim
@@ -469,12 +470,12 @@ def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, t
     peaks = {}
     for precision in precisions:
         try:
-            peaks[precision] = flops.peak_flops(device, precision)
+            peaks[precision] = devices.peak_flops(device, precision)
         except ValueError:
             dtype = PRECISION_DTYPES[precision]
             size = 4096 if device.type == "cuda" else 2048
             measured = measure.matmul_flops_per_second(size, dtype, str(device))
-            peaks[precision] = flops.peak_flops(device, precision, measured)
+            peaks[precision] = devices.peak_flops(device, precision, measured)
     return peaks
 
 

@@ -22,6 +22,11 @@ GOOGLE_TEST_RESULTS = "test_results.tsv"  # run_classifier --do_predict: Google'
 SQUAD_PREDICTIONS = "predictions.json"  # run_squad --do_predict: question id -> answer text
 SQUAD_NBEST = "nbest_predictions.json"  # question id -> the n best answers with probabilities and logits
 SQUAD_NULL_ODDS = "null_odds.json"  # SQuAD v2.0: question id -> null score minus best span score
+# TensorBoard's event files (training.events): each command's own, named events.out.tfevents.<seconds>.<host>.bertbench
+# (the seconds after every earlier file's, so that names sort in the order they were written), in the logging
+# directory (default: the run directory); the evaluations' in its eval/ subdirectory, as tf.estimator kept them.
+EVENT_FILE_NAME = re.compile(r"^events\.out\.tfevents\.(\d{10})\..+\.bertbench$")
+EVAL_EVENTS_DIR = "eval"
 
 
 def checkpoint_name(step: int) -> str:
@@ -30,3 +35,7 @@ def checkpoint_name(step: int) -> str:
 
 def worker_dir_name(rank: int) -> str:
     return f"{WORKER_DIR_PREFIX}{rank:05d}"
+
+
+def event_file_name(seconds: int, host: str) -> str:
+    return f"events.out.tfevents.{seconds:010d}.{host}.bertbench"

@@ -223,7 +223,7 @@ def evaluate(settings: GlueSettings, estimator, data: GlueData, is_main: bool, l
         hf = {**hf_metrics(scores), "loss": scores["loss"], "samples": len(labels)}
         results.update({f"eval_{key}{'_mm' if index else ''}": value for key, value in hf.items()})
     report_eval(
-        estimator.run_config.model_dir,
+        estimator.run_config,
         f"{processor.name}, step {estimator.global_step}",
         results,
         {"task": processor.name},

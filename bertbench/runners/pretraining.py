@@ -17,7 +17,8 @@ next-sentence accuracy); with --eval_iter_samples during training as well, and -
 once reached and reports the time to train (MLPerf BERT's target is 0.720).
 
 Writes to output_dir: checkpoints, metrics.jsonl, evals.jsonl (every evaluation), train_results.json,
-eval_results.txt/.json. Under torchrun each process reads whole shards of its own (at least one per process).
+eval_results.txt/.json, and TensorBoard's event files (every evaluation's in eval/). Under torchrun each process
+reads whole shards of its own (at least one per process).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from bertbench.tasks.pretraining import (
     read_eval_set,
 )
 from bertbench.training.distributed import Distributed
+from bertbench.training.events import EventLog, eval_events_dir, eval_scalars
 from bertbench.training.loop import Estimator, PeriodicEvaluation
 from bertbench.training.metrics import MetricsLog
 from bertbench.training.state import CONTINUE, RunStart, logs_kept_through
@@ -198,7 +200,8 @@ def score(settings: PretrainingSettings, estimator: Estimator, data: Pretraining
 
 
 class MlmEvaluation:
-    """Scores the eval set during training, logs and records each evaluation, and tells when the target is met."""
+    """Scores the eval set during training, logs and records each evaluation (evals.jsonl, and the eval/ event files
+    with --report_to tensorboard), and tells when the target is met."""
 
     def __init__(
         self,
@@ -211,10 +214,13 @@ class MlmEvaluation:
     ):
         self.settings, self.estimator, self.data, self.log = config.task, estimator, data, log
         self.global_batch = config.global_batch(dist.world_size)
-        # Evaluations during training are logged; a resumed run keeps those up to its checkpoint.
-        self.history = (
-            MetricsLog(os.path.join(config.run.model_dir, EVALS), resume_step, log)
-            if dist.is_main and self.settings.eval_iter_samples
+        # Evaluations during training are logged; a resumed run keeps those up to its checkpoint (its events too:
+        # the training log keeps those of eval/ up to it).
+        logged = dist.is_main and self.settings.eval_iter_samples
+        self.history = MetricsLog(os.path.join(config.run.model_dir, EVALS), resume_step, log) if logged else None
+        self.events = (
+            EventLog(eval_events_dir(config.run.events_dir), 0 if resume_step is None else resume_step + 1)
+            if logged and config.run.reports_to_tensorboard
             else None
         )
         # Time to train runs from here (the model built, every shard checked) to the evaluation that meets the target.
@@ -227,6 +233,8 @@ class MlmEvaluation:
         record = {"step": step, "training_sequences": step * self.global_batch, "seconds": round(elapsed, 3), **results}
         if self.history is not None:
             self.history.write(record)
+        if self.events is not None:
+            self.events.write(step, eval_scalars(results))
         self.log(
             f"eval at step {step}: masked-LM accuracy {results['masked_lm_accuracy']:.4f}, next-sentence "
             f"accuracy {results['next_sentence_accuracy']:.4f}, loss {results['loss']:.4f}"
@@ -462,7 +470,7 @@ class PretrainingRunner(TaskRunner):
         if settings.do_eval:
             results = {"global_step": estimator.global_step, **score(settings, estimator, data)}
             report_eval(
-                config.run.model_dir,
+                config.run,
                 f"pre-training, step {estimator.global_step}",
                 results,
                 {"eval_dir": settings.eval_dir or settings.input_dir},

@@ -1,5 +1,5 @@
-"""What a runner reports: train_results.json and the training summary, eval_results.txt/.json, and NVIDIA's
---json-summary file in dllogger's format."""
+"""What a runner reports: train_results.json and the training summary, eval_results.txt/.json and the evaluation's
+TensorBoard events, and NVIDIA's --json-summary file in dllogger's format."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from bertbench.model.factory import path_of
 from bertbench.runners.config import RunnerConfig
 from bertbench.runners.run_directory import Log, read_json, write_json
 from bertbench.training import optim
+from bertbench.training.config import RunConfig
 from bertbench.training.distributed import Distributed
+from bertbench.training.events import write_eval_events
 from bertbench.training.loop import Estimator
 from bertbench.training.stats import TrainResult, run_totals
 
@@ -123,23 +125,26 @@ def interrupted_status(result: TrainResult) -> int | None:
 
 
 def report_eval(
-    output_dir: str, title: str, results: Mapping[str, Any], header: Mapping[str, Any], is_main: bool, log: Log
+    run: RunConfig, title: str, results: Mapping[str, Any], header: Mapping[str, Any], is_main: bool, log: Log
 ) -> None:
-    """Log the figures and (rank 0) write eval_results.txt (Google's `key = value` lines), eval_results.json
-    (header first: what was scored) and HF's all_results.json, whose eval_* figures it updates."""
+    """Log the figures and (rank 0) write eval_results.txt (Google's `key = value` lines), eval_results.json (header
+    first: what was scored), HF's all_results.json, whose eval_* figures it updates, and, with --report_to
+    tensorboard, the figures at their global_step in the eval/ event files (training.events)."""
     log(f"***** Eval results ({title}) *****")
     lines = [f"{key} = {results[key]}" for key in sorted(results)]
     for line in lines:
         log(f"  {line}")
     if is_main:
-        os.makedirs(output_dir, exist_ok=True)
-        write_atomically(os.path.join(output_dir, EVAL_RESULTS_TEXT), "".join(f"{line}\n" for line in lines))
-        write_json(os.path.join(output_dir, EVAL_RESULTS), {**header, **results})
-        all_results = os.path.join(output_dir, ALL_RESULTS)
+        os.makedirs(run.model_dir, exist_ok=True)
+        write_atomically(os.path.join(run.model_dir, EVAL_RESULTS_TEXT), "".join(f"{line}\n" for line in lines))
+        write_json(os.path.join(run.model_dir, EVAL_RESULTS), {**header, **results})
+        all_results = os.path.join(run.model_dir, ALL_RESULTS)
         earlier = read_json(all_results) if os.path.isfile(all_results) else {}
         write_json(
             all_results, {**earlier, **{key: value for key, value in results.items() if key.startswith("eval_")}}
         )
+        if run.reports_to_tensorboard:
+            write_eval_events(run.events_dir, results["global_step"], results, log)
 
 
 # The final figures NVIDIA's scripts log through dllogger (--json-summary), with the units they declare.

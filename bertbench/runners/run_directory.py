@@ -23,7 +23,9 @@ from bertbench.training.checkpoint import (
     holds_training_state,
     remove_temporary_files,
 )
+from bertbench.training.config import RunConfig
 from bertbench.training.distributed import Distributed
+from bertbench.training.events import eval_events_dir, event_files
 from bertbench.training.metrics import scan_log
 
 Log = Callable[[str], None]  # where a runner's lines go: progress.log on rank 0, nothing elsewhere
@@ -148,12 +150,14 @@ def keep_phase_results(model_dir: str, phase: int) -> None:
 
 
 def check_record(record: RunRecord | None, bert_config: BertConfig, config: Any, dist: Distributed) -> None:
-    """The model settings must be able to run on this job's device; a recorded run must continue with the same
-    model and, when training, the same number of processes."""
+    """The model settings must be able to run on this job's device; a new run's --logging_dir must not hold another
+    run's event files (its start would remove them); a recorded run must continue with the same model and, when
+    training, the same number of processes."""
     reason = config.model.unrunnable(dist.device)
     if reason is not None:
         raise UsageError(reason)
     if record is None:
+        check_logging_dir(config.run)
         return
     current = dataclasses.asdict(bert_config)
     for key in sorted(set(current) | set(record.bert_config)):
@@ -166,6 +170,21 @@ def check_record(record: RunRecord | None, bert_config: BertConfig, config: Any,
         raise UsageError(
             f"{record.path}: this run was trained by {record.world_size} process(es), this command "
             f"has {dist.world_size}; the global batch and data order would change"
+        )
+
+
+def check_logging_dir(run: RunConfig) -> None:
+    """A new run (no record in its run directory) writing its events to another directory (RunConfig.logging_dir)
+    must find no event files of bertbench's there: they belong to another run, whose curves a shared directory
+    would mix with this one's, and which this run's start would remove."""
+    logging_dir = run.events_dir
+    if not run.reports_to_tensorboard or os.path.abspath(logging_dir) == os.path.abspath(run.model_dir):
+        return
+    found = event_files(logging_dir) or event_files(eval_events_dir(logging_dir))
+    if found:
+        raise UsageError(
+            f"--logging_dir {logging_dir}: holds the TensorBoard events of another run ({found[0]}); give this run "
+            "a logging directory of its own"
         )
 
 

@@ -325,7 +325,7 @@ def predict(
         "eval_samples": len(data.features),
     }
     report_eval(
-        output_dir,
+        estimator.run_config,
         f"{os.path.basename(settings.predict_file)}, step {estimator.global_step}",
         results,
         {"predict_file": settings.predict_file},

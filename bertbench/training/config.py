@@ -7,16 +7,38 @@ and whether it holds for one command only (`per_command`: not recorded in the ru
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from dataclasses import dataclass, field
 
 from bertbench.model.precision import PRECISIONS
 from bertbench.training import optim
 
+# --report_to's values (HF Trainer's flag): bertbench's one integration is TensorBoard.
+REPORT_TO = ("tensorboard", "all", "none")
+# HF Trainer's other integrations, by the module whose presence says it is installed.
+OTHER_INTEGRATIONS = {
+    "azure_ml": "azureml",
+    "clearml": "clearml",
+    "codecarbon": "codecarbon",
+    "comet_ml": "comet_ml",
+    "dagshub": "dagshub",
+    "dvclive": "dvclive",
+    "flyte": "flytekit",
+    "kubeflow": "kubeflow",
+    "mlflow": "mlflow",
+    "neptune": "neptune",
+    "swanlab": "swanlab",
+    "trackio": "trackio",
+    "wandb": "wandb",
+}
+
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Where a run keeps its checkpoints and how often it writes them (tf.estimator.RunConfig's names)."""
+    """Where a run keeps its checkpoints and logs and how often it writes them (tf.estimator.RunConfig's names; HF
+    Trainer's for report_to and logging_dir)."""
 
     model_dir: str = field(
         metadata={
@@ -50,6 +72,21 @@ class RunConfig:
             "defines_run": True,
         },
     )
+    report_to: str = field(
+        default="tensorboard",
+        metadata={
+            "help": "Where the figures go besides metrics.jsonl and eval_results.json (HF Trainer's flag): "
+            "tensorboard (TensorBoard event files: training's in --logging_dir, evaluations' in its eval/), all "
+            "(every integration bertbench has: tensorboard) or none (no event file written or changed)."
+        },
+    )
+    logging_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Directory of the training event files, the evaluations' in its eval/ (HF Trainer's flag; "
+            "default: the output directory, tf.estimator's layout). One run's only: a fresh run starts it afresh."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.save_checkpoints_secs is not None and self.save_checkpoints_secs <= 0:
@@ -60,6 +97,46 @@ class RunConfig:
             raise ValueError(f"keep_checkpoint_max must be at least 1, got {self.keep_checkpoint_max}")
         if self.log_step_count_steps < 1:
             raise ValueError(f"log_step_count_steps must be at least 1, got {self.log_step_count_steps}")
+        names = self.report_names
+        for name in names:
+            check_report_to(name)
+        if "none" in names and len(names) > 1:
+            raise ValueError(f"report_to {self.report_to}: none means no integration, so it stands alone")
+        if self.logging_dir is not None and os.path.isfile(self.logging_dir):
+            raise ValueError(f"logging_dir {self.logging_dir}: is a file; give the directory of the event files")
+
+    @property
+    def report_names(self) -> list[str]:
+        """report_to's comma-separated names."""
+        return [name.strip() for name in self.report_to.split(",")]
+
+    @property
+    def reports_to_tensorboard(self) -> bool:
+        return "none" not in self.report_names
+
+    @property
+    def events_dir(self) -> str:
+        """Where the training event files go: logging_dir, or the run directory."""
+        return self.logging_dir or self.model_dir
+
+
+def check_report_to(name: str) -> None:
+    """A --report_to value other than REPORT_TO's is one line: for another of HF's integrations, whether its package
+    is here and what bertbench gives instead; for any other name, the values."""
+    if name in REPORT_TO:
+        return
+    if name in OTHER_INTEGRATIONS:
+        module = OTHER_INTEGRATIONS[name]
+        installed = "installed" if importlib.util.find_spec(module) is not None else "not installed"
+        raise ValueError(
+            f"report_to {name}: bertbench has no {name} integration ({module} is {installed} here); every figure is "
+            "in metrics.jsonl and eval_results.json, and report_to tensorboard (the default) writes them as "
+            "TensorBoard event files"
+        )
+    raise ValueError(
+        f"report_to {name!r} is not a value: give tensorboard (the default: TensorBoard event files), all (every "
+        "integration bertbench has: tensorboard) or none"
+    )
 
 
 @dataclass(frozen=True)

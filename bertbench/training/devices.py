@@ -1,7 +1,8 @@
-"""The device's clock and memory: synchronisation, and peak/current memory readers for CUDA and the CPU process.
+"""The device's clock, memory and peak speed: synchronisation, peak/current memory readers for CUDA and the CPU
+process, and the data-sheet peak FLOP/s of the GPUs BERT is trained on (what MFU divides by).
 
-Core code (the training loop's logs, create_pretraining_data's statistics) and the benches read memory through these,
-so a figure means the same wherever it is printed. torch is imported only on a CUDA device's paths: the CPU's
+Core code (the training loop's logs, create_pretraining_data's statistics) and the benches read these, so a figure
+means the same wherever it is printed. torch is imported only on a CUDA device's paths: the CPU's
 readers serve create_pretraining_data's workers, which have no other use for it.
 """
 
@@ -88,3 +89,51 @@ def proc_kilobytes(path: str, field: str) -> int | None:
 def physical_memory_bytes() -> int | None:
     """The machine's memory (MemTotal), None where /proc/meminfo is not there."""
     return proc_kilobytes("/proc/meminfo", "MemTotal")
+
+
+# Dense (no 2:4 sparsity) peak TFLOP/s of the data-center GPUs BERT is trained on, from the vendors' data sheets.
+# fp32 is the plain CUDA-core figure: PyTorch does not use TF32 for fp32 matmuls unless told to.
+# Longest name first: "H100 PCIe" before "H100", "A100" before "A10", "L40S" before "L4".
+GPU_PEAK_TFLOPS = {
+    "H100 PCIe": {"fp32": 51.2, "bf16": 756.0, "fp16": 756.0},
+    "H100": {"fp32": 66.9, "bf16": 989.4, "fp16": 989.4},  # SXM and NVL
+    "H200": {"fp32": 66.9, "bf16": 989.4, "fp16": 989.4},
+    "GH200": {"fp32": 66.9, "bf16": 989.4, "fp16": 989.4},
+    "B200": {"fp32": 80.0, "bf16": 2250.0, "fp16": 2250.0},
+    "A100": {"fp32": 19.5, "bf16": 312.0, "fp16": 312.0},
+    "L40S": {"fp32": 91.6, "bf16": 362.1, "fp16": 362.1},
+    "A10": {"fp32": 31.2, "bf16": 125.0, "fp16": 125.0},
+    "L4": {"fp32": 30.3, "bf16": 121.0, "fp16": 121.0},
+    "V100": {"fp32": 15.7, "bf16": None, "fp16": 125.0},
+}
+
+
+def gpu_peak_flops(device_name: str, precision: str) -> float | None:
+    """Peak FLOP/s of a GPU by the name torch reports ("NVIDIA H100 80GB HBM3"), None when not in the table."""
+    for key in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
+        if key in device_name:
+            peak = GPU_PEAK_TFLOPS[key][precision]
+            return None if peak is None else peak * 1e12
+    return None
+
+
+def data_sheet_peak_flops(device: torch.device | str, precision: str) -> tuple[float, str] | None:
+    """(peak FLOP/s, where it comes from) of a CUDA device in the table; None for a CPU or another GPU, whose peak a
+    run cannot know without measuring it."""
+    if not is_cuda(device):
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name(device)
+    peak = gpu_peak_flops(name, precision)
+    return None if peak is None else (peak, f"{name} data sheet, {precision} dense")
+
+
+def peak_flops(device: torch.device | str, precision: str, measured_matmul: float | None = None) -> tuple[float, str]:
+    """(peak FLOP/s, where it comes from): a GPU's data-sheet figure, else the measured matmul FLOP/s."""
+    known = data_sheet_peak_flops(device, precision)
+    if known is not None:
+        return known
+    if measured_matmul is None:
+        raise ValueError("no data-sheet peak for this device: pass the measured matmul FLOP/s")
+    return measured_matmul, f"measured {precision} matmul on {str(device).split(':')[0]}"

@@ -2,8 +2,8 @@
 
 The Estimator is the interface (train / evaluate / predict, restore, keep_best_worker); each part of a `train` call
 has its own name here: restore_training (where it starts: a fresh run, a resumed one, an earlier phase continued),
-TrainingLoop (the steps and when they stop), TrainingLog (metrics.jsonl records, log lines and the progress bar) and
-CheckpointSaving (when it saves and what a save carries). The step is training.step.TrainStep, where a run starts is
+TrainingLoop (the steps and when they stop), TrainingLog (metrics.jsonl records, TensorBoard's events, log lines and
+the progress bar) and CheckpointSaving (when it saves and what a save carries). The step is training.step.TrainStep, where a run starts is
 training.state.decide_start, the checkpointed state is training.state.TrainingCheckpoints, the figures are
 training.stats.LoopStats', the signal handlers common.signals.StopSignals, and evaluate / predict run
 training.inference.run_inference.
@@ -25,6 +25,7 @@ training.inference.run_inference.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -37,6 +38,8 @@ from torch import nn
 
 from bertbench.common import run_files
 from bertbench.common.signals import StopSignals
+from bertbench.model.config import BertConfig
+from bertbench.model.flops import batch_train_flops
 from bertbench.training.batches import TrainBatches
 from bertbench.training.checkpoint import (
     CheckpointError,
@@ -47,8 +50,9 @@ from bertbench.training.checkpoint import (
     save_checkpoint,
 )
 from bertbench.training.config import RunConfig, TrainConfig
-from bertbench.training.devices import peak_memory_bytes
+from bertbench.training.devices import data_sheet_peak_flops, peak_memory_bytes
 from bertbench.training.distributed import Distributed
+from bertbench.training.events import EventLog, eval_events_dir, keep_events, training_scalars
 from bertbench.training.inference import Outputs, run_inference
 from bertbench.training.metrics import MetricsLog
 from bertbench.training.progress import ProgressDisplay
@@ -124,6 +128,12 @@ class Estimator:
     def independent_workers(self) -> bool:
         """Several processes training without all-reduce (TrainConfig.sync_gradients False)."""
         return trains_independently(self.train_config, self.dist)
+
+    @property
+    def model_flops(self) -> Callable[[Mapping[str, torch.Tensor]], int] | None:
+        """Model FLOPs of training on a batch (model.flops), for a model with a BERT config; None for another."""
+        config = getattr(self.model, "config", None)
+        return functools.partial(batch_train_flops, config) if isinstance(config, BertConfig) else None
 
     @property
     def precision(self) -> str:
@@ -330,9 +340,7 @@ class TrainingLoop:
         estimator.model.train()
         if dist.is_main:
             os.makedirs(run.model_dir, exist_ok=True)
-        self.log = TrainingLog(
-            run.model_dir, config, estimator.global_step, begun, dist, estimator.device, estimator.log
-        )
+        self.log = TrainingLog(run, config, estimator.global_step, begun, dist, estimator.device, estimator.log)
         self.saving = CheckpointSaving(checkpoints, run, estimator.global_step, begun.resumed_from, begun.segments)
         self.stats = LoopStats(
             start_step=estimator.global_step,
@@ -342,6 +350,7 @@ class TrainingLoop:
             world_size=dist.world_size,
             device=estimator.device,
             mean_over_ranks=dist.mean,
+            model_flops=estimator.model_flops,
         )
         if begun.log_window:
             self.stats.resume_window(begun.log_window)
@@ -473,12 +482,14 @@ class TrainingLoop:
 
 
 class TrainingLog:
-    """What a `train` call tells, on the main rank: a metrics.jsonl record and a log line per log window, and the
-    progress bar between them. A resumed run's metrics.jsonl keeps the records up to its checkpoint."""
+    """What a `train` call tells, on the main rank: a metrics.jsonl record, its scalars in TensorBoard's event file
+    (RunConfig.report_to) and a log line per log window, and the progress bar between them. A resumed run's
+    metrics.jsonl and event files (training's, and the evaluations' in eval/) keep what came up to its checkpoint;
+    a fresh run's start afresh. MFU is the model FLOP/s over the devices' data-sheet peak: on a known GPU only."""
 
     def __init__(
         self,
-        model_dir: str,
+        run: RunConfig,
         config: TrainConfig,
         global_step: int,
         begun: TrainingStart,
@@ -490,11 +501,19 @@ class TrainingLog:
         # A checkpoint saved between log steps holds the open window; a record its stop wrote at that step closed
         # the window early and goes, for the resumed run logs the whole window at the next log step.
         keep_through = global_step - 1 if begun.log_window and begun.log_window["steps"] else global_step
+        resumed = begun.keeps_logs  # a resume, or a phase going on in its earlier phase's directory
         self.metrics = (
-            MetricsLog(os.path.join(model_dir, run_files.METRICS), keep_through if begun.keeps_logs else None, log)
+            MetricsLog(os.path.join(run.model_dir, run_files.METRICS), keep_through if resumed else None, log)
             if dist.is_main
             else None
         )
+        self.events = None
+        if dist.is_main and run.reports_to_tensorboard:
+            keep_events(run.events_dir, keep_through if resumed else None, log)
+            keep_events(eval_events_dir(run.events_dir), global_step if resumed else None, log)
+            self.events = EventLog(run.events_dir, keep_through + 1 if resumed else 0)
+        peak = data_sheet_peak_flops(device, config.precision)
+        self.peak_flops = None if peak is None else peak[0] * dist.world_size
         self.display = ProgressDisplay(config.num_train_steps, global_step, enabled=None if dist.is_main else False)
 
     def report(
@@ -518,6 +537,11 @@ class TrainingLog:
             "epoch": round(epoch, 4),
             **window,
             "lr": learning_rate,
+            "mfu": (
+                window["model_tflops_per_s"] * 1e12 / self.peak_flops
+                if self.peak_flops and window["model_tflops_per_s"] is not None
+                else None
+            ),
             "skipped_steps": skipped,
             "loss_scale": step.scaler.get_scale() if step.scaler.is_enabled() else None,
             "memory_bytes": peak_memory_bytes(self.device),
@@ -526,9 +550,14 @@ class TrainingLog:
         }
         if self.metrics is not None:
             self.metrics.write(record)
+        if self.events is not None:
+            self.events.write(global_step, training_scalars(record))
+        tflops, mfu = window["model_tflops_per_s"], record["mfu"]
         self.log(
             f"step {global_step}/{self.config.num_train_steps}  loss {window['loss']:.4f}  "
             f"lr {record['lr']:.3g}  {window['seq_per_s']:.1f} seq/s  {window['tokens_per_s']:.0f} tokens/s"
+            + (f"  {tflops:.3g} TFLOP/s" if tflops is not None else "")
+            + (f"  MFU {mfu:.1%}" if mfu is not None else "")
             + (f"  skipped {skipped}" if skipped else "")
         )
 

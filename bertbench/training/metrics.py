@@ -21,7 +21,18 @@ from bertbench.common.durable import write_atomically, write_failure
 
 # The fields of a metrics record that measure the machine (times, rates, peak memory), not the training: every other
 # field of a resumed run's record equals the uninterrupted run's, but checkpoint_step (a stop's own save changes it).
-MEASURED_FIELDS = frozenset({"elapsed_s", "seq_per_s", "tokens_per_s", "real_tokens_per_s", "memory_bytes"})
+MEASURED_FIELDS = frozenset(
+    {
+        "elapsed_s",
+        "steps_per_s",
+        "seq_per_s",
+        "tokens_per_s",
+        "real_tokens_per_s",
+        "model_tflops_per_s",
+        "mfu",
+        "memory_bytes",
+    }
+)
 
 
 @dataclass(frozen=True)

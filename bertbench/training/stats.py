@@ -74,8 +74,10 @@ class LoopStats:
         device: torch.device | str = "cpu",
         mean_over_ranks: Callable[[float], float] = lambda value: value,
         clock: Callable[[], float] = time.perf_counter,
+        model_flops: Callable[[Mapping[str, torch.Tensor]], int] | None = None,
     ):
         self.start_step, self.num_train_steps = start_step, num_train_steps
+        self.model_flops = model_flops  # of a batch, when the model says (model.flops)
         self.max_train_seconds, self.world_size, self.device = max_train_seconds, world_size, torch.device(device)
         self.mean_over_ranks, self.clock = mean_over_ranks, clock
         self.exclude = min(excluded_steps, (num_train_steps - start_step) // 2)
@@ -83,8 +85,8 @@ class LoopStats:
         self.steady_started: float | None = None
         self.steady_start = Counter()  # the totals when the steady part began
         self.steps = 0
-        self.totals: Counter[str] = Counter()  # sentences, tokens (padding included), real_tokens
-        self.window: Counter[str] = Counter()  # the same since the last log line
+        self.totals: Counter[str] = Counter()  # sentences, tokens (padding included), real_tokens, model_flops
+        self.window: Counter[str] = Counter()  # the same since the last log line, and its optimizer steps
         self.window_loss = torch.zeros((), device=self.device)
         self.window_counted = 0
         self.last_grad_norm: torch.Tensor | None = None
@@ -106,6 +108,7 @@ class LoopStats:
             "sentences": len(next(iter(batch.values()))),
             "tokens": tokens,
             "real_tokens": int(mask.sum()) if mask is not None else tokens,
+            "model_flops": self.model_flops(batch) if self.model_flops is not None else 0,
         }
         counts = {name: value * self.world_size for name, value in counts.items()}
         self.totals.update(counts)
@@ -120,6 +123,7 @@ class LoopStats:
         if not skipped:
             self.window_loss += loss
             self.window_counted += 1
+            self.window["steps"] += 1
             self.last_grad_norm = grad_norm
         if self.steps == self.exclude and self.steady_started is None:
             synchronize(self.device)
@@ -170,6 +174,8 @@ class LoopStats:
             "seq_per_s": self.window["sentences"] / elapsed,
             "tokens_per_s": self.window["tokens"] / elapsed,
             "real_tokens_per_s": self.window["real_tokens"] / elapsed,
+            "steps_per_s": self.window["steps"] / elapsed,
+            "model_tflops_per_s": self.window["model_flops"] / elapsed / 1e12 if self.model_flops is not None else None,
             "elapsed_s": round(now - self.started, 3),
         }
         self.last_loss = loss

@@ -5,7 +5,8 @@ This is the format of every TF1 `tf.train.Saver` (V2) and TF2 `tf.train.Checkpoi
 BERT releases included. PREFIX.index is a LevelDB-style table: sorted keys, each a tensor name whose value is a
 BundleEntryProto saying where the tensor's raw little-endian bytes lie in which data shard; the key "" holds a
 BundleHeaderProto. Every block and every tensor carries a masked CRC32C, and both are checked, so a damaged download
-fails here with the file's name instead of training from garbage.
+fails here with the file's name instead of training from garbage. The protobuf fields and the CRCs are
+bertbench.common.tf_wire's.
 
 The writer makes what a TF1 `tf.train.Saver` makes of float, int and bool variables (one data shard, TensorFlow's
 table layout), so that example models can be shipped as Google ships BERT.
@@ -22,10 +23,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import google_crc32c
 import numpy as np
 
+from bertbench.common import tf_wire
 from bertbench.common.durable import write_atomically
+from bertbench.common.tf_wire import WireError, decode_fields, encode_varint, field, last, masked_crc32c
 
 
 class CheckpointError(ValueError):
@@ -36,7 +38,6 @@ _TABLE_MAGIC = 0xDB4775248B80FB57
 _FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic
 _BLOCK_TRAILER_SIZE = 5  # 1-byte compression type + 4-byte masked CRC32C
 _NO_COMPRESSION = 0
-_CRC_CHUNK = 1 << 23
 
 # TensorFlow's DataType enum (types.proto) for the types a checkpoint may hold; only _NUMPY_DTYPES can be read.
 _DTYPE_NAMES = {
@@ -74,59 +75,20 @@ _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _DATA_SUFFIX = re.compile(r"\.data-\d{5}-of-\d{5}$")
 
 
-def masked_crc32c(data: bytes | bytearray) -> int:
-    """CRC32C as LevelDB and TensorFlow store it: rotated and offset so that CRCs of CRCs stay strong."""
-    view = memoryview(data)
-    crc = 0
-    for start in range(0, len(view), _CRC_CHUNK):
-        # google_crc32c takes only immutable bytes: copying a chunk at a time keeps memory flat for big tensors.
-        crc = google_crc32c.extend(crc, bytes(view[start : start + _CRC_CHUNK]))
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def read_varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
     """The protobuf varint at data[pos:] and the position after it; `where` names the file in the error."""
-    result = shift = 0
-    while pos < len(data):
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            break
-    raise CheckpointError(f"{where}: corrupt index (bad varint)")
+    try:
+        return tf_wire.read_varint(data, pos)
+    except WireError as error:
+        raise CheckpointError(f"{where}: corrupt index ({error})") from None
 
 
 def _proto_fields(data: bytes, where: str) -> dict[int, list]:
-    """Decodes a protobuf message into {field number: [values]}: ints for varint/fixed fields, bytes otherwise."""
-    fields: dict[int, list] = {}
-    pos = 0
-    while pos < len(data):
-        tag, pos = read_varint(data, pos, where)
-        number, wire_type = tag >> 3, tag & 7
-        if wire_type == 0:
-            value, pos = read_varint(data, pos, where)
-        elif wire_type in (1, 5):
-            width = 8 if wire_type == 1 else 4
-            value = int.from_bytes(data[pos : pos + width], "little")
-            pos += width
-        elif wire_type == 2:
-            length, pos = read_varint(data, pos, where)
-            value = data[pos : pos + length]
-            pos += length
-        else:
-            raise CheckpointError(f"{where}: corrupt index (protobuf wire type {wire_type})")
-        if pos > len(data):
-            raise CheckpointError(f"{where}: corrupt index (truncated protobuf message)")
-        fields.setdefault(number, []).append(value)
-    return fields
-
-
-def _last(fields: dict[int, list], number: int, default=0):
-    """Protobuf's rule for a repeated scalar field on the wire: the last value wins."""
-    return fields[number][-1] if number in fields else default
+    """A protobuf message as {field number: [values]} (tf_wire.decode_fields); `where` names the file in the error."""
+    try:
+        return decode_fields(data)
+    except WireError as error:
+        raise CheckpointError(f"{where}: corrupt index ({error})") from None
 
 
 @dataclass(frozen=True)
@@ -145,19 +107,19 @@ class TensorEntry:
     @classmethod
     def decode(cls, name: str, value: bytes, where: str) -> TensorEntry:
         fields = _proto_fields(value, where)
-        dtype = _last(fields, 1)
-        shape = _proto_fields(_last(fields, 2, b""), where)
-        if _last(shape, 3):
+        dtype = last(fields, 1)
+        shape = _proto_fields(last(fields, 2, b""), where)
+        if last(shape, 3):
             raise CheckpointError(f"{where}: tensor {name!r} has a shape of unknown rank")
-        dims = tuple(_last(_proto_fields(dim, where), 1) for dim in shape.get(2, []))
+        dims = tuple(last(_proto_fields(dim, where), 1) for dim in shape.get(2, []))
         return cls(
             name=name,
             dtype=_DTYPE_NAMES.get(dtype, f"DataType {dtype}"),
             shape=dims,
-            shard=_last(fields, 3),
-            offset=_last(fields, 4),
-            size=_last(fields, 5),
-            crc32c=_last(fields, 6),
+            shard=last(fields, 3),
+            offset=last(fields, 4),
+            size=last(fields, 5),
+            crc32c=last(fields, 6),
             partitioned=bool(fields.get(7)),
         )
 
@@ -258,9 +220,9 @@ class TFCheckpoint:
                     self.entries[name] = TensorEntry.decode(name, value, f"{where}: tensor {name!r}")
         if header is None:
             raise CheckpointError(f"{where}: corrupt index (no bundle header)")
-        if _last(header, 2):
+        if last(header, 2):
             raise CheckpointError(f"{where}: big-endian checkpoints are not supported")
-        self.num_shards = _last(header, 1, 1)
+        self.num_shards = last(header, 1, 1)
 
     @property
     def variables(self) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -333,33 +295,12 @@ _BLOCK_SIZE = 262144  # TensorFlow's table::Options: a data block is closed once
 _RESTART_INTERVAL = 16  # keys between restart points (full keys) within a block, as LevelDB writes them
 
 
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, value: int | bytes, fixed32: bool = False) -> bytes:
-    """One protobuf field: a varint, a fixed32 (`fixed32`), or length-delimited bytes."""
-    if isinstance(value, bytes):
-        return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
-    if fixed32:
-        return _encode_varint(number << 3 | 5) + value.to_bytes(4, "little")
-    return _encode_varint(number << 3) + _encode_varint(value)
-
-
 def _encode_entry(dtype: str, shape: tuple[int, ...], offset: int, size: int, crc: int) -> bytes:
     """A BundleEntryProto of shard 0; proto3 leaves zero scalars out, as TensorFlow's serializer does."""
-    dims = b"".join(_field(2, _field(1, dim) if dim else b"") for dim in shape)
-    entry = _field(1, _DTYPE_ENUMS[dtype]) + _field(2, dims)
-    entry += (_field(4, offset) if offset else b"") + (_field(5, size) if size else b"")
-    return entry + _field(6, crc, fixed32=True)
+    dims = b"".join(field(2, field(1, dim) if dim else b"") for dim in shape)
+    entry = field(1, _DTYPE_ENUMS[dtype]) + field(2, dims)
+    entry += (field(4, offset) if offset else b"") + (field(5, size) if size else b"")
+    return entry + field(6, crc, fixed="<I")
 
 
 class _BlockBuilder:
@@ -376,7 +317,7 @@ class _BlockBuilder:
                 shared += 1
         elif self.count:
             self.restarts.append(len(self.buffer))
-        self.buffer += _encode_varint(shared) + _encode_varint(len(key) - shared) + _encode_varint(len(value))
+        self.buffer += encode_varint(shared) + encode_varint(len(key) - shared) + encode_varint(len(value))
         self.buffer += key[shared:] + value
         self.first = self.first if self.count else key
         self.last, self.count = key, self.count + 1
@@ -414,7 +355,7 @@ def _table(entries: list[tuple[bytes, bytes]]) -> bytes:
     out = bytearray()
 
     def add_block(contents: bytes) -> bytes:
-        handle = _encode_varint(len(out)) + _encode_varint(len(contents))
+        handle = encode_varint(len(out)) + encode_varint(len(contents))
         trailer = bytes([_NO_COMPRESSION])
         out.extend(contents + trailer + masked_crc32c(contents + trailer).to_bytes(4, "little"))
         return handle
@@ -457,7 +398,7 @@ def write_tf_checkpoint(prefix: str | os.PathLike, tensors: Mapping[str, np.ndar
             (name.encode("utf-8"), _encode_entry(dtype, array.shape, len(data), len(raw), masked_crc32c(raw)))
         )
         data += raw
-    header = _field(1, 1) + _field(3, _field(1, 1))  # one shard, little-endian (0, left out), format version 1
+    header = field(1, 1) + field(3, field(1, 1))  # one shard, little-endian (0, left out), format version 1
     index = _table([(b"", header)] + entries)
     for path, contents in ((f"{prefix}.data-00000-of-00001", data), (f"{prefix}.index", index)):
         write_atomically(path, bytes(contents))
