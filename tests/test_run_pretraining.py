@@ -148,6 +148,13 @@ def test_phase2_resumes_without_phase1s_directory(phase1, data, tmp_path):
     assert train["schedule_start_step"] == 30
 
 
+PHASE1_AND_2_LOG_STEPS = [5, 10, 15, 20, 25, 30, 35, 40]  # every 5 steps: phase 1's 30, then phase 2's 10
+
+
+def logged_steps(run):
+    return [record["step"] for record in map(json.loads, open(run / "metrics.jsonl"))]
+
+
 def phase2_in_place(phase1, data, tmp_path, *extra):
     """NVIDIA's phase 2 command (run_pretraining.sh) on a copy of phase 1's directory: its own batch, steps, rate
     and warm-up, --resume_from_checkpoint and --phase1_end_step, no --init_checkpoint."""
@@ -177,18 +184,9 @@ def test_nvidias_phase2_goes_on_in_phase1s_directory(phase1, data, tmp_path, cap
     assert (train["global_step"], train["schedule_start_step"], train["phase2"]) == (40, 30, True)
     assert (phase1_train["global_step"], phase1_train["phase2"]) == (30, False)
     assert read_json(run / "phase1_eval_results.json")["global_step"] == 30
-    assert [record["step"] for record in map(json.loads, open(run / "metrics.jsonl"))] == [
-        5,
-        10,
-        15,
-        20,
-        25,
-        30,
-        35,
-        40,
-    ]
+    assert logged_steps(run) == PHASE1_AND_2_LOG_STEPS
     assert [record["step"] for record in map(json.loads, open(run / "evals.jsonl"))] == [10, 20, 30]  # phase 1's
-    assert [step for step, _ in scalars(run)["loss"]] == [5, 10, 15, 20, 25, 30, 35, 40]  # TensorBoard's curve too
+    assert [step for step, _ in scalars(run)["loss"]] == PHASE1_AND_2_LOG_STEPS  # TensorBoard's curve too
     assert [step for step, _ in scalars(run / "eval")["masked_lm_accuracy"]] == [10, 20, 30]
     record = read_json(run / "bertbench_run.json")
     assert record["args"]["train_batch_size"] == 16 and record["derived"] == {"phase1_end_step": 30}
@@ -214,16 +212,7 @@ def test_phase2_in_place_resumes_as_phase2(phase1, data, tmp_path):
         assert all(torch.equal(final_weights(run)[name], tensor) for name, tensor in uninterrupted.items())
     train = read_json(run / "train_results.json")
     assert train["schedule_start_step"] == 30 and train["global_step"] == 40
-    assert [record["step"] for record in map(json.loads, open(run / "metrics.jsonl"))] == [
-        5,
-        10,
-        15,
-        20,
-        25,
-        30,
-        35,
-        40,
-    ]
+    assert logged_steps(run) == PHASE1_AND_2_LOG_STEPS
 
 
 def test_phase2_in_phase1s_directory_and_another_phase1_is_refused(phase1, data, tmp_path, error_line):
