@@ -281,3 +281,19 @@ def test_export_takes_every_format_too(sources, tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
     assert set(exported) == {name for name in reference if not name.startswith("cls.predictions.decoder.")}
     assert all(torch.equal(tensor, reference[name]) for name, tensor in exported.items())
+
+
+def test_export_refuses_a_checkpoint_missing_encoder_weights(sources, tmp_path, error_line):
+    """What a warm start refuses, export refuses too: no HF directory of a model with layers of random values."""
+    from bertbench.runners import export
+
+    state = torch.load(sources["ddp-state-dict"], weights_only=True)
+    partial = tmp_path / "partial.pt"
+    torch.save({name: tensor for name, tensor in state.items() if ".layer.1." not in name}, partial)
+    config_file = tmp_path / "bert_config.json"
+    config_file.write_text(json.dumps(TINY_BERT))
+    assert export.main([str(partial), str(tmp_path / "hf"), "--bert_config_file", str(config_file)]) == 2
+    assert error_line() == (
+        f"bertbench export: error: {partial}: 16 of the model's 37 encoder weights are not in it (bert.encoder.layer.1)"
+    )
+    assert not (tmp_path / "hf").exists()

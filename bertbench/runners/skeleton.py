@@ -247,7 +247,11 @@ def build_model(
     checked first: a checkpoint that cannot be this model's is refused before the model is built), with what was
     loaded in the log."""
     settings = config.task
-    weights = read_weights(find_weights(start.checkpoint), bert_config) if start.kind == WARM_START else None
+    weights = (
+        read_weights(find_weights(start.checkpoint), bert_config, whole_encoder=False)  # load_pretrained checks it
+        if start.kind == WARM_START
+        else None
+    )
     seed_everything(config.run.seed)
     try:
         model = config.model.build(task, bert_config, **head_kwargs)

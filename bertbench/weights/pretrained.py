@@ -47,7 +47,7 @@ from bertbench.training.checkpoint import (
 )
 from bertbench.weights.hf import HF_WEIGHT_FILES, check_shapes, is_hf_directory
 from bertbench.weights.tf_checkpoint import TFCheckpoint
-from bertbench.weights.tf_names import WeightsError, read_tf_weights
+from bertbench.weights.tf_names import WeightsError, read_tf_weights, tf_model_variables
 
 logger = logging.getLogger(__name__)
 
@@ -166,9 +166,11 @@ class Weights:
     renamed: list[str] = field(default_factory=list)  # how names were read: "a DDP wrapper (module.)", ...
 
 
-def read_weights(source: WeightsSource, config: BertConfig | None = None) -> Weights:
+def read_weights(source: WeightsSource, config: BertConfig | None = None, whole_encoder: bool = True) -> Weights:
     """The weights `source` holds, under HF's names (see the module's doc). A TF checkpoint needs `config` (or a
-    bert_config.json beside it) for its shapes; HF-format weights are checked against `config` when given."""
+    bert_config.json beside it) for its shapes; HF-format weights are checked against `config` when given, and
+    (`whole_encoder`) must hold every encoder weight it implies: a checkpoint missing some is refused, as
+    load_pretrained refuses it unless allowed (it passes whole_encoder=False and checks against the model)."""
     if source.kind == TF1:
         checkpoint = TFCheckpoint(source.file)
         if config is None:
@@ -179,7 +181,7 @@ def read_weights(source: WeightsSource, config: BertConfig | None = None) -> Wei
                     "shapes, and there is no bert_config.json beside it"
                 )
             config = BertConfig.from_json_file(config_file)
-        state, mapping = read_tf_weights(checkpoint, config, require_encoder=False)
+        state, mapping = read_tf_weights(checkpoint, config, require_encoder=whole_encoder)
         return Weights(source, state, f"{TF1}, {mapping.summary()}" if mapping.skipped else TF1)
     if source.kind == HF_SHARDED or source.file.endswith(".index.json"):
         state, described = _read_sharded(source.file), source.kind
@@ -191,6 +193,17 @@ def read_weights(source: WeightsSource, config: BertConfig | None = None) -> Wei
     _normalise_names(weights)
     if config is not None:
         check_shapes(weights.state, config, source.file)
+    if config is not None and whole_encoder:
+        expected = [name for name, _ in tf_model_variables(config, None).values() if _is_encoder(name)]
+        held = {name if name.startswith(("bert.", "cls.")) else f"bert.{name}" for name in weights.state}
+        missing = [name for name in expected if name not in held]
+        if len(missing) == len(expected):
+            raise _no_encoder(weights)
+        if missing:
+            raise WeightsError(
+                f"{source.file}: {len(missing)} of the model's {len(expected)} encoder weights are not in it "
+                f"({_groups(missing)})"
+            )
     return weights
 
 
@@ -431,7 +444,7 @@ def load_pretrained(
     """Load the weights at `path` (anything find_weights recognises, or Weights already read) into `model`, fitting
     the `bert.` prefix (see the module's doc for what is refused). Every shape and name is checked before a weight
     is copied, so a refused checkpoint leaves the model as it was."""
-    weights = path if isinstance(path, Weights) else read_weights(find_weights(path), config)
+    weights = path if isinstance(path, Weights) else read_weights(find_weights(path), config, whole_encoder=False)
     source = weights.source
     for note in source.notes:
         (log or logger.warning)(note)
@@ -457,10 +470,7 @@ def load_pretrained(
     missing = [name for name in not_loaded if _is_encoder(name)]
     foreign_layers = [name for name in unused if _is_encoder(name)]
     if len(missing) == len(encoder):
-        raise WeightsError(
-            f"{source.file}: no BERT encoder weight in it ({_found(weights)}); expected {EXPECTED}, named as "
-            "Google's (bert/encoder/layer_0/...), HF's or NVIDIA's (bert.encoder.layer.0...)"
-        )
+        raise _no_encoder(weights)
     if (missing or foreign_layers) and not allow_partial:
         problems = []
         if missing:
@@ -492,9 +502,13 @@ def load_pretrained(
     return report
 
 
-def _found(weights: Weights) -> str:
+def _no_encoder(weights: Weights) -> WeightsError:
     names = sorted(weights.state)
-    return f"{len(names)} tensors such as {', '.join(names[:4])}" if names else "no tensors"
+    found = f"{len(names)} tensors such as {', '.join(names[:4])}" if names else "no tensors"
+    return WeightsError(
+        f"{weights.source.file}: no BERT encoder weight in it ({found}); expected {EXPECTED}, named as Google's "
+        "(bert/encoder/layer_0/...), HF's or NVIDIA's (bert.encoder.layer.0...)"
+    )
 
 
 def _alias_groups(model: torch.nn.Module) -> dict[str, list[str]]:
