@@ -8,9 +8,10 @@
 - `task`: the runner's settings (GlueSettings, SquadSettings, PretrainingSettings: actions, sizes, files).
 Every field's help is its --help; Google's, NVIDIA's, HF's and tf.estimator's names for the fields are in FLAG_NAMES,
 their flags that mean nothing here in IGNORED_FLAGS. An HF command (one that gives --model_name_or_path, as HF's
-run_glue.py and run_qa.py do) takes HF Trainer's defaults (HF_DEFAULTS) for what it leaves out. What depends on the job's processes or the data (the global batch, the
-scaled learning rate, the steps) is derived in one place, RunnerConfig's methods. After parsing, code reads the
-sections; `flags` keeps every flag as given only for what records the command (bertbench_run.json, --json_summary).
+run_glue.py and run_qa.py do) takes HF Trainer's defaults (HF_DEFAULTS) for what it leaves out. What depends on the
+job's processes or the data (the global batch, the scaled learning rate, the steps) is derived in one place,
+RunnerConfig's methods. After parsing, code reads the sections; `flags` keeps every flag as given only for what
+records the command (bertbench_run.json, --json_summary).
 
 A run directory (`--output_dir`) records its flags in bertbench_run.json when training starts. A later command on the
 same directory takes every flag it leaves out from there (so `eval.sh RESULTS_DIR` needs nothing else, and the same
@@ -790,9 +791,8 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
     hf = hf_defaults(parser, stated)
     values = {**parser.defaults, **hf, **stated}
     if hf and values["do_train"]:
-        notes.append(
-            f"HF Trainer's defaults for what this HF command (--model_name_or_path) leaves out: {' '.join(as_flags(hf))}"
-        )
+        defaults = " ".join(as_flags(hf))
+        notes.append(f"HF Trainer's defaults for what this HF command (--model_name_or_path) leaves out: {defaults}")
     # An HF directory or a bertbench run as --init_checkpoint says the model config, vocabulary and lower-casing the
     # flags leave out.
     init_checkpoint = parser.field_values(spec.settings, values).get("init_checkpoint")
@@ -841,8 +841,9 @@ def starts_new_phase(spec: RunnerSpec, record: RunRecord | None, given: Mapping[
     other = given.get("init_checkpoint")
     if other and not (os.path.exists(other) and os.path.samefile(os.path.realpath(other), given["output_dir"])):
         raise UsageError(
-            f"--{spec.phase_flag} on {given['output_dir']}, which holds phase 1 of a run, and --init_checkpoint={other}: "
-            "phase 2 goes on from one of them; leave --init_checkpoint out to go on in place, or give a new --output_dir"
+            f"--{spec.phase_flag} on {given['output_dir']}, which holds phase 1 of a run, and "
+            f"--init_checkpoint={other}: phase 2 goes on from one of them; leave --init_checkpoint out to go on in "
+            "place, or give a new --output_dir"
         )
     return True
 

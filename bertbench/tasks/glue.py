@@ -225,7 +225,8 @@ class GlueProcessor(Task):
 
 
 def _read_text(path: str) -> str:
-    """A data file's text, UTF-8 without its byte-order mark; a byte that does not decode is an error naming its line."""
+    """A data file's text, UTF-8 without its byte-order mark; a byte that does not decode is an error naming its
+    line."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()

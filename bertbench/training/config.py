@@ -1,8 +1,8 @@
 """What a training run is: RunConfig (where it keeps checkpoints, how often it saves and logs) and TrainConfig (the
 optimisation: steps, optimizer, schedule, clipping, accumulation, precision, compile). The loop, the training step
-and the benches all read these; the runners' flags are generated from their fields (bertbench.common.flags): the help text,
-and in metadata the choices, whether a field defines the trained weights (`defines_run`: a resumed run must keep it)
-and whether it holds for one command only (`per_command`: not recorded in the run directory).
+and the benches all read these; the runners' flags are generated from their fields (bertbench.common.flags): the help
+text, and in metadata the choices, whether a field defines the trained weights (`defines_run`: a resumed run must keep
+it) and whether it holds for one command only (`per_command`: not recorded in the run directory).
 """
 
 from __future__ import annotations
@@ -189,8 +189,8 @@ class TrainConfig:
     optimizer: str = field(
         default="adamw",
         metadata={
-            "help": "adamw (see adam_bias_correction), lamb (apex FusedLAMB: the trust ratio on the decayed weights only) "
-            "or nvlamb (the trust ratio on every tensor, NVIDIA's TF LAMB).",
+            "help": "adamw (see adam_bias_correction), lamb (apex FusedLAMB: the trust ratio on the decayed weights "
+            "only) or nvlamb (the trust ratio on every tensor, NVIDIA's TF LAMB).",
             "choices": optim.OPTIMIZERS,
             "defines_run": True,
         },

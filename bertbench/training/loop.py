@@ -1,10 +1,10 @@
 """Estimator: the training loop, shaped like tf.estimator, for any model whose forward returns `.loss`.
 
-The Estimator is the interface (train / evaluate / predict, restore, keep_best_worker); each part of a `train` call
-has its own name here: restore_training (where it starts: a fresh run, a resumed one, an earlier phase continued),
-TrainingLoop (the steps and when they stop), TrainingLog (metrics.jsonl records, TensorBoard's events, log lines and
-the progress bar) and CheckpointSaving (when it saves and what a save carries). The step is training.step.TrainStep, where a run starts is
-training.state.decide_start, the checkpointed state is training.state.TrainingCheckpoints, the figures are
+The Estimator is the interface (train / evaluate / predict, restore, keep_best_worker); each part of a `train` call has
+its own name here: restore_training (where it starts: a fresh run, a resumed one, an earlier phase continued),
+TrainingLoop (the steps and when they stop), TrainingLog (metrics.jsonl records, TensorBoard's events, log lines and the
+progress bar) and CheckpointSaving (when it saves and what a save carries). The step is training.step.TrainStep, where a
+run starts is training.state.decide_start, the checkpointed state is training.state.TrainingCheckpoints, the figures are
 training.stats.LoopStats', the signal handlers common.signals.StopSignals, and evaluate / predict run
 training.inference.run_inference.
 

@@ -22,16 +22,16 @@ optimizer to a global norm of 1.0 as Google and apex clip (`clip_by_global_norm`
 step's clipping and step).
 
 On a GPU every rule runs `fused`: in one or two passes over each tensor rather than a dozen multi-tensor ones, so that
-the step costs little more than the traffic of its rule (fp32: read p, g, m, v and write p, m, v, 28 bytes a
-parameter; LAMB's trust ratio needs the norm of the update before p changes, so a second pass: 40 bytes; the global
-norm of the clipping one more read of g). Google's AdamW and torch's AdamW run torch's fused AdamW kernel; LAMB and
-nvlamb run `_lamb_update` compiled by torch.compile, whose foreach ops inductor fuses into a few kernels. Without
-loss scaling, the clipping rides in those kernels too (`grad_scale`): the step reads the gradients once for their
-norm and once more to update, instead of scaling them in place first. The fused rules are the eager ones to float
-rounding; on the CPU the eager ones are the default (the fused ones can be forced, as the tests do). The schedule follows Google's and NVIDIA's BERT: the decay runs over the whole training
-(from step 0 to num_train_steps) and the linear warm-up overrides its first steps, so the learning rate is 0 at the
-first step and peaks at the last warm-up step. HF Trainer's (`schedule="hf"`) starts the decay at the warm-up's end,
-from the peak, and its polynomial decay ends at 1e-7 rather than 0.
+the step costs little more than the traffic of its rule (fp32: read p, g, m, v and write p, m, v, 28 bytes a parameter;
+LAMB's trust ratio needs the norm of the update before p changes, so a second pass: 40 bytes; the global norm of the
+clipping one more read of g). Google's AdamW and torch's AdamW run torch's fused AdamW kernel; LAMB and nvlamb run
+`_lamb_update` compiled by torch.compile, whose foreach ops inductor fuses into a few kernels. Without loss scaling, the
+clipping rides in those kernels too (`grad_scale`): the step reads the gradients once for their norm and once more to
+update, instead of scaling them in place first. The fused rules are the eager ones to float rounding; on the CPU the
+eager ones are the default (the fused ones can be forced, as the tests do). The schedule follows Google's and NVIDIA's
+BERT: the decay runs over the whole training (from step 0 to num_train_steps) and the linear warm-up overrides its first
+steps, so the learning rate is 0 at the first step and peaks at the last warm-up step. HF Trainer's (`schedule="hf"`)
+starts the decay at the warm-up's end, from the peak, and its polynomial decay ends at 1e-7 rather than 0.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ r"""`bertbench convert`: a Google or NVIDIA TensorFlow BERT checkpoint to an HF-
         --vocab_file uncased_L-12_H-768_A-12/vocab.txt
 
 The flags are spelled as every other bertbench command spells them (underscores, `--output_dir`; `-` works too, as
-everywhere). The names of earlier releases (`--bert-config`, `--output`) are kept as aliases, and HF's `convert_bert_original_tf_checkpoint_to_pytorch.py` command line works as it does there:
-`--tf_checkpoint_path`, `--bert_config_file`, and `--pytorch_dump_path FILE`, which writes the one file FILE (a
-torch.save'd state dict, pytorch_model.bin's format), not a directory.
+everywhere). The names of earlier releases (`--bert-config`, `--output`) are kept as aliases, and HF's
+`convert_bert_original_tf_checkpoint_to_pytorch.py` command line works as it does there: `--tf_checkpoint_path`,
+`--bert_config_file`, and `--pytorch_dump_path FILE`, which writes the one file FILE (a torch.save'd state dict,
+pytorch_model.bin's format), not a directory.
 """
 
 from __future__ import annotations

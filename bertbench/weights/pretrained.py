@@ -1,4 +1,5 @@
-"""Warm-start weights from every checkpoint a BERT user holds, loaded into a model or refused before anything is written.
+"""Warm-start weights from every checkpoint a BERT user holds, loaded into a model or refused before anything is
+written.
 
 `find_weights` recognises what a path holds, from its name and directory alone:
 - Google's TF1 checkpoints: a prefix (bert_model.ckpt), its .index or a data shard, or a directory with a
