@@ -32,7 +32,7 @@ class Example:
     rate: float | None = setting("A rate, when given.", None)
     on: bool = setting("Whether it is on.", True)
     kind: str = setting("Which kind.", "a", choices=("a", "b"), aliases=("sort",))
-    edges: tuple[int, ...] | None = setting("Edges, read as text.", None)
+    edges: tuple[int, ...] | None = setting("Edges, comma-separated.", None)
 
 
 def compact(text: str) -> str:
@@ -50,7 +50,9 @@ def test_flags_from_a_dataclass_carry_its_help_type_and_default():
         assert compact(f"--{field.name}") in text and compact(field.metadata["help"]) in text
     assert compact("How many times. (default: 3)") in text and "--sort" in text
     given = vars(parser.parse_args(["--path=p", "--count=5", "--rate=0.5", "--noon", "--sort=b", "--edges=1,2"]))
-    assert given == {"path": "p", "count": 5, "rate": 0.5, "on": False, "kind": "b", "edges": "1,2"}
+    assert given == {"path": "p", "count": 5, "rate": 0.5, "on": False, "kind": "b", "edges": (1, 2)}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--edges=1,x"])
     assert vars(parser.parse_args(["--path=p", "--on=false"])) == {"path": "p", "on": False}  # only what was given
     assert vars(parser.parse_args(["--path=p", "--no_on"]))["on"] is False
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.training.devices import synchronize
 
 
@@ -81,11 +80,3 @@ def count_flops(run: Callable[[], None]) -> int:
     with FlopCounterMode(display=False) as counter:
         run()
     return counter.get_total_flops()
-
-
-def forward_backward_saved_bytes(model: torch.nn.Module, batch: dict) -> int:
-    """Bytes the forward keeps for backward (see bertbench.model.saved_activations); runs the backward too, to free them."""
-    loss, saved = saved_activation_bytes(lambda: model(**batch).loss, model)
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return saved

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from bertbench.bench.results import BenchResult, Row
+from bertbench.bench.settings import BenchSettings, as_dict
 from bertbench.common.durable import write_atomically
 from bertbench.common.noise import spread_text
 
@@ -52,12 +54,6 @@ def machine() -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
     }
-
-
-def write_report(path: str | None, report: Mapping[str, Any]) -> None:
-    """Write the figures as JSON to path (atomically), when a path is given."""
-    if path:
-        write_atomically(path, json.dumps(report, indent=2) + "\n")
 
 
 Cell = str | Callable[[Mapping[str, Any]], str]
@@ -164,6 +160,27 @@ class BenchOutput:
         if message and message not in self.warnings:
             self.warnings.append(message)
             print(f"warning: {message}", flush=True)
+
+    def write_result(
+        self,
+        settings: BenchSettings,
+        rows: Sequence[Row],
+        context: Mapping[str, Any],
+        markdown: str,
+        plots: Mapping[str, Any] = (),
+    ) -> BenchResult:
+        """Write the result (results.BenchResult: the settings, rows, context and this run's warnings), the markdown
+        with a "**Warning:**" line per warning after its title, and each matplotlib figure in `plots` (name ->
+        Figure, written as <bench>-<name>.png); returns the result as written."""
+        result = BenchResult.new(self.bench, as_dict(settings), rows, context, self.warnings, self.command)
+        os.makedirs(self.directory, exist_ok=True)
+        for name, figure in dict(plots).items():
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+            write_atomically(self.path(f"-{name}.png"), buffer.getvalue())
+        write_atomically(self.path(".md"), with_warnings(markdown, self.warnings).rstrip("\n") + "\n")
+        write_atomically(self.path(".json"), json.dumps(result.to_json(), indent=2) + "\n")
+        return result
 
     def write(
         self, settings: Mapping[str, Any], figures: Mapping[str, Any], markdown: str, plots: Mapping[str, Any] = ()

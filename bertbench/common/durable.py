@@ -1,15 +1,19 @@
 """Making writes survive a crash or power cut: what checkpoints, converted weights and results rely on. Every file
 bertbench writes whole goes through atomic_output (write_atomically for data in memory); a directory of files
-through write_directory_atomically."""
+through write_directory_atomically; read_json reads what was written as JSON back, naming the file in an error."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from bertbench.common.errors import UsageError
 
 
 class WriteError(OSError):
@@ -127,3 +131,14 @@ def write_directory_atomically(out_dir: str | os.PathLike, write: Callable[[str]
         for leftover in (tmp, old):
             if leftover is not None and os.path.isdir(leftover):
                 shutil.rmtree(leftover)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file's value; a file that is not JSON is a UsageError naming the file and the line (an input error:
+    exit status 2), a missing one the OSError naming it."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{path}: not JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None

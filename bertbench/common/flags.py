@@ -197,7 +197,8 @@ def setting(help: str, default: Any = dataclasses.MISSING, **metadata: Any) -> A
     """A dataclass field that is also a flag: its --help text, its default, and what else the flag or a run record
     reads from metadata: choices, aliases (other names of the flag), required (None is refused), positive (values
     <= 0 are refused), defines_run (a resumed run must keep it), defines_training (a resumed training must keep
-    it; an evaluation may differ), per_command (what one command does, not what the run is: never recorded)."""
+    it; an evaluation may differ), per_command (what one command does, not what the run is: never recorded), at_least (a smaller value is refused).
+    A tuple[X, ...] field is a comma-separated flag (--batch_sizes=8,32)."""
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
@@ -368,9 +369,9 @@ class FlagParser(ArgumentParser):
 
 def as_flags(values: Mapping[str, Any]) -> list[str]:
     """The command line of `values` (Python values by flag name, None for none): what a user types for the same
-    command (--do_train, --nodo_lower_case, --max_seq_length=64)."""
+    command (--do_train, --nodo_lower_case, --max_seq_length=64, --batch_sizes=8,32)."""
     return [
-        (f"--{name}" if value else f"--no{name}") if isinstance(value, bool) else f"--{name}={value}"
+        (f"--{name}" if value else f"--no{name}") if isinstance(value, bool) else f"--{name}={_spelt_all(value)}"
         for name, value in values.items()
         if value is not None
     ]
@@ -446,10 +447,58 @@ def add_dataclass_flags(
                 )
 
 
-def _flag_type(hint: Any) -> type:
+def _flag_type(hint: Any) -> Callable[[str], Any]:
     arguments = [argument for argument in typing.get_args(hint) if argument is not type(None)]
     kind = arguments[0] if typing.get_origin(hint) in (typing.Union, type(int | None)) else hint
+    if typing.get_origin(kind) is tuple and typing.get_args(kind)[1:] == (Ellipsis,):
+        return comma_list(typing.get_args(kind)[0])
     return kind if isinstance(kind, type) and typing.get_origin(kind) is None else str
+
+
+def comma_list(convert: Callable[[str], Any]) -> Callable[[str], tuple]:
+    """The flag type of a tuple[X, ...] field: "8,32" is (8, 32), each item converted by `convert`."""
+
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(convert(item.strip()) for item in text.split(",") if item.strip())
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list")
+        return values
+
+    parse.__name__ = f"comma-separated {getattr(convert, '__name__', 'value')}s"
+    return parse
+
+
+def check_fields(settings: Any, also_missing: Sequence[str] = ()) -> None:
+    """The checks a settings dataclass's metadata asks for, every field's in one error: `required` (None refused;
+    the flags missing named together, with `also_missing`, what the settings' own rules find missing), `positive`
+    (<= 0 refused; each item of a tuple), `at_least` (a value below it refused)."""
+    fields = dataclasses.fields(settings)
+    missing = [
+        f"--{field.name}"
+        for field in fields
+        if field.metadata.get("required") and getattr(settings, field.name) is None
+    ] + list(also_missing)
+    errors = []
+    if missing:
+        names = f"{', '.join(missing[:-1])} and {missing[-1]} are" if len(missing) > 1 else f"{missing[0]} is"
+        errors.append(f"{names} required")
+    for field in fields:
+        value = getattr(settings, field.name)
+        values = value if isinstance(value, tuple) else () if value is None else (value,)
+        if field.metadata.get("positive") and any(not item > 0 for item in values):  # NaN too
+            errors.append(f"--{field.name} must be positive, got {_spelt_all(value)}")
+        least = field.metadata.get("at_least")
+        if least is not None and any(not item >= least for item in values):
+            errors.append(f"--{field.name} must be {least} or more, got {_spelt_all(value)}")
+    if errors:
+        raise UsageError("; ".join(errors))
+
+
+def _spelt_all(value: Any) -> str:
+    return ",".join(map(_spelt, value)) if isinstance(value, tuple) else _spelt(value)
 
 
 def build(cls: type, names: Sequence[FlagName] = (), **values: Any) -> Any:

@@ -36,6 +36,7 @@ from bertbench.common.flags import (
     add_dataclass_flags,
     as_flags,
     build,
+    check_fields,
     setting,
 )
 from bertbench.model.factory import ModelSettings
@@ -433,28 +434,6 @@ TRAINING_FIELDS = ("precision", "compile", "cuda_graphs")
 # TrainConfig fields that are no runner's flag: the steps come from the epochs or the phase's steps, a warm-up in steps
 # from the runner's flag; the steady-state window stays the loop's.
 NOT_FLAGS = ("num_train_steps", "excluded_steps", "warmup_steps")
-
-
-def check_fields(settings: Any, also_missing: Sequence[str] = ()) -> None:
-    """The checks a settings dataclass's metadata asks for, every field's in one error: `required` (None refused;
-    the flags missing named together, with `also_missing`, what the settings' own rules find missing), `positive`
-    (<= 0 refused)."""
-    fields = dataclasses.fields(settings)
-    missing = [
-        f"--{field.name}"
-        for field in fields
-        if field.metadata.get("required") and getattr(settings, field.name) is None
-    ] + list(also_missing)
-    errors = []
-    if missing:
-        names = f"{', '.join(missing[:-1])} and {missing[-1]} are" if len(missing) > 1 else f"{missing[0]} is"
-        errors.append(f"{names} required")
-    for field in fields:
-        value = getattr(settings, field.name)
-        if value is not None and field.metadata.get("positive") and not value > 0:  # NaN too
-            errors.append(f"--{field.name} must be positive, got {value}")
-    if errors:
-        raise UsageError("; ".join(errors))
 
 
 @dataclasses.dataclass(frozen=True)
