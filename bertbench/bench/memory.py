@@ -29,6 +29,7 @@ from bertbench.bench import cli, measure, workload
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
 from bertbench.bench.plots import line_plot
 from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
+from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.tasks import synthetic
 from bertbench.training import devices
 
@@ -125,7 +126,7 @@ class SavedBytes:
                 # tensors cannot do.
                 inputs.pop("attention_mask")
             # [1]: the loss, and with it the graph holding the saved bytes, is freed before the next count
-            self.counted[batch] = measure.saved_activation_bytes(
+            self.counted[batch] = saved_activation_bytes(
                 lambda: workload.forward_loss(self.model, inputs, self.precision, self.device), self.model
             )[1]
         return self.counted[batch]

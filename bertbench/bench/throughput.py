@@ -47,6 +47,7 @@ from bertbench.common.flags import parse_bool
 from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
 from bertbench.model import flops
 from bertbench.model.precision import PRECISION_DTYPES
+from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.tasks import synthetic
 from bertbench.training import devices, optim
 from bertbench.training.batches import ShuffledBatches
@@ -244,7 +245,7 @@ def measure_memory(step: workload.BenchStep) -> dict:
     if step.step.graphs is not None:
         return {"memory_kind": "not measured: CUDA graphs (their pool was allocated at capture)"}
     step.position = 0  # every variant's memory step on the same examples, the cycle's first
-    saved = measure.saved_activation_bytes(step.forward, step.model)[1]  # the graph goes before the step runs
+    saved = saved_activation_bytes(step.forward, step.model)[1]  # the graph goes before the step runs
     devices.synchronize(device)
     devices.reset_peak_memory(device)
     before = devices.current_memory_bytes(device)
