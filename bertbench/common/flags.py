@@ -461,13 +461,13 @@ def comma_list(convert: Callable[[str], Any]) -> Callable[[str], tuple]:
     def parse(text: str) -> tuple:
         try:
             values = tuple(convert(item.strip()) for item in text.split(",") if item.strip())
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+        except ValueError:
+            values = ()
         if not values:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list")
+            raise argparse.ArgumentTypeError(f"expected comma-separated {items}, got {text!r}")
         return values
 
-    parse.__name__ = f"comma-separated {getattr(convert, '__name__', 'value')}s"
+    items = {int: "integers", float: "numbers"}.get(convert, "values")
     return parse
 
 
