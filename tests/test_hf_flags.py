@@ -179,7 +179,7 @@ def test_an_hf_command_states_what_it_wants_and_gets_it(inputs, tmp_path):
     )
     (note,) = [note for note in command.notes if "HF Trainer's defaults" in note]
     assert "--weight_decay" not in note and "--adam_bias_correction" not in note and "batch" not in note
-    assert command.train_config(1, 10).warmup_steps == 3
+    assert command.train_config(1, 10, "cpu")[0].warmup_steps == 3
 
 
 @pytest.mark.parametrize(

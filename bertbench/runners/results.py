@@ -3,6 +3,7 @@ TensorBoard events, and NVIDIA's --json-summary file in dllogger's format."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -171,7 +172,7 @@ class JsonSummary:
         self.path, self.started, self.lines = config.task.json_summary, datetime.datetime.now(), []
         for metric, unit in SUMMARY_UNITS.items():
             self._add(type="METADATA", metric=metric, metadata={"unit": unit})
-        self.log("PARAMETER", {"Config": [str(config.flags)]})
+        self.log("PARAMETER", {"Config": [str(argparse.Namespace(**config.args))]})  # NVIDIA's str(args)
 
     def _add(self, **record: Any) -> None:
         now = datetime.datetime.now()

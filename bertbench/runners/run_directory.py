@@ -128,7 +128,7 @@ def write_record(
             {"args": dict(record.args), "world_size": record.world_size, "derived": dict(record.derived)},
         ]
         keep_phase_results(config.run.model_dir, len(phases))
-    args = {name: value for name, value in vars(config.flags).items() if name not in config.per_command}
+    args = {name: value for name, value in config.args.items() if name not in config.per_command}
     RunRecord(
         os.path.join(config.run.model_dir, RUN_RECORD),
         runner,
