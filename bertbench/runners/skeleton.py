@@ -39,7 +39,7 @@ from bertbench.training.loop import Estimator, TrainingDivergedError
 from bertbench.training.state import RESTORE, WARM_START, RunStart, decide_start, seed_everything, trains_independently
 from bertbench.training.stats import TrainResult
 from bertbench.weights.pretrained import LoadReport, find_weights, load_pretrained, read_weights
-from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
+from bertbench.weights.tf_checkpoint import TFCheckpointError
 from bertbench.weights.tf_names import WeightsError
 
 # Errors a user's input causes (exit status 2, see bertbench.common.errors), each naming its file or flag; and the
