@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from bertbench import example_data
 from bertbench.model.config import BertConfig
-from bertbench.runners import example_data
 from bertbench.tasks.tokenization import BertTokenizer
 from bertbench.weights.pretrained import load_state_dict
 from bertbench.weights.tf_checkpoint import (

@@ -50,8 +50,8 @@ def test_the_modules_were_found():
 
 
 # The packages from the bottom up: a module imports its own package and the packages below it, never one above.
-# bench/ and demo/ share the top; the package's own top-level modules (the CLI, the original's module names) sit
-# above everything but them.
+# bench/ and demo/ share the top; the package's own top-level modules (the CLI, the original's module names, the tools
+# export and example-data) sit above everything but them.
 LAYERS = [("common",), ("model",), ("training",), ("tasks",), ("weights",), ("runners",), ("(top)",), ("bench", "demo")]
 LEVEL = {package: level for level, packages in enumerate(LAYERS) for package in packages}
 

@@ -21,14 +21,14 @@ from helpers import TINY_BERT, snapshot, write_bert_dir, write_nvidia_shard
 
 from bertbench import cli
 from bertbench.common.run_files import LOCK
+from bertbench.example_data import write_hf_glue_files
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
-from bertbench.runners import evaluate_squad
 from bertbench.runners import pretraining as run_pretraining
 from bertbench.runners import squad as run_squad
-from bertbench.runners.example_data import write_hf_glue_files
 from bertbench.tasks import create_pretraining_data
+from bertbench.tasks.squad import evaluate as evaluate_squad
 from bertbench.tasks.synthetic import write_corpus, write_glue_task, write_squad
 from bertbench.training.checkpoint import save_checkpoint
 from bertbench.weights import convert

@@ -13,9 +13,9 @@ from helpers import snapshot
 from bertbench import cli
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import MODELINGS
-from bertbench.runners import evaluate_squad
 from bertbench.runners.config import parse_config
 from bertbench.runners.squad import SPEC, main
+from bertbench.tasks.squad import evaluate as evaluate_squad
 from bertbench.tasks.synthetic import vocabulary, write_squad, write_vocab
 from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
 
