@@ -84,6 +84,18 @@ def test_packages_import_only_their_own_layer_and_those_below():
     assert upward == {}
 
 
+def test_no_two_modules_import_each_other():
+    """Within a package too the arrow points one way (model/packing.py once imported model/attention.py's PathRule,
+    which imports its Packing): what both need lives in one of them."""
+    mutual = sorted(
+        (module, name)
+        for module, imports in MODULES.items()
+        for name in imports
+        if module < name and module in MODULES.get(name, ())
+    )
+    assert mutual == []
+
+
 @pytest.mark.parametrize("leaf", ["bertbench.bench", "bertbench.demo"])
 def test_the_core_never_imports_the_benches_or_the_demo(leaf):
     offenders = {
