@@ -673,7 +673,7 @@ CASES = [
         "squad",
         lambda inputs, tmp, out: (
             squad_flags(inputs, out, train=write_bytes(tmp / "train.json", b'{"version": "1.1", "data": [')),
-            f"{tmp / 'train.json'}: not valid JSON",
+            f"{tmp / 'train.json'}: not JSON",
         ),
     ),
     Case(
@@ -695,7 +695,7 @@ CASES = [
                     tmp / "train.json", (inputs / "squad/train-v1.1.json").read_bytes().replace(b"the", b"th\xff", 1)
                 ),
             ),
-            f"{tmp / 'train.json'}: not valid JSON",
+            f"{tmp / 'train.json'}: not JSON",
         ),
     ),
     squad_case("squad-no-data-key", lambda d: d["data"].pop("data"), "not a SQuAD file (no 'data' list)"),
@@ -782,7 +782,7 @@ CASES = [
                 str(write_json(tmp / "predictions.json", {})),
                 f"--out-file={out / 'scores.json'}",
             ],
-            f"{tmp / 'dev.json'}: not valid JSON",
+            f"{tmp / 'dev.json'}: not JSON",
         ),
         state="empty",
     ),
@@ -807,7 +807,7 @@ CASES = [
             classify_flags(
                 inputs, out, "--do_train", config=write_bytes(tmp / "bert_config.json", b"{'vocab_size': 48}")
             ),
-            f"{tmp / 'bert_config.json'}: not valid JSON",
+            f"{tmp / 'bert_config.json'}: not JSON",
         ),
     ),
     Case(

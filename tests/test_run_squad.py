@@ -340,7 +340,7 @@ def test_bad_predict_file_fails_before_training_and_overwrites_nothing(v2_run, d
     broken.write_text('{"version": "v2.0", "data": [{"paragraphs": [')
     before = snapshot(v2_run)
     assert main(["--do_predict", f"--predict_file={broken}", f"--output_dir={v2_run}"]) == 2
-    assert error_line().startswith(f"run_squad: error: {broken}: not valid JSON")
+    assert error_line().startswith(f"run_squad: error: {broken}: not JSON")
     assert snapshot(v2_run) == before
     out = tmp_path / "fresh"
     assert (

@@ -28,7 +28,7 @@ from typing import IO
 import torch
 
 from bertbench.common import run_files
-from bertbench.common.durable import write_atomically
+from bertbench.common.durable import read_json, write_atomically
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import FlagParser, add_dataclass_flags, as_flags, build, check_fields, description, setting
 from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
@@ -38,7 +38,6 @@ from bertbench.model.factory import build_model
 from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.runners import pretraining as run_pretraining
 from bertbench.runners import squad as run_squad
-from bertbench.runners.run_directory import read_json
 from bertbench.runners.skeleton import TaskRunner
 from bertbench.tasks import synthetic as data
 from bertbench.tasks.create_pretraining_data import create_pretraining_data

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from bertbench.common.durable import write_atomically
+from bertbench.common.durable import read_json, write_atomically
 from bertbench.common.run_files import ALL_RESULTS, EVAL_RESULTS, EVAL_RESULTS_TEXT, TRAIN_RESULTS
 from bertbench.common.signals import signal_status
 from bertbench.model.factory import path_of
 from bertbench.runners.config import RunnerConfig
-from bertbench.runners.run_directory import Log, read_json, write_json
+from bertbench.runners.run_directory import Log, write_json
 from bertbench.training import optim
 from bertbench.training.config import RunConfig
 from bertbench.training.distributed import Distributed
