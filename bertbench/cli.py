@@ -13,7 +13,7 @@ from bertbench.common.errors import run_command
 COMMANDS = {
     "demo": ("bertbench.demo.run", "train a tiny BERT on built-in data, baseline vs recompute (no network)"),
     "example-data": (
-        "bertbench.runners.example_data",
+        "bertbench.example_data",
         (
             "write a tiny BERT (TF1 checkpoint + HF directory), GLUE, SQuAD and pre-training data: every "
             "runner runs without downloads"
@@ -33,7 +33,7 @@ COMMANDS = {
         ("raw text (Google's format) -> hdf5 shards in NVIDIA's layout, optionally in length bins"),
     ),
     "evaluate-squad": (
-        "bertbench.runners.evaluate_squad",
+        "bertbench.tasks.squad.evaluate",
         "SQuAD v1.1/v2.0 exact match and F1 (the official definitions)",
     ),
     "launch": ("bertbench.runners.launch", "torchrun (same arguments), with one-line errors when nodes fail to meet"),
@@ -47,7 +47,7 @@ COMMANDS = {
     "report": ("bertbench.bench.report", "merge bench results of several runs into one comparison"),
     "convert": ("bertbench.weights.convert", "convert a TF1 checkpoint (bert_model.ckpt) to an HF-format directory"),
     "export": (
-        "bertbench.runners.export",
+        "bertbench.export",
         (
             "a run, a bertbench checkpoint or a TF1 checkpoint -> an HF directory (weights, config, tokenizer) "
             "that transformers loads"

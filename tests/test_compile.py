@@ -23,7 +23,7 @@ from bertbench.tasks.synthetic import synthetic_batch, write_glue_task
 from bertbench.training.batches import ShuffledBatches
 from bertbench.training.config import RunConfig, TrainConfig
 from bertbench.training.loop import Estimator
-from bertbench.training.step import TrainStep, runnable_config
+from bertbench.training.step import TrainStep, fallbacks
 
 CONFIG = tiny_config(hidden_size=32, intermediate_size=64)
 TASKS = ("classification", "question_answering", "pretraining")
@@ -97,7 +97,7 @@ def traced_by_aot_eager(monkeypatch):
 )
 def test_the_compiled_training_step_is_one_graph(traced_by_aot_eager, task, variant, precision, unpad):
     # Two micro-batches, padded then not: the padding check is eager-only, so both take the same path (and on the
-    # padded path the same graph). TrainStep runs fp16 as its config says (the runners' fallback is runnable_config),
+    # padded path the same graph). TrainStep runs fp16 as its config says (the runners apply step.fallbacks before it),
     # so autocast to it is traced too.
     step = TrainStep(
         model(task, variant, unpad=unpad),
@@ -178,22 +178,18 @@ def no_cxx(monkeypatch):
 
 
 def test_fp16_on_a_cpu_trains_in_fp32_and_says_so():
-    config, notes = runnable_config(TrainConfig(num_train_steps=1, precision="fp16"), torch.device("cpu"))
-    assert config.precision == "fp32"
-    assert notes == ["fp16 needs a CUDA GPU; on cpu this run trains in fp32 (--precision=fp32 to say so)"]
+    (change,) = fallbacks(TrainConfig(num_train_steps=1, precision="fp16"), torch.device("cpu"))
+    assert (change.field, change.value) == ("precision", "fp32")
+    assert change.note == "fp16 needs a CUDA GPU; on cpu this run trains in fp32 (--precision=fp32 to say so)"
     for precision in ("fp32", "bf16"):
-        assert runnable_config(TrainConfig(num_train_steps=1, precision=precision), "cpu") == (
-            TrainConfig(num_train_steps=1, precision=precision),
-            [],
-        )
-    on_gpu = TrainConfig(num_train_steps=1, precision="fp16")
-    assert runnable_config(on_gpu, torch.device("cuda", 1)) == (on_gpu, [])
+        assert fallbacks(TrainConfig(num_train_steps=1, precision=precision), "cpu") == []
+    assert fallbacks(TrainConfig(num_train_steps=1, precision="fp16"), torch.device("cuda", 1)) == []
 
 
 def test_compile_without_a_cxx_compiler_trains_eagerly_and_says_so(no_cxx):
-    config, notes = runnable_config(TrainConfig(num_train_steps=1, compile=True), torch.device("cpu"))
-    assert not config.compile and len(notes) == 1
-    assert notes[0].startswith("torch.compile cannot run here (inductor finds no C++ compiler")
+    (change,) = fallbacks(TrainConfig(num_train_steps=1, compile=True), torch.device("cpu"))
+    assert (change.field, change.value) == ("compile", False)
+    assert change.note.startswith("torch.compile cannot run here (inductor finds no C++ compiler")
 
 
 def test_a_checkpoint_without_loss_scaling_resumes_under_fp16():

@@ -469,7 +469,7 @@ def test_learning_rate_scaling_with_the_process_count(tmp_path, scaling, expecte
         },
     )
     assert config.learning_rate(8) == pytest.approx(expected)
-    assert config.train_config(8, num_train_steps=10).learning_rate == pytest.approx(expected)
+    assert config.train_config(8, 10, "cpu")[0].learning_rate == pytest.approx(expected)
 
 
 def test_independent_workers_need_a_dev_metric_and_no_fp16(data, tmp_path, error_line):

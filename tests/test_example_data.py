@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from bertbench import example_data
 from bertbench.model.config import BertConfig
-from bertbench.runners import example_data
 from bertbench.tasks.tokenization import BertTokenizer
 from bertbench.weights.pretrained import load_state_dict
 from bertbench.weights.tf_checkpoint import (
-    CheckpointError,
     TFCheckpoint,
+    TFCheckpointError,
     list_variables,
     read_tf_checkpoint,
     write_tf_checkpoint,
@@ -59,7 +59,7 @@ def test_writer_spans_several_blocks_and_every_writable_dtype(tmp_path):
     for name, value in tensors.items():
         np.testing.assert_array_equal(checkpoint.read(name), value)
         assert checkpoint.read(name).dtype == np.asarray(value).dtype
-    with pytest.raises(CheckpointError, match="cannot write tensor 'text' of dtype <U1"):
+    with pytest.raises(TFCheckpointError, match="cannot write tensor 'text' of dtype <U1"):
         write_tf_checkpoint(tmp_path / "bad", {"text": np.array(["a"])})
 
 

@@ -11,9 +11,9 @@ import torch
 import transformers
 from helpers import classifier_flags, write_bert_dir
 
+from bertbench import export
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import build_model
-from bertbench.runners import export
 from bertbench.runners.classifier import SPEC
 from bertbench.runners.classifier import main as classify
 from bertbench.runners.config import parse_config

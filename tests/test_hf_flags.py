@@ -15,14 +15,13 @@ import pytest
 import torch
 from helpers import TINY_BERT, read_json, snapshot, write_bert_dir
 
-from bertbench import run_glue, run_qa
+from bertbench import export, run_glue, run_qa
+from bertbench.example_data import write_hf_glue_files
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
-from bertbench.runners import export
 from bertbench.runners import squad as run_squad
 from bertbench.runners.config import parse_config
-from bertbench.runners.example_data import write_hf_glue_files
 from bertbench.tasks.squad.reading import read_examples
 from bertbench.tasks.squad.scoring import read_questions
 from bertbench.tasks.synthetic import write_glue_task, write_squad
@@ -179,7 +178,7 @@ def test_an_hf_command_states_what_it_wants_and_gets_it(inputs, tmp_path):
     )
     (note,) = [note for note in command.notes if "HF Trainer's defaults" in note]
     assert "--weight_decay" not in note and "--adam_bias_correction" not in note and "batch" not in note
-    assert command.train_config(1, 10).warmup_steps == 3
+    assert command.train_config(1, 10, "cpu")[0].warmup_steps == 3
 
 
 @pytest.mark.parametrize(

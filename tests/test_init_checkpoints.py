@@ -12,11 +12,11 @@ import pytest
 import torch
 from helpers import TINY_BERT, runner_command, snapshot
 
+from bertbench.example_data import tf_variables
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
 from bertbench.runners import squad as run_squad
-from bertbench.runners.example_data import tf_variables
 from bertbench.training.checkpoint import save_checkpoint
 from bertbench.weights.hf import save_hf_directory, save_hf_weights_file
 from bertbench.weights.pretrained import load_pretrained, load_state_dict, nvidia_checkpoint
@@ -267,7 +267,7 @@ def test_a_flag_that_contradicts_the_runs_record_is_refused(finished_classifier,
 def test_export_takes_every_format_too(sources, tmp_path, capsys):
     """`bertbench export` of NVIDIA's checkpoint: an HF directory with its weights under HF's names (that
     transformers loads what export writes is test_hf_directories')."""
-    from bertbench.runners import export
+    from bertbench import export
 
     config_file = tmp_path / "bert_config.json"
     config_file.write_text(json.dumps(TINY_BERT))
@@ -285,7 +285,7 @@ def test_export_takes_every_format_too(sources, tmp_path, capsys):
 
 def test_export_refuses_a_checkpoint_missing_encoder_weights(sources, tmp_path, error_line):
     """What a warm start refuses, export refuses too: no HF directory of a model with layers of random values."""
-    from bertbench.runners import export
+    from bertbench import export
 
     state = torch.load(sources["ddp-state-dict"], weights_only=True)
     partial = tmp_path / "partial.pt"

@@ -50,8 +50,8 @@ def test_the_modules_were_found():
 
 
 # The packages from the bottom up: a module imports its own package and the packages below it, never one above.
-# bench/ and demo/ share the top; the package's own top-level modules (the CLI, the original's module names) sit
-# above everything but them.
+# bench/ and demo/ share the top; the package's own top-level modules (the CLI, the original's module names, the tools
+# export and example-data) sit above everything but them.
 LAYERS = [("common",), ("model",), ("training",), ("tasks",), ("weights",), ("runners",), ("(top)",), ("bench", "demo")]
 LEVEL = {package: level for level, packages in enumerate(LAYERS) for package in packages}
 
@@ -82,6 +82,18 @@ def test_packages_import_only_their_own_layer_and_those_below():
         if above:
             upward[module] = above
     assert upward == {}
+
+
+def test_no_two_modules_import_each_other():
+    """Within a package too the arrow points one way (model/packing.py once imported model/attention.py's PathRule,
+    which imports its Packing): what both need lives in one of them."""
+    mutual = sorted(
+        (module, name)
+        for module, imports in MODULES.items()
+        for name in imports
+        if module < name and module in MODULES.get(name, ())
+    )
+    assert mutual == []
 
 
 @pytest.mark.parametrize("leaf", ["bertbench.bench", "bertbench.demo"])

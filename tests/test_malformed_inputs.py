@@ -21,14 +21,14 @@ from helpers import TINY_BERT, snapshot, write_bert_dir, write_nvidia_shard
 
 from bertbench import cli
 from bertbench.common.run_files import LOCK
+from bertbench.example_data import write_hf_glue_files
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
-from bertbench.runners import evaluate_squad
 from bertbench.runners import pretraining as run_pretraining
 from bertbench.runners import squad as run_squad
-from bertbench.runners.example_data import write_hf_glue_files
 from bertbench.tasks import create_pretraining_data
+from bertbench.tasks.squad import evaluate as evaluate_squad
 from bertbench.tasks.synthetic import write_corpus, write_glue_task, write_squad
 from bertbench.training.checkpoint import save_checkpoint
 from bertbench.weights import convert
@@ -673,7 +673,7 @@ CASES = [
         "squad",
         lambda inputs, tmp, out: (
             squad_flags(inputs, out, train=write_bytes(tmp / "train.json", b'{"version": "1.1", "data": [')),
-            f"{tmp / 'train.json'}: not valid JSON",
+            f"{tmp / 'train.json'}: not JSON",
         ),
     ),
     Case(
@@ -695,7 +695,7 @@ CASES = [
                     tmp / "train.json", (inputs / "squad/train-v1.1.json").read_bytes().replace(b"the", b"th\xff", 1)
                 ),
             ),
-            f"{tmp / 'train.json'}: not valid JSON",
+            f"{tmp / 'train.json'}: not JSON",
         ),
     ),
     squad_case("squad-no-data-key", lambda d: d["data"].pop("data"), "not a SQuAD file (no 'data' list)"),
@@ -782,7 +782,7 @@ CASES = [
                 str(write_json(tmp / "predictions.json", {})),
                 f"--out-file={out / 'scores.json'}",
             ],
-            f"{tmp / 'dev.json'}: not valid JSON",
+            f"{tmp / 'dev.json'}: not JSON",
         ),
         state="empty",
     ),
@@ -807,7 +807,7 @@ CASES = [
             classify_flags(
                 inputs, out, "--do_train", config=write_bytes(tmp / "bert_config.json", b"{'vocab_size': 48}")
             ),
-            f"{tmp / 'bert_config.json'}: not valid JSON",
+            f"{tmp / 'bert_config.json'}: not JSON",
         ),
     ),
     Case(

@@ -273,7 +273,7 @@ def test_config_rejects_non_bert_hf_model_and_bad_json(tmp_path):
     with pytest.raises(ConfigError, match="model_type"):
         BertConfig.from_json_file(path)
     path.write_text('{"vocab_size": 10,')
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ConfigError, match="not JSON"):
         BertConfig.from_json_file(path)
     with pytest.raises(ConfigError, match="no such file"):
         BertConfig.from_json_file(tmp_path / "absent.json")

@@ -241,7 +241,7 @@ def test_absl_boolean_spellings_and_nvidias_names(tmp_path):
     assert command.train.precision == "fp16" and command.run.save_checkpoints_secs == 1200
     command, _ = parse_config(SPEC, given + ["--do_eval", "--precision=bf16", "--no_sync_gradients"])
     assert command.train is None and not command.task.do_train  # an evaluation: nothing to train
-    assert command.flags.precision == "bf16" and not command.flags.sync_gradients  # recorded as given
+    assert command.args["precision"] == "bf16" and not command.args["sync_gradients"]  # recorded as given
 
 
 def test_init_from_a_tf1_checkpoint(data, tmp_path, capsys):

@@ -13,9 +13,9 @@ from helpers import snapshot
 from bertbench import cli
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import MODELINGS
-from bertbench.runners import evaluate_squad
 from bertbench.runners.config import parse_config
 from bertbench.runners.squad import SPEC, main
+from bertbench.tasks.squad import evaluate as evaluate_squad
 from bertbench.tasks.synthetic import vocabulary, write_squad, write_vocab
 from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
 
@@ -340,7 +340,7 @@ def test_bad_predict_file_fails_before_training_and_overwrites_nothing(v2_run, d
     broken.write_text('{"version": "v2.0", "data": [{"paragraphs": [')
     before = snapshot(v2_run)
     assert main(["--do_predict", f"--predict_file={broken}", f"--output_dir={v2_run}"]) == 2
-    assert error_line().startswith(f"run_squad: error: {broken}: not valid JSON")
+    assert error_line().startswith(f"run_squad: error: {broken}: not JSON")
     assert snapshot(v2_run) == before
     out = tmp_path / "fresh"
     assert (

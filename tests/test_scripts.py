@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port, read_json
 
-from bertbench import cli
-from bertbench.runners import example_data
+from bertbench import cli, example_data
 from bertbench.tasks.synthetic import write_glue_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -522,7 +522,7 @@ def test_bad_training_files_name_the_file_and_question(tmp_path, paragraphs, mes
 def test_malformed_json_and_empty_files(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text('{"data": [')
-    with pytest.raises(SquadDataError, match="broken.json: not valid JSON"):
+    with pytest.raises(SquadDataError, match="broken.json: not JSON"):
         read_examples(path, training=False, version_2=False)
     with pytest.raises(SquadDataError, match="no questions"):
         read_examples(squad_file(tmp_path, []), training=False, version_2=False)

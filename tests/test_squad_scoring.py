@@ -181,7 +181,7 @@ def test_command_prints_json_and_warns(tmp_path, capsys):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("{not json", "data.json: not valid JSON"),
+        ("{not json", "data.json: not JSON"),
         ('{"data": [{"paragraphs": [{"qas": [{"id": "q9", "question": "?"}]}]}]}', "question q9 has no 'answers'"),
         ('{"version": "v2.0"}', "no 'data' list"),
     ],

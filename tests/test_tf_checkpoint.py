@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from bertbench.weights.tf_checkpoint import (
-    CheckpointError,
     TFCheckpoint,
+    TFCheckpointError,
     list_variables,
     masked_crc32c,
     read_tf_checkpoint,
@@ -84,11 +84,11 @@ def test_reads_selected_names_and_every_dtype_from_two_shards():
 
 def test_refuses_string_and_partitioned_variables():
     checkpoint = TFCheckpoint(FIXTURE / "dtypes" / "dtypes.ckpt")
-    with pytest.raises(CheckpointError, match=r"dtypes\.ckpt\.index: tensor 'text' has unsupported dtype string"):
+    with pytest.raises(TFCheckpointError, match=r"dtypes\.ckpt\.index: tensor 'text' has unsupported dtype string"):
         checkpoint.read("text")
-    with pytest.raises(CheckpointError, match=r"tensor 'partitioned' is a partitioned variable"):
+    with pytest.raises(TFCheckpointError, match=r"tensor 'partitioned' is a partitioned variable"):
         checkpoint.read("partitioned")
-    with pytest.raises(CheckpointError, match=r"no tensor named 'nope'"):
+    with pytest.raises(TFCheckpointError, match=r"no tensor named 'nope'"):
         checkpoint.read("nope")
 
 
@@ -118,7 +118,7 @@ def test_checkpoint_file_with_a_path_from_another_machine(tmp_path):
 
 def test_directory_with_several_checkpoints_is_ambiguous():
     with pytest.raises(
-        CheckpointError,
+        TFCheckpointError,
         match=r"tf1_tiny: expected exactly one \*\.index checkpoint, found "
         r"bert_model\.ckpt\.index, classifier\.ckpt\.index",
     ):
@@ -126,7 +126,7 @@ def test_directory_with_several_checkpoints_is_ambiguous():
 
 
 def test_missing_index(tmp_path):
-    with pytest.raises(CheckpointError, match=r"nothing\.ckpt\.index: no such file"):
+    with pytest.raises(TFCheckpointError, match=r"nothing\.ckpt\.index: no such file"):
         list_variables(tmp_path / "nothing.ckpt")
 
 
@@ -138,7 +138,7 @@ def test_flipped_data_byte_is_a_crc_error_naming_the_tensor(tmp_path):
     raw = bytearray(data.read_bytes())
     raw[entry.offset + entry.size // 2] ^= 0x10
     data.write_bytes(raw)
-    with pytest.raises(CheckpointError, match=rf"data-00000-of-00001: CRC mismatch in tensor '{name}'"):
+    with pytest.raises(TFCheckpointError, match=rf"data-00000-of-00001: CRC mismatch in tensor '{name}'"):
         read_tf_checkpoint(prefix)
     assert read_tf_checkpoint(prefix, names=["bert/pooler/dense/bias"])  # other tensors stay readable
 
@@ -147,7 +147,7 @@ def test_truncated_data_file(tmp_path):
     prefix = copy_checkpoint(tmp_path)
     data = tmp_path / "bert_model.ckpt.data-00000-of-00001"
     data.write_bytes(data.read_bytes()[:-100])
-    with pytest.raises(CheckpointError, match=r"bert_model\.ckpt\.data-00000-of-00001: truncated: tensor"):
+    with pytest.raises(TFCheckpointError, match=r"bert_model\.ckpt\.data-00000-of-00001: truncated: tensor"):
         read_tf_checkpoint(prefix)
 
 
@@ -155,7 +155,7 @@ def test_missing_data_shard(tmp_path):
     prefix = copy_checkpoint(tmp_path, "dtypes/dtypes.ckpt")
     (tmp_path / "dtypes.ckpt.data-00001-of-00002").unlink()
     assert read_tf_checkpoint(prefix, names=["half"])  # shard 0 is still there
-    with pytest.raises(CheckpointError, match=r"dtypes\.ckpt\.data-00001-of-00002: no such file \(data shard 1"):
+    with pytest.raises(TFCheckpointError, match=r"dtypes\.ckpt\.data-00001-of-00002: no such file \(data shard 1"):
         read_tf_checkpoint(prefix, names=["int32"])
 
 
@@ -165,7 +165,7 @@ def test_damaged_index_block(tmp_path):
     raw = bytearray(index.read_bytes())
     raw[20] ^= 0x01  # inside the first data block
     index.write_bytes(raw)
-    with pytest.raises(CheckpointError, match=r"bert_model\.ckpt\.index: corrupt index \(CRC mismatch"):
+    with pytest.raises(TFCheckpointError, match=r"bert_model\.ckpt\.index: corrupt index \(CRC mismatch"):
         list_variables(prefix)
 
 
@@ -173,7 +173,7 @@ def test_bad_magic(tmp_path):
     prefix = copy_checkpoint(tmp_path)
     index = tmp_path / "bert_model.ckpt.index"
     index.write_bytes(index.read_bytes()[:-1] + b"\x00")
-    with pytest.raises(CheckpointError, match=r"bert_model\.ckpt\.index: not a TensorFlow checkpoint index"):
+    with pytest.raises(TFCheckpointError, match=r"bert_model\.ckpt\.index: not a TensorFlow checkpoint index"):
         list_variables(prefix)
 
 
@@ -191,5 +191,5 @@ def test_compressed_block_is_refused(tmp_path):
         4, "little"
     )
     index.write_bytes(raw)
-    with pytest.raises(CheckpointError, match=r"uses compression type 1"):
+    with pytest.raises(TFCheckpointError, match=r"uses compression type 1"):
         list_variables(prefix)

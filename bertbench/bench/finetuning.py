@@ -34,14 +34,13 @@ from bertbench.bench import cli, workload
 from bertbench.bench.output import BenchOutput, markdown_table, spread_column
 from bertbench.bench.plots import line_plot
 from bertbench.common import run_files
-from bertbench.common.durable import write_atomically
+from bertbench.common.durable import read_json, write_atomically
 from bertbench.common.flags import as_flags
 from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
 from bertbench.model import sizes
 from bertbench.model.config import BertConfig
 from bertbench.runners import classifier as run_classifier
 from bertbench.runners import squad as run_squad
-from bertbench.runners.run_directory import read_json
 from bertbench.runners.skeleton import TaskRunner
 from bertbench.tasks import synthetic
 from bertbench.training.checkpoint import list_checkpoints

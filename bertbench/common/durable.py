@@ -133,12 +133,14 @@ def write_directory_atomically(out_dir: str | os.PathLike, write: Callable[[str]
                 shutil.rmtree(leftover)
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """A JSON file's value; a file that is not JSON is a UsageError naming the file and the line (an input error:
-    exit status 2), a missing one the OSError naming it."""
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+def read_json(path: str | os.PathLike, error: type[Exception] = UsageError) -> Any:
+    """A JSON file's value; a file that is not JSON (or not UTF-8) is an `error` (a UsageError, or the reader's own
+    input error) naming the file and the line or byte (an input error: exit status 2), a missing one the OSError
+    naming it."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path}: not JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+        with open(path, encoding="utf-8") as handle:
+            return json.loads(handle.read())
+    except json.JSONDecodeError as bad:
+        raise error(f"{path}: not JSON ({bad.msg} at line {bad.lineno}, column {bad.colno})") from None
+    except UnicodeDecodeError as bad:
+        raise error(f"{path}: not JSON (not UTF-8 text: byte {bad.start})") from None

@@ -516,18 +516,3 @@ def build(cls: type, names: Sequence[FlagName] = (), **values: Any) -> Any:
                 rf"(?<![\w.-]){re.escape(field)}\b", "--" + "/--".join(name.flag for name in flags), message
             )
         raise UsageError(message) from None
-
-
-class FrozenNamespace(argparse.Namespace):
-    """Parsed flags that cannot be changed: what a command was given is a fact, values derived from it are new
-    names."""
-
-    def __init__(self, **values: Any):
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot assign to flag {name!r}: parsed flags are frozen")
-
-    def __delattr__(self, name: str) -> None:
-        raise dataclasses.FrozenInstanceError(f"cannot delete flag {name!r}: parsed flags are frozen")

@@ -22,14 +22,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO
 
 import torch
 
 from bertbench.common import run_files
-from bertbench.common.durable import write_atomically
-from bertbench.common.flags import ArgumentParser, as_flags, description, parse_bool
+from bertbench.common.durable import read_json, write_atomically
+from bertbench.common.errors import UsageError
+from bertbench.common.flags import FlagParser, add_dataclass_flags, as_flags, build, check_fields, description, setting
 from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
 from bertbench.model import sizes
 from bertbench.model.config import BertConfig
@@ -37,7 +38,6 @@ from bertbench.model.factory import build_model
 from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.runners import pretraining as run_pretraining
 from bertbench.runners import squad as run_squad
-from bertbench.runners.run_directory import read_json
 from bertbench.runners.skeleton import TaskRunner
 from bertbench.tasks import synthetic as data
 from bertbench.tasks.create_pretraining_data import create_pretraining_data
@@ -53,46 +53,39 @@ from bertbench.training.step import TrainStep
 VARIANTS = (("baseline", None), ("recompute", "full"), ("recompute", "every-k"), ("recompute", "selective"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class DemoConfig:
     """Settings of the demo; the defaults finish in about a minute on 2 CPU cores."""
 
-    steps: int = field(default=200, metadata={"help": "Training steps per model."})
-    batch_size: int = field(default=32, metadata={"help": "Sequences per step."})
-    learning_rate: float = field(
-        default=5e-4,
-        metadata={
-            "help": "Peak learning rate of Google's AdamW (whose first steps are several times bias-corrected Adam's)."
-        },
+    steps: int = setting("Training steps per model.", 200)
+    batch_size: int = setting("Sequences per step.", 32, at_least=1)
+    learning_rate: float = setting(
+        "Peak learning rate of Google's AdamW (whose first steps are several times bias-corrected Adam's).", 5e-4
     )
-    adam_bias_correction: bool = field(
-        default=False,
-        metadata={
-            "help": "AdamW's rule for the GLUE step: false is Google's, without bias correction (the runners' default); "
-            "true is torch.optim.AdamW's."
-        },
+    adam_bias_correction: bool = setting(
+        "AdamW's rule for the GLUE step: false is Google's, without bias correction (the runners' default); true is "
+        "torch.optim.AdamW's.",
+        False,
     )
-    warmup_proportion: float = field(
-        default=0.1,
-        metadata={"help": "Share of the steps spent in linear warm-up (Google's schedule, then linear decay)."},
+    warmup_proportion: float = setting(
+        "Share of the steps spent in linear warm-up (Google's schedule, then linear decay).", 0.1
     )
-    train_examples: int = field(default=4096, metadata={"help": "Generated training pairs."})
-    dev_examples: int = field(default=1024, metadata={"help": "Generated held-out pairs for accuracy."})
-    max_seq_length: int = field(default=32, metadata={"help": "Padded sequence length."})
-    hidden_size: int = field(default=64, metadata={"help": "Width of the tiny BERT."})
-    num_hidden_layers: int = field(default=2, metadata={"help": "Transformer blocks of the tiny BERT."})
-    qa_epochs: float = field(
-        default=6.0,
-        metadata={"help": "Epochs of the QA step over its 600 built-in paragraphs (1,800 questions); 0 skips it."},
+    train_examples: int = setting("Generated training pairs.", 4096, at_least=1)
+    dev_examples: int = setting("Generated held-out pairs for accuracy.", 1024, at_least=1)
+    max_seq_length: int = setting("Padded sequence length.", 32, at_least=1)
+    hidden_size: int = setting("Width of the tiny BERT.", 64, at_least=1)
+    num_hidden_layers: int = setting("Transformer blocks of the tiny BERT.", 2, at_least=1)
+    qa_epochs: float = setting(
+        "Epochs of the QA step over its 600 built-in paragraphs (1,800 questions); 0 skips it.", 6.0
     )
-    pretraining_steps: int = field(
-        default=400,
-        metadata={"help": "Steps of the pre-training step (batches of 32 from the built-in corpus); 0 skips it."},
+    pretraining_steps: int = setting(
+        "Steps of the pre-training step (batches of 32 from the built-in corpus); 0 skips it.", 400
     )
-    seed: int = field(default=0, metadata={"help": "Seed of data, weights and dropout; same seed, same table."})
-    output_dir: str | None = field(default=None, metadata={"help": "Also write demo_results.json here."})
+    seed: int = setting("Seed of data, weights and dropout; same seed, same table.", 0)
+    output_dir: str | None = setting("Also write demo_results.json here.", None)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.qa_epochs < 0:
             raise ValueError(f"--qa_epochs must be 0 (no QA step) or more, got {self.qa_epochs}")
         if self.pretraining_steps < 0:
@@ -101,16 +94,6 @@ class DemoConfig:
             )
         if self.steps < 2:  # step 0 counts saved bytes and warms up; the later steps are timed
             raise ValueError(f"--steps must be at least 2, got {self.steps}")
-        for name in (
-            "batch_size",
-            "train_examples",
-            "dev_examples",
-            "max_seq_length",
-            "hidden_size",
-            "num_hidden_layers",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.hidden_size % 4:
             raise ValueError(f"--hidden_size must be a multiple of the 4 attention heads, got {self.hidden_size}")
         if self.batch_size > self.train_examples:
@@ -120,15 +103,13 @@ class DemoConfig:
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
-    parser = ArgumentParser(prog="bertbench demo", description=description(__doc__))
-    for spec in dataclasses.fields(DemoConfig):
-        value_type = (
-            parse_bool if isinstance(spec.default, bool) else type(spec.default) if spec.default is not None else str
-        )
-        parser.add_argument(f"--{spec.name}", type=value_type, default=spec.default, help=spec.metadata["help"])
+    """The demo's settings, a flag per DemoConfig field (common.flags, as every command's); a bad value is one
+    usage line (exit status 2)."""
+    parser = FlagParser(prog="bertbench demo", description=description(__doc__))
+    add_dataclass_flags(parser, DemoConfig)
     try:
-        return DemoConfig(**vars(parser.parse_args(argv)))
-    except ValueError as error:
+        return build(DemoConfig, **{**parser.defaults, **vars(parser.parse_args(argv))})
+    except UsageError as error:
         parser.error(str(error))
 
 

@@ -12,13 +12,12 @@ size it does not take), the path rule runs `masked` instead and says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
-from bertbench.model.packing import Packing
+from bertbench.model.packing import PER_SEQUENCE_MIN_LENGTH, Packing, PathRule
 
 # ---- the custom op ---------------------------------------------------------------------------------------------
 
@@ -301,25 +300,6 @@ def attention(
 
 
 # ---- which path and kernel a batch runs ------------------------------------------------------------------------
-
-# "auto" on a CPU: per-sequence for a batch whose longest sequence has at least PER_SEQUENCE_MIN_LENGTH tokens, masked
-# for a shorter one, whose sequences' attention is too small to pay for a call each (docs/results/cpu-2core/unpadded).
-PER_SEQUENCE_MIN_LENGTH = 64
-
-
-@dataclass(frozen=True)
-class PathRule:
-    """How a model runs its batches on a device: the unpadded path's kernel ("auto": by each batch's longest
-    sequence) for a batch with at least `min_padding_share` of padding, the padded path below; and why."""
-
-    kernel: str
-    min_padding_share: float
-    reason: str
-
-    def kernel_for(self, longest: int) -> str:
-        if self.kernel != "auto":
-            return self.kernel
-        return "per-sequence" if longest >= PER_SEQUENCE_MIN_LENGTH else "masked"
 
 
 def path_rule(

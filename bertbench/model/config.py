@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from bertbench.common.durable import read_json
+
 
 class ConfigError(ValueError):
     """A configuration file or value a user supplied is unusable; the message names the file and key."""
@@ -198,12 +200,9 @@ class BertConfig:
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         try:
-            with open(path, encoding="utf-8") as handle:
-                values = json.load(handle)
+            values = read_json(path, ConfigError)
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such file") from None
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a JSON object of config keys")
         if isinstance(values.get("bert_config"), dict) and "runner" in values:  # a run record (runners.run_directory)

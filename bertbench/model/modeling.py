@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertbench.model.attention import ATTENTION_KERNELS, PathRule, attention, path_rule
+from bertbench.model.attention import ATTENTION_KERNELS, attention, path_rule
 from bertbench.model.config import IGNORE_INDEX, BertConfig
-from bertbench.model.packing import Packer, Packing
+from bertbench.model.packing import Packer, Packing, PathRule
 
 _ACTIVATIONS = {
     "gelu": nn.GELU,

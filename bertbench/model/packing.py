@@ -9,7 +9,7 @@ forward makes no host sync for them; a model called with only a device mask make
 
 `kernel` says how the model runs the batch: an attention kernel of the unpadded path, or None for the padded path
 (every sequence computed at the batch's length), decided on the host by the model's `Packer` from the batch's
-padding (bertbench.model.attention.path_rule).
+padding, by the model's `PathRule` (which bertbench.model.attention.path_rule picks for a device).
 
 With `bucketed`, the rows are padded up to one of a few sizes (NVIDIA's MLPerf code pads its packed token count the
 same way), so that a CUDA graph captured for a size replays for every batch of that bucket: the extra rows form
@@ -22,13 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from bertbench.model.attention import PathRule
 
 # Buckets per doubling of the token count: a batch's packed rows are rounded up to a multiple of 1/8 of the power
 # of two below them, so at most 12.5% of the rows (3-6% on average) are bucket padding, and a stream of batches of
@@ -168,6 +164,26 @@ class Packing:
     def sequence_ids(self) -> torch.Tensor:
         """Each row's sequence (the block-diagonal kernel's mask)."""
         return self.indices // self.seq_length
+
+
+# "auto" on a CPU: per-sequence for a batch whose longest sequence has at least PER_SEQUENCE_MIN_LENGTH tokens, masked
+# for a shorter one, whose sequences' attention is too small to pay for a call each (docs/results/cpu-2core/unpadded).
+PER_SEQUENCE_MIN_LENGTH = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class PathRule:
+    """How a model runs its batches on a device: the unpadded path's kernel ("auto": by each batch's longest
+    sequence) for a batch with at least `min_padding_share` of padding, the padded path below; and why."""
+
+    kernel: str
+    min_padding_share: float
+    reason: str
+
+    def kernel_for(self, longest: int) -> str:
+        if self.kernel != "auto":
+            return self.kernel
+        return "per-sequence" if longest >= PER_SEQUENCE_MIN_LENGTH else "masked"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,15 +3,16 @@
 `parse_config` turns a command line (or `config_from_values`, Python values by flag name) into a RunnerConfig:
 - `model`: model.factory.ModelSettings (--modeling, --recompute_policy, ...);
 - `run`: training.config.RunConfig (--output_dir, checkpoints, logging, seed);
-- `train`: training.config.TrainConfig (optimizer, schedule, precision ...) of a command that trains, its
-  steps left to the job;
+- `train`: training.config.TrainConfig (optimizer, schedule, precision ...) of a command that trains, as its flags
+  give it: the steps are left to the job, whose TrainConfig `train_config` builds once from it, the job's steps and
+  processes, and its device;
 - `task`: the runner's settings (GlueSettings, SquadSettings, PretrainingSettings: actions, sizes, files).
 Every field's help is its --help; Google's, NVIDIA's, HF's and tf.estimator's names for the fields are in FLAG_NAMES,
 their flags that mean nothing here in IGNORED_FLAGS. An HF command (one that gives --model_name_or_path, as HF's
 run_glue.py and run_qa.py do) takes HF Trainer's defaults (HF_DEFAULTS) for what it leaves out. What depends on the
 job's processes or the data (the global batch, the scaled learning rate, the steps) is derived in one place,
-RunnerConfig's methods. After parsing, code reads the sections; `flags` keeps every flag as given only for what
-records the command (bertbench_run.json, --json_summary).
+RunnerConfig's methods. After parsing, code reads the sections; `args` keeps every flag's value by name only for
+what records the command (bertbench_run.json, --json_summary).
 
 A run directory (`--output_dir`) records its flags in bertbench_run.json when training starts. A later command on the
 same directory takes every flag it leaves out from there (so `eval.sh RESULTS_DIR` needs nothing else, and the same
@@ -25,13 +26,15 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
+
+import torch
 
 from bertbench.common.errors import INPUT_ERRORS, UsageError, one_line
 from bertbench.common.flags import (
     FlagName,
     FlagParser,
-    FrozenNamespace,
     IgnoredFlag,
     add_dataclass_flags,
     as_flags,
@@ -43,6 +46,7 @@ from bertbench.model.factory import ModelSettings
 from bertbench.runners.run_directory import RunRecord, run_flags, run_of_checkpoint
 from bertbench.training.checkpoint import latest_checkpoint
 from bertbench.training.config import RunConfig, TrainConfig
+from bertbench.training.step import fallbacks
 from bertbench.weights.hf import hf_directory_flags, take_checkpoint_flags
 
 # --lr_scaling: the factor on --learning_rate for a number of processes.
@@ -614,13 +618,13 @@ class RunnerSpec:
 class RunnerConfig:
     """A runner command, parsed once and frozen (see the module's doc): `model`, `run`, `train` and `task`, the
     notes the log tells the command (the flags it gives that are ignored, and why), and every flag's value by name
-    (`flags`), which bertbench_run.json records but for the `per_command` ones."""
+    (`args`, read-only), which bertbench_run.json records but for the `per_command` ones: code reads the sections."""
 
     model: ModelSettings
     run: RunConfig
     train: TrainConfig | None  # None without --do_train; num_train_steps None: the job derives it (train_config)
     task: RunnerSettings
-    flags: FrozenNamespace
+    args: Mapping[str, Any]
     per_command: frozenset[str]
     notes: tuple[str, ...] = ()
     new_phase: bool = False  # the command starts the next phase of the run its output_dir holds (RunnerSpec)
@@ -648,12 +652,17 @@ class RunnerConfig:
             )
         return steps
 
-    def train_config(self, world_size: int, num_train_steps: int, **derived: Any) -> TrainConfig:
-        """The TrainConfig this job trains with: the flags' fields, `num_train_steps`, the learning rate scaled for
-        the processes, a fine-tuning run's --warmup_steps, and the fields a runner derives (`derived`: a warm-up
-        given in steps)."""
+    def train_config(
+        self, world_size: int, num_train_steps: int, device: torch.device | str, **derived: Any
+    ) -> tuple[TrainConfig, list[str]]:
+        """The TrainConfig this job trains with, built once from the flags' fields (`train`), the job and its device:
+        `num_train_steps`, the learning rate scaled for the processes, a fine-tuning run's --warmup_steps, the fields
+        a runner derives (`derived`: a warm-up given in steps), and what runs on `device` instead of a setting that
+        cannot apply there (training.step.fallbacks); with the log's one-line note for each such setting. The run
+        record keeps the flags as given, so the same command resumes; train_results.json says what ran."""
         warmup = getattr(self.task, "warmup_steps", None)
-        return build(
+        changes = fallbacks(self.train, device)
+        config = build(
             TrainConfig,
             FLAG_NAMES,
             **{
@@ -662,8 +671,10 @@ class RunnerConfig:
                 "learning_rate": self.learning_rate(world_size),
                 **({"warmup_steps": warmup} if warmup else {}),  # HF's 0: --warmup_proportion's share
                 **derived,
+                **{change.field: change.value for change in changes},
             },
         )
+        return config, [change.note for change in changes]
 
 
 def build_parser(spec: RunnerSpec, prog: str | None = None) -> FlagParser:
@@ -801,7 +812,7 @@ def resolve(spec: RunnerSpec, parser: FlagParser, given: Mapping[str, Any]) -> t
         run=build(RunConfig, FLAG_NAMES, **parser.field_values(RunConfig, values)),
         train=build(TrainConfig, FLAG_NAMES, **train_fields) if values["do_train"] else None,
         task=spec.settings.from_flags(settings),
-        flags=FrozenNamespace(**values),
+        args=MappingProxyType(values),
         per_command=frozenset(name for name, field in parser.fields.items() if field.metadata.get("per_command")),
         notes=tuple(notes),
         new_phase=new_phase,

@@ -3,6 +3,7 @@ TensorBoard events, and NVIDIA's --json-summary file in dllogger's format."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -12,12 +13,12 @@ from typing import Any
 
 import torch
 
-from bertbench.common.durable import write_atomically
+from bertbench.common.durable import read_json, write_atomically
 from bertbench.common.run_files import ALL_RESULTS, EVAL_RESULTS, EVAL_RESULTS_TEXT, TRAIN_RESULTS
 from bertbench.common.signals import signal_status
 from bertbench.model.factory import path_of
 from bertbench.runners.config import RunnerConfig
-from bertbench.runners.run_directory import Log, read_json, write_json
+from bertbench.runners.run_directory import Log, write_json
 from bertbench.training import optim
 from bertbench.training.config import RunConfig
 from bertbench.training.distributed import Distributed
@@ -171,7 +172,7 @@ class JsonSummary:
         self.path, self.started, self.lines = config.task.json_summary, datetime.datetime.now(), []
         for metric, unit in SUMMARY_UNITS.items():
             self._add(type="METADATA", metric=metric, metadata={"unit": unit})
-        self.log("PARAMETER", {"Config": [str(config.flags)]})
+        self.log("PARAMETER", {"Config": [str(argparse.Namespace(**config.args))]})  # NVIDIA's str(args)
 
     def _add(self, **record: Any) -> None:
         now = datetime.datetime.now()

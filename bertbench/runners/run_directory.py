@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bertbench import __version__
-from bertbench.common.durable import write_atomically
+from bertbench.common.durable import read_json, write_atomically
 from bertbench.common.errors import UsageError
 from bertbench.common.run_files import EVAL_RESULTS, EVAL_RESULTS_TEXT, METRICS, RUN_RECORD, TRAIN_RESULTS
 from bertbench.model.config import BertConfig
@@ -64,8 +64,6 @@ class RunRecord:
                 derived=data.get("derived", {}),
                 phases=data.get("phases", []),
             )
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise UsageError(f"{path}: not valid JSON ({error})") from None
         except (KeyError, TypeError) as error:
             raise UsageError(f"{path}: not a bertbench run record (missing {error})") from None
 
@@ -96,12 +94,6 @@ def _with_legacy_settings(runner: str, args: Mapping[str, Any]) -> Mapping[str, 
     return args
 
 
-def read_json(path: str) -> Any:
-    """A JSON file a run wrote (train_results.json, eval_results.json, ...)."""
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
 def write_json(path: str, data: Mapping[str, Any]) -> None:
     """A JSON file of the run directory, written whole or not at all."""
     write_atomically(path, json.dumps(data, indent=2) + "\n")
@@ -128,7 +120,7 @@ def write_record(
             {"args": dict(record.args), "world_size": record.world_size, "derived": dict(record.derived)},
         ]
         keep_phase_results(config.run.model_dir, len(phases))
-    args = {name: value for name, value in vars(config.flags).items() if name not in config.per_command}
+    args = {name: value for name, value in config.args.items() if name not in config.per_command}
     RunRecord(
         os.path.join(config.run.model_dir, RUN_RECORD),
         runner,

@@ -38,9 +38,8 @@ from bertbench.training.distributed import Distributed, job_from_environment
 from bertbench.training.loop import Estimator, TrainingDivergedError
 from bertbench.training.state import RESTORE, WARM_START, RunStart, decide_start, seed_everything, trains_independently
 from bertbench.training.stats import TrainResult
-from bertbench.training.step import runnable_config
 from bertbench.weights.pretrained import LoadReport, find_weights, load_pretrained, read_weights
-from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
+from bertbench.weights.tf_checkpoint import TFCheckpointError
 from bertbench.weights.tf_names import WeightsError
 
 # Errors a user's input causes (exit status 2, see bertbench.common.errors), each naming its file or flag; and the
@@ -270,15 +269,12 @@ def build_model(
 
 
 def build_estimator(config: RunnerConfig, model: nn.Module, dist: Distributed, plan: TrainingPlan | None) -> Estimator:
-    """An Estimator with the command's RunConfig and, to train, the TrainConfig this job derives from the plan
-    (RunnerConfig.train_config), as it can run on the device (training.step.runnable_config), each setting that
-    cannot apply noted in the log. The run record keeps the flags as given, so the same command resumes;
-    train_results.json says what ran."""
+    """An Estimator with the command's RunConfig and, to train, the TrainConfig this job trains with
+    (RunnerConfig.train_config: the flags', the plan's steps, the device's fallbacks), each setting that cannot apply
+    on the device noted in the log."""
     train_config, notes = None, []
     if plan is not None:
-        train_config, notes = runnable_config(
-            config.train_config(dist.world_size, plan.num_train_steps, **plan.derived), dist.device
-        )
+        train_config, notes = config.train_config(dist.world_size, plan.num_train_steps, dist.device, **plan.derived)
     estimator = Estimator(model, config.run, train_config, dist)
     for note in notes:
         estimator.log(f"note: {note}")

@@ -12,8 +12,9 @@ Each micro-batch is made ready on the host (`prepare`): the model's Packer packs
 (bertbench.model.packing), and its tensors go to the device pinned and without blocking, so the forward makes no host
 sync. On a CUDA GPU the forward and backward replay from CUDA graphs (bertbench.training.cuda_graphs) where they can.
 
-The step runs what its TrainConfig says. `runnable_config` is what a run's settings become on its device (fp16 on a
-CPU trains in fp32; compile where torch.compile cannot run trains eagerly), with a note for each change.
+The step runs what its TrainConfig says. `fallbacks` are the settings that cannot apply on a device (fp16 on a CPU
+trains in fp32; compile where torch.compile cannot run trains eagerly), each with the value that runs instead: the
+runners build a job's TrainConfig with them (runners.config.RunnerConfig.train_config), the benches refuse them.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ class Fallback:
     value: object
     instead: str
 
+    @property
+    def note(self) -> str:
+        """The one line a run's log tells of it."""
+        return f"{self.reason}; {self.instead}"
+
 
 def fallbacks(config: TrainConfig, device: torch.device | str) -> list[Fallback]:
     """The settings of `config` that cannot apply on `device`. fp16 on a CPU trains in fp32: CPU autocast to fp16
@@ -98,16 +104,6 @@ def fallbacks(config: TrainConfig, device: torch.device | str) -> list[Fallback]
             )
         )
     return found
-
-
-def runnable_config(config: TrainConfig, device: torch.device | str) -> tuple[TrainConfig, list[str]]:
-    """`config` as it can run on `device`, and a one-line note for each setting that cannot apply there, saying what
-    runs instead (see fallbacks)."""
-    changes = fallbacks(config, device)
-    return (
-        replace(config, **{change.field: change.value for change in changes}),
-        [f"{change.reason}; {change.instead}" for change in changes],
-    )
 
 
 def wrap_for_training(model: nn.Module, config: TrainConfig, dist: Distributed) -> nn.Module:

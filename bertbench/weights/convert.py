@@ -21,7 +21,7 @@ from bertbench.common.flags import ArgumentParser, parse_bool
 from bertbench.model.config import ConfigError
 from bertbench.tasks.tokenization import VocabError
 from bertbench.weights.hf import convert_tf_checkpoint
-from bertbench.weights.tf_checkpoint import CheckpointError
+from bertbench.weights.tf_checkpoint import TFCheckpointError
 from bertbench.weights.tf_names import WeightsError
 
 PROG = "bertbench convert"
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{PROG}: wrote {args.output_dir or args.pytorch_dump_path}: {mapping.summary()}")
 
-    return run_command(PROG, body, input_errors=(CheckpointError, ConfigError, VocabError, WeightsError))
+    return run_command(PROG, body, input_errors=(TFCheckpointError, ConfigError, VocabError, WeightsError))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import json
 import logging
 import os
 import pickle
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 
 from bertbench.common import run_files
+from bertbench.common.durable import read_json
 from bertbench.model.config import BertConfig
 from bertbench.training.checkpoint import (
     TRAINING_CHECKPOINT_FORMAT,
@@ -218,11 +218,10 @@ def _read_safetensors(path: str) -> dict[str, torch.Tensor]:
 
 
 def _read_sharded(index_path: str) -> dict[str, torch.Tensor]:
+    index = read_json(index_path, WeightsError)
     try:
-        with open(index_path, encoding="utf-8") as handle:
-            weight_map = json.load(handle)["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        shards = sorted(set(index["weight_map"].values()))
+    except (KeyError, TypeError, AttributeError):
         raise WeightsError(f"{index_path}: not a sharded-weights index (no 'weight_map')") from None
     state = {}
     for shard in shards:

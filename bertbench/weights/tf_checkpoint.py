@@ -30,8 +30,9 @@ from bertbench.common.durable import write_atomically
 from bertbench.common.tf_wire import WireError, decode_fields, encode_varint, field, last, masked_crc32c
 
 
-class CheckpointError(ValueError):
-    """A checkpoint a user pointed at is missing, damaged or unsupported; the message names the file (and tensor)."""
+class TFCheckpointError(ValueError):
+    """A TensorFlow checkpoint a user pointed at is missing, damaged or unsupported; the message names the file (and
+    tensor). A bertbench training checkpoint's is training.checkpoint.CheckpointError."""
 
 
 _TABLE_MAGIC = 0xDB4775248B80FB57
@@ -80,7 +81,7 @@ def read_varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
     try:
         return tf_wire.read_varint(data, pos)
     except WireError as error:
-        raise CheckpointError(f"{where}: corrupt index ({error})") from None
+        raise TFCheckpointError(f"{where}: corrupt index ({error})") from None
 
 
 def _proto_fields(data: bytes, where: str) -> dict[int, list]:
@@ -88,7 +89,7 @@ def _proto_fields(data: bytes, where: str) -> dict[int, list]:
     try:
         return decode_fields(data)
     except WireError as error:
-        raise CheckpointError(f"{where}: corrupt index ({error})") from None
+        raise TFCheckpointError(f"{where}: corrupt index ({error})") from None
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class TensorEntry:
         dtype = last(fields, 1)
         shape = _proto_fields(last(fields, 2, b""), where)
         if last(shape, 3):
-            raise CheckpointError(f"{where}: tensor {name!r} has a shape of unknown rank")
+            raise TFCheckpointError(f"{where}: tensor {name!r} has a shape of unknown rank")
         dims = tuple(last(_proto_fields(dim, where), 1) for dim in shape.get(2, []))
         return cls(
             name=name,
@@ -130,13 +131,13 @@ def read_block(index: bytes, handle: bytes, where: str) -> bytes:
     size, _ = read_varint(handle, pos, where)
     end = offset + size + _BLOCK_TRAILER_SIZE
     if end > len(index):
-        raise CheckpointError(f"{where}: corrupt index (block at {offset} runs past the end of the file)")
+        raise TFCheckpointError(f"{where}: corrupt index (block at {offset} runs past the end of the file)")
     compression = index[offset + size]
     stored_crc = int.from_bytes(index[offset + size + 1 : end], "little")
     if masked_crc32c(index[offset : offset + size + 1]) != stored_crc:
-        raise CheckpointError(f"{where}: corrupt index (CRC mismatch in the block at offset {offset})")
+        raise TFCheckpointError(f"{where}: corrupt index (CRC mismatch in the block at offset {offset})")
     if compression != _NO_COMPRESSION:
-        raise CheckpointError(
+        raise TFCheckpointError(
             f"{where}: block at offset {offset} uses compression type {compression}; "
             "only uncompressed tables (what TensorFlow writes) are supported"
         )
@@ -146,11 +147,11 @@ def read_block(index: bytes, handle: bytes, where: str) -> bytes:
 def block_entries(block: bytes, where: str):
     """Yields (key, value) of a block; keys are prefix-compressed against the previous key."""
     if len(block) < 4:
-        raise CheckpointError(f"{where}: corrupt index (block too short)")
+        raise TFCheckpointError(f"{where}: corrupt index (block too short)")
     num_restarts = int.from_bytes(block[-4:], "little")
     limit = len(block) - 4 - 4 * num_restarts
     if limit < 0:
-        raise CheckpointError(f"{where}: corrupt index (bad restart count)")
+        raise TFCheckpointError(f"{where}: corrupt index (bad restart count)")
     key = b""
     pos = 0
     while pos < limit:
@@ -158,7 +159,7 @@ def block_entries(block: bytes, where: str):
         unshared, pos = read_varint(block, pos, where)
         value_size, pos = read_varint(block, pos, where)
         if shared > len(key) or pos + unshared + value_size > limit:
-            raise CheckpointError(f"{where}: corrupt index (bad block entry)")
+            raise TFCheckpointError(f"{where}: corrupt index (bad block entry)")
         key = key[:shared] + block[pos : pos + unshared]
         pos += unshared
         yield key, block[pos : pos + value_size]
@@ -174,7 +175,7 @@ def resolve_prefix(path: str | os.PathLike) -> str:
             with open(state, encoding="utf-8") as handle:
                 match = re.search(r'^model_checkpoint_path:\s*"(.*)"\s*$', handle.read(), re.MULTILINE)
             if not match:
-                raise CheckpointError(f"{state}: no model_checkpoint_path line")
+                raise TFCheckpointError(f"{state}: no model_checkpoint_path line")
             prefix = os.path.join(path, match.group(1))  # join keeps an absolute path as it is
             if not os.path.exists(prefix + ".index"):  # an absolute path from the machine that trained it
                 prefix = os.path.join(path, os.path.basename(match.group(1)))
@@ -182,7 +183,7 @@ def resolve_prefix(path: str | os.PathLike) -> str:
         indexes = sorted(glob.glob(os.path.join(glob.escape(path), "*.index")))
         if len(indexes) != 1:
             found = ", ".join(os.path.basename(index) for index in indexes) or "none"
-            raise CheckpointError(
+            raise TFCheckpointError(
                 f"{path}: expected exactly one *.index checkpoint, found {found}; give the checkpoint prefix instead"
             )
         return indexes[0][: -len(".index")]
@@ -201,10 +202,10 @@ class TFCheckpoint:
             with open(self.index_path, "rb") as handle:
                 index = handle.read()
         except FileNotFoundError:
-            raise CheckpointError(f"{self.index_path}: no such file (not a TensorFlow checkpoint?)") from None
+            raise TFCheckpointError(f"{self.index_path}: no such file (not a TensorFlow checkpoint?)") from None
         where = self.index_path
         if len(index) < _FOOTER_SIZE or int.from_bytes(index[-8:], "little") != _TABLE_MAGIC:
-            raise CheckpointError(f"{where}: not a TensorFlow checkpoint index (bad magic number)")
+            raise TFCheckpointError(f"{where}: not a TensorFlow checkpoint index (bad magic number)")
         footer = index[-_FOOTER_SIZE:]
         _, pos = read_varint(footer, 0, where)  # metaindex handle: offset, size (TF writes no meta blocks)
         _, pos = read_varint(footer, pos, where)
@@ -219,9 +220,9 @@ class TFCheckpoint:
                     name = key.decode("utf-8", errors="replace")
                     self.entries[name] = TensorEntry.decode(name, value, f"{where}: tensor {name!r}")
         if header is None:
-            raise CheckpointError(f"{where}: corrupt index (no bundle header)")
+            raise TFCheckpointError(f"{where}: corrupt index (no bundle header)")
         if last(header, 2):
-            raise CheckpointError(f"{where}: big-endian checkpoints are not supported")
+            raise TFCheckpointError(f"{where}: big-endian checkpoints are not supported")
         self.num_shards = last(header, 1, 1)
 
     @property
@@ -236,18 +237,18 @@ class TFCheckpoint:
         """One tensor, CRC-checked: floats as float32/float16/float64 (bfloat16 widened to float32), ints, bools."""
         entry = self.entries.get(name)
         if entry is None:
-            raise CheckpointError(f"{self.index_path}: no tensor named {name!r}")
+            raise TFCheckpointError(f"{self.index_path}: no tensor named {name!r}")
         if entry.partitioned:
-            raise CheckpointError(
+            raise TFCheckpointError(
                 f"{self.index_path}: tensor {name!r} is a partitioned variable (saved in slices), "
                 "which is not supported"
             )
         dtype = _NUMPY_DTYPES.get(entry.dtype)
         if dtype is None:
-            raise CheckpointError(f"{self.index_path}: tensor {name!r} has unsupported dtype {entry.dtype}")
+            raise TFCheckpointError(f"{self.index_path}: tensor {name!r} has unsupported dtype {entry.dtype}")
         count = int(np.prod(entry.shape, dtype=np.int64))
         if entry.size != count * dtype.itemsize:
-            raise CheckpointError(
+            raise TFCheckpointError(
                 f"{self.index_path}: tensor {name!r} has {entry.size} bytes, but shape "
                 f"{list(entry.shape)} of {entry.dtype} needs {count * dtype.itemsize}"
             )
@@ -258,16 +259,16 @@ class TFCheckpoint:
             with open(path, "rb") as handle:
                 file_size = os.fstat(handle.fileno()).st_size
                 if entry.offset + entry.size > file_size:
-                    raise CheckpointError(
+                    raise TFCheckpointError(
                         f"{path}: truncated: tensor {name!r} needs bytes up to "
                         f"{entry.offset + entry.size}, the file has {file_size}"
                     )
                 handle.seek(entry.offset)
                 handle.readinto(buffer)
         except FileNotFoundError:
-            raise CheckpointError(f"{path}: no such file (data shard {entry.shard} of {self.index_path})") from None
+            raise TFCheckpointError(f"{path}: no such file (data shard {entry.shard} of {self.index_path})") from None
         if masked_crc32c(buffer) != entry.crc32c:
-            raise CheckpointError(f"{path}: CRC mismatch in tensor {name!r} (corrupt data file)")
+            raise TFCheckpointError(f"{path}: CRC mismatch in tensor {name!r} (corrupt data file)")
         array = np.frombuffer(buffer, dtype=dtype).reshape(entry.shape)
         if entry.dtype == "bfloat16":
             return (array.astype(np.uint32) << 16).view(np.float32)
@@ -389,7 +390,7 @@ def write_tf_checkpoint(prefix: str | os.PathLike, tensors: Mapping[str, np.ndar
         array = np.asarray(tensors[name])
         dtype = writable.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
         if dtype is None or not name:
-            raise CheckpointError(
+            raise TFCheckpointError(
                 f"{prefix}: cannot write tensor {name!r} of dtype {array.dtype} (supported: "
                 f"{', '.join(writable.values())}; names must not be empty)"
             )

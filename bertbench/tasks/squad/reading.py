@@ -12,12 +12,13 @@ a no-break space) are skipped with a warning, as Google's read_squad_examples sk
 from __future__ import annotations
 
 import bisect
-import json
 import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from bertbench.common.durable import read_json
 
 
 class SquadDataError(ValueError):
@@ -28,12 +29,9 @@ def load_json(path: str):
     """A SQuAD file's JSON, HF's flattened records in the nested layout; a missing file or one that is not JSON is a
     SquadDataError naming it."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = read_json(path, SquadDataError)
     except FileNotFoundError:
         raise SquadDataError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise SquadDataError(f"{path}: not valid JSON ({error})") from None
     records = data.get("data") if isinstance(data, dict) else None
     if isinstance(records, list) and records and all(isinstance(record, dict) for record in records):
         if all("context" in record and "paragraphs" not in record for record in records):

@@ -34,7 +34,7 @@ from bertbench.tasks.tokenization import VocabError
 from bertbench.training.checkpoint import CheckpointError
 from bertbench.weights.hf import check_output_dir, model_tokenizer, save_hf_directory
 from bertbench.weights.pretrained import BERTBENCH_CHECKPOINT, find_weights, read_weights
-from bertbench.weights.tf_checkpoint import CheckpointError as TFCheckpointError
+from bertbench.weights.tf_checkpoint import TFCheckpointError
 from bertbench.weights.tf_names import WeightsError
 
 PROG = "bertbench export"
