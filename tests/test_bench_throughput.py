@@ -680,3 +680,21 @@ def test_padded_variants_train_as_runs_with_unpad_false():
     assert [module.unpad for module in model.modules() if hasattr(module, "unpad")] == [False]
     with pytest.raises(workload.BenchError, match="unknown variant 'hf/padded'"):
         workload.Variant.parse("hf/padded", hf=True)
+
+
+def test_the_seed_seeds_the_weights_and_the_batches():
+    config = workload.bert_config("tiny", 32)
+    lengths = workload.Lengths("file", (3, 5, 8, 13, 21, 34))
+    first, again, other = (
+        workload.train_step(
+            config, "finetuning", workload.Variant.parse("baseline"), "fp32", 2, 32, lengths=lengths, steps=2, seed=seed
+        )
+        for seed in (0, 0, 1)
+    )
+
+    def same(a, b) -> bool:
+        weights = zip(a.model.state_dict().values(), b.model.state_dict().values())
+        batches = [(x[key], y[key]) for x, y in zip(a.batches, b.batches) for key in x]
+        return all(torch.equal(x, y) for x, y in [*weights, *batches])
+
+    assert same(first, again) and not same(first, other)

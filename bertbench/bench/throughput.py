@@ -47,6 +47,7 @@ from bertbench.bench.settings import MeasuredSettings, main_for, model_setting, 
 from bertbench.common.flags import setting
 from bertbench.common.noise import LoadWatch, noisy_warning
 from bertbench.model import flops
+from bertbench.model.config import BertConfig
 from bertbench.model.precision import PRECISION_DTYPES, PRECISIONS
 from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.tasks import synthetic
@@ -122,6 +123,9 @@ class ThroughputSettings(MeasuredSettings):
 
 
 SETTINGS = ThroughputSettings
+MEASURED, UNIT, OUT_OF_MEMORY = "seq_per_s", "seq/s", "out of memory"
+# The --with_trainer comparison's rows: the trainer's steady seq/s, the bench's beside it and their ratio.
+TRAINER_MEASURED = "trainer_seq_per_s"
 
 
 def check_settings(settings: ThroughputSettings) -> tuple[list[workload.Variant], workload.Lengths]:
@@ -248,34 +252,22 @@ def sweep(
                                 Row(MEASURED, UNIT, dict(setting, variant=variant.name), None, {}, OUT_OF_MEMORY)
                             )
                             continue
-                        step = steps[variant.name]
-                        columns = figures(times[variant.name], step, config, kind, seq, peaks[precision][0])
-                        columns["speed_vs_first_variant"] = Ratio.of(Spread.of(times[first]), columns["step_seconds"])
-                        if host_times.get(variant.name):
-                            columns["host_seconds"] = Spread.of(host_times[variant.name])
-                            columns["host_share"] = Ratio.of(columns["host_seconds"], columns["step_seconds"])
-                        columns.update(step.step.execution())
-                        if variant.name in first_call:
-                            columns["first_step_seconds"] = first_call[variant.name]
-                            if compiled(settings, variant):  # what compiling added to the first step
-                                columns["compile_seconds"] = max(
-                                    0.0, first_call[variant.name] - columns["step_seconds"].median
-                                )
-                        if not settings.no_memory:
-                            columns.update(measure_memory(step))
-                        path, reason = variant.path(step.model, device, precision, compiled(settings, variant))
-                        value = columns.pop(MEASURED)
-                        row = Row(
-                            MEASURED,
-                            UNIT,
+                        row = variant_row(
+                            settings,
+                            config,
                             dict(setting, variant=variant.name),
-                            value,
-                            dict(columns, path=path, path_reason=reason),
+                            variant,
+                            steps[variant.name],
+                            times,
+                            first,
+                            host_times.get(variant.name),
+                            first_call.get(variant.name),
+                            peaks[precision][0],
                         )
                         rows.append(row)
                         print(
                             f"  {kind} seq {seq} {precision} {variant.name:<16} batch {batch:>4}: "
-                            f"{value.text('.2f')} seq/s  {row.median('real_tokens_per_s'):,.0f} real tokens/s  "
+                            f"{row.value.text('.2f')} seq/s  {row.median('real_tokens_per_s'):,.0f} real tokens/s  "
                             f"MFU {row.median('mfu'):.1%}",
                             flush=True,
                         )
@@ -286,9 +278,37 @@ def sweep(
     return rows
 
 
-MEASURED, UNIT, OUT_OF_MEMORY = "seq_per_s", "seq/s", "out of memory"
-# The --with_trainer comparison's rows: the trainer's steady seq/s, the bench's beside it and their ratio.
-TRAINER_MEASURED = "trainer_seq_per_s"
+def variant_row(
+    settings: ThroughputSettings,
+    config: BertConfig,
+    setting: dict[str, Any],
+    variant: workload.Variant,
+    step: workload.BenchStep,
+    times: dict[str, list[float]],
+    first: str,
+    host_seconds: list[float] | None,
+    first_call_seconds: float | None,
+    peak: float,
+) -> Row:
+    """The row of one variant at one setting, from the step times of every variant (`first`'s is the ratios'
+    reference), its host times on a GPU, its first call's seconds, and its memory step unless --no_memory."""
+    kind, seq, precision = setting["kind"], setting["seq"], setting["precision"]
+    columns = figures(times[variant.name], step, config, kind, seq, peak)
+    columns["speed_vs_first_variant"] = Ratio.of(Spread.of(times[first]), columns["step_seconds"])
+    if host_seconds:
+        columns["host_seconds"] = Spread.of(host_seconds)
+        columns["host_share"] = Ratio.of(columns["host_seconds"], columns["step_seconds"])
+    columns.update(step.step.execution())
+    if first_call_seconds is not None:
+        columns["first_step_seconds"] = first_call_seconds
+        if compiled(settings, variant):  # what compiling added to the first step
+            columns["compile_seconds"] = max(0.0, first_call_seconds - columns["step_seconds"].median)
+    if not settings.no_memory:
+        columns.update(measure_memory(step))
+    columns["path"], columns["path_reason"] = variant.path(
+        step.model, step.device, precision, compiled(settings, variant)
+    )
+    return Row(MEASURED, UNIT, setting, columns.pop(MEASURED), columns)
 
 
 def bench_vs_trainer(
