@@ -1,13 +1,13 @@
 import dataclasses
 import importlib.util
-import json
 import pathlib
 
 import pytest
 import torch
 
 from bertbench import cli as bertbench_cli
-from bertbench.bench import throughput, workload
+from bertbench.bench import settings, throughput, workload
+from bertbench.bench.results import BenchResult, Ratio, Spread
 from bertbench.common import noise
 from bertbench.model import flops
 from bertbench.tasks import synthetic
@@ -16,6 +16,13 @@ from bertbench.training.step import TrainStep
 
 TINY = ["--model", "tiny", "--seq_lengths", "32", "--batch_sizes", "2,4", "--warmup", "1", "--steps", "2"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SETTING_KEYS = {"model", "kind", "seq", "precision", "lengths", "batch", "variant"}
+SPREAD_COLUMNS = ("step_seconds", "tokens_per_s", "real_tokens_per_s", "tflops", "mfu")
+
+
+def read(directory) -> BenchResult:
+    """The result a run wrote into `directory`, read back as every reader of bench results reads it."""
+    return BenchResult.read(str(directory / "throughput.json"))
 
 
 @pytest.fixture(scope="module")
@@ -28,28 +35,39 @@ def swept(tmp_path_factory):
         )
         == 0
     )
-    return out, json.loads((out / "throughput.json").read_text())
+    return out, read(out)
 
 
 @pytest.mark.slow
-def test_a_row_for_every_setting_with_consistent_figures(swept):
-    _, report = swept
-    rows = report["rows"]
-    settings = {(row["kind"], row["variant"], row["batch"]) for row in rows}
+def test_a_row_for_every_setting_in_the_result_schema(swept):
+    _, result = swept
+    rows = result.rows
+    assert {(row.measured, row.unit, row.status) for row in rows} == {("seq_per_s", "seq/s", "measured")}
+    assert {frozenset(row.setting) for row in rows} == {frozenset(SETTING_KEYS)}
+    settings = {(row.get("kind"), row.get("variant"), row.get("batch")) for row in rows}
     assert len(rows) == len(settings) == 2 * 3 * 2
-    peak = report["peaks"]["fp32"]["flops_per_s"]
-    assert report["peaks"]["fp32"]["source"] == "measured fp32 matmul on cpu"
-    assert peak > 0
+    assert {(row.get("model"), row.get("seq"), row.get("precision"), row.get("lengths")) for row in rows} == {
+        ("tiny", 32, "fp32", "full")
+    }
+    assert set(result.context) == {"device", "peaks", "training_step", "lengths"}
+    assert result.context["peaks"]["fp32"]["source"] == "measured fp32 matmul on cpu"
+    assert result.context["peaks"]["fp32"]["flops_per_s"] > 0
+    assert result.settings["batch_sizes"] == [2, 4] and result.settings["seed"] == 0
     for row in rows:  # the figures' arithmetic: test_figures_from_a_clock_of_known_step_times
-        assert row["timed_steps"] == 2 and row["memory_kind"] == "process RSS"
-        for key in ("step_seconds", "seq_per_s", "mfu"):
-            assert 0 < row[f"{key}_min"] <= row[key] <= row[f"{key}_max"]
-        assert row["step_seconds_cv"] is not None
+        assert row.get("timed_steps") == 2 and row.get("memory_kind") == "process RSS"
+        for key in ("seq_per_s", *SPREAD_COLUMNS):
+            spread = row.get(key)
+            assert isinstance(spread, Spread) and spread.n == 2 and spread.cv is not None
+            assert 0 < spread.min <= spread.median <= spread.max
+        assert isinstance(row.get("speed_vs_first_variant"), Ratio)
+        assert row.get("path") == "unpadded/auto" and row.get("padding_share") == 0
+        for key in ("saved_bytes", "peak_memory_bytes", "step_memory_bytes", "first_step_seconds"):
+            assert row.get(key) > 0
 
 
 def test_recompute_saves_fewer_bytes_and_bytes_grow_with_the_batch(swept):
-    _, report = swept
-    saved = {(row["kind"], row["variant"], row["batch"]): row["saved_bytes"] for row in report["rows"]}
+    _, result = swept
+    saved = {(row.get("kind"), row.get("variant"), row.get("batch")): row.get("saved_bytes") for row in result.rows}
     for kind in ("pretraining", "finetuning"):
         for batch in (2, 4):
             assert saved[kind, "full", batch] < saved[kind, "every-2", batch] < saved[kind, "baseline", batch]
@@ -57,16 +75,18 @@ def test_recompute_saves_fewer_bytes_and_bytes_grow_with_the_batch(swept):
 
 
 def test_json_markdown_and_plots_are_written(swept):
-    out, report = swept
-    assert report["bench"] == "throughput" and report["machine"]["cpu_count"] >= 1
-    assert report["versions"]["torch"] == torch.__version__ and report["command"].startswith("bertbench bench thr")
+    out, result = swept
+    assert result.bench == "throughput" and result.machine["cpu_count"] >= 1
+    assert result.versions["torch"] == torch.__version__ and result.command.startswith("bertbench bench thr")
     markdown = (out / "throughput.md").read_text()
     row = next(
-        row for row in report["rows"] if (row["kind"], row["variant"], row["batch"]) == ("pretraining", "every-2", 4)
+        row
+        for row in result.rows
+        if (row.get("kind"), row.get("variant"), row.get("batch")) == ("pretraining", "every-2", 4)
     )
     assert (
-        f"| pretraining | 32 | fp32 | every-2 | 4 | {row['step_seconds']:.4f} ({row['step_seconds_min']:.4f}–"
-        f"{row['step_seconds_max']:.4f}, CV "
+        f"| pretraining | 32 | fp32 | every-2 | 4 | {row.value.text('.2f')} | {row.median('step_seconds'):.4f} | "
+        f"{row.get('speed_vs_first_variant').text('.3f')} | "
     ) in markdown
     assert "MFU above 100%" not in markdown  # a tiny model is far below the peak
     for name in ("pretraining-seq32-fp32", "finetuning-seq32-fp32-memory"):
@@ -99,8 +119,8 @@ def test_overwrite_replaces_the_files(tmp_path):
     ]
     assert throughput.main(args) == 0
     assert throughput.main(args + ["--overwrite"]) == 0
-    rows = json.loads((tmp_path / "throughput.json").read_text())["rows"]
-    assert len(rows) == 1 and "saved_bytes" not in rows[0]
+    (row,) = read(tmp_path).rows
+    assert "saved_bytes" not in row.columns
 
 
 def count_calls(monkeypatch, cls, name):
@@ -147,8 +167,7 @@ def test_the_bench_times_the_training_step_with_its_recipe(tmp_path, monkeypatch
     config = steps[0].config
     assert (config.optimizer, config.gradient_accumulation_steps, config.max_grad_norm) == ("lamb", 3, 0.5)
     assert type(steps[0].optimizer).__name__ == "Lamb"
-    row = json.loads((tmp_path / "throughput.json").read_text())["rows"][0]
-    assert row["sequences_per_step"] == 6
+    assert read(tmp_path).rows[0].get("sequences_per_step") == 6
 
 
 def counted_finetuning_flops(batch: int, seq: int) -> int:
@@ -164,7 +183,7 @@ def counted_finetuning_flops(batch: int, seq: int) -> int:
 
 def test_figures_from_a_clock_of_known_step_times(tmp_path, monkeypatch):
     """Baseline steps of 0.5, 0.25 and 1 s (full recompute's twice as long) against a peak of 1 TFLOP/s: every
-    figure of the row by hand."""
+    figure of the row by hand; the steps vary by CV 65%, so the ratio between the variants is marked noisy."""
     from bertbench.bench import measure
 
     clock = {"baseline": [0.5, 0.25, 1.0], "full": [1.0, 0.5, 2.0]}
@@ -179,24 +198,32 @@ def test_figures_from_a_clock_of_known_step_times(tmp_path, monkeypatch):
         lambda precisions, device: {precision: (1e12, "a data sheet") for precision in precisions},
     )
     assert throughput.main([*QUICK, "--variants", "baseline,full", "--steps", "3", "--output_dir", str(tmp_path)]) == 0
-    row, full = json.loads((tmp_path / "throughput.json").read_text())["rows"]
-    assert (row["variant"], row["speed_vs_first_variant"], full["speed_vs_first_variant"]) == ("baseline", 1.0, 0.5)
-    assert (row["step_seconds"], row["step_seconds_min"], row["step_seconds_max"]) == (0.5, 0.25, 1.0)
-    assert row["step_seconds_cv"] == pytest.approx(0.654654, rel=1e-5)  # stdev 0.381881 / mean 0.583333
-    assert (row["seq_per_s"], row["seq_per_s_min"], row["seq_per_s_max"]) == (4.0, 2.0, 8.0)  # 2 sequences a step
-    assert (row["tokens_per_s"], row["tokens_per_s_min"], row["tokens_per_s_max"]) == (128.0, 64.0, 256.0)
+    row, full = read(tmp_path).rows
+    step = row.get("step_seconds")
+    assert (step.median, step.min, step.max, step.n) == (0.5, 0.25, 1.0, 3)
+    assert step.cv == pytest.approx(0.654654, rel=1e-5)  # stdev 0.381881 / mean 0.583333
+    assert (row.value.median, row.value.min, row.value.max) == (4.0, 2.0, 8.0)  # 2 sequences a step
+    tokens = row.get("tokens_per_s")
+    assert (tokens.median, tokens.min, tokens.max) == (128.0, 64.0, 256.0)
     flops_per_step = counted_finetuning_flops(2, 32)
-    assert row["model_flops_per_step"] == flops_per_step
-    assert row["model_tflops_per_s"] == pytest.approx(flops_per_step / 0.5 / 1e12)
-    assert (row["mfu"], row["mfu_max"]) == pytest.approx((flops_per_step * 2 / 1e12, flops_per_step * 4 / 1e12))
+    assert row.get("model_flops_per_step") == flops_per_step
+    assert row.median("tflops") == pytest.approx(flops_per_step / 0.5 / 1e12)
+    mfu = row.get("mfu")
+    assert (mfu.median, mfu.max) == pytest.approx((flops_per_step * 2 / 1e12, flops_per_step * 4 / 1e12))
+    first, second = row.get("speed_vs_first_variant"), full.get("speed_vs_first_variant")
+    assert (row.get("variant"), first.value, second.value) == ("baseline", 1.0, 0.5)
+    assert second.noisy and second.inputs_cv == pytest.approx(step.cv)
+    markdown = (tmp_path / "throughput.md").read_text()
+    assert "| 0.500x (noisy: inputs' CV 65%) |" in markdown
+    assert "A ratio marked noisy is drawn from figures whose repeats vary by more than CV 20%" in markdown
 
 
 def test_ratios_are_to_the_first_variant_of_the_same_setting(swept):
     # their arithmetic: test_figures_from_a_clock_of_known_step_times; here, each setting (kind, batch) has its own
     # reference, its first variant, whose ratio is then 1 (the other setting's steps take other times)
-    _, report = swept
-    firsts = [row for row in report["rows"] if row["variant"] == "baseline"]
-    assert len(firsts) == 4 and {row["speed_vs_first_variant"] for row in firsts} == {1.0}
+    _, result = swept
+    firsts = [row for row in result.rows if row.get("variant") == "baseline"]
+    assert len(firsts) == 4 and {row.median("speed_vs_first_variant") for row in firsts} == {1.0}
 
 
 @pytest.mark.parametrize("kind", workload.STEP_KINDS)
@@ -249,13 +276,11 @@ def test_an_mfu_above_100_percent_is_flagged_as_a_peak_measured_under_load(tmp_p
         )
         == 0
     )
-    report = json.loads((tmp_path / "throughput.json").read_text())
-    row = report["rows"][0]
-    assert row["mfu"] > 1
-    assert f"MFU above 100% in 1 row(s) (up to {row['mfu']:.0%})" in "".join(report["warnings"])
-    assert (
-        f"**Warning:** MFU above 100% in 1 row(s) (up to {row['mfu']:.0%})" in (tmp_path / "throughput.md").read_text()
-    )
+    result = read(tmp_path)
+    mfu = result.rows[0].median("mfu")
+    assert mfu > 1
+    assert f"MFU above 100% in 1 row(s) (up to {mfu:.0%})" in "".join(result.warnings)
+    assert f"**Warning:** MFU above 100% in 1 row(s) (up to {mfu:.0%})" in (tmp_path / "throughput.md").read_text()
 
 
 QUICK = TINY + ["--kinds", "finetuning", "--variants", "baseline", "--batch_sizes", "2", "--no_memory"]
@@ -280,7 +305,7 @@ def test_a_load_average_above_the_cores_is_a_busy_machine_warning(tmp_path, monk
         "the machine was busy: the 1-minute load average was 1.00 before the measurement and 9.50 after it, "
         "above the 2 core(s) available"
     )
-    assert warning in json.loads((tmp_path / "throughput.json").read_text())["warnings"][0]
+    assert warning in read(tmp_path).warnings[0]
     assert f"**Warning:** {warning}" in (tmp_path / "throughput.md").read_text()
     assert f"warning: {warning}" in capsys.readouterr().out
 
@@ -296,11 +321,13 @@ def test_steps_that_vary_more_than_the_threshold_are_a_noisy_warning(tmp_path, m
             lambda steps, *args, seconds=seconds: {step: list(seconds) for step in steps},
         )
         assert throughput.main(QUICK + ["--output_dir", str(tmp_path / name)]) == 0
-    quiet, noisy = (json.loads((tmp_path / name / "throughput.json").read_text()) for name in times)
-    assert quiet["warnings"] == [] and quiet["rows"][0]["step_seconds_cv"] < noise.BUSY_CV
-    cv = noisy["rows"][0]["step_seconds_cv"]
+    quiet, noisy = (read(tmp_path / name) for name in times)
+    assert quiet.warnings == () and quiet.rows[0].get("step_seconds").cv < noise.BUSY_CV
+    assert not quiet.rows[0].get("speed_vs_first_variant").noisy
+    assert "noisy" not in (tmp_path / "steady" / "throughput.md").read_text()
+    cv = noisy.rows[0].get("step_seconds").cv
     assert cv == pytest.approx(0.663, abs=0.001)  # stdev 0.0113 over the mean 0.017
-    (warning,) = noisy["warnings"]
+    (warning,) = noisy.warnings
     assert warning.startswith(
         f"noisy step times: the repeats of 1 of 1 setting(s) vary by more than CV 20% (up to "
         f"{cv:.0%}, finetuning seq 32 fp32 baseline batch 2)"
@@ -308,18 +335,21 @@ def test_steps_that_vary_more_than_the_threshold_are_a_noisy_warning(tmp_path, m
 
 
 def test_the_speed_plots_get_each_settings_range_as_error_bars(swept, monkeypatch):
-    _, report = swept
+    _, result = swept
     drawn = {}
     monkeypatch.setattr(
         throughput,
         "line_plot",
         lambda series, xlabel, ylabel, title, **options: drawn.setdefault(ylabel, {}).update({title: series}),
     )
-    throughput.plots(report["rows"])
+    throughput.plots(result.rows)
     speed = drawn["sequences / s"]["tiny, pretraining, seq 32, fp32"]
-    rows = [row for row in report["rows"] if row["kind"] == "pretraining" and row["variant"] == "full"]
-    assert speed["full"] == tuple(
-        [row[key] for row in rows] for key in ("batch", "seq_per_s", "seq_per_s_min", "seq_per_s_max")
+    rows = [row for row in result.rows if (row.get("kind"), row.get("variant")) == ("pretraining", "full")]
+    assert speed["full"] == (
+        [row.get("batch") for row in rows],
+        [row.value.median for row in rows],
+        [row.value.min for row in rows],
+        [row.value.max for row in rows],
     )
 
 
@@ -354,10 +384,16 @@ def test_with_trainer_reports_both_figures_over_alternating_rounds(tmp_path, mon
         )
         == 0
     )
-    report = json.loads((tmp_path / "throughput.json").read_text())
-    (row,) = report["trainer_comparison"]
-    assert len(row["bench_rounds"]) == len(row["trainer_rounds"]) == 2
-    assert row["trainer_over_bench"] == pytest.approx(row["trainer_seq_per_s"] / row["bench_seq_per_s"])
+    result = read(tmp_path)
+    (swept,) = result.rows_measuring("seq_per_s")
+    (row,) = result.rows_measuring("trainer_seq_per_s")
+    assert (row.unit, dict(row.setting)) == ("seq/s", dict(swept.setting))
+    assert len(row.get("bench_rounds")) == len(row.get("trainer_rounds")) == 2
+    bench = row.get("bench_seq_per_s")
+    assert (bench.n, row.value.n) == (2, 2)
+    ratio = row.get("trainer_over_bench")
+    assert ratio.value == pytest.approx(row.value.median / bench.median)
+    assert ratio.inputs_cv == max(bench.cv, row.value.cv)
     # The sweep's 3 steps, 2 bench rounds of 3 and 2 trainer runs of 1 + 2 steps: all through TrainStep.
     assert len(steps) == 3 + 2 * 3 + 2 * 3
     assert "## The bench's step and the trainer's loop" in (tmp_path / "throughput.md").read_text()
@@ -367,8 +403,13 @@ def test_with_trainer_reports_both_figures_over_alternating_rounds(tmp_path, mon
     "flags, message",
     [
         (["--variants", "baseline,sometimes"], "unknown variant 'sometimes'"),
-        (["--precisions", "fp8"], "unknown precision 'fp8'"),
-        (["--kinds", "inference"], "unknown kind 'inference'"),
+        (["--precisions", "fp8"], "--precisions: unknown precision 'fp8'"),
+        (["--kinds", "inference"], "--kinds: unknown kind 'inference'"),
+        (["--batch_sizes", "8,0"], "--batch_sizes must be positive, got 8,0"),
+        (["--warmup", "-1"], "--warmup must be 0 or more, got -1"),
+        (["--max_grad_norm", "-1"], "--max_grad_norm must be 0 or more, got -1"),
+        (["--optimizer", "adam"], "argument --optimizer: invalid choice: 'adam'"),
+        (["--batch_size", "8"], "unrecognized arguments: --batch_size (did you mean --batch_sizes?)"),
         (["--model", "missing/bert_config.json"], "unknown model 'missing/bert_config.json'"),
         # a run on a CPU trains fp16 in fp32 (train_step.runnable_config): a bench times what runs train with
         (
@@ -382,6 +423,24 @@ def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, f
     assert throughput.main(TINY + flags + ["--output_dir", str(out)]) == 2
     assert message in error_line()
     assert not out.exists()
+
+
+def test_the_settings_give_back_the_command_line_they_came_from(tmp_path):
+    given = ["--model", "tiny", "--kinds", "finetuning", "--batch_sizes", "2,8", "--no_memory", "--cuda_graphs=false"]
+    parsed = settings.parse(throughput.SETTINGS, given + ["--output_dir", str(tmp_path)], "")
+    assert (parsed.kinds, parsed.batch_sizes, parsed.no_memory, parsed.cuda_graphs) == (
+        ("finetuning",),
+        (2, 8),
+        True,
+        False,
+    )
+    assert (parsed.warmup, parsed.steps, parsed.seq_lengths, parsed.variants) == (
+        2,
+        5,
+        (128,),
+        workload.ALL_VARIANTS,
+    )
+    assert settings.parse(throughput.SETTINGS, settings.as_argv(parsed), "") == parsed
 
 
 def test_the_bench_command_lists_every_kind(capsys, error_line):
@@ -419,14 +478,15 @@ def test_gpu_sweep_uses_the_data_sheet_peak_and_the_allocator(tmp_path):
         )
         == 0
     )
-    report = json.loads((tmp_path / "throughput.json").read_text())
-    rows = {(row["kind"], row["variant"]): row for row in report["rows"]}
+    result = read(tmp_path)
+    rows = {(row.get("kind"), row.get("variant")): row for row in result.rows}
     for kind in ("pretraining", "finetuning"):
-        assert rows[kind, "baseline"]["cuda_graphs"]["replays"] > 0
-        assert rows[kind, "baseline"]["memory_kind"].startswith("not measured: CUDA graphs")
-        assert rows[kind, "full"]["cuda_graphs"] is None and rows[kind, "full"]["step_memory_bytes"] > 0
-        assert rows[kind, "full"]["memory_kind"] == "CUDA allocated"
-    source = report["peaks"]["bf16"]["source"]
+        assert rows[kind, "baseline"].get("cuda_graphs")["replays"] > 0
+        assert rows[kind, "baseline"].get("memory_kind").startswith("not measured: CUDA graphs")
+        assert rows[kind, "full"].get("cuda_graphs") is None and rows[kind, "full"].get("step_memory_bytes") > 0
+        assert rows[kind, "full"].get("memory_kind") == "CUDA allocated"
+        assert isinstance(rows[kind, "full"].get("host_share"), Ratio)
+    source = result.context["peaks"]["bf16"]["source"]
     assert source.endswith("data sheet, bf16 dense") or source == "measured bf16 matmul on cuda"
 
 
@@ -484,7 +544,7 @@ def lengths_run(tmp_path_factory):
             )
             == 0
         )
-    return out, json.loads((out / "run" / "throughput.json").read_text()), list(fed.values()), hf_shapes
+    return out, read(out / "run"), list(fed.values()), hf_shapes
 
 
 def test_a_lengths_file_is_read_past_comments_and_cut_to_the_sequence_length(tmp_path):
@@ -541,7 +601,7 @@ def test_the_built_in_distribution_is_the_committed_recipe_on_real_text():
 
 
 def test_every_variant_trains_the_same_examples(lengths_run):
-    _, report, fed, hf_shapes = lengths_run
+    _, result, fed, hf_shapes = lengths_run
     # each of the 4 steps: 1 warm-up and 2 timed calls of one micro-batch, going round the 2 timed calls' batches
     drawn = workload.Lengths("file", (3, 5, 8, 13, 21, 34)).draw(8, 32)
     cycle = [drawn[:4], drawn[4:]]
@@ -556,34 +616,35 @@ def test_every_variant_trains_the_same_examples(lengths_run):
     # HF's model receives the cut batches (and the other one full ones)
     assert sorted(map(sorted, hf_shapes.values())) == [[(4, 21), (4, 32), (4, 32)], [(4, 32)] * 3]
     real = sum(drawn) / 2
-    assert [row["real_tokens_per_step"] for row in report["rows"]] == [real] * 4
+    assert [row.get("real_tokens_per_step") for row in result.rows] == [real] * 4
 
 
 def test_real_tokens_padding_and_model_flops_count_the_real_lengths(lengths_run):
-    out, report, _, _ = lengths_run
+    out, result, _, _ = lengths_run
     drawn = workload.Lengths("file", (3, 5, 8, 13, 21, 34)).draw(8, 32)
     config = workload.bert_config("tiny", 32)
     flops_per_step = sum(flops.train_flops(config, "finetuning", length) for length in drawn) / 2
-    for row in report["rows"]:
-        assert row["real_tokens_per_s"] / row["seq_per_s"] == pytest.approx(sum(drawn) / len(drawn))
-        assert row["padding_share"] == pytest.approx(1 - sum(drawn) / (8 * 32))
-        assert row["model_flops_per_step"] == pytest.approx(flops_per_step)
-        assert row["mfu"] == pytest.approx(flops_per_step / 1e12 / row["step_seconds"])
-    assert {row["variant"]: row["path"] for row in report["rows"]} == {
+    for row in result.rows:
+        assert row.get("lengths") == str(out / "lengths.txt")
+        assert row.median("real_tokens_per_s") / row.median() == pytest.approx(sum(drawn) / len(drawn))
+        assert row.get("padding_share") == pytest.approx(1 - sum(drawn) / (8 * 32))
+        assert row.get("model_flops_per_step") == pytest.approx(flops_per_step)
+        assert row.median("mfu") == pytest.approx(flops_per_step / 1e12 / row.median("step_seconds"))
+    assert {row.get("variant"): row.get("path") for row in result.rows} == {
         "baseline": "unpadded/auto",
         "baseline/padded": "padded",
         "hf": "hf padded to max",
         "hf-dynamic": "hf dynamic",
     }
-    assert report["lengths"]["count"] == 6 and report["lengths"]["longest"] == 34
+    assert result.context["lengths"]["count"] == 6 and result.context["lengths"]["longest"] == 34
     markdown = (out / "run" / "throughput.md").read_text()
     assert (
         f"- sequence lengths: {out / 'lengths.txt'} (file): 6 lengths, mean 14.0, median 10.5, 16.7% at the "
         "longest (34); 16.7% cut to seq 32"
     ) in markdown
-    row = report["rows"][1]
-    assert (f"| finetuning | 32 | fp32 | baseline/padded | padded | 4 | {row['step_seconds']:.4f} (") in markdown
-    assert f"| {row['real_tokens_per_s']:,.0f} | {row['padding_share']:.1%} | " in markdown
+    row = result.rows[1]
+    assert f"| finetuning | 32 | fp32 | baseline/padded | padded | 4 | {row.value.text('.2f')} | " in markdown
+    assert f"| {row.median('real_tokens_per_s'):,.0f} | {row.get('padding_share'):.1%} | " in markdown
 
 
 def test_pretraining_predicts_among_the_real_tokens_and_is_credited_for_them():
@@ -619,3 +680,21 @@ def test_padded_variants_train_as_runs_with_unpad_false():
     assert [module.unpad for module in model.modules() if hasattr(module, "unpad")] == [False]
     with pytest.raises(workload.BenchError, match="unknown variant 'hf/padded'"):
         workload.Variant.parse("hf/padded", hf=True)
+
+
+def test_the_seed_seeds_the_weights_and_the_batches():
+    config = workload.bert_config("tiny", 32)
+    lengths = workload.Lengths("file", (3, 5, 8, 13, 21, 34))
+    first, again, other = (
+        workload.train_step(
+            config, "finetuning", workload.Variant.parse("baseline"), "fp32", 2, 32, lengths=lengths, steps=2, seed=seed
+        )
+        for seed in (0, 0, 1)
+    )
+
+    def same(a, b) -> bool:
+        weights = zip(a.model.state_dict().values(), b.model.state_dict().values())
+        batches = [(x[key], y[key]) for x, y in zip(a.batches, b.batches) for key in x]
+        return all(torch.equal(x, y) for x, y in [*weights, *batches])
+
+    assert same(first, again) and not same(first, other)

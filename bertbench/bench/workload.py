@@ -162,9 +162,11 @@ def bert_config(model: str, max_seq_length: int, dropout: float = 0.1) -> BertCo
     return config
 
 
-def build(config: BertConfig, kind: str, variant: Variant, device: torch.device | str = "cpu") -> nn.Module:
+def build(
+    config: BertConfig, kind: str, variant: Variant, device: torch.device | str = "cpu", seed: int = 0
+) -> nn.Module:
     """The model of a step kind from the variant's modeling module, in training mode, seeded alike for all."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     task = "pretraining" if kind == "pretraining" else "classification"
     head = {} if kind == "pretraining" else {"num_labels": 2}
     if variant.modeling == "hf":
@@ -301,12 +303,12 @@ class Lengths:
     def full(self) -> bool:
         return not self.values
 
-    def draw(self, count: int, seq: int) -> list[int]:
-        """`count` lengths drawn from the distribution, the same on every call (seeded), each cut to `seq`, as
-        Google's truncation keeps a pair within max_seq_length."""
+    def draw(self, count: int, seq: int, seed: int = 0) -> list[int]:
+        """`count` lengths drawn from the distribution, the same on every call with the same `seed`, each cut to
+        `seq`, as Google's truncation keeps a pair within max_seq_length."""
         if self.full:
             return [seq] * count
-        return [min(seq, length) for length in random.Random(0).choices(self.values, k=count)]
+        return [min(seq, length) for length in random.Random(seed).choices(self.values, k=count)]
 
     def summary(self) -> dict:
         """What a report says of the distribution: count, mean, median, longest and the share at the longest."""
@@ -401,27 +403,36 @@ def train_step(
     dist: Distributed | None = None,
     lengths: Lengths = FULL_LENGTHS,
     steps: int = 1,
+    seed: int = 0,
     **train_overrides,
 ) -> BenchStep:
     """The training step of one setting; pass `model` to reuse one already built for the same kind and variant, and
     `train_overrides` (TrainConfig fields: optimizer, gradient_accumulation_steps, compile, ...) to time another
     recipe. Under torchrun pass the job's `dist`: the step is then DDP's, as in training. With `lengths` other than
     full, the step goes round a cycle of the micro-batches of `steps` steps with lengths drawn from it, the same
-    examples for every variant (seeded), so that `steps` timed calls train each once; hf-dynamic's are cut to their
-    longest sequence."""
+    examples for every variant (from `seed`, as the weights of a model built here), so that `steps` timed calls
+    train each once; hf-dynamic's are cut to their longest sequence."""
     device = torch.device(device)
     dist = dist or Distributed(device=device)
     train = check_runnable(train_config(precision, **train_overrides), device)
     reason = unrunnable(variant.modeling, variant.attention_kernel, device)
     if reason is not None:
         raise BenchError(f"variant {variant.name}: {reason}")
-    model = model if model is not None else build(config, kind, variant, device)
+    model = model if model is not None else build(config, kind, variant, device, seed)
     step = TrainStep(model, train, dist)
     micro_batches = 1 if lengths.full else steps * train.gradient_accumulation_steps
-    drawn = lengths.draw(micro_batches * batch, seq)
-    # On the host, as a data set's batches are: the step packs and moves each one as training does.
+    drawn = lengths.draw(micro_batches * batch, seq, seed)
+    # On the host, as a data set's batches are: the step packs and moves each one as training does. Each seed's
+    # micro-batches have seeds of their own (seed 0's are 0, 1, ...).
     batches = [
-        synthetic_batch(config, kind, batch, seq, seed=index, lengths=drawn[index * batch : (index + 1) * batch])
+        synthetic_batch(
+            config,
+            kind,
+            batch,
+            seq,
+            seed=seed * micro_batches + index,
+            lengths=drawn[index * batch : (index + 1) * batch],
+        )
         for index in range(micro_batches)
     ]
     return BenchStep(step, [cut_to_longest(each) for each in batches] if variant.cut_to_longest else batches)
