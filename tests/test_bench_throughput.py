@@ -411,7 +411,7 @@ def test_with_trainer_reports_both_figures_over_alternating_rounds(tmp_path, mon
         (["--optimizer", "adam"], "argument --optimizer: invalid choice: 'adam'"),
         (["--batch_size", "8"], "unrecognized arguments: --batch_size (did you mean --batch_sizes?)"),
         (["--model", "missing/bert_config.json"], "unknown model 'missing/bert_config.json'"),
-        # a run on a CPU trains fp16 in fp32 (train_step.runnable_config): a bench times what runs train with
+        # a run on a CPU trains fp16 in fp32 (training.step.fallbacks): a bench times what runs train with
         (
             ["--precisions", "fp32,fp16", "--device", "cpu"],
             "on cpu: fp16 needs a CUDA GPU: a run trains otherwise here",
