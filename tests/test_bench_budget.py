@@ -8,6 +8,7 @@ import pytest
 from helpers import read_json, write_bert_dir
 
 from bertbench.bench import budget
+from bertbench.bench.results import BenchResult, Ratio
 from bertbench.tasks.synthetic import write_glue_task
 
 TINY = [
@@ -29,41 +30,49 @@ def race(tmp_path_factory):
 
 @pytest.mark.slow
 def test_each_contender_trains_until_the_budget_then_is_scored(race):
-    report = read_json(race / "budget.json")
-    assert report["metric"] == "dev_acc_and_f1" and report["settings"]["budget_seconds"] == 1.2
-    baseline, recompute = report["rows"]
-    assert (baseline["contender"], recompute["contender"]) == ("baseline:1", "full:2")
-    for row in report["rows"]:
-        assert row["budget_exhausted"] and row["train_seconds"] >= 1.2 and row["learning_rate"] == 1e-3
+    result = BenchResult.read(str(race / "budget.json"))
+    assert result.context["metric"] == "dev_acc_and_f1" and result.context["budget_seconds"] == 1.2
+    baseline, recompute = result.rows
+    assert (baseline.get("contender"), recompute.get("contender")) == ("baseline:1", "full:2")
+    for row in result.rows:
+        assert row.measured == "sentences" and row.get("minutes") == 0.02
+        assert row.get("budget_exhausted") and row.get("train_seconds") >= 1.2 and row.get("learning_rate") == 1e-3
         # every sequence of every process counted, and the figures are the run's own
-        assert row["steps"] > 0 and row["sentences"] == row["steps"] * row["global_batch"]
-        scores = read_json(os.path.join(row["run_dir"], "eval_results.json"))
-        assert (row["metric_value"], row["dev_loss"]) == (scores["dev_acc_and_f1"], scores["dev_loss"])
-        records = [json.loads(line) for line in open(os.path.join(row["run_dir"], "metrics.jsonl"))]
-        assert len(records) == row["steps"]  # --log_step_count_steps=1
-        assert report["loss_curves"][row["contender"]] == [
+        assert row.get("steps") > 0 and row.median() == row.get("steps") * row.get("global_batch")
+        scores = read_json(os.path.join(row.get("run_dir"), "eval_results.json"))
+        assert (row.get("metric_value"), row.get("dev_loss")) == (scores["dev_acc_and_f1"], scores["dev_loss"])
+        records = [json.loads(line) for line in open(os.path.join(row.get("run_dir"), "metrics.jsonl"))]
+        assert len(records) == row.get("steps")  # --log_step_count_steps=1
+        assert result.context["loss_curves"][row.get("contender")] == [
             [record["elapsed_s"] for record in records],
             [record["loss"] for record in records],
         ]
-    assert (baseline["world_size"], recompute["world_size"]) == (1, 2) and recompute["global_batch"] == 64
+    assert (baseline.get("world_size"), recompute.get("world_size")) == (1, 2) and recompute.get("global_batch") == 64
+    # the second's sentences over the first's, carrying the larger CV of their window rates
+    vs_first = recompute.get("sentences_vs_first")
+    assert vs_first.value == recompute.median() / baseline.median()
+    assert baseline.get("sentences_vs_first") == Ratio(1.0, None)
+    cvs = [row.get("window_seq_per_s").cv for row in result.rows if row.get("window_seq_per_s") is not None]
+    assert vs_first.inputs_cv == max([cv for cv in cvs if cv is not None], default=None)
     train = read_json(race / "runs" / "full-2proc" / "train_results.json")
     assert train["world_size"] == 2 and train["recompute_policy"] == "full" and train["interrupted_by"] is None
     assert (race / "budget-curves.png").stat().st_size > 0
     markdown = (race / "budget.md").read_text()
     assert "| baseline:1 | 1 | 1 |" in markdown  # 1 process of 1 thread
-    for row in report["rows"]:  # seq/s over the log windows after the first (one step each here)
-        records = [json.loads(line) for line in open(os.path.join(row["run_dir"], "metrics.jsonl"))]
+    for row in result.rows:  # seq/s over the log windows after the first (one step each here)
+        records = [json.loads(line) for line in open(os.path.join(row.get("run_dir"), "metrics.jsonl"))]
         rates = sorted(record["seq_per_s"] for record in records[1:])
         # How many steps fit in the budget depends on the machine's load: a busy one may leave a contender one step
         # (no window after the first: no figure) or two (one window: a figure without a spread).
+        windows = row.get("window_seq_per_s")
         if not rates:
-            assert "window_seq_per_s" not in row
+            assert windows is None
             continue
-        assert (row["window_seq_per_s_min"], row["window_seq_per_s_max"]) == (rates[0], rates[-1])
+        assert (windows.min, windows.max) == (rates[0], rates[-1])
         shown = (
-            f"| {row['window_seq_per_s']:,.1f} ({rates[0]:,.1f}–{rates[-1]:,.1f}, CV "
+            f"| {windows.median:,.1f} ({rates[0]:,.1f}–{rates[-1]:,.1f}, CV "
             if len(rates) > 1
-            else f"| {row['window_seq_per_s']:,.1f} |"
+            else f"| {windows.median:,.1f} |"
         )
         assert shown in markdown
 

@@ -6,6 +6,7 @@ from helpers import TINY_BERT
 from matplotlib.figure import Figure
 
 from bertbench.bench import cli, plan, workload
+from bertbench.bench.results import BenchResult, Ratio, Row, Spread
 
 NETWORK = plan.Network(intra_bandwidth=100e9, intra_latency=5e-6, inter_bandwidth=25e9, inter_latency=10e-6)
 
@@ -100,10 +101,20 @@ def test_layouts_write_rows_files_and_refuse_a_second_run(tmp_path, capsys, erro
     argv = ["--step_seconds", 0.3, "--batch_per_device", 32, "--layouts", "2x4,128x8", "--output_dir", out]
     assert cli.main(["plan", *map(str, argv)]) == 0
     assert "| 128 | 1024 |" in capsys.readouterr().out
-    report = json.loads((out / "plan.json").read_text())
-    assert [(row["nodes"], row["gpus_per_node"], row["gpus"]) for row in report["rows"]] == [(2, 4, 8), (128, 8, 1024)]
-    assert report["settings"]["layouts"] == ["2x4", "128x8"] and report["settings"]["model"] == "base"
-    assert report["settings"]["parameters"] == plan.parameter_count(workload.bert_config("base", 512), "pretraining")
+    result = BenchResult.read(str(out / "plan.json"))
+    assert result.settings["layouts"] == ["2x4", "128x8"]
+    rows = result.rows_measuring("seq_per_s")
+    assert [(row.get("nodes"), row.get("gpus_per_node"), row.get("gpus")) for row in rows] == [
+        (2, 4, 8),
+        (128, 8, 1024),
+    ]
+    assert {(row.get("model"), row.get("kind"), row.get("batch_per_device"), row.status) for row in rows} == {
+        ("base", "pretraining", 32, "predicted")
+    }
+    # a step given as a number has no spread: the predicted ratios carry none, and are never marked noisy
+    assert rows[0].get("efficiency") == Ratio(pytest.approx(0.3 / rows[0].get("step_seconds")), None)
+    assert result.context["parameters"] == plan.parameter_count(workload.bert_config("base", 512), "pretraining")
+    assert result.context["step_seconds"] == Spread.exact(0.3)
     for name in ("plan.md", "plan-efficiency.png", "plan-throughput.png"):
         assert (out / name).stat().st_size > 0
     before = (out / "plan.json").read_text()
@@ -112,40 +123,43 @@ def test_layouts_write_rows_files_and_refuse_a_second_run(tmp_path, capsys, erro
 
 
 @pytest.mark.parametrize(
-    "flags",
+    "flags, message",
     [
-        ["--overlap", "1.5"],
-        ["--inter_bandwidth", "-1"],
-        ["--intra_bandwidth", "0"],
-        ["--layouts", "2y4"],
-        ["--layouts", "0x8"],
-        ["--nodes", "0"],
+        (["--overlap", "1.5"], "--overlap must be in [0, 1], got 1.5"),
+        (["--inter_bandwidth", "-1"], "--inter_bandwidth must be positive, got -1"),
+        (["--intra_bandwidth", "0"], "--intra_bandwidth must be positive, got 0"),
+        (["--intra_bandwidth", "inf"], "--intra_bandwidth must be a finite number, got inf"),
+        (["--layouts", "2y4"], "--layouts: '2y4' is not NODESxGPUS"),
+        (["--layouts", "0x8"], "--layouts: '0x8' is not NODESxGPUS"),
+        (["--nodes", "0"], "--nodes must be positive, got 0"),
+        (["--variant", "full"], "--variant select a --from_throughput row"),
     ],
 )
-def test_bad_values_exit_2_and_write_nothing(tmp_path, flags):
-    with pytest.raises(SystemExit) as exit_info:
-        run_plan(["--step_seconds", 0.3, "--batch_per_device", 32, "--output_dir", tmp_path / "out", *flags])
-    assert exit_info.value.code == 2 and not (tmp_path / "out").exists()
+def test_bad_values_exit_2_and_write_nothing(tmp_path, error_line, flags, message):
+    assert run_plan(["--step_seconds", 0.3, "--batch_per_device", 32, "--output_dir", tmp_path / "out", *flags]) == 2
+    assert message in error_line() and not (tmp_path / "out").exists()
 
 
-def throughput_file(tmp_path, rows):
-    path = tmp_path / "throughput.json"
-    path.write_text(json.dumps({"bench": "throughput", "settings": {}, "rows": rows}))
-    return path
-
-
-def throughput_row(**values):
-    row = {
+def throughput_row(step=None, **setting):
+    """A measured row of `bertbench bench throughput` as it writes them."""
+    values = {
         "model": "tiny",
         "kind": "pretraining",
-        "variant": "baseline",
-        "precision": "fp32",
-        "batch": 8,
         "seq": 128,
-        "step_seconds": 0.1,
-        "seq_per_s": 80.0,
+        "precision": "fp32",
+        "lengths": "full",
+        "batch": 8,
+        "variant": "baseline",
     }
-    return {**row, **values}
+    values.update(setting)
+    step = step or Spread.exact(0.1)
+    return Row("seq_per_s", "seq/s", values, Spread.exact(values["batch"] / step.median), {"step_seconds": step})
+
+
+def throughput_file(tmp_path, rows, bench="throughput"):
+    path = tmp_path / f"{bench}.json"
+    path.write_text(json.dumps(BenchResult.new(bench, {}, rows, {}, [], "bertbench bench throughput").to_json()))
+    return path
 
 
 def test_from_throughput_selects_the_row(tmp_path, capsys, error_line):
@@ -153,151 +167,111 @@ def test_from_throughput_selects_the_row(tmp_path, capsys, error_line):
         tmp_path,
         [
             throughput_row(),
-            throughput_row(batch=16, step_seconds=0.16),
-            throughput_row(batch=16, step_seconds=0.12, precision="bf16"),
+            throughput_row(Spread.exact(0.16), batch=16),
+            throughput_row(Spread.exact(0.12), batch=16, precision="bf16"),
+            Row("seq_per_s", "seq/s", {"batch": 512}, None, status="out of memory"),  # not measured: never chosen
         ],
     )
     out = tmp_path / "out"
-    assert (
-        run_plan(
-            [
-                "--from_throughput",
-                path,
-                "--batch_per_device",
-                16,
-                "--precision",
-                "bf16",
-                "--nodes",
-                "1,2",
-                "--gpus_per_node",
-                1,
-                "--output_dir",
-                out,
-            ]
-        )
-        == 0
+    argv = ["--from_throughput", path, "--batch_per_device", 16, "--precision", "bf16", "--nodes", "1,2"]
+    assert run_plan([*argv, "--gpus_per_node", 1, "--output_dir", out]) == 0
+    result = BenchResult.read(str(out / "plan.json"))
+    first = result.rows[0]
+    assert (first.get("model"), first.get("batch_per_device"), result.context["step_seconds"].median) == (
+        "tiny",
+        16,
+        0.12,
     )
-    report = json.loads((out / "plan.json").read_text())
-    settings, first = report["settings"], report["rows"][0]
-    assert (settings["model"], settings["step_seconds"], settings["batch_per_device"]) == ("tiny", 0.12, 16)
     # BERT-tiny (vocab 1024, hidden 64, 2 layers, 512 positions) with its pre-training heads, counted by hand:
     # embeddings 98,560 + 2 layers x 49,984 + pooler 4,160 + MLM head 5,312 (its decoder tied) + NSP 130
-    assert settings["parameters"] == 208_130
-    assert first["gpus"] == 1 and first["seq_per_s"] == pytest.approx(16 / 0.12) and first["efficiency"] == 1.0
+    assert result.context["parameters"] == 208_130
+    assert first.get("gpus") == 1 and first.median() == pytest.approx(16 / 0.12)
+    assert first.median("efficiency") == 1.0
     capsys.readouterr()
 
     assert run_plan(["--from_throughput", path, "--batch_per_device", 16, "--output_dir", tmp_path / "two"]) == 2
     line = error_line()
     assert str(path) in line and "2 rows match" in line and "precision bf16" in line
     assert run_plan(["--from_throughput", path, "--batch_per_device", 64, "--output_dir", tmp_path / "none"]) == 2
-    assert "no row has batch 64" in error_line()
-    broken = throughput_file(tmp_path, [{key: value for key, value in throughput_row().items() if key != "seq"}])
+    assert "no measured row has batch 64" in error_line()
+    broken = throughput_file(tmp_path, [Row("seq_per_s", "seq/s", {"model": "tiny"}, Spread.exact(80.0))])
     assert run_plan(["--from_throughput", broken, "--output_dir", tmp_path / "broken"]) == 2
-    assert f"{broken}: missing key rows[0].seq" in error_line()
+    assert f"{broken}: missing key rows[0].setting.kind" in error_line()
+    other = throughput_file(tmp_path, [throughput_row()], bench="memory")
+    assert run_plan(["--from_throughput", other, "--output_dir", tmp_path / "other"]) == 2
+    assert "a `bertbench bench memory` result, not a `bertbench bench throughput` one" in error_line()
     assert run_plan(["--from_throughput", tmp_path / "absent.json", "--output_dir", tmp_path / "absent"]) == 2
-    assert "absent.json: no such file" in error_line()
-    assert not any((tmp_path / name).exists() for name in ("two", "none", "broken", "absent"))
+    assert "absent.json" in error_line()
+    assert not any((tmp_path / name).exists() for name in ("two", "none", "broken", "other", "absent"))
 
 
-def scaling_file(tmp_path, alpha=1e-4, bandwidth=1e9, gradient_bytes=4e6, compute=0.05):
-    """A scaling.json whose steps follow the flat-ring model exactly at overlap 0 (one bucket)."""
+def scaling_file(tmp_path, alpha=1e-4, bandwidth=1e9, gradient_bytes=4e6, compute=0.05, efficiencies=None):
+    """A scaling.json whose steps follow the flat-ring model exactly at overlap 0 (one bucket), in the rows
+    `bertbench bench scaling` writes."""
     rows = []
     for processes in (1, 2, 4):
         # a ring all-reduce of P processes: 2(P-1) messages, each paying the latency and a P-th of the bytes
         step = compute + 2 * (processes - 1) * (alpha + gradient_bytes / processes / bandwidth)
+        efficiency = (efficiencies or {}).get(processes, compute / step)
         rows.append(
-            {
-                "nodes": 1,
-                "processes": processes,
-                "global_batch": 8 * processes,
-                "batch_per_process": 8,
-                "step_seconds": step,
-                "seq_per_s": 8 * processes / step,
-                "speedup": processes * compute / step,
-                "efficiency": compute / step,
-            }
-        )
-    report = {
-        "bench": "scaling",
-        "models": [
-            {
-                "model": "demo",
-                "seq": 32,
-                "parameters": int(gradient_bytes / 4),
-                "gradient_bytes": int(gradient_bytes),
-                "rows": rows,
-                "allreduce": {
-                    "processes": 4,
-                    "sizes_bytes": [1e5, 1e6],
-                    "seconds": [0.001, 0.01],
-                    "latency_seconds": alpha,
-                    "bus_bandwidth_bytes_per_s": bandwidth,
+            Row(
+                "seq_per_s",
+                "seq/s",
+                {"model": "demo", "seq": 32, "batch_per_process": 8, "nodes": 1, "processes": processes},
+                Spread.exact(8 * processes / step),
+                {
+                    "global_batch": 8 * processes,
+                    "step_seconds": Spread.exact(step),
+                    "speedup": Ratio(processes * efficiency, None),
+                    "efficiency": Ratio(efficiency, None),
                 },
-            }
-        ],
-    }
+            )
+        )
+    context = {"gradient_bytes": int(gradient_bytes), "latency_seconds": alpha, "bus_bandwidth_bytes_per_s": bandwidth}
+    result = BenchResult.new("scaling", {}, rows, context, ["the machine was busy"] if efficiencies else [], "")
     path = tmp_path / "scaling.json"
-    path.write_text(json.dumps(report))
-    return path, report
+    path.write_text(json.dumps(result.to_json()))
+    return path, result.to_json()
 
 
 def test_validate_predicts_a_scaling_run(tmp_path, capsys):
     path, _ = scaling_file(tmp_path)
     out = tmp_path / "out"
-    assert (
-        run_plan(
-            [
-                "--validate",
-                path,
-                "--overlap",
-                0.5,
-                "--bucket_mb",
-                0,
-                "--step_seconds",
-                0.2,
-                "--batch_per_device",
-                8,
-                "--nodes",
-                "1,2",
-                "--output_dir",
-                out,
-            ]
-        )
-        == 0
-    )
+    argv = ["--validate", path, "--overlap", 0.5, "--bucket_mb", 0, "--step_seconds", 0.2, "--batch_per_device", 8]
+    assert run_plan([*argv, "--nodes", "1,2", "--output_dir", out]) == 0
     markdown = capsys.readouterr().out
     assert "Validation against" in markdown and markdown.count("| processes |") == 1
-    report = json.loads((out / "plan.json").read_text())
-    assert len(report["rows"]) == 2
-    validation = report["validation"]
-    assert [row["processes"] for row in validation] == [1, 2, 4]
+    result = BenchResult.read(str(out / "plan.json"))
+    assert len(result.rows_measuring("seq_per_s")) == 2
+    validation = result.rows_measuring("step_seconds")
+    assert [row.get("processes") for row in validation] == [1, 2, 4]
     for row in validation:
-        assert row["error_pp_no_overlap"] == pytest.approx(0.0, abs=1e-9)
-        assert row["predicted_efficiency"] >= row["measured_efficiency"]
-    assert validation[-1]["error_pp"] > 0.1
+        assert row.get("error_pp_no_overlap") == pytest.approx(0.0, abs=1e-9)
+        assert row.get("predicted_efficiency") >= row.median("measured_efficiency")
+    assert validation[-1].get("error_pp") > 0.1
+    assert result.context["validation"]["latency_seconds"] == 1e-4
 
 
 def test_validate_alone_and_its_errors(tmp_path, error_line):
     path, report = scaling_file(tmp_path)
     assert run_plan(["--validate", path, "--output_dir", tmp_path / "out"]) == 0
-    written = json.loads((tmp_path / "out" / "plan.json").read_text())
-    assert "rows" not in written and len(written["validation"]) == 3
+    written = BenchResult.read(str(tmp_path / "out" / "plan.json"))
+    assert not written.rows_measuring("seq_per_s") and len(written.rows_measuring("step_seconds")) == 3
     assert not list((tmp_path / "out").glob("*.png"))
 
-    del report["models"][0]["allreduce"]["latency_seconds"]
+    del report["context"]["latency_seconds"]
     path.write_text(json.dumps(report))
     assert run_plan(["--validate", path, "--output_dir", tmp_path / "missing"]) == 2
-    assert f"{path}: missing key models[0].allreduce.latency_seconds" in error_line()
+    assert f"{path}: missing key context.latency_seconds" in error_line()
     path.write_text("{not json")
     assert run_plan(["--validate", path, "--output_dir", tmp_path / "bad"]) == 2
     assert str(path) in error_line()
     assert not (tmp_path / "missing").exists() and not (tmp_path / "bad").exists()
 
 
-def test_the_step_must_be_given():
-    with pytest.raises(SystemExit) as exit_info:
-        run_plan(["--batch_per_device", 8])
-    assert exit_info.value.code == 2
+def test_the_step_must_be_given(error_line):
+    assert run_plan(["--batch_per_device", 8]) == 2
+    assert "give the measured step: --step_seconds and --batch_per_device, or --from_throughput" in error_line()
 
 
 def test_plots_mark_predictions_as_points_from_zero(tmp_path, monkeypatch):
@@ -322,23 +296,24 @@ def test_plots_mark_predictions_as_points_from_zero(tmp_path, monkeypatch):
 
 
 def test_a_noisy_measured_step_and_a_superlinear_validation_are_flagged(tmp_path):
-    path = throughput_file(tmp_path, [throughput_row(step_seconds_min=0.05, step_seconds_max=0.3, step_seconds_cv=0.6)])
+    path = throughput_file(tmp_path, [throughput_row(Spread(0.1, 0.05, 0.3, 0.6, 5))])
     assert run_plan(["--from_throughput", path, "--nodes", "1,2", "--output_dir", tmp_path / "noisy"]) == 0
-    report = json.loads((tmp_path / "noisy" / "plan.json").read_text())
-    (warning,) = report["warnings"]
+    result = BenchResult.read(str(tmp_path / "noisy" / "plan.json"))
+    (warning,) = result.warnings
     assert warning.startswith(
         "noisy measured step: the repeats of 1 of 1 setting(s) vary by more than CV 20% (up "
         f"to 60%, {path}: baseline fp32)"
     )
-    assert report["settings"]["step_seconds_cv"] == 0.6
-    assert "0.1 (0.05–0.3, CV 60%) s per single-device step" in (tmp_path / "noisy" / "plan.md").read_text()
+    assert result.context["step_seconds"].cv == 0.6
+    # the predicted ratios carry the measured step's CV, and say so where they are printed
+    assert all(row.get("efficiency").noisy and row.get("speedup").noisy for row in result.rows)
+    markdown = (tmp_path / "noisy" / "plan.md").read_text()
+    assert "0.1 (0.05–0.3, CV 60%) s per single-device step" in markdown
+    assert "| 99.9% (noisy: inputs' CV 60%) |" in markdown and "A ratio marked noisy" in markdown
 
-    scaling, report = scaling_file(tmp_path)
-    report["models"][0]["rows"][1]["efficiency"] = 2.537  # a reference run slowed by another job
-    report["warnings"] = ["the machine was busy"]
-    scaling.write_text(json.dumps(report))
+    scaling, _ = scaling_file(tmp_path, efficiencies={2: 2.537})  # a reference run slowed by another job
     assert run_plan(["--validate", scaling, "--output_dir", tmp_path / "validated"]) == 0
-    carried, superlinear = json.loads((tmp_path / "validated" / "plan.json").read_text())["warnings"]
+    carried, superlinear = BenchResult.read(str(tmp_path / "validated" / "plan.json")).warnings
     assert carried == f"{scaling} says: the machine was busy"
     assert superlinear.startswith("efficiency above 100% (253.7% at 2 processes of demo, marked (!))")
     assert "| 253.7% (!) |" in (tmp_path / "validated" / "plan.md").read_text()

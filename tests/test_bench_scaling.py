@@ -3,7 +3,9 @@ import json
 import pytest
 
 from bertbench import cli as bertbench_cli
-from bertbench.bench import plan, report, scaling
+from bertbench.bench import plan, scaling
+from bertbench.bench.results import BenchResult, Ratio, Row, Spread
+from bertbench.common.noise import cv_text
 from bertbench.common.run_files import METRICS
 
 
@@ -34,60 +36,55 @@ def test_one_and_two_processes_under_torchrun(tmp_path):
         )
         == 0
     )
-    report = json.loads((tmp_path / "scaling.json").read_text())
-    (model,) = report["models"]
-    one, two = model["rows"]
-    assert (one["processes"], two["processes"], one["nodes"], two["nodes"]) == (1, 2, 1, 1)
-    assert (one["global_batch"], two["global_batch"]) == (16, 32)
+    result = BenchResult.read(str(tmp_path / "scaling.json"))
+    one, two = result.rows_measuring("seq_per_s")
+    assert [row.get(key) for key in ("processes", "nodes") for row in (one, two)] == [1, 2, 1, 1]
+    assert (one.get("global_batch"), two.get("global_batch")) == (16, 32)
     # the figures' arithmetic has its oracles below (canned jobs, a written log); here, that the jobs ran as asked
-    assert one["speedup"] == one["efficiency"] == 1.0 and two["speedup"] > 0 and two["backend"] == "gloo"
+    assert one.get("speedup") == one.get("efficiency") == Ratio(1.0, None)
+    assert two.median("speedup") > 0 and two.get("backend") == "gloo"
     for row in (one, two):  # the median step of the 6 after the excluded 2, with its spread over them
-        assert row["timed_steps"] == 6 and row["step_seconds_min"] <= row["step_seconds"] <= row["step_seconds_max"]
-        assert row["seq_per_s_min"] <= row["seq_per_s"] <= row["seq_per_s_max"]
-        assert (row["threads"], row["device_type"]) == (1, "cpu")
-    allreduce = model["allreduce"]
-    assert model["gradient_bytes"] == 4 * model["parameters"]
-    assert {model["gradient_bytes"], 2**24} <= set(allreduce["sizes_bytes"])
-    assert allreduce["processes"] == 2 and len(allreduce["seconds"]) == len(allreduce["sizes_bytes"])
+        step = row.get("step_seconds")
+        assert row.get("timed_steps") == 6 and step.n == 6 and step.min <= step.median <= step.max
+        assert row.value.min <= row.value.median <= row.value.max
+        assert (row.get("threads"), row.get("device_type")) == (1, "cpu")
+    sizes = result.rows_measuring("allreduce_seconds")
+    context = result.context
+    assert context["gradient_bytes"] == 4 * context["parameters"]
+    assert {context["gradient_bytes"], 2**24} <= {row.get("size_bytes") for row in sizes}
+    assert {row.get("processes") for row in sizes} == {2} and all(row.value.n == 2 for row in sizes)
     # the ring model is fitted to the times measured on the 2-process job
-    assert (allreduce["latency_seconds"], allreduce["bus_bandwidth_bytes_per_s"]) == plan.fit_alpha_beta(
-        allreduce["sizes_bytes"], allreduce["seconds"], 2
+    assert (context["latency_seconds"], context["bus_bandwidth_bytes_per_s"]) == plan.fit_alpha_beta(
+        [row.get("size_bytes") for row in sizes], [row.value.median for row in sizes], 2
     )
     markdown = (tmp_path / "scaling.md").read_text()
     assert "| 1 | 2 | 32 |" in markdown
-    in_steps = model["allreduce_in_steps"]
+    (exposed,) = result.rows_measuring("exposed_allreduce_seconds")
+    with_it, without = exposed.get("step_with_allreduce_seconds"), exposed.get("step_without_allreduce_seconds")
     assert (
-        f"{in_steps['exposed_allreduce_seconds'] * 1e3:.1f} ms exposed per DDP step (median of 2 interleaved "
-        f"pairs: {in_steps['step_with_allreduce_seconds'] * 1e3:.1f} ms with, "
-        f"{in_steps['step_without_allreduce_seconds'] * 1e3:.1f} ms without; exposed per pair "
-        f"{in_steps['exposed_allreduce_seconds_min'] * 1e3:.1f} to "
+        f"{exposed.value.median * 1e3:.1f} ms exposed per DDP step (median of 2 interleaved "
+        f"pairs: {with_it.median * 1e3:.1f} ms with, {without.median * 1e3:.1f} ms without; exposed per pair "
+        f"{exposed.value.min * 1e3:.1f} to "
     ) in markdown
-    sixteen = allreduce["sizes_bytes"].index(2**24)
-    assert (
-        f"| 16.000 | {allreduce['seconds'][sixteen] * 1e3:,.3f} ({allreduce['seconds_min'][sixteen] * 1e3:,.3f}"
-        f"–{allreduce['seconds_max'][sixteen] * 1e3:,.3f}, CV "
-    ) in markdown
+    sixteen = next(row.value.scaled(1e3) for row in sizes if row.get("size_bytes") == 2**24)
+    assert f"| 16.000 | {sixteen.median:,.3f} ({sixteen.min:,.3f}–{sixteen.max:,.3f}, CV " in markdown
     assert plan.main(["--validate", str(tmp_path / "scaling.json"), "--output_dir", str(tmp_path / "plan")]) == 0
-    checked = {row["processes"]: row for row in json.loads((tmp_path / "plan" / "plan.json").read_text())["validation"]}
-    assert checked[2]["measured_efficiency"] == pytest.approx(two["efficiency"])
-    assert checked[1]["predicted_efficiency_no_overlap"] == 1.0
+    checked = {row.get("processes"): row for row in BenchResult.read(str(tmp_path / "plan" / "plan.json")).rows}
+    assert checked[2].get("measured_efficiency") == two.get("efficiency")
+    assert checked[1].get("predicted_efficiency_no_overlap") == 1.0
     assert (tmp_path / "scaling-efficiency.png").exists() and (tmp_path / "scaling-throughput.png").exists()
 
 
-def canned_job(processes: int, seq_per_s: float, steady_seq_per_s: float) -> dict:
-    """What a torchrun job of `processes` reports (run_job), with the median window's seq/s and the Estimator's
-    steady seq/s made different, to tell which one speedup is of."""
+def canned_job(processes: int, step_seconds: list[float], steady_seq_per_s: float) -> dict:
+    """What a torchrun job of `processes` reports (run_job), with the Estimator's steady seq/s made different from
+    the median step's, to tell which one speedup is of."""
     return {
         "nodes": 1,
         "processes": processes,
-        "batch_per_process": 8,
         "global_batch": 8 * processes,
-        **{f"seq_per_s{suffix}": seq_per_s for suffix in ("", "_min", "_max")},
-        "seq_per_s_cv": 0.0,
-        **{f"step_seconds{suffix}": 8 * processes / seq_per_s for suffix in ("", "_min", "_max")},
-        "step_seconds_cv": 0.0,
+        "step_seconds": step_seconds,
         "steady_seq_per_s": steady_seq_per_s,
-        "timed_steps": 8,
+        "timed_steps": len(step_seconds),
         "parameters": 1000,
         "backend": "gloo" if processes > 1 else None,
         "threads": 1,
@@ -96,17 +93,24 @@ def canned_job(processes: int, seq_per_s: float, steady_seq_per_s: float) -> dic
 
 
 def test_speedup_and_efficiency_are_of_each_jobs_median_step(tmp_path, monkeypatch):
-    jobs = {1: canned_job(1, 100.0, steady_seq_per_s=90.0), 2: canned_job(2, 150.0, steady_seq_per_s=190.0)}
-    monkeypatch.setattr(scaling, "run_job", lambda args, processes: jobs[processes])
+    jobs = {
+        1: canned_job(1, [0.08, 0.08, 0.08], steady_seq_per_s=90.0),  # 100 seq/s
+        2: canned_job(2, [16 / 150, 0.05, 0.2], steady_seq_per_s=190.0),  # 150 seq/s at the median step
+    }
+    monkeypatch.setattr(scaling, "run_job", lambda settings, processes: jobs[processes])
     assert scaling.main(["--model", "tiny", "--processes", "1,2", "--output_dir", str(tmp_path)]) == 0
-    one, two = json.loads((tmp_path / "scaling.json").read_text())["models"][0]["rows"]
+    one, two = BenchResult.read(str(tmp_path / "scaling.json")).rows
     # 150 / 100 seq/s on twice the processes (the steady figures, 190 / 90, would give 2.11 and 106%)
-    assert (one["speedup"], one["efficiency"]) == (1.0, 1.0)
-    assert (two["speedup"], two["efficiency"]) == pytest.approx((1.5, 0.75))
+    assert (one.get("speedup"), one.get("efficiency")) == (Ratio(1.0, None), Ratio(1.0, None))
+    assert (two.median("speedup"), two.median("efficiency")) == pytest.approx((1.5, 0.75))
+    # the second job's steps vary (CV 67% of its seq/s): its ratios say so, the reference's do not
+    assert two.get("efficiency").inputs_cv == pytest.approx(two.value.cv) and two.get("efficiency").noisy
+    markdown = (tmp_path / "scaling.md").read_text()
     assert (
-        "| 1 | 2 | 16 | 0.1067 (0.1067–0.1067, CV 0.0%) | 150.00 | 1.50 | 75.0% |"
-        in (tmp_path / "scaling.md").read_text()
+        f"| 1 | 2 | 16 | 0.1067 (0.0500–0.2000, CV {cv_text(two.get('step_seconds').cv)}) | 150.00 | 1.50x (noisy"
+        in markdown
     )
+    assert f"| 75.0% (noisy: inputs' CV {cv_text(two.value.cv)}) |" in markdown and "A ratio marked noisy" in markdown
 
 
 def test_a_jobs_step_times_are_read_from_its_one_step_windows(tmp_path):
@@ -140,15 +144,16 @@ def test_runs_of_the_job_templates_make_the_table(tmp_path):
         write_run(tmp_path / "other", 16, 1200.0, nodes=4),
     ]
     assert bertbench_cli.main(["bench", "scaling", "--runs", *runs, "--output_dir", str(tmp_path / "out")]) == 0
-    rows = json.loads((tmp_path / "out" / "scaling.json").read_text())["models"][0]["rows"]
-    assert [(row["nodes"], row["processes"], row["global_batch"]) for row in rows] == [
+    rows = BenchResult.read(str(tmp_path / "out" / "scaling.json")).rows
+    assert [(row.get("nodes"), row.get("processes"), row.get("global_batch")) for row in rows] == [
         (1, 4, 32),
         (2, 8, 64),
         (4, 16, 128),
     ]
-    assert [row["speedup"] for row in rows] == pytest.approx([1.0, 1.75, 3.0])
-    assert [row["efficiency"] for row in rows] == pytest.approx([1.0, 0.875, 0.75])
-    assert rows[1]["step_seconds"] == pytest.approx(64 / 700)
+    assert [row.median("speedup") for row in rows] == pytest.approx([1.0, 1.75, 3.0])
+    assert [row.median("efficiency") for row in rows] == pytest.approx([1.0, 0.875, 0.75])
+    assert rows[1].median("step_seconds") == pytest.approx(64 / 700)
+    assert {(row.get("model"), row.get("seq"), row.get("batch_per_process")) for row in rows} == {("runs", 128, 8)}
 
 
 def test_runs_with_other_threads_or_devices_and_superlinear_efficiency_are_flagged(tmp_path, capsys):
@@ -157,16 +162,16 @@ def test_runs_with_other_threads_or_devices_and_superlinear_efficiency_are_flagg
         write_run(tmp_path / "cpu_nodes2", 2, 507.4, device="cpu", threads=2, nodes=2),
     ]
     assert scaling.main(["--runs", *runs, "--output_dir", str(tmp_path / "out")]) == 0
-    report = json.loads((tmp_path / "out" / "scaling.json").read_text())
-    assert report["models"][0]["rows"][1]["efficiency"] == pytest.approx(2.537)
-    mismatch, superlinear = report["warnings"]
+    result = BenchResult.read(str(tmp_path / "out" / "scaling.json"))
+    assert result.rows[1].median("efficiency") == pytest.approx(2.537)
+    mismatch, superlinear = result.warnings
     assert mismatch.startswith(
         f"the compared runs are not alike: they differ in threads per process ({runs[0]}: 1, "
         f"{runs[1]}: 2), so speedup and efficiency"
     )
     assert superlinear.startswith(f"efficiency above 100% (253.7% at 2 processes, {runs[1]}, marked (!))")
     markdown = (tmp_path / "out" / "scaling.md").read_text()
-    assert "| 2 | 2 | 16 | 0.0315 | 507.40 | 5.07 | 253.7% (!) | cpu | 2 |" in markdown
+    assert "| 2 | 2 | 16 | 0.0315 | 507.40 | 5.07x | 253.7% (!) | cpu | 2 |" in markdown
     assert markdown.count("**Warning:**") == 2 and "warning: efficiency above 100%" in capsys.readouterr().out
     # another device is a mismatch too; alike runs warn of nothing
     gpu = write_run(tmp_path / "gpu_nodes2", 2, 180.0, threads=1)
@@ -179,21 +184,8 @@ def test_runs_with_other_threads_or_devices_and_superlinear_efficiency_are_flagg
 
 
 def test_local_jobs_with_more_threads_than_cores_are_flagged(tmp_path, monkeypatch):
-    def job(args, processes):  # what the torchrun job would find, without running it
-        seconds = 0.02 * processes**0.5
-        return {
-            "nodes": 1,
-            "processes": processes,
-            "batch_per_process": 8,
-            "global_batch": 8 * processes,
-            "seq_per_s": 8 * processes / seconds,
-            "step_seconds": seconds,
-            "step_seconds_cv": 0.02,
-            "parameters": 1000,
-            "threads": 1,
-            "device_type": "cpu",
-            "backend": "gloo",
-        }
+    def job(settings, processes):  # what the torchrun job would find, without running it
+        return canned_job(processes, [0.02 * processes**0.5] * 3, 100.0)
 
     monkeypatch.setattr(scaling, "run_job", job)
     monkeypatch.setattr(scaling, "available_cores", lambda: 2)
@@ -215,12 +207,26 @@ def test_plots_name_the_setting_and_start_efficiency_at_zero(monkeypatch):
         lambda series, xlabel, ylabel, title, **options: drawn.update({ylabel: (series, title, options)}),
     )
     rows = [
-        {"processes": 1, "seq_per_s": 100.0, "seq_per_s_min": 90.0, "seq_per_s_max": 104.0, "efficiency": 1.0},
-        {"processes": 2, "seq_per_s": 198.0, "seq_per_s_min": 180.0, "seq_per_s_max": 199.0, "efficiency": 0.99},
+        Row(
+            "seq_per_s",
+            "seq/s",
+            {"processes": 1},
+            Spread(100.0, 90.0, 104.0, 0.05, 5),
+            {"efficiency": Ratio(1.0, None)},
+        ),
+        Row(
+            "seq_per_s",
+            "seq/s",
+            {"processes": 2},
+            Spread(198.0, 180.0, 199.0, 0.04, 5),
+            {"efficiency": Ratio(0.99, 0.05)},
+        ),
+        Row("allreduce_seconds", "s", {"processes": 2, "size_bytes": 4096}, Spread.exact(1e-3)),  # not plotted
     ]
-    scaling.plots({"model": "base", "seq": 128, "batch_per_process": 8, "rows": rows})
+    scaling.plots(rows, {"model": "base", "seq": 128, "batch_per_process": 8})
     series, title, options = drawn["efficiency"]
     assert title == "scaling efficiency: base, seq 128, 8 sequences per process" and options["y_from_zero"]
+    assert series["measured"] == ([1, 2], [1.0, 0.99])
     series, title, _ = drawn["sequences / s"]
     assert title == "throughput: base, seq 128, 8 sequences per process"
     assert series["measured"] == ([1, 2], [100.0, 198.0], [90.0, 180.0], [104.0, 199.0])
@@ -241,22 +247,3 @@ def test_runs_that_differ_or_are_unfinished_are_refused(tmp_path, error_line):
     assert scaling.main(["--runs", partial, "--output_dir", str(tmp_path / "out")]) == 2
     assert "missing key 'steady_sentences_per_second'" in error_line()
     assert not (tmp_path / "out").exists()
-
-
-def test_report_lines_up_scaling_runs(tmp_path):
-    for name, rates in (("cpu", (400.0, 700.0)), ("gpu", (4000.0, 7800.0))):
-        runs = [write_run(tmp_path / name / f"r_nodes{nodes}", 4 * nodes, rate) for nodes, rate in zip((1, 2), rates)]
-        assert scaling.main(["--runs", *runs, "--output_dir", str(tmp_path / f"{name}-bench")]) == 0
-    assert (
-        report.main(
-            [str(tmp_path / "cpu-bench"), str(tmp_path / "gpu-bench"), "--output_dir", str(tmp_path / "report")]
-        )
-        == 0
-    )
-    merged = json.loads((tmp_path / "report" / "report.json").read_text())["comparisons"]["scaling"]
-    two_nodes = next(row for row in merged["rows"] if row["nodes"] == 2)
-    first, last = merged["runs"]
-    assert two_nodes[f"efficiency@{first}"] == pytest.approx(0.875)
-    assert two_nodes[f"efficiency@{last}"] == pytest.approx(0.975)
-    assert two_nodes["efficiency:ratio"] == pytest.approx(0.975 / 0.875)
-    assert (tmp_path / "report" / "report-scaling-efficiency.png").exists()

@@ -23,7 +23,7 @@ GLUE's MRPC layout (3,668 train / 408 dev) with a BERT-Tiny-shaped model trained
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -33,16 +33,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bertbench.bench import cli
-from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.bench import settings as bench_settings
+from bertbench.bench.output import BenchOutput, with_warnings
 from bertbench.bench.plots import line_plot
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.bench.settings import BenchSettings
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.common import run_files
-from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
+from bertbench.common.durable import read_json
+from bertbench.common.flags import setting
+from bertbench.common.noise import LoadWatch, available_cores, noisy_warning
 from bertbench.runners.config import LR_SCALINGS
-from bertbench.runners.run_directory import read_json
 from bertbench.tasks.glue import get_processor
 from bertbench.tasks.synthetic import vocabulary, write_glue_task, write_vocab
+from bertbench.training.config import global_batch
 from bertbench.training.distributed import check_processes
 from bertbench.training.metrics import read_metrics, window_rates
 
@@ -98,114 +102,89 @@ class Contender:
         return [sys.executable, *launcher, "-m", "bertbench.runners.classifier", *classifier_flags, *self.flags()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("budget", __doc__.splitlines()[0])
-    race = parser.add_argument_group("contenders and budget")
-    race.add_argument(
-        "--minutes",
-        type=float,
-        default=20.0,
-        help="Training budget of each contender, in minutes of training-loop wall-clock time.",
+@dataclasses.dataclass(frozen=True)
+class BudgetSettings(BenchSettings):
+    """Contenders and budget, run_classifier's training flags, and the data: the built-in pair task, or your own GLUE
+    task (--task_name, --data_dir, --vocab_file and --bert_config_file together)."""
+
+    bench = "budget"
+
+    minutes: float = setting(
+        "Training budget of each contender, in minutes of training-loop wall-clock time.", 20.0, positive=True
     )
-    race.add_argument(
-        "--contenders",
-        default="baseline:1,full:2",
-        help="Comma-separated VARIANT:PROCESSES[:independent]; VARIANT baseline, full, selective or "
-        "every-K. Run one after another.",
+    contenders: tuple[str, ...] = setting(
+        "Comma-separated VARIANT:PROCESSES[:independent]; VARIANT baseline, full, selective or every-K. Run one "
+        "after another.",
+        ("baseline:1", "full:2"),
     )
-    race.add_argument(
-        "--threads_per_process",
-        type=cli.positive_int,
-        default=None,
-        help="OMP_NUM_THREADS of every process; None: the cores available / the contender's processes.",
+    threads_per_process: int | None = setting(
+        "OMP_NUM_THREADS of every process; None: the cores available / the contender's processes.", None, positive=True
     )
-    race.add_argument(
-        "--device",
-        default=None,
-        help="cpu or cuda: one GPU per process (default: CUDA when available); cuda:N for contenders of one process.",
+    device: str | None = setting(
+        "cpu or cuda: one GPU per process (default: CUDA when available); cuda:N for contenders of one process.", None
     )
-    race.add_argument(
-        "--max_epochs",
-        type=float,
-        default=1000.0,
-        help="num_train_epochs: the length of the learning-rate schedule, to be far more than the budget holds.",
+    max_epochs: float = setting(
+        "num_train_epochs: the length of the learning-rate schedule, to be far more than the budget holds.",
+        1000.0,
+        positive=True,
     )
-    training = parser.add_argument_group("training (run_classifier's flags)")
-    training.add_argument(
-        "--train_batch_size", type=cli.positive_int, default=32, help="Sequences per process per step."
+    train_batch_size: int = setting("Sequences per process per step.", 32, positive=True)
+    learning_rate: float | None = setting(
+        f"Peak learning rate; None: {BUILT_IN_LEARNING_RATE:g} on the built-in data, {FINE_TUNING_LEARNING_RATE:g} "
+        "on your own.",
+        None,
+        positive=True,
     )
-    training.add_argument(
-        "--learning_rate",
-        type=float,
-        default=None,
-        help=f"Peak learning rate; None: {BUILT_IN_LEARNING_RATE:g} on the built-in data, "
-        f"{FINE_TUNING_LEARNING_RATE:g} on your own.",
+    warmup_proportion: float = setting("Share of --max_epochs in warm-up, in [0, 1].", 0.0)
+    lr_scaling: str = setting(
+        "Learning rate times the processes: none, linear or sqrt.", "none", choices=tuple(LR_SCALINGS)
     )
-    training.add_argument("--warmup_proportion", type=float, default=0.0, help="Share of --max_epochs in warm-up.")
-    training.add_argument(
-        "--lr_scaling",
-        choices=LR_SCALINGS,
-        default="none",
-        help="Learning rate times the processes: none, linear or sqrt.",
-    )
-    training.add_argument("--max_seq_length", type=cli.positive_int, default=128, help="Tokens per sequence.")
-    training.add_argument(
-        "--log_step_count_steps",
-        type=cli.positive_int,
-        default=20,
-        help="Steps between loss records (the curves' points).",
-    )
-    built_in = parser.add_argument_group("built-in data (used unless your own task is given)")
-    built_in.add_argument(
-        "--hidden", type=cli.positive_int, default=128, help="Hidden size (BERT-Tiny: 128); heads = hidden / 64."
-    )
-    built_in.add_argument("--layers", type=cli.positive_int, default=2, help="Transformer blocks (BERT-Tiny: 2).")
-    own = parser.add_argument_group("your own GLUE task (the first four together)")
-    own.add_argument("--task_name", default=None, help="GLUE task name, e.g. MRPC.")
-    own.add_argument("--data_dir", default=None, help="The task's directory of the GLUE download.")
-    own.add_argument("--vocab_file", default=None, help="vocab.txt of the model.")
-    own.add_argument("--bert_config_file", default=None, help="bert_config.json of the model.")
-    own.add_argument(
-        "--init_checkpoint", default=None, help="Pre-trained weights to fine-tune; None: train from scratch."
-    )
-    own.add_argument("--cased", action="store_true", help="A cased model: --do_lower_case=false.")
-    return parser
+    max_seq_length: int = setting("Tokens per sequence.", 128, positive=True)
+    log_step_count_steps: int = setting("Steps between loss records (the curves' points).", 20, positive=True)
+    hidden: int = setting("Built-in data: hidden size (BERT-Tiny: 128); heads = hidden / 64.", 128, positive=True)
+    layers: int = setting("Built-in data: transformer blocks (BERT-Tiny: 2).", 2, positive=True)
+    task_name: str | None = setting("Your own task: GLUE task name, e.g. MRPC.", None)
+    data_dir: str | None = setting("Your own task: the task's directory of the GLUE download.", None)
+    vocab_file: str | None = setting("Your own task: vocab.txt of the model.", None)
+    bert_config_file: str | None = setting("Your own task: bert_config.json of the model.", None)
+    init_checkpoint: str | None = setting("Pre-trained weights to fine-tune; None: train from scratch.", None)
+    cased: bool = setting("A cased model: --do_lower_case=false.", False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.warmup_proportion <= 1:
+            raise ValueError(f"warmup_proportion must be in [0, 1], got {self.warmup_proportion:g}")
+        names = [contender.run_name for contender in self.contender_list]
+        if len(set(names)) != len(names):
+            raise ValueError(f"contenders names a contender twice: {','.join(self.contenders)}")
+        given = [name for name in USER_DATA if getattr(self, name)]
+        if (given and len(given) < len(USER_DATA)) or ((self.init_checkpoint or self.cased) and not given):
+            missing = [f"--{name}" for name in USER_DATA if name not in given]
+            raise BenchError(
+                "your own task needs --task_name, --data_dir, --vocab_file and --bert_config_file together "
+                f"(--init_checkpoint and --cased go with them); missing {', '.join(missing)}"
+            )
+
+    @property
+    def contender_list(self) -> list[Contender]:
+        return [Contender.parse(text) for text in self.contenders]
 
 
-def check_settings(args: argparse.Namespace) -> list[Contender]:
-    """The contenders; every setting a user can get wrong is refused here, before anything is written."""
-    if not args.minutes > 0:
-        raise BenchError(f"--minutes must be positive, got {args.minutes:g}")
-    if not args.max_epochs > 0 or not 0 <= args.warmup_proportion <= 1:
-        raise BenchError(
-            f"--max_epochs must be positive and --warmup_proportion in [0, 1], got {args.max_epochs:g} "
-            f"and {args.warmup_proportion:g}"
-        )
-    if args.learning_rate is not None and not args.learning_rate > 0:
-        raise BenchError(f"--learning_rate must be positive, got {args.learning_rate:g}")
-    contenders = [Contender.parse(item.strip()) for item in args.contenders.split(",") if item.strip()]
-    if not contenders:
-        raise BenchError("--contenders is empty")
-    names = [contender.run_name for contender in contenders]
-    if len(set(names)) != len(names):
-        raise BenchError(f"--contenders names a contender twice: {args.contenders}")
-    check_processes(args.device, max(contender.processes for contender in contenders))
-    given = [name for name in USER_DATA if getattr(args, name)]
-    if (given and len(given) < len(USER_DATA)) or ((args.init_checkpoint or args.cased) and not given):
-        missing = [f"--{name}" for name in USER_DATA if name not in given]
-        raise BenchError(
-            f"your own task needs --task_name, --data_dir, --vocab_file and --bert_config_file "
-            f"together (--init_checkpoint and --cased go with them); missing {', '.join(missing)}"
-        )
-    if given:
+SETTINGS = BudgetSettings
+
+
+def check_inputs(settings: BudgetSettings) -> None:
+    """What the settings name outside themselves, refused before anything is written: the processes the device has,
+    your own task's name and files."""
+    check_processes(settings.device, max(contender.processes for contender in settings.contender_list))
+    if settings.task_name:
         try:
-            get_processor(args.task_name)
+            get_processor(settings.task_name)
         except ValueError as error:
             raise BenchError(str(error)) from None
         for name in ("data_dir", "vocab_file", "bert_config_file"):
-            if not os.path.exists(getattr(args, name)):
-                raise BenchError(f"--{name} {getattr(args, name)}: no such file or directory")
-    return contenders
+            if not os.path.exists(getattr(settings, name)):
+                raise BenchError(f"--{name} {getattr(settings, name)}: no such file or directory")
 
 
 def write_built_in_data(root: str, hidden: int, layers: int) -> dict[str, str]:
@@ -236,33 +215,29 @@ def write_built_in_data(root: str, hidden: int, layers: int) -> dict[str, str]:
     }
 
 
-def classifier_flags(args: argparse.Namespace, data: dict[str, str], learning_rate: float, run_dir: str) -> list[str]:
+def classifier_flags(settings: BudgetSettings, data: dict[str, str], learning_rate: float, run_dir: str) -> list[str]:
     """run_classifier's flags for every contender: train until the budget is spent, then score the dev set."""
     flags = [f"--{name}={value}" for name, value in data.items()]
-    if args.init_checkpoint:
-        flags.append(f"--init_checkpoint={args.init_checkpoint}")
-    if args.device:
-        flags.append(f"--device={args.device}")
+    if settings.init_checkpoint:
+        flags.append(f"--init_checkpoint={settings.init_checkpoint}")
+    if settings.device:
+        flags.append(f"--device={settings.device}")
     return flags + [
         "--do_train",
         "--do_eval",
-        f"--do_lower_case={not args.cased}",
-        f"--max_seq_length={args.max_seq_length}",
-        f"--train_batch_size={args.train_batch_size}",
+        f"--do_lower_case={not settings.cased}",
+        f"--max_seq_length={settings.max_seq_length}",
+        f"--train_batch_size={settings.train_batch_size}",
         "--eval_batch_size=64",
         f"--learning_rate={learning_rate}",
-        f"--num_train_epochs={args.max_epochs}",
-        f"--warmup_proportion={args.warmup_proportion}",
-        f"--lr_scaling={args.lr_scaling}",
-        f"--max_train_seconds={args.minutes * 60}",
+        f"--num_train_epochs={settings.max_epochs}",
+        f"--warmup_proportion={settings.warmup_proportion}",
+        f"--lr_scaling={settings.lr_scaling}",
+        f"--max_train_seconds={settings.minutes * 60}",
         "--save_checkpoints_secs=0",
-        f"--log_step_count_steps={args.log_step_count_steps}",
+        f"--log_step_count_steps={settings.log_step_count_steps}",
         f"--output_dir={run_dir}",
     ]
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def last_error_line(text: str) -> str:
@@ -295,35 +270,32 @@ def run_contender(contender: Contender, flags: Sequence[str], run_dir: str, thre
 
 
 def contender_row(
+    settings: BudgetSettings,
     contender: Contender,
     run_dir: str,
     dev_set: str,
     metric: str,
-    budget_seconds: float,
     threads: int,
     wall_seconds: float,
-) -> dict:
+) -> Row:
+    """A contender's figures: the sentences it trained within the budget, from its run's own files, and its dev
+    score."""
     train = read_json(os.path.join(run_dir, run_files.TRAIN_RESULTS))
     scores = read_json(os.path.join(run_dir, run_files.EVAL_RESULTS))
     steady = train["steady_sentences_per_second"]
     # Each log window's seq/s after the first (which holds the start-up): the run's rate, measured repeatedly.
     windows = window_rates(read_metrics(run_dir))
-    return {
-        "contender": contender.label,
-        "variant": contender.variant.name,
-        "processes": contender.processes,
-        "independent": contender.independent,
+    columns = {
         "threads_per_process": threads,
         "world_size": train["world_size"],
-        "global_batch": train["train_batch_size"] * train["num_accumulation_steps"] * train["world_size"],
+        "global_batch": global_batch(train["train_batch_size"], train["num_accumulation_steps"], train["world_size"]),
         "learning_rate": train["learning_rate"],
         "steps": train["steps"],
-        "sentences": train["sentences"],
         "train_seconds": train["seconds"],
         "seq_per_s": train["sentences_per_second"],
         "steady_seq_per_s": steady,
-        "sentences_per_budget_at_steady_rate": None if steady is None else steady * budget_seconds,
-        **(spread_fields("window_seq_per_s", spread(windows)) if windows else {}),
+        "sentences_per_budget_at_steady_rate": None if steady is None else steady * settings.minutes * 60,
+        "window_seq_per_s": Spread.of(windows) if windows else None,
         "budget_exhausted": train["budget_exhausted"],
         "metric": f"{dev_set}_{metric}",
         "metric_value": scores[f"{dev_set}_{metric}"],
@@ -331,6 +303,32 @@ def contender_row(
         "wall_seconds": wall_seconds,
         "run_dir": run_dir,
     }
+    return Row(
+        "sentences",
+        "sentences",
+        {
+            "minutes": settings.minutes,
+            "contender": contender.label,
+            "variant": contender.variant.name,
+            "processes": contender.processes,
+            "independent": contender.independent,
+        },
+        Spread.exact(train["sentences"]),
+        columns,
+    )
+
+
+def with_vs_first(rows: list[Row]) -> list[Row]:
+    """Each contender's sentences over the first's: a Ratio carrying the larger CV of the two runs' window rates
+    (the sentences are the rate times the budget), so that a race run on a busy machine says so."""
+    first = rows[0]
+    compared = []
+    for row in rows:
+        rates = [part.get("window_seq_per_s") or part.median() for part in (row, first)]
+        ratio = dataclasses.replace(Ratio.of(*rates), value=row.median() / max(1, first.median()))
+        ratio = Ratio(1.0, None) if row is first else ratio  # the first over itself is exactly 1
+        compared.append(dataclasses.replace(row, columns={**row.columns, "sentences_vs_first": ratio}))
+    return compared
 
 
 def loss_curve(run_dir: str) -> tuple[list[float], list[float]]:
@@ -340,118 +338,118 @@ def loss_curve(run_dir: str) -> tuple[list[float], list[float]]:
 
 
 COLUMNS = [
-    ("contender", "contender", ""),
-    ("processes", "processes", "d"),
-    ("threads each", "threads_per_process", "d"),
-    ("global batch", "global_batch", "d"),
-    ("steps", "steps", ",d"),
-    ("sentences", "sentences", ",d"),
-    ("vs first", "sentences_vs_first", ".2f"),
-    ("steady seq/s", "steady_seq_per_s", ",.1f"),
-    spread_column("seq/s per log window: median (min–max, CV)", "window_seq_per_s", ",.1f"),
-    ("steady seq/s x budget", "sentences_per_budget_at_steady_rate", ",.0f"),
-    ("train s", "train_seconds", ".1f"),
-    ("budget ended it", "budget_exhausted", ""),
-    ("dev metric", "metric_value", ".4f"),
-    ("dev loss", "dev_loss", ".4f"),
+    Column("contender", "contender", ""),
+    Column("processes", "processes", "d"),
+    Column("threads each", "threads_per_process", "d"),
+    Column("global batch", "global_batch", "d"),
+    Column("steps", "steps", ",d"),
+    Column("sentences", "sentences", lambda row: f"{row.median():,.0f}"),
+    Column("vs first", "sentences_vs_first", ".2f"),
+    Column("steady seq/s", "steady_seq_per_s", ",.1f"),
+    Column("seq/s per log window: median (min–max, CV)", "window_seq_per_s", ",.1f"),
+    Column("steady seq/s x budget", "sentences_per_budget_at_steady_rate", ",.0f"),
+    Column("train s", "train_seconds", ".1f"),
+    Column("budget ended it", "budget_exhausted", ""),
+    Column("dev metric", "metric_value", ".4f"),
+    Column("dev loss", "dev_loss", ".4f"),
 ]
 
 
-def markdown(rows: list[dict], settings: dict) -> str:
+def markdown(rows: list[Row], settings: BudgetSettings, context: dict) -> str:
     lines = [
-        f"# Budget: {settings['minutes']:g} minutes of training per contender, then the dev set",
+        f"# Budget: {settings.minutes:g} minutes of training per contender, then the dev set",
         "",
-        f"- data: {settings['data']}; model: {settings['model']}",
-        f"- seq {settings['max_seq_length']}, batch {settings['train_batch_size']} per process, peak learning "
-        f"rate {settings['learning_rate']:g} (--lr_scaling {settings['lr_scaling']}), schedule of "
-        f"{settings['max_epochs']:g} epochs, warm-up {settings['warmup_proportion']:g}",
-        f"- dev metric: {rows[0]['metric']}; {settings['cores']} cores",
+        f"- data: {context['data']}; model: {context['model']}",
+        f"- seq {settings.max_seq_length}, batch {settings.train_batch_size} per process, peak learning "
+        f"rate {context['learning_rate']:g} (--lr_scaling {settings.lr_scaling}), schedule of "
+        f"{settings.max_epochs:g} epochs, warm-up {settings.warmup_proportion:g}",
+        f"- dev metric: {context['metric']}; {context['cores']} cores",
         "",
-        markdown_table(rows, COLUMNS),
+        table(rows, COLUMNS),
         "",
         "sentences: trained within the budget, every process's; vs first: as a share of the first contender's; "
         "seq/s per log window: over the windows after the first (CV = stdev / mean); steady seq/s x budget: the "
         "rate after start-up times the budget (the original's sentences per 20 minutes); train s: the "
         "training loop, the final checkpoint included.",
     ]
-    return "\n".join(lines)
+    note = noisy_ratios_note(rows)
+    return "\n".join(lines + (["", note] if note else []))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-
-    def body() -> None:
-        contenders = check_settings(args)
-        own_data = bool(args.task_name)
-        output = BenchOutput(cli.output_dir(args, "budget"), "budget", argv, args.overwrite)
-        run_dirs = {contender: os.path.join(output.directory, "runs", contender.run_name) for contender in contenders}
-        for run_dir in run_dirs.values():
-            if os.path.exists(run_dir):
-                if not args.overwrite:
-                    raise FileExistsError(
-                        f"{run_dir} exists (a run there would resume): choose another --output_dir or pass --overwrite"
-                    )
-                shutil.rmtree(run_dir)
-        if own_data:
-            data = {name: getattr(args, name) for name in USER_DATA}
-        else:
-            data = write_built_in_data(os.path.join(output.directory, "data"), args.hidden, args.layers)
-        processor = get_processor(data["task_name"])
-        dev_set = next(iter(processor.dev))  # MNLI: matched
-        metric_key = f"{dev_set}_{processor.main_metric}"
-        learning_rate = args.learning_rate or (FINE_TUNING_LEARNING_RATE if own_data else BUILT_IN_LEARNING_RATE)
-        budget_seconds = args.minutes * 60
-        settings = {
-            **vars(args),
-            "learning_rate": learning_rate,
-            "budget_seconds": budget_seconds,
-            "cores": available_cores(),
-            "data": f"GLUE {processor.name} in {data['data_dir']}" + ("" if own_data else " (the built-in pair task)"),
-            "model": (
-                f"{data['bert_config_file']}"
-                + (f" from {args.init_checkpoint}" if args.init_checkpoint else " from scratch")
-            ),
-        }
-        rows, curves = [], {}
-        for contender, run_dir in run_dirs.items():
-            threads = args.threads_per_process or max(1, settings["cores"] // contender.processes)
-            print(
-                f"{contender.label}: training for {args.minutes:g} min on {contender.processes} process(es) of "
-                f"{threads} thread(s), then evaluating; log in {run_dir}/output.log",
-                flush=True,
-            )
-            load = LoadWatch()  # per contender: a busy machine during one of them makes the race unfair
-            wall = run_contender(contender, classifier_flags(args, data, learning_rate, run_dir), run_dir, threads)
-            output.warn(load.busy(f"contender {contender.label}"))
-            rows.append(
-                contender_row(contender, run_dir, dev_set, processor.main_metric, budget_seconds, threads, wall)
-            )
-            curves[contender.label] = loss_curve(run_dir)
-            print(
-                f"  {rows[-1]['steps']:,} steps, {rows[-1]['sentences']:,} sentences in "
-                f"{rows[-1]['train_seconds']:.1f} s; {metric_key} {rows[-1]['metric_value']:.4f} "
-                f"({wall:.0f} s in all)",
-                flush=True,
-            )
-        for row in rows:
-            row["sentences_vs_first"] = row["sentences"] / max(1, rows[0]["sentences"])
-        output.warn(
-            noisy_warning(rows, "window_seq_per_s", lambda row: f"contender {row['contender']}", "training rate")
-        )
-        text = markdown(rows, settings)
-        plots = {}
-        if any(xs for xs, _ in curves.values()):
-            plots["curves"] = line_plot(
-                curves,
-                "seconds of training",
-                "training loss (mean of each log window)",
-                f"{args.minutes:g} min budget: {processor.name}, seq {args.max_seq_length}",
-            )
-        print(output.write(settings, {"metric": metric_key, "rows": rows, "loss_curves": curves}, text, plots))
+def run(settings: BudgetSettings, argv: list[str]) -> None:
+    contenders = settings.contender_list
+    check_inputs(settings)
+    own_data = bool(settings.task_name)
+    output = BenchOutput(settings.directory, "budget", argv, settings.overwrite)
+    run_dirs = {contender: os.path.join(output.directory, "runs", contender.run_name) for contender in contenders}
+    for run_dir in run_dirs.values():
+        if os.path.exists(run_dir):
+            if not settings.overwrite:
+                raise FileExistsError(
+                    f"{run_dir} exists (a run there would resume): choose another --output_dir or pass --overwrite"
+                )
+            shutil.rmtree(run_dir)
+    if own_data:
+        data = {name: getattr(settings, name) for name in USER_DATA}
+    else:
+        data = write_built_in_data(os.path.join(output.directory, "data"), settings.hidden, settings.layers)
+    processor = get_processor(data["task_name"])
+    dev_set = next(iter(processor.dev))  # MNLI: matched
+    learning_rate = settings.learning_rate or (FINE_TUNING_LEARNING_RATE if own_data else BUILT_IN_LEARNING_RATE)
+    context = {
+        "metric": f"{dev_set}_{processor.main_metric}",
+        "learning_rate": learning_rate,
+        "budget_seconds": settings.minutes * 60,
+        "cores": available_cores(),
+        "data": f"GLUE {processor.name} in {data['data_dir']}" + ("" if own_data else " (the built-in pair task)"),
+        "model": data["bert_config_file"]
+        + (f" from {settings.init_checkpoint}" if settings.init_checkpoint else " from scratch"),
+    }
+    rows, curves = [], {}
+    for contender, run_dir in run_dirs.items():
+        threads = settings.threads_per_process or max(1, context["cores"] // contender.processes)
         print(
-            f"\nwrote {output.path('.json')}, {output.path('.md')}"
-            + (f" and {output.path('-curves.png')}" if plots else "")
+            f"{contender.label}: training for {settings.minutes:g} min on {contender.processes} process(es) of "
+            f"{threads} thread(s), then evaluating; log in {run_dir}/output.log",
+            flush=True,
         )
+        load = LoadWatch()  # per contender: a busy machine during one of them makes the race unfair
+        flags = classifier_flags(settings, data, learning_rate, run_dir)
+        wall = run_contender(contender, flags, run_dir, threads)
+        output.warn(load.busy(f"contender {contender.label}"))
+        rows.append(contender_row(settings, contender, run_dir, dev_set, processor.main_metric, threads, wall))
+        curves[contender.label] = loss_curve(run_dir)
+        print(
+            f"  {rows[-1].get('steps'):,} steps, {rows[-1].median():,.0f} sentences in "
+            f"{rows[-1].get('train_seconds'):.1f} s; {context['metric']} {rows[-1].get('metric_value'):.4f} "
+            f"({wall:.0f} s in all)",
+            flush=True,
+        )
+    rows = with_vs_first(rows)
+    windows = [
+        {"contender": row.get("contender"), "window_seq_per_s_cv": row.get("window_seq_per_s").cv}
+        for row in rows
+        if row.get("window_seq_per_s") is not None
+    ]
+    output.warn(
+        noisy_warning(windows, "window_seq_per_s", lambda row: f"contender {row['contender']}", "training rate")
+    )
+    context["loss_curves"] = curves
+    text = markdown(rows, settings, context)
+    plots = {}
+    if any(xs for xs, _ in curves.values()):
+        plots["curves"] = line_plot(
+            curves,
+            "seconds of training",
+            "training loss (mean of each log window)",
+            f"{settings.minutes:g} min budget: {processor.name}, seq {settings.max_seq_length}",
+        )
+    output.write_result(settings, rows, context, text, plots)
+    print(with_warnings(text, output.warnings))
+    print(
+        f"\nwrote {output.path('.json')}, {output.path('.md')}"
+        + (f" and {output.path('-curves.png')}" if plots else "")
+    )
 
-    return cli.run("bertbench bench budget", body)
+
+main = bench_settings.main_for(BudgetSettings, __doc__.splitlines()[0], run)

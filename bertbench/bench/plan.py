@@ -37,23 +37,22 @@ there (fit_alpha_beta) and its 1-process step, it predicts each measured process
 
 from __future__ import annotations
 
-import argparse
-import json
+import dataclasses
 import math
 import re
-import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy
 
-from bertbench.bench import cli
-from bertbench.bench.output import BenchOutput, efficiency_column, markdown_table, spread_column, superlinear_warning
+from bertbench.bench import settings as bench_settings
+from bertbench.bench.output import BenchOutput, superlinear, superlinear_warning, with_warnings
 from bertbench.bench.plots import line_plot
+from bertbench.bench.results import BenchResult, Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.bench.settings import BenchSettings, model_setting
 from bertbench.bench.workload import STEP_KINDS, BenchError, bert_config
-from bertbench.common.flags import description
-from bertbench.common.noise import noisy_warning, spread_text
+from bertbench.common.flags import description, setting
+from bertbench.common.noise import noisy_warning
 from bertbench.model.config import BertConfig
 
 # NVIDIA's BERT-large pre-training recipe (DeepLearningExamples, PyTorch/LanguageModeling/BERT), phase 1 at seq 128:
@@ -76,7 +75,7 @@ def parameter_count(config: BertConfig, kind: str, num_labels: int = 2) -> int:
     return config.encoder_parameter_count() + heads
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Network:
     """Bus bandwidths in bytes/s and per-step latencies in seconds: intra-node per GPU, inter-node per node."""
 
@@ -168,26 +167,163 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], proce
     return float(intercept) / steps, 1.0 / float(slope)
 
 
-# ---- reading other benches' JSON ------------------------------------------------------------------------------------
+# ---- the settings -------------------------------------------------------------------------------------------------
 
 
-def read_report(path: str, bench: str) -> dict[str, Any]:
-    """A `bertbench bench <bench>` JSON file; a missing file, bad JSON or another bench's file is a BenchError."""
-    try:
-        with open(path) as handle:
-            report = json.load(handle)
-    except FileNotFoundError:
-        raise BenchError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise BenchError(f"{path}: not a readable JSON file ({error})") from None
-    if not isinstance(report, dict) or report.get("bench") != bench:
-        raise BenchError(f"{path}: not a `bertbench bench {bench}` report (key 'bench' is not {bench!r})")
-    return report
+def layout(text: str) -> tuple[int, int]:
+    """ "NODESxGPUS" such as 128x8."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match or int(match[1]) < 1 or int(match[2]) < 1:
+        raise ValueError(f"layouts: {text!r} is not NODESxGPUS with both positive, such as 2x4")
+    return int(match[1]), int(match[2])
 
 
-def json_field(record: Any, key: str, path: str, where: str, kind: type | tuple[type, ...] = (int, float)) -> Any:
+@dataclasses.dataclass(frozen=True)
+class PlanSettings(BenchSettings):
+    """Model, measured step, cluster and network.
+
+    The network's defaults are assumptions: replace them with all_reduce_perf figures from nccl-tests on your
+    cluster."""
+
+    bench = "plan"
+
+    model: str | None = model_setting(None, "; unset: base, or the --from_throughput row's model")
+    kind: str | None = setting(
+        "pretraining (MLM + NSP heads) or finetuning (2-way classifier); unset: pretraining, or the "
+        "--from_throughput row's kind.",
+        None,
+        choices=STEP_KINDS,
+    )
+    gradient_bytes_per_parameter: float = setting(
+        "4: fp32 gradients (also under bf16/fp16 autocast, whose weights stay fp32); 2: bf16 gradients.",
+        4.0,
+        positive=True,
+    )
+    step_seconds: float | None = setting(
+        "Seconds of one training step on one device at --batch_per_device.", None, positive=True
+    )
+    batch_per_device: int | None = setting(
+        "Sequences per device and step (also selects the --from_throughput row).", None, positive=True
+    )
+    from_throughput: str | None = setting(
+        "Take the step from a `bertbench bench throughput` throughput.json instead.", None
+    )
+    variant: str | None = setting("Select the --from_throughput row of this variant.", None)
+    precision: str | None = setting("Select the --from_throughput row of this precision.", None)
+    lengths: str | None = setting("Select the --from_throughput row of these lengths (its --lengths).", None)
+    seq: int | None = setting(
+        "Sequence length of the step (also selects the --from_throughput row); sets the position table of a "
+        "named --model when over 512.",
+        None,
+        positive=True,
+    )
+    gpus_per_node: int = setting("GPUs of each node.", 8, positive=True)
+    nodes: tuple[int, ...] = setting(
+        "Node counts to predict, each with --gpus_per_node GPUs.", (1, 2, 4, 8, 16, 32, 64, 128), positive=True
+    )
+    layouts: tuple[str, ...] | None = setting(
+        "NODESxGPUS layouts such as 2x4,128x8, instead of --nodes x --gpus_per_node.", None
+    )
+    intra_bandwidth: float = setting(
+        "All-reduce bus bandwidth per GPU inside a node, GB/s. 150: half of an A100's NVLink bandwidth per "
+        "direction (300 GB/s), a conservative NVLink figure; PCIe-only nodes reach far less.",
+        150.0,
+        positive=True,
+    )
+    intra_latency_us: float = setting("Latency of one ring step inside a node, microseconds.", 5.0, at_least=0)
+    inter_bandwidth: float = setting(
+        "NIC bandwidth of a node, GB/s, shared by its GPUs. 25: one 200 Gb/s InfiniBand HDR NIC; DGX-class "
+        "nodes have one per GPU (8 x 25 = 200, or 8 x 50 = 400 with NDR).",
+        25.0,
+        positive=True,
+    )
+    inter_latency_us: float = setting("Latency of one ring step between nodes, microseconds.", 10.0, at_least=0)
+    bucket_mb: float = setting(
+        "DDP's bucket_cap_mb (MiB): each bucket is an all-reduce paying the latency terms; 0: one all-reduce of "
+        "the whole gradient.",
+        25.0,
+        at_least=0,
+    )
+    overlap: float = setting(
+        "Share of the all-reduce hidden behind the backward, in [0, 1]: 0 is the conservative bound, 1 the "
+        "compute-bound limit; DDP runs land in between.",
+        0.0,
+    )
+    time_to_train_sequences: float = setting(
+        "Sequences to train on for the time-to-train column; the default is phase 1 (seq 128) of NVIDIA's "
+        "BERT-large recipe: 7038 steps x 65536.",
+        PHASE1_SEQUENCES,
+        positive=True,
+    )
+    validate: str | None = setting(
+        "Also compare the model with a `bertbench bench scaling` scaling.json: alpha and bus bandwidth from its "
+        "all-reduce fit, compute from its 1-process step.",
+        None,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        numbers = ("gradient_bytes_per_parameter", "step_seconds", "intra_bandwidth", "intra_latency_us")
+        numbers += ("inter_bandwidth", "inter_latency_us", "bucket_mb", "overlap", "time_to_train_sequences")
+        for name in numbers:
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        if not 0 <= self.overlap <= 1:
+            raise ValueError(f"overlap must be in [0, 1], got {self.overlap:g}")
+        for text in self.layouts or ():
+            layout(text)
+        if self.step_seconds is not None and self.from_throughput is not None:
+            raise ValueError("give step_seconds or from_throughput, not both")
+        if self.step_seconds is not None and self.batch_per_device is None:
+            raise ValueError("step_seconds needs batch_per_device")
+        selecting = [name for name in ("variant", "precision", "lengths") if getattr(self, name) is not None]
+        if self.from_throughput is None and selecting:
+            raise ValueError(f"{', '.join(selecting)} select a from_throughput row: give from_throughput")
+        if self.step_seconds is None and self.from_throughput is None and self.validate is None:
+            raise ValueError(
+                "give the measured step: step_seconds and batch_per_device, or from_throughput FILE (or only "
+                "validate SCALING_JSON)"
+            )
+
+    @property
+    def layout_pairs(self) -> list[tuple[int, int]]:
+        """(nodes, GPUs per node) of each layout to predict, by GPU count."""
+        pairs = (
+            [layout(text) for text in self.layouts] if self.layouts else [(n, self.gpus_per_node) for n in self.nodes]
+        )
+        return sorted(pairs, key=lambda pair: pair[0] * pair[1])
+
+    @property
+    def network(self) -> Network:
+        return Network(
+            self.intra_bandwidth * GB,
+            self.intra_latency_us * 1e-6,
+            self.inter_bandwidth * GB,
+            self.inter_latency_us * 1e-6,
+        )
+
+
+SETTINGS = PlanSettings
+
+
+# ---- reading other benches' results -------------------------------------------------------------------------------
+
+
+def read_result(path: str, bench: str) -> BenchResult:
+    """A `bertbench bench <bench>` result; anything else (a missing file, bad JSON, another bench's result) is one
+    line naming the file."""
+    result = BenchResult.read(path)
+    if result.bench != bench:
+        raise BenchError(f"{path}: a `bertbench bench {result.bench}` result, not a `bertbench bench {bench}` one")
+    return result
+
+
+def field(
+    record: Mapping[str, Any], key: str, path: str, where: str, kind: type | tuple[type, ...] = (int, float)
+) -> Any:
     """record[key] of the expected type, else a BenchError naming the file and the key's place (`where`)."""
-    if not isinstance(record, dict) or key not in record:
+    if key not in record:
         raise BenchError(f"{path}: missing key {where}{key}")
     value = record[key]
     if not isinstance(value, kind) or isinstance(value, bool):
@@ -195,42 +331,56 @@ def json_field(record: Any, key: str, path: str, where: str, kind: type | tuple[
     return value
 
 
-def positive_field(record: Any, key: str, path: str, where: str) -> float:
-    value = json_field(record, key, path, where)
+def positive_field(record: Mapping[str, Any], key: str, path: str, where: str) -> float:
+    value = field(record, key, path, where)
     if value <= 0:
         raise BenchError(f"{path}: key {where}{key} must be positive, got {value!r}")
     return value
 
 
+def measured_step(row: Row, path: str, where: str) -> Spread:
+    """A row's step_seconds column: a Spread of positive seconds."""
+    step = field(row.columns, "step_seconds", path, f"{where}columns.", Spread)
+    if not step.median > 0:
+        raise BenchError(f"{path}: key {where}columns.step_seconds must be positive, got {step.median!r}")
+    return step
+
+
+# (the throughput row's setting key, the plan's setting that selects it, its type)
 THROUGHPUT_FILTERS = (
     ("model", "model", str),
     ("kind", "kind", str),
     ("variant", "variant", str),
     ("precision", "precision", str),
+    ("lengths", "lengths", str),
     ("batch", "batch_per_device", int),
     ("seq", "seq", int),
 )
 
 
-def throughput_row(path: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The one row of a throughput.json that --model/--kind/--variant/--precision/--batch_per_device/--seq select."""
-    rows = json_field(read_report(path, "throughput"), "rows", path, "", list)
+def throughput_row(settings: PlanSettings) -> Row:
+    """The one measured row of --from_throughput that --model/--kind/--variant/--precision/--lengths/
+    --batch_per_device/--seq select."""
+    path = settings.from_throughput
+    rows = [row for row in read_result(path, "throughput").rows_measuring("seq_per_s") if row.value is not None]
     for index, row in enumerate(rows):
         for key, _, kind in THROUGHPUT_FILTERS:
-            json_field(row, key, path, f"rows[{index}].", kind)
-        positive_field(row, "step_seconds", path, f"rows[{index}].")
-    wanted = {key: getattr(args, option) for key, option, _ in THROUGHPUT_FILTERS if getattr(args, option) is not None}
-    matches = [row for row in rows if all(row[key] == value for key, value in wanted.items())]
+            field(row.setting, key, path, f"rows[{index}].setting.", kind)
+        measured_step(row, path, f"rows[{index}].")
+    wanted = {
+        key: getattr(settings, name) for key, name, _ in THROUGHPUT_FILTERS if getattr(settings, name) is not None
+    }
+    matches = [row for row in rows if all(row.setting[key] == value for key, value in wanted.items())]
     if len(matches) == 1:
         return matches[0]
     described = "; ".join(
-        " ".join(f"{key} {row[key]}" for key, _, _ in THROUGHPUT_FILTERS) for row in (matches or rows)
+        " ".join(f"{key} {row.setting[key]}" for key, _, _ in THROUGHPUT_FILTERS) for row in (matches or rows)
     )
     if not matches:
         asked = ", ".join(f"{key} {value}" for key, value in wanted.items())
-        raise BenchError(f"{path}: no row has {asked}; it has: {described}")
+        raise BenchError(f"{path}: no measured row has {asked}; it has: {described or 'none'}")
     raise BenchError(
-        f"{path}: {len(matches)} rows match; choose one with --model/--kind/--variant/--precision/"
+        f"{path}: {len(matches)} rows match; choose one with --model/--kind/--variant/--precision/--lengths/"
         f"--batch_per_device/--seq: {described}"
     )
 
@@ -241,314 +391,179 @@ def points(predicted: float, measured: float) -> float:
     return round(100 * (predicted - measured), 6) + 0.0
 
 
-def validate(path: str, overlap: float, bucket_mb: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """Predicted vs measured efficiency of each model and process count of a `bertbench bench scaling` report, from
-    its 1-process step and its fitted all-reduce (a flat ring: all processes of a run share one node); and the
-    warnings that report carries (a busy machine, runs not alike), which qualify the measured side."""
-    report = read_report(path, "scaling")
-    models = json_field(report, "models", path, "", list)
-    results = []
-    for m, entry in enumerate(models):
-        where = f"models[{m}]."
-        name = json_field(entry, "model", path, where, str)
-        gradient_bytes = positive_field(entry, "gradient_bytes", path, where)
-        allreduce = json_field(entry, "allreduce", path, where, dict)
-        alpha = json_field(allreduce, "latency_seconds", path, f"{where}allreduce.")
-        bandwidth = positive_field(allreduce, "bus_bandwidth_bytes_per_s", path, f"{where}allreduce.")
-        if alpha < 0:
-            raise BenchError(f"{path}: key {where}allreduce.latency_seconds is negative")
-        rows = json_field(entry, "rows", path, where, list)
-        measured = []
-        for r, row in enumerate(rows):
-            values = {
-                key: positive_field(row, key, path, f"{where}rows[{r}].")
-                for key in ("processes", "batch_per_process", "step_seconds")
+def validate(settings: PlanSettings) -> tuple[list[Row], dict[str, Any], list[str]]:
+    """The rows of predicted vs measured efficiency of each process count of a `bertbench bench scaling` result,
+    from its 1-process step and its fitted all-reduce (a flat ring: all processes of a run share one node); what
+    they were predicted with (context); and the warnings that result carries (a busy machine, runs not alike), which
+    qualify the measured side."""
+    path = settings.validate
+    scaling = read_result(path, "scaling")
+    gradient_bytes = positive_field(scaling.context, "gradient_bytes", path, "context.")
+    alpha = field(scaling.context, "latency_seconds", path, "context.")
+    bandwidth = positive_field(scaling.context, "bus_bandwidth_bytes_per_s", path, "context.")
+    if alpha < 0:
+        raise BenchError(f"{path}: key context.latency_seconds is negative")
+    measured = []
+    for index, row in enumerate(scaling.rows_measuring("seq_per_s")):
+        where = f"rows[{index}]."
+        measured.append(
+            {
+                "model": field(row.setting, "model", path, f"{where}setting.", str),
+                "nodes": row.setting.get("nodes", 1),
+                "processes": int(positive_field(row.setting, "processes", path, f"{where}setting.")),
+                "batch": positive_field(row.setting, "batch_per_process", path, f"{where}setting."),
+                "step": measured_step(row, path, where),
+                "efficiency": field(row.columns, "efficiency", path, f"{where}columns.", Ratio),
             }
-            values["efficiency"] = json_field(row, "efficiency", path, f"{where}rows[{r}].")
-            values["nodes"] = row.get("nodes", 1)
-            # the step's spread, where the scaling run measured one
-            values["spread"] = {
-                f"measured_step_seconds{suffix}": row.get(f"step_seconds{suffix}") for suffix in ("_min", "_max", "_cv")
-            }
-            measured.append(values)
-        single = [row for row in measured if row["processes"] == 1]
-        if not single:
-            raise BenchError(f"{path}: {where}rows has no row with processes 1 (the compute time)")
-        compute, batch = single[0]["step_seconds"], single[0]["batch_per_process"]
-        buckets = bucket_count(gradient_bytes, bucket_mb)
-        for row in measured:
-            # Per-process compute scales with the per-process batch (1 under weak scaling, as the scaling bench runs).
-            row_compute = compute * row["batch_per_process"] / batch
-            allreduce_time = ring_seconds(gradient_bytes, int(row["processes"]), alpha, bandwidth, buckets)
-            predicted = {}
-            for label, hidden in (("no_overlap", 0.0), ("overlap", overlap)):
-                step = row_compute + (1 - hidden) * allreduce_time
-                predicted[label] = (row["batch_per_process"] / step) / (batch / compute)
-            results.append(
+        )
+    single = [row for row in measured if row["processes"] == 1]
+    if not single:
+        raise BenchError(f"{path}: no row measuring seq_per_s has processes 1 (the compute time)")
+    compute, batch = single[0]["step"].median, single[0]["batch"]
+    buckets = bucket_count(gradient_bytes, settings.bucket_mb)
+    rows = []
+    for row in measured:
+        # Per-process compute scales with the per-process batch (1 under weak scaling, as the scaling bench runs).
+        row_compute = compute * row["batch"] / batch
+        allreduce_time = ring_seconds(gradient_bytes, row["processes"], alpha, bandwidth, buckets)
+        predicted = {}
+        for label, hidden in (("no_overlap", 0.0), ("overlap", settings.overlap)):
+            step = row_compute + (1 - hidden) * allreduce_time
+            predicted[label] = (row["batch"] / step) / (batch / compute)
+        efficiency = row["efficiency"].value
+        rows.append(
+            Row(
+                "step_seconds",
+                "s",
+                {"model": row["model"], "nodes": row["nodes"], "processes": row["processes"]},
+                row["step"],
                 {
-                    "model": name,
-                    "nodes": row["nodes"],
-                    "processes": int(row["processes"]),
-                    "measured_step_seconds": row["step_seconds"],
-                    **row["spread"],
                     "predicted_allreduce_seconds": allreduce_time,
                     "measured_efficiency": row["efficiency"],
                     "predicted_efficiency_no_overlap": predicted["no_overlap"],
-                    "error_pp_no_overlap": points(predicted["no_overlap"], row["efficiency"]),
+                    "error_pp_no_overlap": points(predicted["no_overlap"], efficiency),
                     "predicted_efficiency": predicted["overlap"],
-                    "error_pp": points(predicted["overlap"], row["efficiency"]),
-                    "latency_seconds": alpha,
-                    "bus_bandwidth_bytes_per_s": bandwidth,
-                    "gradient_bytes": gradient_bytes,
-                    "buckets": buckets,
-                }
+                    "error_pp": points(predicted["overlap"], efficiency),
+                },
             )
-    return results, [message for message in report.get("warnings", []) if isinstance(message, str)]
+        )
+    context = {
+        "validated": path,
+        "latency_seconds": alpha,
+        "bus_bandwidth_bytes_per_s": bandwidth,
+        "gradient_bytes": gradient_bytes,
+        "buckets": buckets,
+    }
+    return rows, context, list(scaling.warnings)
 
 
 # ---- the command ----------------------------------------------------------------------------------------------------
 
 
-def layout(text: str) -> tuple[int, int]:
-    """ "NODESxGPUS" such as 128x8."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if not match or int(match[1]) < 1 or int(match[2]) < 1:
-        raise ValueError(f"{text!r} is not NODESxGPUS with both positive, such as 2x4")
-    return int(match[1]), int(match[2])
+def efficiency_text(ratio: Ratio) -> str:
+    """An efficiency cell, "71.6%", flagged "253.7% (!)" above 100% (output.superlinear_warning says why), and
+    marked when its inputs were noisy."""
+    return ratio.text(".1%", suffix=" (!)" if superlinear(ratio.value) else "")
 
 
-def number(low: float, high: float = math.inf, low_open: bool = False) -> Callable[[str], float]:
-    """An argparse type for a float in [low, high] ((low, high] when low_open)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or not (value > low if low_open else value >= low) or value > high:
-            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"{value:g} is outside {bounds}")
-        return value
-
-    return parse
-
-
-POSITIVE = number(0.0, low_open=True)
-NON_NEGATIVE = number(0.0)
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = cli.parser_for("plan", description(__doc__))
-    model = parser.add_argument_group("model")
-    cli.add_model_flag(model, None, "; unset: base, or the --from_throughput row's model")
-    model.add_argument(
-        "--kind",
-        choices=STEP_KINDS,
-        default=None,
-        help="pretraining (MLM + NSP heads) or finetuning (2-way classifier); unset: pretraining, "
-        "or the --from_throughput row's kind.",
-    )
-    model.add_argument(
-        "--gradient_bytes_per_parameter",
-        type=POSITIVE,
-        default=4.0,
-        help="4: fp32 gradients (also under bf16/fp16 autocast, whose weights stay fp32); 2: bf16 gradients.",
-    )
-    step = parser.add_argument_group("the measured single-device step")
-    step.add_argument(
-        "--step_seconds",
-        type=POSITIVE,
-        default=None,
-        help="Seconds of one training step on one device at --batch_per_device.",
-    )
-    step.add_argument(
-        "--batch_per_device",
-        type=cli.positive_int,
-        default=None,
-        help="Sequences per device and step (also selects the --from_throughput row).",
-    )
-    step.add_argument(
-        "--from_throughput",
-        metavar="FILE",
-        default=None,
-        help="Take the step from a `bertbench bench throughput` throughput.json instead.",
-    )
-    step.add_argument("--variant", default=None, help="Select the --from_throughput row of this variant.")
-    step.add_argument("--precision", default=None, help="Select the --from_throughput row of this precision.")
-    step.add_argument(
-        "--seq",
-        type=cli.positive_int,
-        default=None,
-        help="Sequence length of the step (also selects the --from_throughput row); sets the "
-        "position table of a named --model when over 512.",
-    )
-    cluster = parser.add_argument_group("cluster")
-    cluster.add_argument("--gpus_per_node", type=cli.positive_int, default=8, help="GPUs of each node.")
-    cluster.add_argument(
-        "--nodes",
-        type=cli.comma_list(cli.positive_int),
-        default=[1, 2, 4, 8, 16, 32, 64, 128],
-        help="Node counts to predict, each with --gpus_per_node GPUs.",
-    )
-    cluster.add_argument(
-        "--layouts",
-        type=cli.comma_list(layout),
-        default=None,
-        help="NODESxGPUS layouts such as 2x4,128x8, instead of --nodes x --gpus_per_node.",
-    )
-    network = parser.add_argument_group(
-        "network (assumptions: replace them with all_reduce_perf figures from nccl-tests on your cluster)"
-    )
-    network.add_argument(
-        "--intra_bandwidth",
-        type=POSITIVE,
-        default=150.0,
-        help="All-reduce bus bandwidth per GPU inside a node, GB/s. 150: half of an A100's NVLink "
-        "bandwidth per direction (300 GB/s), a conservative NVLink figure; PCIe-only nodes "
-        "reach far less.",
-    )
-    network.add_argument(
-        "--intra_latency_us",
-        type=NON_NEGATIVE,
-        default=5.0,
-        help="Latency of one ring step inside a node, microseconds.",
-    )
-    network.add_argument(
-        "--inter_bandwidth",
-        type=POSITIVE,
-        default=25.0,
-        help="NIC bandwidth of a node, GB/s, shared by its GPUs. 25: one 200 Gb/s InfiniBand HDR "
-        "NIC; DGX-class nodes have one per GPU (8 x 25 = 200, or 8 x 50 = 400 with NDR).",
-    )
-    network.add_argument(
-        "--inter_latency_us",
-        type=NON_NEGATIVE,
-        default=10.0,
-        help="Latency of one ring step between nodes, microseconds.",
-    )
-    network.add_argument(
-        "--bucket_mb",
-        type=NON_NEGATIVE,
-        default=25.0,
-        help="DDP's bucket_cap_mb (MiB): each bucket is an all-reduce paying the latency terms; "
-        "0: one all-reduce of the whole gradient.",
-    )
-    network.add_argument(
-        "--overlap",
-        type=number(0.0, 1.0),
-        default=0.0,
-        help="Share of the all-reduce hidden behind the backward: 0 is the conservative bound, 1 "
-        "the compute-bound limit; DDP runs land in between.",
-    )
-    parser.add_argument(
-        "--time_to_train_sequences",
-        type=POSITIVE,
-        default=PHASE1_SEQUENCES,
-        help="Sequences to train on for the time-to-train column; the default is phase 1 (seq 128) "
-        "of NVIDIA's BERT-large recipe: 7038 steps x 65536.",
-    )
-    parser.add_argument(
-        "--validate",
-        metavar="SCALING_JSON",
-        default=None,
-        help="Also compare the model with a `bertbench bench scaling` scaling.json: alpha and bus "
-        "bandwidth from its all-reduce fit, compute from its 1-process step.",
-    )
-    args = parser.parse_args(argv)
-    if args.step_seconds is not None and args.from_throughput is not None:
-        parser.error("give --step_seconds or --from_throughput, not both")
-    if args.step_seconds is not None and args.batch_per_device is None:
-        parser.error("--step_seconds needs --batch_per_device")
-    if args.from_throughput is None and (args.variant is not None or args.precision is not None):
-        parser.error("--variant and --precision select a --from_throughput row")
-    if args.step_seconds is None and args.from_throughput is None and args.validate is None:
-        parser.error(
-            "give the measured step: --step_seconds and --batch_per_device, or --from_throughput FILE "
-            "(or only --validate SCALING_JSON)"
-        )
-    return args
+def efficiency_column(title: str, key: str) -> Column:
+    return Column(title, key, lambda row: efficiency_text(row.get(key)))
 
 
 PLAN_COLUMNS = [
-    ("nodes", "nodes", "d"),
-    ("GPUs", "gpus", "d"),
-    ("global batch", "global_batch", "d"),
-    ("step (s)", "step_seconds", ".4f"),
-    ("all-reduce (s)", "allreduce_seconds", ".4f"),
-    ("exposed (s)", "exposed_allreduce_seconds", ".4f"),
-    ("seq/s", "seq_per_s", ",.0f"),
-    ("speedup", "speedup", ".1f"),
-    ("efficiency", "efficiency", ".1%"),
-    ("time to train (h)", "time_to_train_hours", ",.1f"),
+    Column("nodes", "nodes", "d"),
+    Column("GPUs", "gpus", "d"),
+    Column("global batch", "global_batch", "d"),
+    Column("step (s)", "step_seconds", ".4f"),
+    Column("all-reduce (s)", "allreduce_seconds", ".4f"),
+    Column("exposed (s)", "exposed_allreduce_seconds", ".4f"),
+    Column("seq/s", "seq_per_s", ",.0f"),
+    Column("speedup", "speedup", ".1f"),
+    efficiency_column("efficiency", "efficiency"),
+    Column("time to train (h)", "time_to_train_hours", ",.1f"),
 ]
 VALIDATION_COLUMNS = [
-    ("model", "model", "s"),
-    ("processes", "processes", "d"),
-    spread_column("step (s): median (min–max, CV)", "measured_step_seconds", ".4f"),
-    ("all-reduce, model (s)", "predicted_allreduce_seconds", ".4f"),
+    Column("model", "model", "s"),
+    Column("processes", "processes", "d"),
+    Column("step (s): median (min–max, CV)", "step_seconds", ".4f"),
+    Column("all-reduce, model (s)", "predicted_allreduce_seconds", ".4f"),
     efficiency_column("measured", "measured_efficiency"),
-    ("predicted, overlap 0", "predicted_efficiency_no_overlap", ".1%"),
-    ("error, overlap 0 (pp)", "error_pp_no_overlap", "+.1f"),
-    ("predicted, --overlap", "predicted_efficiency", ".1%"),
-    ("error (pp)", "error_pp", "+.1f"),
+    Column("predicted, overlap 0", "predicted_efficiency_no_overlap", ".1%"),
+    Column("error, overlap 0 (pp)", "error_pp_no_overlap", "+.1f"),
+    Column("predicted, --overlap", "predicted_efficiency", ".1%"),
+    Column("error (pp)", "error_pp", "+.1f"),
 ]
 
 
-def plan(
-    args: argparse.Namespace, network: Network
-) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any], str | None]:
-    """(settings, figures, markdown, plots, warning) of the prediction over the layouts; the warning says when the
-    measured step it starts from was noisy."""
-    if args.from_throughput is not None:
-        row = throughput_row(args.from_throughput, args)
-        model, kind, seq, batch = row["model"], row["kind"], row["seq"], row["batch"]
-        compute, source = row["step_seconds"], f"{args.from_throughput}: {row['variant']} {row['precision']}"
-        measured = {
-            key: row.get(key) for key in ("step_seconds", "step_seconds_min", "step_seconds_max", "step_seconds_cv")
-        }
+def plan(settings: PlanSettings) -> tuple[list[Row], dict[str, Any], str, dict[str, Any], str | None]:
+    """(rows, context, markdown, plots, warning) of the prediction over the layouts; the warning says when the
+    measured step it starts from was noisy. A predicted speedup and efficiency carry the measured step's CV (its
+    one measured input), so they are marked where that step was noisy."""
+    if settings.from_throughput is not None:
+        row = throughput_row(settings)
+        model, kind, seq, batch = (row.setting[key] for key in ("model", "kind", "seq", "batch"))
+        compute = row.columns["step_seconds"]
+        source = f"{settings.from_throughput}: {row.setting['variant']} {row.setting['precision']}"
     else:
-        model, kind, seq, batch = args.model or "base", args.kind or "pretraining", args.seq, args.batch_per_device
-        compute, source = args.step_seconds, "--step_seconds"
-        measured = {"step_seconds": compute}
+        model, kind, seq = settings.model or "base", settings.kind or "pretraining", settings.seq
+        batch, compute, source = settings.batch_per_device, Spread.exact(settings.step_seconds), "--step_seconds"
     # Parameters depend on the sequence length only through a named size's position table (512 up to seq 512).
     parameters = parameter_count(bert_config(model, seq or 1), kind)
-    gradient_bytes = parameters * args.gradient_bytes_per_parameter
-    buckets = bucket_count(gradient_bytes, args.bucket_mb)
-    layouts = sorted(args.layouts or [(nodes, args.gpus_per_node) for nodes in args.nodes], key=lambda x: x[0] * x[1])
-    rows = [
+    gradient_bytes = parameters * settings.gradient_bytes_per_parameter
+    buckets = bucket_count(gradient_bytes, settings.bucket_mb)
+    predictions = [
         predict(
-            compute, batch, gradient_bytes, nodes, gpus, network, args.overlap, buckets, args.time_to_train_sequences
+            compute.median,
+            batch,
+            gradient_bytes,
+            nodes,
+            gpus,
+            settings.network,
+            settings.overlap,
+            buckets,
+            settings.time_to_train_sequences,
         )
-        for nodes, gpus in layouts
+        for nodes, gpus in settings.layout_pairs
     ]
-    settings = {
-        "model": model,
-        "kind": kind,
-        "seq": seq,
-        "batch_per_device": batch,
-        **measured,
+    rows = [
+        Row(
+            "seq_per_s",
+            "seq/s",
+            {"model": model, "kind": kind, "seq": seq, "batch_per_device": batch}
+            | {key: predicted[key] for key in ("nodes", "gpus_per_node", "gpus")},
+            Spread.exact(predicted["seq_per_s"]),
+            {
+                key: value
+                for key, value in predicted.items()
+                if key not in ("nodes", "gpus_per_node", "gpus", "seq_per_s")
+            }
+            | {key: Ratio(predicted[key], compute.cv) for key in ("speedup", "efficiency")},
+            status="predicted",
+        )
+        for predicted in predictions
+    ]
+    context = {
+        "step_seconds": compute,
         "step_source": source,
         "parameters": parameters,
         "gradient_bytes": gradient_bytes,
         "buckets": buckets,
-        "layouts": [f"{nodes}x{gpus}" for nodes, gpus in layouts],
     }
-    step = spread_text(measured, "step_seconds", ".4g")
     title = (
-        f"Data-parallel plan: {model} {kind}, batch {batch} per device, {step} s per single-device step "
-        f"({source}); {parameters / 1e6:.1f} M parameters = "
-        f"{gradient_bytes / 2**20:,.0f} MiB of gradients in "
-        f"{buckets} bucket(s); overlap {args.overlap:g}; network: intra {args.intra_bandwidth:g} GB/s + "
-        f"{args.intra_latency_us:g} us, inter {args.inter_bandwidth:g} GB/s per node + "
-        f"{args.inter_latency_us:g} us; time to train {args.time_to_train_sequences:,.0f} sequences."
+        f"Data-parallel plan: {model} {kind}, batch {batch} per device, {compute.text('.4g')} s per single-device "
+        f"step ({source}); {parameters / 1e6:.1f} M parameters = {gradient_bytes / 2**20:,.0f} MiB of gradients "
+        f"in {buckets} bucket(s); overlap {settings.overlap:g}; network: intra {settings.intra_bandwidth:g} GB/s + "
+        f"{settings.intra_latency_us:g} us, inter {settings.inter_bandwidth:g} GB/s per node + "
+        f"{settings.inter_latency_us:g} us; time to train {settings.time_to_train_sequences:,.0f} sequences."
     )
-    gpus = [row["gpus"] for row in rows]
+    gpus = [row.get("gpus") for row in rows]
     # The layouts' predictions are points (markers, not joined: between two layouts the model is no straight line
     # on these axes); linear scaling is drawn at many GPU counts, so it is the curve it is.
     dense = numpy.geomspace(gpus[0], gpus[-1], 200) if gpus[-1] > gpus[0] else numpy.asarray(gpus, dtype=float)
+    label = f"overlap {settings.overlap:g}"
     plots = {
         "efficiency": line_plot(
-            {f"overlap {args.overlap:g}": (gpus, [row["efficiency"] for row in rows])},
+            {label: (gpus, [row.median("efficiency") for row in rows])},
             "GPUs",
             "scaling efficiency",
             f"{model} {kind}: predicted efficiency",
@@ -558,60 +573,51 @@ def plan(
             y_from_zero=True,
         ),
         "throughput": line_plot(
-            {f"overlap {args.overlap:g}": (gpus, [row["seq_per_s"] for row in rows])},
+            {label: (gpus, [row.median() for row in rows])},
             "GPUs",
             "sequences/s",
             f"{model} {kind}: predicted throughput",
             log_x=True,
             log_y=True,
-            reference=(dense, dense * batch / compute, "linear"),
+            reference=(dense, dense * batch / compute.median, "linear"),
             joined=False,
         ),
     }
-    noisy = noisy_warning([measured], "step_seconds", lambda _: source, "measured step")
-    return settings, {"rows": rows}, f"{title}\n\n{markdown_table(rows, PLAN_COLUMNS)}", plots, noisy
+    noisy = noisy_warning([{"step_seconds_cv": compute.cv}], "step_seconds", lambda _: source, "measured step")
+    return rows, context, f"{title}\n\n{table(rows, PLAN_COLUMNS)}", plots, noisy
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-
-    def body() -> int:
-        network = Network(
-            args.intra_bandwidth * GB,
-            args.intra_latency_us * 1e-6,
-            args.inter_bandwidth * GB,
-            args.inter_latency_us * 1e-6,
+def run(settings: PlanSettings, argv: list[str]) -> None:
+    output = BenchOutput(settings.directory, "plan", argv, settings.overwrite)
+    rows: list[Row] = []
+    context: dict[str, Any] = {}
+    sections: list[str] = []
+    plots: Mapping[str, Any] = {}
+    if settings.step_seconds is not None or settings.from_throughput is not None:
+        rows, context, markdown, plots, noisy = plan(settings)
+        sections.append(markdown)
+        output.warn(noisy)
+    if settings.validate is not None:
+        validation, validation_context, measured_warnings = validate(settings)
+        rows += validation
+        context["validation"] = validation_context
+        sections.append(
+            f"Validation against {settings.validate} (alpha and bus bandwidth fitted there; error = predicted - "
+            f"measured efficiency; --overlap {settings.overlap:g}):\n\n{table(validation, VALIDATION_COLUMNS)}"
         )
-        settings: dict[str, Any] = {
-            name: value for name, value in vars(args).items() if name not in ("output_dir", "overwrite")
-        }
-        figures: dict[str, Any] = {}
-        sections: list[str] = []
-        plots: Mapping[str, Any] = {}
-        output = BenchOutput(cli.output_dir(args, "plan"), "plan", argv, args.overwrite)
-        if args.step_seconds is not None or args.from_throughput is not None:
-            plan_settings, figures, markdown, plots, noisy = plan(args, network)
-            settings.update(plan_settings)
-            sections.append(markdown)
-            output.warn(noisy)
-        if args.validate is not None:
-            figures["validation"], measured_warnings = validate(args.validate, args.overlap, args.bucket_mb)
-            sections.append(
-                f"Validation against {args.validate} (alpha and bus bandwidth fitted there; error = "
-                f"predicted - measured efficiency; --overlap {args.overlap:g}):\n\n"
-                + markdown_table(figures["validation"], VALIDATION_COLUMNS)
+        for message in measured_warnings:
+            output.warn(f"{settings.validate} says: {message}")
+        output.warn(
+            superlinear_warning(
+                [{"efficiency": row.median("measured_efficiency"), **row.setting} for row in validation],
+                "efficiency",
+                lambda row: f"{row['processes']} processes of {row['model']}",
             )
-            for message in measured_warnings:
-                output.warn(f"{args.validate} says: {message}")
-            output.warn(
-                superlinear_warning(
-                    figures["validation"],
-                    "measured_efficiency",
-                    lambda row: f"{row['processes']} processes of {row['model']}",
-                )
-            )
-        print(output.write(settings, figures, "\n\n".join(sections), plots))
-        return 0
+        )
+    notes = [note for note in (noisy_ratios_note(rows),) if note]
+    markdown = "\n\n".join(sections + notes)
+    output.write_result(settings, rows, context, markdown, plots)
+    print(with_warnings(markdown, output.warnings))
 
-    return cli.run("bertbench bench plan", body)
+
+main = bench_settings.main_for(PlanSettings, description(__doc__), run)

@@ -14,11 +14,13 @@ Runs mode (`--runs DIR...`) builds the same table from the train_results.json of
 
     bertbench bench scaling --model base --processes 1,2
     bertbench bench scaling --runs results/mrpc_*_nodes1 results/mrpc_*_nodes2 results/mrpc_*_nodes4
+
+(--runs takes the directories comma-separated or, as a shell's wildcard gives them, one argument each.)
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import re
@@ -27,36 +29,26 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from bertbench.bench import cli, measure, workload
-from bertbench.bench.output import (
-    BenchOutput,
-    efficiency_column,
-    markdown_table,
-    mismatch_warning,
-    spread_column,
-    superlinear_warning,
-)
-from bertbench.bench.plan import fit_alpha_beta
+from bertbench.bench import measure, workload
+from bertbench.bench import settings as bench_settings
+from bertbench.bench.output import BenchOutput, mismatch_warning, superlinear_warning, with_warnings
+from bertbench.bench.plan import efficiency_column, fit_alpha_beta
 from bertbench.bench.plots import line_plot
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.bench.settings import MeasuredSettings, model_setting
 from bertbench.common import run_files
-from bertbench.common.flags import description
-from bertbench.common.noise import (
-    LoadWatch,
-    available_cores,
-    noisy_warning,
-    rate_spread,
-    spread,
-    spread_fields,
-    spread_text,
-)
+from bertbench.common.durable import read_json
+from bertbench.common.flags import description, setting
+from bertbench.common.noise import LoadWatch, available_cores, noisy_warning
 from bertbench.tasks import synthetic
 from bertbench.training.batches import ShuffledBatches
-from bertbench.training.config import RunConfig, TrainConfig
+from bertbench.training.config import RunConfig, TrainConfig, global_batch
 from bertbench.training.distributed import check_processes, job_from_environment
 from bertbench.training.loop import Estimator
 from bertbench.training.metrics import read_metrics
@@ -64,52 +56,39 @@ from bertbench.training.metrics import read_metrics
 # All-reduce sizes timed alone, besides the whole gradient: latency-bound to bandwidth-bound (16 MiB even for a
 # tiny model, so that the fit has a size where bandwidth shows).
 ALLREDUCE_SIZES = (2**12, 2**16, 2**20, 2**24)
-COLUMNS = [
-    ("nodes", "nodes", "d"),
-    ("processes", "processes", "d"),
-    ("global batch", "global_batch", "d"),
-    spread_column("time per step (s): median (min–max, CV)", "step_seconds", ".4f"),
-    ("seq/s", "seq_per_s", ",.2f"),
-    ("speedup", "speedup", ".2f"),
-    efficiency_column("efficiency", "efficiency"),
-]
 # What must be alike for runs to be compared (row key -> what it is); processes are what scaling varies.
 ALIKE = {"threads": "threads per process", "device_type": "device"}
+WORKER = "--worker"  # the first argument of a torchrun job's command: the findings file follows, then the settings
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("scaling", description(__doc__))
-    local = parser.add_argument_group("local mode: torchrun jobs on this machine")
-    cli.add_model_flag(local)
-    local.add_argument(
-        "--processes",
-        type=cli.comma_list(cli.positive_int),
-        default=[1, 2],
-        help="Process counts to run; the first is the reference of speedup and efficiency.",
+@dataclasses.dataclass(frozen=True)
+class ScalingSettings(MeasuredSettings):
+    """Local mode (torchrun jobs on this machine), or runs mode (results of the job templates)."""
+
+    bench = "scaling"
+
+    device: str | None = setting(
+        "cpu or cuda: one GPU per process, NCCL (default: CUDA when available); cuda:N for jobs of one process.", None
     )
-    local.add_argument("--seq_length", type=cli.positive_int, default=128, help="Tokens per sequence.")
-    local.add_argument("--batch_per_process", type=cli.positive_int, default=8, help="Sequences per process per step.")
-    local.add_argument("--steps", type=cli.positive_int, default=8, help="Timed steps per job.")
-    local.add_argument("--excluded_steps", type=int, default=2, help="Steps at the start left out of the timing.")
-    local.add_argument(
-        "--allreduce_rounds",
-        type=cli.positive_int,
-        default=6,
-        help="Interleaved pairs of DDP steps with and without the all-reduce.",
+    threads: int | None = setting(
+        "CPU threads of each process (OMP_NUM_THREADS).", 1, positive=True, aliases=("threads_per_process",)
     )
-    local.add_argument("--allreduce_repeats", type=cli.positive_int, default=10, help="Timed all-reduces per size.")
-    local.add_argument(
-        "--threads_per_process", type=cli.positive_int, default=1, help="CPU threads of each process (OMP_NUM_THREADS)."
+    warmup: int = setting("Steps at the start of each job left out of the timing.", 2, aliases=("excluded_steps",))
+    steps: int = setting("Timed steps per job.", 8)
+    model: str = model_setting()
+    processes: tuple[int, ...] = setting(
+        "Process counts to run; the first is the reference of speedup and efficiency.", (1, 2), positive=True
     )
-    local.add_argument(
-        "--device",
-        default=None,
-        help="cpu or cuda: one GPU per process, NCCL (default: CUDA when available); cuda:N for jobs of one process.",
+    seq_length: int = setting("Tokens per sequence.", 128, positive=True)
+    batch_per_process: int = setting("Sequences per process per step.", 8, positive=True)
+    allreduce_rounds: int = setting("Interleaved pairs of DDP steps with and without the all-reduce.", 6, positive=True)
+    allreduce_repeats: int = setting("Timed all-reduces per size.", 10, positive=True)
+    runs: tuple[str, ...] | None = setting(
+        "Runs mode: the run directories holding train_results.json, instead of local jobs.", None
     )
-    runs = parser.add_argument_group("runs mode: results of the job templates")
-    runs.add_argument("--runs", nargs="+", metavar="DIR", help="Run directories holding train_results.json.")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # inside a torchrun job: write findings here
-    return parser
+
+
+SETTINGS = ScalingSettings
 
 
 # ---- inside the torchrun job --------------------------------------------------------------------------------------
@@ -126,8 +105,8 @@ def device_of_backend() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def time_allreduce(numel: int, repeats: int) -> dict:
-    """The spread of the seconds of one all-reduce of `numel` fp32 values across the job, on its slowest rank."""
+def time_allreduce(numel: int, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` all-reduces of `numel` fp32 values across the job, on its slowest rank."""
     device = device_of_backend()
     buffer = torch.ones(numel, device=device)
     dist.all_reduce(buffer)  # the first sets up the connections
@@ -135,20 +114,20 @@ def time_allreduce(numel: int, repeats: int) -> dict:
     for _ in range(repeats):
         dist.barrier()
         seconds.append(measure.time_call(lambda: dist.all_reduce(buffer), device))
-    return spread(slowest_rank(seconds))
+    return slowest_rank(seconds)
 
 
-def time_allreduce_in_steps(config, model: nn.Module, batch_size: int, seq: int, rounds: int, job) -> dict[str, float]:
-    """Seconds (median and spread) of the training step with DDP's all-reduce and of the same step without it (as
-    independent workers train), interleaved, and of their difference round by round."""
+def time_allreduce_in_steps(settings: ScalingSettings, config, model: nn.Module, job) -> dict[str, list[float]]:
+    """Seconds of each training step with DDP's all-reduce and of the same step without it (as independent workers
+    train), interleaved, each on the slowest rank."""
     steps = {
         name: workload.train_step(
             config,
             "finetuning",
             workload.Variant.parse("baseline"),
             "fp32",
-            batch_size,
-            seq,
+            settings.batch_per_process,
+            settings.seq_length,
             job.device,
             model,
             dist=job,
@@ -156,29 +135,24 @@ def time_allreduce_in_steps(config, model: nn.Module, batch_size: int, seq: int,
         )
         for name, sync in (("with", True), ("without", False))
     }
-    times = measure.time_steps(steps, warmup=1, repeats=rounds, device=job.device)
-    with_all_reduce, without = slowest_rank(times["with"]), slowest_rank(times["without"])
-    return {
-        **spread_fields("step_with_allreduce_seconds", spread(with_all_reduce)),
-        **spread_fields("step_without_allreduce_seconds", spread(without)),
-        **spread_fields("exposed_allreduce_seconds", spread([a - b for a, b in zip(with_all_reduce, without)])),
-    }
+    times = measure.time_steps(steps, warmup=1, repeats=settings.allreduce_rounds, device=job.device)
+    return {name: slowest_rank(seconds) for name, seconds in times.items()}
 
 
-def steady_step_seconds(model_dir: str, excluded_steps: int, global_batch: int) -> list[float]:
+def steady_step_seconds(model_dir: str, excluded_steps: int, batch: int) -> list[float]:
     """Seconds of each step after the excluded ones, from the Estimator's log of one-step windows (metrics.jsonl:
-    each window's seq/s counts every rank's sequences over rank 0's clock)."""
-    return [global_batch / record["seq_per_s"] for record in read_metrics(model_dir) if record["step"] > excluded_steps]
+    each window's seq/s counts every rank's sequences, `batch` a step, over rank 0's clock)."""
+    return [batch / record["seq_per_s"] for record in read_metrics(model_dir) if record["step"] > excluded_steps]
 
 
-def train_and_time(args: argparse.Namespace, job) -> dict:
+def train_and_time(settings: ScalingSettings, job) -> dict[str, Any]:
     """This process's part of the job: train through the Estimator; on several processes, then time the
-    all-reduce inside steps and alone."""
-    config = workload.bert_config(args.model, args.seq_length)
+    all-reduce inside steps and alone. The raw seconds: the driver makes the figures."""
+    config = workload.bert_config(settings.model, settings.seq_length)
     model = workload.build(config, "finetuning", workload.Variant.parse("baseline"), job.device)
-    examples = max(args.batch_per_process * job.world_size * 4, 256)
-    features = synthetic.synthetic_batch(config, "finetuning", examples, args.seq_length, seed=1)
-    global_batch = args.batch_per_process * job.world_size
+    examples = max(settings.batch_per_process * job.world_size * 4, 256)
+    features = synthetic.synthetic_batch(config, "finetuning", examples, settings.seq_length, seed=settings.seed)
+    batch = global_batch(settings.batch_per_process, 1, job.world_size)
     with tempfile.TemporaryDirectory() as model_dir:
         # A log window per step (metrics.jsonl, written by rank 0): the steps' spread, and their median, which an
         # outlier step does not move as it moves the Estimator's steady figure (a rate over all the steps, kept as
@@ -186,27 +160,23 @@ def train_and_time(args: argparse.Namespace, job) -> dict:
         estimator = Estimator(
             model,
             RunConfig(model_dir=model_dir, save_checkpoints_secs=None, log_step_count_steps=1),
-            TrainConfig(num_train_steps=args.excluded_steps + args.steps, excluded_steps=args.excluded_steps),
+            TrainConfig(num_train_steps=settings.warmup + settings.steps, excluded_steps=settings.warmup),
             job,
             log=lambda line: None,
         )
         result = estimator.train(
-            ShuffledBatches(features, args.batch_per_process, seed=0, rank=job.rank, world_size=job.world_size)
+            ShuffledBatches(
+                features, settings.batch_per_process, seed=settings.seed, rank=job.rank, world_size=job.world_size
+            )
         )
-        timing = {}
-        if job.is_main:  # the rank that logs the windows, and writes the findings
-            seconds = steady_step_seconds(model_dir, args.excluded_steps, global_batch)
-            timing = {
-                **spread_fields("seq_per_s", rate_spread(global_batch, seconds)),
-                **spread_fields("step_seconds", spread(seconds)),
-            }
+        # rank 0 logs the windows, and writes the findings
+        seconds = steady_step_seconds(model_dir, settings.warmup, batch) if job.is_main else []
     parameters = sum(parameter.numel() for parameter in model.parameters())
     findings = {
         "nodes": job.nodes,
         "processes": job.world_size,
-        "batch_per_process": args.batch_per_process,
-        "global_batch": global_batch,
-        **timing,
+        "global_batch": batch,
+        "step_seconds": seconds,
         "steady_seq_per_s": result.steady_sentences_per_second,
         "timed_steps": result.steady_steps,
         "parameters": parameters,
@@ -215,36 +185,26 @@ def train_and_time(args: argparse.Namespace, job) -> dict:
         "device_type": job.device.type,
     }
     if job.enabled:
-        findings.update(
-            time_allreduce_in_steps(config, model, args.batch_per_process, args.seq_length, args.allreduce_rounds, job),
-            allreduce_rounds=args.allreduce_rounds,
-        )
+        findings["allreduce_in_steps"] = time_allreduce_in_steps(settings, config, model, job)
         sizes = sorted(set(ALLREDUCE_SIZES) | {parameters * 4})
-        timed = [time_allreduce(size // 4, args.allreduce_repeats) for size in sizes]
-        findings["allreduce"] = {
-            "processes": job.world_size,
-            "sizes_bytes": sizes,
-            **{
-                f"seconds{suffix}": [measured[part] for measured in timed]
-                for suffix, part in (("", "median"), ("_min", "min"), ("_max", "max"), ("_cv", "cv"))
-            },
-        }
+        findings["allreduce"] = {size: time_allreduce(size // 4, settings.allreduce_repeats) for size in sizes}
     return findings
 
 
-def worker(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads_per_process)
-    with job_from_environment(args.device) as job:
-        findings = train_and_time(args, job)
+def worker(settings: ScalingSettings, findings_path: str) -> None:
+    torch.set_num_threads(settings.threads)
+    with job_from_environment(settings.device) as job:
+        findings = train_and_time(settings, job)
         if job.is_main:
-            with open(args.worker, "w") as handle:
+            with open(findings_path, "w") as handle:
                 json.dump(findings, handle)
 
 
-# ---- the driver ---------------------------------------------------------------------------------------------------
+# ---- the driver: local mode ---------------------------------------------------------------------------------------
 
 
-def run_job(args: argparse.Namespace, processes: int) -> dict:
+def run_job(settings: ScalingSettings, processes: int) -> dict[str, Any]:
+    """The findings of one torchrun job of `processes` (train_and_time's), run with the same settings."""
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "findings.json")
         command = [
@@ -255,147 +215,199 @@ def run_job(args: argparse.Namespace, processes: int) -> dict:
             f"--nproc-per-node={processes}",
             "-m",
             "bertbench.bench.scaling",
-            "--worker",
+            WORKER,
             out,
-            "--model",
-            args.model,
-            "--seq_length",
-            str(args.seq_length),
-            "--batch_per_process",
-            str(args.batch_per_process),
-            "--steps",
-            str(args.steps),
-            "--excluded_steps",
-            str(args.excluded_steps),
-            "--allreduce_rounds",
-            str(args.allreduce_rounds),
-            "--allreduce_repeats",
-            str(args.allreduce_repeats),
-            "--threads_per_process",
-            str(args.threads_per_process),
+            *bench_settings.as_argv(settings),
         ]
-        if args.device:
-            command += ["--device", args.device]
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads_per_process))
+        env = dict(os.environ, OMP_NUM_THREADS=str(settings.threads))
         started = time.perf_counter()
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode:
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
             raise workload.BenchRunFailed(f"the {processes}-process job failed (exit {done.returncode}): {tail}")
-        with open(out) as handle:
-            findings = json.load(handle)
+        findings = read_json(out)
+        rate = Spread.of_rate(findings["global_batch"], findings["step_seconds"])
         print(
-            f"  {processes} process(es): {spread_text(findings, 'seq_per_s', '.2f')} seq/s "
-            f"({time.perf_counter() - started:.0f} s with start-up)",
+            f"  {processes} process(es): {rate.text('.2f')} seq/s ({time.perf_counter() - started:.0f} s with start-up)",
             flush=True,
         )
         return findings
 
 
-def with_speedup(rows: list[dict]) -> list[dict]:
-    """Speedup and efficiency of each row relative to the first (throughput ratio / process ratio)."""
+def with_speedup(rows: list[Row]) -> list[Row]:
+    """The rows with speedup (seq/s over the first row's) and efficiency (speedup / process ratio): Ratios carrying
+    the larger CV of the two rows' seq/s."""
     reference = rows[0]
+    with_ratios = []
     for row in rows:
-        row["speedup"] = row["seq_per_s"] / reference["seq_per_s"]
-        row["efficiency"] = row["speedup"] / (row["processes"] / reference["processes"])
+        # the reference over itself is exactly 1, however noisy it was
+        speedup = Ratio(1.0, None) if row is reference else Ratio.of(row.value, reference.value)
+        scale = row.setting["processes"] / reference.setting["processes"]
+        efficiency = dataclasses.replace(speedup, value=speedup.value / scale)
+        with_ratios.append(
+            dataclasses.replace(row, columns={**row.columns, "speedup": speedup, "efficiency": efficiency})
+        )
+    return with_ratios
+
+
+def job_row(settings: ScalingSettings, found: dict[str, Any]) -> Row:
+    """A job's figures: the seq/s of its median step, with the spread over its timed steps."""
+    return Row(
+        "seq_per_s",
+        "seq/s",
+        {
+            "model": settings.model,
+            "seq": settings.seq_length,
+            "batch_per_process": settings.batch_per_process,
+            "nodes": found["nodes"],
+            "processes": found["processes"],
+        },
+        Spread.of_rate(found["global_batch"], found["step_seconds"]),
+        {
+            "global_batch": found["global_batch"],
+            "step_seconds": Spread.of(found["step_seconds"]),
+            "steady_seq_per_s": found["steady_seq_per_s"],
+            "timed_steps": found["timed_steps"],
+            "threads": found["threads"],
+            "backend": found["backend"],
+            "device_type": found["device_type"],
+        },
+    )
+
+
+def allreduce_rows(settings: ScalingSettings, found: dict[str, Any]) -> list[Row]:
+    """The all-reduce measured on a job of several processes: exposed inside DDP steps (with minus without, pair by
+    pair), then alone at each size with its bus bandwidth."""
+    processes = found["processes"]
+    on = {"model": settings.model, "processes": processes}
+    with_it, without = found["allreduce_in_steps"]["with"], found["allreduce_in_steps"]["without"]
+    rows = [
+        Row(
+            "exposed_allreduce_seconds",
+            "s",
+            on,
+            Spread.of([a - b for a, b in zip(with_it, without)]),
+            {"step_with_allreduce_seconds": Spread.of(with_it), "step_without_allreduce_seconds": Spread.of(without)},
+        )
+    ]
+    for size, seconds in found["allreduce"].items():
+        timed = Spread.of(seconds)
+        bus = int(size) * 2 * (processes - 1) / processes / timed.median
+        rows.append(Row("allreduce_seconds", "s", {**on, "size_bytes": int(size)}, timed, {"bus_gb_per_s": bus / 1e9}))
     return rows
 
 
-def local_mode(args: argparse.Namespace) -> tuple[dict, str, list[str | None]]:
-    workload.bert_config(args.model, args.seq_length)
-    check_processes(args.device, max(args.processes))
-    if args.excluded_steps < 0:
-        raise workload.BenchError(f"--excluded_steps must be 0 or more, got {args.excluded_steps}")
+COLUMNS = [
+    Column("nodes", "nodes", "d"),
+    Column("processes", "processes", "d"),
+    Column("global batch", "global_batch", "d"),
+    Column("time per step (s): median (min–max, CV)", "step_seconds", ".4f"),
+    Column("seq/s", "seq_per_s", lambda row: f"{row.median():,.2f}"),
+    Column("speedup", "speedup", ".2f"),
+    efficiency_column("efficiency", "efficiency"),
+]
+ALLREDUCE_COLUMNS = [
+    Column("size (MiB)", "size_bytes", lambda row: f"{row.get('size_bytes') / 2**20:,.3f}"),
+    Column("time (ms): median (min–max, CV)", "allreduce_seconds", lambda row: row.value.scaled(1e3).text(",.3f")),
+    Column("bus bandwidth (GB/s)", "bus_gb_per_s", ".3f"),
+]
+
+
+def local_mode(settings: ScalingSettings) -> tuple[list[Row], dict[str, Any], str, list[str | None]]:
+    workload.bert_config(settings.model, settings.seq_length)
+    check_processes(settings.device, max(settings.processes))
     load = LoadWatch()
-    findings = [run_job(args, processes) for processes in args.processes]
-    rows = with_speedup(
-        [
-            {key: value for key, value in found.items() if key != "allreduce" and "allreduce" not in key}
-            for found in findings
-        ]
-    )
-    figures = {
-        "model": args.model,
-        "seq": args.seq_length,
-        "batch_per_process": args.batch_per_process,
+    findings = [run_job(settings, processes) for processes in settings.processes]
+    rows = with_speedup([job_row(settings, found) for found in findings])
+    context = {
+        "model": settings.model,
+        "seq": settings.seq_length,
+        "batch_per_process": settings.batch_per_process,
         "parameters": findings[0]["parameters"],
         "gradient_bytes": findings[0]["parameters"] * 4,
-        "rows": rows,
     }
-    largest = max(findings, key=lambda found: found["processes"])
     lines = [
-        f"# Scaling: {args.model}, seq {args.seq_length}, {args.batch_per_process} sequences per process, "
-        f"{args.threads_per_process} thread(s) per process",
+        f"# Scaling: {settings.model}, seq {settings.seq_length}, {settings.batch_per_process} sequences per "
+        f"process, {settings.threads} thread(s) per process",
         "",
-        markdown_table(rows, COLUMNS),
+        table(rows, COLUMNS),
         "",
-        f"time per step: median of the {args.steps} steps after the first {args.excluded_steps} of each job "
+        f"time per step: median of the {settings.steps} steps after the first {settings.warmup} of each job "
         "(min–max, CV = stdev / mean), on rank 0's clock; seq/s, speedup and efficiency are of the median "
         "step (the Estimator's steady seq/s over the same steps is steady_seq_per_s in the JSON).",
     ]
+    largest = max(findings, key=lambda found: found["processes"])
     if "allreduce" in largest:
-        measured = largest["allreduce"]
-        latency, bandwidth = fit_alpha_beta(measured["sizes_bytes"], measured["seconds"], measured["processes"])
-        measured.update(latency_seconds=latency, bus_bandwidth_bytes_per_s=bandwidth)
-        figures["allreduce"] = measured
-        in_steps = {key: value for key, value in largest.items() if "allreduce" in key and key != "allreduce"}
-        figures["allreduce_in_steps"] = in_steps
-        sizes = [
-            {
-                "size_mib": size / 2**20,
-                **{f"ms{suffix}": measured[f"seconds{suffix}"][index] * 1e3 for suffix in ("", "_min", "_max")},
-                "ms_cv": measured["seconds_cv"][index],
-                "bus": size * 2 * (measured["processes"] - 1) / measured["processes"] / seconds / 1e9,
-            }
-            for index, (size, seconds) in enumerate(zip(measured["sizes_bytes"], measured["seconds"]))
-        ]
+        exposed, *sizes = allreduce_rows(settings, largest)
+        rows += [exposed, *sizes]
+        processes = largest["processes"]
+        latency, bandwidth = fit_alpha_beta(
+            [row.get("size_bytes") for row in sizes], [row.value.median for row in sizes], processes
+        )
+        context.update(
+            latency_seconds=latency,
+            bus_bandwidth_bytes_per_s=bandwidth,
+            fitted_on_processes=processes,
+            backend=largest["backend"],
+        )
+        with_it, without = (exposed.get(f"step_{part}_allreduce_seconds") for part in ("with", "without"))
         lines += [
             "",
-            f"All-reduce on {measured['processes']} processes ({largest['backend']}): "
-            f"{in_steps['exposed_allreduce_seconds'] * 1e3:.1f} ms exposed per DDP "
-            f"step (median of {args.allreduce_rounds} interleaved pairs: "
-            f"{in_steps['step_with_allreduce_seconds'] * 1e3:.1f} ms with, "
-            f"{in_steps['step_without_allreduce_seconds'] * 1e3:.1f} ms without; exposed per pair "
-            f"{in_steps['exposed_allreduce_seconds_min'] * 1e3:.1f} to "
-            f"{in_steps['exposed_allreduce_seconds_max'] * 1e3:.1f} ms).",
+            f"All-reduce on {processes} processes ({largest['backend']}): {exposed.value.median * 1e3:.1f} ms "
+            f"exposed per DDP step (median of {settings.allreduce_rounds} interleaved pairs: "
+            f"{with_it.median * 1e3:.1f} ms with, {without.median * 1e3:.1f} ms without; exposed per pair "
+            f"{exposed.value.min * 1e3:.1f} to {exposed.value.max * 1e3:.1f} ms).",
             "",
-            markdown_table(
-                sizes,
-                [
-                    ("size (MiB)", "size_mib", ",.3f"),
-                    spread_column("time (ms): median (min–max, CV)", "ms", ",.3f"),
-                    ("bus bandwidth (GB/s)", "bus", ".3f"),
-                ],
-            ),
+            table(sizes, ALLREDUCE_COLUMNS),
             "",
             f"Ring model fitted to the medians (t = 2(P-1) latency + 2(P-1)/P x bytes / bandwidth): "
             f"latency {latency * 1e6:.1f} us, bus bandwidth {bandwidth / 1e9:.3f} GB/s.",
         ]
-    warnings = [load.busy(), *comparability(rows, "processes")]
-    if figures["rows"][0]["device_type"] == "cpu":
-        crowded = [row["processes"] for row in rows if row["processes"] * row["threads"] > available_cores()]
+    measured = rows_of(rows)
+    warnings = [load.busy(), *comparability(measured, "processes")]
+    if measured[0].get("device_type") == "cpu":
+        crowded = [
+            row.get("processes") for row in measured if row.get("processes") * row.get("threads") > available_cores()
+        ]
         if crowded:
             warnings.append(
                 f"the {', '.join(map(str, crowded))}-process job(s) ran more threads (processes x "
-                f"{args.threads_per_process} per process) than the {available_cores()} core(s) available: "
+                f"{settings.threads} per process) than the {available_cores()} core(s) available: "
                 "the processes took turns on the cores, which is not the scaling of a machine with a "
                 "core per thread"
             )
-    return figures, "\n".join(lines), warnings
+    return rows, context, "\n".join(lines), warnings
 
 
-def comparability(rows: list[dict], name: str) -> list[str | None]:
+def rows_of(rows: Sequence[Row]) -> list[Row]:
+    """The rows of each process count (or run): seq/s with speedup and efficiency."""
+    return [row for row in rows if row.measured == "seq_per_s"]
+
+
+def comparability(rows: list[Row], name: str) -> list[str | None]:
     """Warnings that the rows (runs) are noisy or not alike, or that efficiency went above 100%; the key `name`
     names a run."""
+    flat = [
+        {
+            **row.setting,
+            **{key: row.get(key) for key in ALIKE},
+            "step_seconds_cv": row.get("step_seconds").cv,
+            "efficiency": row.median("efficiency"),
+        }
+        for row in rows
+    ]
 
     def describe(row: dict) -> str:
         return f"{row['processes']} processes" + ("" if name == "processes" else f", {row[name]}")
 
     return [
-        noisy_warning(rows, "step_seconds", describe, "step times"),
-        mismatch_warning(rows, ALIKE, name),
-        superlinear_warning(rows, "efficiency", describe),
+        noisy_warning(flat, "step_seconds", describe, "step times"),
+        mismatch_warning(flat, ALIKE, name),
+        superlinear_warning(flat, "efficiency", describe),
     ]
+
+
+# ---- the driver: runs mode ----------------------------------------------------------------------------------------
 
 
 def nodes_of(path: str, results: dict) -> int:
@@ -406,94 +418,95 @@ def nodes_of(path: str, results: dict) -> int:
 
 
 RUNS_COLUMNS = [
-    ("run", "run", ""),
+    Column("run", "run", ""),
     *COLUMNS[:3],
-    ("time per step (s)", "step_seconds", ".4f"),
+    Column("time per step (s)", "step_seconds", ".4f"),
     *COLUMNS[4:],
-    ("device", "device", ""),
-    ("threads", "threads", "d"),
+    Column("device", "device", ""),
+    Column("threads", "threads", "d"),
 ]
+TRAIN_RESULTS_KEYS = (
+    "world_size",
+    "train_batch_size",
+    "num_accumulation_steps",
+    "max_seq_length",
+    "steady_sentences_per_second",
+)
 
 
-def runs_mode(args: argparse.Namespace) -> tuple[dict, str, list[str | None]]:
+def runs_mode(settings: ScalingSettings) -> tuple[list[Row], dict[str, Any], str, list[str | None]]:
     rows, shapes = [], set()
-    for directory in args.runs:
+    for directory in settings.runs:
         path = os.path.join(directory, run_files.TRAIN_RESULTS)
-        try:
-            with open(path) as handle:
-                results = json.load(handle)
-        except FileNotFoundError:
-            raise workload.BenchError(f"{path}: no such file (not a finished run directory)") from None
-        except json.JSONDecodeError as error:
-            raise workload.BenchError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
-        for key in (
-            "world_size",
-            "train_batch_size",
-            "num_accumulation_steps",
-            "max_seq_length",
-            "steady_sentences_per_second",
-        ):
+        if not os.path.exists(path):
+            raise workload.BenchError(f"{path}: no such file (not a finished run directory)")
+        results = read_json(path)
+        for key in TRAIN_RESULTS_KEYS:
             if results.get(key) is None:
                 raise workload.BenchError(f"{path}: missing key {key!r} (no steady throughput: too few steps?)")
-        shapes.add(
-            (
-                results["train_batch_size"] * results["num_accumulation_steps"],
-                results["max_seq_length"],
-                results.get("modeling"),
-                results.get("precision"),
-            )
-        )
-        global_batch = results["train_batch_size"] * results["num_accumulation_steps"] * results["world_size"]
-        device = results.get("device")
+        per_process = global_batch(results["train_batch_size"], results["num_accumulation_steps"], 1)
+        shapes.add((per_process, results["max_seq_length"], results.get("modeling"), results.get("precision")))
+        batch = global_batch(results["train_batch_size"], results["num_accumulation_steps"], results["world_size"])
+        rate, device = results["steady_sentences_per_second"], results.get("device")
         rows.append(
-            {
-                "run": directory,
-                "nodes": nodes_of(directory, results),
-                "processes": results["world_size"],
-                "global_batch": global_batch,
-                "seq_per_s": results["steady_sentences_per_second"],
-                "step_seconds": global_batch / results["steady_sentences_per_second"],
-                "device": device,
-                "device_type": device.split(":")[0] if device else None,
-                # CPU threads of each process, where the run recorded them
-                "threads": results.get("threads"),
-            }
+            Row(
+                "seq_per_s",
+                "seq/s",
+                {
+                    "model": "runs",
+                    "seq": results["max_seq_length"],
+                    "batch_per_process": per_process,
+                    "run": directory,
+                    "nodes": nodes_of(directory, results),
+                    "processes": results["world_size"],
+                },
+                Spread.exact(rate),
+                {
+                    "global_batch": batch,
+                    "step_seconds": Spread.exact(batch / rate),
+                    "device": device,
+                    "device_type": device.split(":")[0] if device else None,
+                    # CPU threads of each process, where the run recorded them
+                    "threads": results.get("threads"),
+                },
+            )
         )
     if len(shapes) > 1:
         raise workload.BenchError(
             "the runs differ in batch per process, sequence length, modeling or precision: "
             + "; ".join(map(str, sorted(shapes, key=str)))
         )
-    rows = with_speedup(sorted(rows, key=lambda row: (row["processes"], row["nodes"])))
+    rows = with_speedup(sorted(rows, key=lambda row: (row.setting["processes"], row.setting["nodes"])))
     batch_per_process, seq, _, _ = shapes.pop()
     text = "\n".join(
         [
             f"# Scaling: runs of the job templates, seq {seq}, {batch_per_process} sequences per process",
             "",
-            markdown_table(rows, RUNS_COLUMNS),
+            table(rows, RUNS_COLUMNS),
             "",
             "Each run's steady seq/s from its train_results.json: one figure per run, no spread; threads: "
             "as the run recorded them (– where it did not).",
         ]
     )
-    return (
-        {"model": "runs", "seq": seq, "batch_per_process": batch_per_process, "rows": rows},
-        text,
-        comparability(rows, "run"),
-    )
+    context = {"model": "runs", "seq": seq, "batch_per_process": batch_per_process}
+    return rows, context, text, comparability(rows, "run")
 
 
-def plots(figures: dict) -> dict:
-    rows = figures["rows"]
-    setting = f"{figures['model']}, seq {figures['seq']}, {figures['batch_per_process']} sequences per process"
-    processes = [row["processes"] for row in rows]
-    ideal = [rows[0]["seq_per_s"] * count / rows[0]["processes"] for count in processes]
-    throughput = tuple(
-        [row.get(key) for row in rows] for key in ("processes", "seq_per_s", "seq_per_s_min", "seq_per_s_max")
+def plots(rows: Sequence[Row], context: dict[str, Any]) -> dict:
+    rows = rows_of(rows)
+    setting = f"{context['model']}, seq {context['seq']}, {context['batch_per_process']} sequences per process"
+    processes = [row.get("processes") for row in rows]
+    ideal = [rows[0].median() * count / processes[0] for count in processes]
+    rates = [row.value for row in rows]
+    throughput = (
+        processes,
+        [rate.median for rate in rates],
+        [rate.min for rate in rates],
+        [rate.max for rate in rates],
     )
     return {
         "efficiency": line_plot(
-            {"measured": (processes, [row["efficiency"] for row in rows])},
+            {"measured": (processes, [row.median("efficiency") for row in rows])},
             "processes",
             "efficiency",
             f"scaling efficiency: {setting}",
@@ -512,23 +525,42 @@ def plots(figures: dict) -> dict:
     }
 
 
+def run(settings: ScalingSettings, argv: list[str]) -> None:
+    output = BenchOutput(settings.directory, "scaling", argv, settings.overwrite)
+    rows, context, text, warnings = runs_mode(settings) if settings.runs else local_mode(settings)
+    for message in warnings:
+        output.warn(message)
+    markdown = "\n\n".join(filter(None, (text, noisy_ratios_note(rows))))
+    output.write_result(settings, rows, context, markdown, plots(rows, context))
+    print(with_warnings(markdown, output.warnings))
+    print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
+
+
+def with_runs_joined(argv: Sequence[str]) -> list[str]:
+    """`argv` with `--runs A B C` (a shell wildcard's expansion, as the job templates' docs use) as --runs=A,B,C:
+    the directories given, until the next flag."""
+    argv, joined = list(argv), []
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--runs" and argv:
+            directories = []
+            while argv and not argv[0].startswith("--"):
+                directories.append(argv.pop(0))
+            arg = f"--runs={','.join(directories)}" if directories else arg
+        joined.append(arg)
+    return joined
+
+
+_main = bench_settings.main_for(ScalingSettings, description(__doc__), run)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-
-    def body() -> None:
-        output = BenchOutput(cli.output_dir(args, "scaling"), "scaling", argv, args.overwrite)
-        figures, text, warnings = runs_mode(args) if args.runs else local_mode(args)
-        for message in warnings:
-            output.warn(message)
-        print(output.write(vars(args), {"models": [figures]}, text, plots(figures)))
-        print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
-
-    return cli.run("bertbench bench scaling", body)
+    return _main(with_runs_joined(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    arguments = sys.argv[1:]
+    if arguments[:1] == [WORKER]:  # one process of a torchrun job (run_job)
+        worker(bench_settings.parse(ScalingSettings, arguments[2:], description(__doc__)), arguments[1])
+        sys.exit(0)
+    sys.exit(main(arguments))

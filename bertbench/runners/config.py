@@ -45,7 +45,7 @@ from bertbench.common.flags import (
 from bertbench.model.factory import ModelSettings
 from bertbench.runners.run_directory import RunRecord, run_flags, run_of_checkpoint
 from bertbench.training.checkpoint import latest_checkpoint
-from bertbench.training.config import RunConfig, TrainConfig
+from bertbench.training.config import RunConfig, TrainConfig, global_batch
 from bertbench.training.step import fallbacks
 from bertbench.weights.hf import hf_directory_flags, take_checkpoint_flags
 
@@ -631,7 +631,7 @@ class RunnerConfig:
 
     def global_batch(self, world_size: int) -> int:
         """Sequences per optimizer step over every process: micro-batch x accumulation x processes."""
-        return self.task.train_batch_size * self.train.gradient_accumulation_steps * world_size
+        return global_batch(self.task.train_batch_size, self.train.gradient_accumulation_steps, world_size)
 
     def learning_rate(self, world_size: int) -> float:
         """--learning_rate times the --lr_scaling factor for this many processes."""

@@ -310,3 +310,8 @@ class TrainConfig:
                 f"invalid learning_rate {self.learning_rate}, warmup_proportion "
                 f"{self.warmup_proportion} or excluded_steps {self.excluded_steps}"
             )
+
+
+def global_batch(batch: int, accumulation: int, processes: int) -> int:
+    """Sequences per optimizer step over every process: the per-process micro-batch x accumulation x processes."""
+    return batch * accumulation * processes
