@@ -127,7 +127,7 @@ def test_a_variant_that_fits_nothing_has_no_figure_and_says_why(tmp_path):
     "flags, message",
     [
         (["--cap_gib", "0"], "--cap_gib must be positive, got 0.0"),
-        (["--variants", "baseline,fast"], "fast"),
+        (["--variants", "baseline,fast"], "--variants: unknown variant 'fast'"),
         (["--seq_lengths", "128,0"], "--seq_lengths must be positive, got 128,0"),
         (["--time_batch", "-1"], "--time_batch must be 0 or more, got -1"),
         (["--kind", "pretrain"], "--kind: invalid choice: 'pretrain'"),

@@ -79,7 +79,10 @@ class MemorySettings(settings.MeasuredSettings):
         self.parsed_variants()
 
     def parsed_variants(self) -> list[workload.Variant]:
-        return [workload.Variant.parse(name) for name in self.variants]
+        try:
+            return [workload.Variant.parse(name) for name in self.variants]
+        except workload.BenchError as error:
+            raise ValueError(f"variants: {error}") from None
 
 
 SETTINGS = MemorySettings
