@@ -218,10 +218,11 @@ def time_variants(
     batches: dict[str, int],
     device: torch.device,
 ) -> dict[str, list[float]]:
-    """Step seconds of each variant at its batch in `batches`, interleaved."""
+    """Step seconds of each variant at its batch in `batches`, interleaved (weights and batches from --seed; the
+    bytes counted do not depend on it)."""
     steps = {
         variant.name: workload.train_step(
-            config, settings.kind, variant, settings.precision, batches[variant.name], seq, device
+            config, settings.kind, variant, settings.precision, batches[variant.name], seq, device, seed=settings.seed
         )
         for variant in variants
         if batches[variant.name] > 0
