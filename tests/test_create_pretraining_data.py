@@ -350,7 +350,7 @@ def test_a_decode_error_midway_leaves_nothing(corpus, tmp_path, error_line):
     [
         (["--length_bins=16,8,32"], "--length_bins must be positive and ascending, got 16,8,32"),
         (["--length_bins=16,24"], "--length_bins must end at --max_seq_length 32, got 16,24"),
-        (["--length_bins=16,x"], "--length_bins must be comma-separated integers, got '16,x'"),
+        (["--length_bins=16,x"], "argument --length_bins: '16,x': invalid literal for int() with base 10: 'x'"),
         (["--masked_lm_prob=1"], "--masked_lm_prob must be between 0 and 1, got 1.0"),
         (["--max_predictions_per_seq=32"], "--max_predictions_per_seq (32) must be less than --max_seq_length (32)"),
         (["--num_workers=0"], "--num_workers must be positive, got 0"),

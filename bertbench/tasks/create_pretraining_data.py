@@ -41,7 +41,6 @@ from typing import Any
 from bertbench.common.errors import run_command
 from bertbench.common.flags import FlagParser, add_dataclass_flags, description
 from bertbench.common.signals import signal_status
-from bertbench.tasks.pretraining import parse_length_bins
 from bertbench.tasks.pretraining_data import instances
 from bertbench.tasks.pretraining_data.corpus import CorpusReader, resolve_input_files
 from bertbench.tasks.pretraining_data.instances import make_chunk, start_worker
@@ -243,10 +242,6 @@ def main(argv: Sequence[str] | None = None, prog: str = PROGRAM) -> int:
     def body() -> int | None:
         parser = build_parser(prog)
         values = {**parser.defaults, **vars(parser.parse_args(argv))}
-        try:
-            values["length_bins"] = parse_length_bins(values["length_bins"], values["max_seq_length"])
-        except ValueError as error:
-            raise DataError(str(error)) from None
         try:
             create_pretraining_data(DataSettings(**values))
         except KeyboardInterrupt:
