@@ -279,11 +279,11 @@ def markdown(title: str, rows: Sequence[Row], context: Mapping[str, Any]) -> str
         value = step.get(key)
         return "–" if value is None else f"{value:.3g} TFLOP/s"
 
+    spread_of_steps = "" if step.value.cv is None else f"; the steps: {step.value.scaled(1e3).text('.1f')} ms"
     lines = [
         f"# Profile: {title}",
         "",
-        f"- step: {step.get('mean_step_seconds') * 1e3:.1f} ms ({context['step_timing']}; the steps: "
-        f"{step.value.scaled(1e3).text('.1f')} ms)",
+        f"- step: {step.get('mean_step_seconds') * 1e3:.1f} ms ({context['step_timing']}{spread_of_steps})",
         f"- aten operators' {time_kind} time: {step.get('operator_share_of_step'):.1%} of the step (the rest: {rest})",
         f"- model FLOPs per step: {step.get('model_flops_per_step'):.4g}, of which attention scores and mix "
         f"{step.get('attention_flops_per_step'):.4g}",

@@ -279,6 +279,19 @@ COLUMNS = [
 ]
 
 
+def markdown(settings: SquadDataSettings, rows: Sequence[Row]) -> str:
+    return "\n".join(
+        [
+            f"# SQuAD data path: seq {settings.max_seq_length}, doc_stride {settings.doc_stride}, "
+            f"max_query_length {settings.max_query_length}",
+            "",
+            f"Median of {settings.repeats} repeats, with min, max and CV (stdev / mean).",
+            "",
+            table(rows, COLUMNS),
+        ]
+    )
+
+
 def run(settings: SquadDataSettings, argv: Sequence[str]) -> None:
     check_files(settings)
     output = BenchOutput(settings.directory, settings.bench, argv, settings.overwrite)
@@ -304,16 +317,7 @@ def run(settings: SquadDataSettings, argv: Sequence[str]) -> None:
             lambda row: row["set"],
         )
     )
-    text = "\n".join(
-        [
-            f"# SQuAD data path: seq {settings.max_seq_length}, doc_stride {settings.doc_stride}, "
-            f"max_query_length {settings.max_query_length}",
-            "",
-            f"Median of {settings.repeats} repeats, with min, max and CV (stdev / mean).",
-            "",
-            table(rows, COLUMNS),
-        ]
-    )
+    text = markdown(settings, rows)
     output.write_result(settings, rows, {"corpus": corpus} if corpus else {}, text)
     print(text)
     print(f"\nwrote {output.path('.json')} and {output.path('.md')}")
