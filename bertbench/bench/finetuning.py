@@ -107,9 +107,11 @@ class FinetuningSettings(settings.BenchSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         try:
-            self.variant_list  # noqa: B018 (an unknown variant is refused with the other settings)
+            variants = self.variant_list  # an unknown variant is refused with the other settings
         except workload.BenchError as error:
             raise UsageError(str(error)) from None
+        if not variants:
+            raise UsageError("--variants: give at least one")
 
     @property
     def variant_list(self) -> list[workload.Variant]:

@@ -93,9 +93,13 @@ class ProfileSettings(settings.MeasuredSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         try:
-            workload.Variant.parse(self.variant)
+            workload.Variant.parse(self.variant)  # an unknown variant is refused with the other settings
         except workload.BenchError as error:
             raise UsageError(f"--variant: {error}") from None
+
+    @property
+    def step_variant(self) -> workload.Variant:
+        return workload.Variant.parse(self.variant)
 
     @property
     def row_setting(self) -> dict[str, Any]:
@@ -377,7 +381,7 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
     step = workload.train_step(
         config,
         settings.kind,
-        workload.Variant.parse(settings.variant),
+        settings.step_variant,
         settings.precision,
         settings.batch_size,
         settings.max_seq_length,
