@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bertbench import cli as bertbench_cli
-from bertbench.bench import pretraining_data
+from bertbench.bench import pretraining_data, settings
 from bertbench.bench.results import BenchResult, Ratio
 from bertbench.tasks.synthetic import write_vocab
 from bertbench.tasks.tokenization import BertTokenizer
@@ -191,3 +191,13 @@ def test_a_failing_create_pretraining_data_is_quoted_in_one_line(tmp_path, error
 def test_the_bench_command_lists_it(capsys):
     assert bertbench_cli.main(["bench", "--help"]) == 0
     assert "  pretraining-data " in capsys.readouterr().out
+
+
+def test_corpus_files_are_comma_separated_and_the_settings_run_again_from_their_command_line():
+    parsed = settings.parse(
+        pretraining_data.PretrainingDataSettings,
+        ["--corpus=wiki_00.txt,wiki_01.txt", "--vocab_file=vocab.txt", "--workers=1,4", "--output_dir=out"],
+        "",
+    )
+    assert parsed.corpus == ("wiki_00.txt", "wiki_01.txt") and parsed.workers == (1, 4) and parsed.megabytes is None
+    assert settings.parse(pretraining_data.PretrainingDataSettings, settings.as_argv(parsed), "") == parsed

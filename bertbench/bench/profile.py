@@ -88,6 +88,7 @@ class ProfileSettings(settings.MeasuredSettings):
     max_seq_length: int = setting("Tokens per sequence.", 128, positive=True)
     warmup: int = setting("Unprofiled steps first (start-up, allocator, kernel selection).", 2)
     steps: int = setting("Profiled steps.", 3)
+    seed: int = setting("Seed of the model's weights (the synthetic batches are the same for every seed).", 0)
     top: int = setting("Operators in the table.", 15, positive=True)
 
     def __post_init__(self) -> None:
