@@ -2,9 +2,9 @@
 variant in interleaved rounds with the spread of its figures; timed-save cost and resume after SIGKILL."""
 
 import pytest
-from helpers import read_json
 
-from bertbench.bench import finetuning
+from bertbench.bench import finetuning, settings
+from bertbench.bench.results import BenchResult, Ratio, Spread
 from bertbench.runners.skeleton import TaskRunner
 from bertbench.tasks import synthetic
 
@@ -39,7 +39,7 @@ def glue(tmp_path_factory):
             )
             == 0
         )
-    return out, read_json(out / "finetuning.json"), calls
+    return out, BenchResult.read(str(out / "finetuning.json")), calls
 
 
 @pytest.mark.slow
@@ -52,37 +52,32 @@ def test_each_variant_runs_in_flipping_rounds_through_the_runner(glue):
 
 @pytest.mark.slow
 def test_figures_are_each_runs_own_with_median_range_and_cv(glue):
-    out, report, _ = glue
-    assert report["runner"] == "run_classifier" and [row["variant"] for row in report["rows"]] == [
-        "baseline",
-        "selective",
+    out, result, _ = glue
+    assert result.context["runner"] == "run_classifier"
+    assert [row.setting for row in result.rows] == [
+        {"task": "glue", "model": "tiny", "variant": variant} for variant in ("baseline", "selective")
     ]
     markdown = (out / "finetuning.md").read_text()
-    for row in report["rows"]:
-        runs = row["runs"]
-        assert len(runs) == 3
+    for row in result.rows:
+        runs = row.get("runs")
+        assert len(runs) == 3 and row.measured == "steady_seq_per_s" and row.unit == "seq/s"
         rates = sorted(run["steady_seq_per_s"] for run in runs)
-        # noise.spread_fields' convention: KEY is the median, KEY_min / KEY_max / KEY_cv beside it
-        assert (row["steady_seq_per_s"], row["steady_seq_per_s_min"], row["steady_seq_per_s_max"]) == (
-            rates[1],
-            rates[0],
-            rates[2],
-        )
-        assert f"| {row['variant']} | {row['steady_seq_per_s']:.1f} ({rates[0]:.1f}–{rates[2]:.1f}, CV " in markdown
+        assert (row.value.median, row.value.min, row.value.max, row.value.n) == (rates[1], rates[0], rates[2], 3)
+        assert f"| {row.get('variant')} | {rates[1]:.1f} ({rates[0]:.1f}–{rates[2]:.1f}, CV " in markdown
         for run in runs:
             assert run["steps"] == 2 * 128 // 16 and run["saves"] >= 1
             assert run["dev_acc"] * 408 == pytest.approx(round(run["dev_acc"] * 408))  # of the 408 dev pairs
             assert run["checkpoint_bytes"] > 0
-    baseline, _ = report["rows"]
+    baseline, _ = result.rows
     # same seed, same weights at the start, bit-identical gradients: the same dev accuracy in every run
-    assert {run["dev_acc"] for row in report["rows"] for run in row["runs"]} == {baseline["runs"][0]["dev_acc"]}
-    assert baseline["dev_acc_cv"] == 0.0
+    assert {run["dev_acc"] for row in result.rows for run in row.get("runs")} == {baseline.get("runs")[0]["dev_acc"]}
+    assert baseline.get("dev_acc").cv == 0.0
     assert (out / "finetuning-seq-per-s.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_variants_figures_are_the_median_of_its_runs_and_its_ratio_is_to_the_first_variant(tmp_path, monkeypatch):
     # canned runs: each variant's figures in the order its runs come (the rounds alternate which variant goes first)
-    rates = {"baseline": [100.0, 120.0, 90.0], "recompute": [80.0, 70.0, 75.0]}
+    rates = {"baseline": [100.0, 120.0, 90.0], "recompute": [80.0, 30.0, 75.0]}
     save_seconds = {"baseline": 0.6, "recompute": 1.2}
 
     def canned_run(spec, values, scores):
@@ -100,21 +95,21 @@ def test_a_variants_figures_are_the_median_of_its_runs_and_its_ratio_is_to_the_f
     monkeypatch.setattr(finetuning, "train_once", canned_run)
     args = QUICK + ["--variants=baseline,selective", "--rounds=3", "--no_resume", f"--output_dir={tmp_path}"]
     assert finetuning.main(args) == 0
-    baseline, selective = read_json(tmp_path / "finetuning.json")["rows"]
-    # baseline: median 100 of 100, 120, 90 (stdev 15.275 / mean 103.33); selective: median 75
-    assert (baseline["steady_seq_per_s"], baseline["steady_seq_per_s_min"], baseline["steady_seq_per_s_max"]) == (
-        100.0,
-        90.0,
-        120.0,
-    )
-    assert baseline["steady_seq_per_s_cv"] == pytest.approx(0.147825, rel=1e-5)
-    assert (selective["steady_seq_per_s"], selective["vs_first_variant"], baseline["vs_first_variant"]) == (
-        75.0,
-        0.75,
-        1.0,
-    )
+    baseline, selective = BenchResult.read(str(tmp_path / "finetuning.json")).rows
+    # baseline: median 100 of 100, 120, 90 (stdev 15.275 / mean 103.33); selective: median 75 of 80, 30, 75
+    assert baseline.value == Spread(100.0, 90.0, 120.0, pytest.approx(0.147825, rel=1e-5), 3)
+    assert selective.value.median == 75.0 and baseline.get("vs_first_variant") == Ratio(1.0, baseline.value.cv)
+    # the ratio carries its inputs' larger CV: the selective runs' 45% (stdev 27.54 / mean 61.67), marked noisy
+    assert selective.get("vs_first_variant") == Ratio(0.75, selective.value.cv)
+    assert selective.value.cv == pytest.approx(0.4466, abs=1e-4)
+    markdown = (tmp_path / "finetuning.md").read_text()
+    assert "| baseline | 100.0 (90.0–120.0, CV 15%) | 1.000x |" in markdown
+    assert "| selective | 75.0 (30.0–80.0, CV 45%) | 0.750x (noisy: inputs' CV 45%) |" in markdown
+    assert "A ratio marked noisy is drawn from figures whose repeats vary by more than CV 20%" in markdown
     # a save's share of the time between saves at the original's default of one every 1200 s
-    assert (baseline["save_share_at_default"], selective["save_share_at_default"]) == pytest.approx((0.0005, 0.001))
+    assert (baseline.get("save_share_at_default"), selective.get("save_share_at_default")) == pytest.approx(
+        (0.0005, 0.001)
+    )
 
 
 @pytest.mark.slow
@@ -135,23 +130,23 @@ def test_squad_runs_and_a_killed_run_resumes_from_its_checkpoint(tmp_path):
         )
         == 0
     )
-    report = read_json(tmp_path / "finetuning.json")
-    (row,) = report["rows"]
-    assert report["runner"] == "run_squad" and report["model_config"]["hidden_size"] == 64
+    result = BenchResult.read(str(tmp_path / "finetuning.json"))
+    (row,) = result.rows
+    assert result.context["runner"] == "run_squad" and result.context["model_config"]["hidden_size"] == 64
     # exact match over the 300 built-in dev questions
-    assert row["exact"] * 3 == pytest.approx(round(row["exact"] * 3))
-    resume = report["resume_after_sigkill"]
-    assert resume["resumed_from"].endswith(f"ckpt-{resume['killed_after_checkpoint_step']:09d}.pt")
-    assert 0 < resume["restore_seconds"] < resume["launch_to_training_seconds"]
+    assert row.median("exact") * 3 == pytest.approx(round(row.median("exact") * 3))
+    # the resume after SIGKILL: columns of the first variant's row
+    assert row.get("resumed_from").endswith(f"ckpt-{row.get('killed_after_checkpoint_step'):09d}.pt")
+    assert 0 < row.get("restore_seconds") < row.get("launch_to_training_seconds")
 
 
 @pytest.mark.parametrize("task, shape", [("glue", (2, 64, 0.1)), ("squad", (2, 128, 0.0))])
 def test_each_task_trains_its_built_in_model_on_the_built_in_vocabulary(task, shape):
-    args = finetuning.build_parser().parse_args([f"--task={task}"])
-    config = finetuning.bert_config(args)
+    parsed = settings.parse(finetuning.FinetuningSettings, [f"--task={task}"], "")
+    config = finetuning.bert_config(parsed)
     assert (config.num_hidden_layers, config.hidden_size, config.hidden_dropout_prob) == shape
     assert config.vocab_size == len(synthetic.vocabulary())
-    assert config.max_position_embeddings >= finetuning.seq_length(args)
+    assert config.max_position_embeddings >= parsed.seq_length
 
 
 @pytest.mark.parametrize(
@@ -164,9 +159,18 @@ def test_each_task_trains_its_built_in_model_on_the_built_in_vocabulary(task, sh
         (["--variants=every-0"], "unknown variant 'every-0'"),
         (["--model=huge"], "unknown model 'huge'"),
         (["--num_train_epochs=0"], "--num_train_epochs must be positive, got 0.0"),
+        (["--device=tpu"], "--device"),
     ],
 )
 def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):
     out = tmp_path / "out"
     assert finetuning.main(flags + [f"--output_dir={out}"]) == 2
     assert message in error_line() and not out.exists()
+
+
+def test_the_settings_run_again_from_their_command_line():
+    parsed = settings.parse(
+        finetuning.FinetuningSettings, [*QUICK, "--variants=full,every-2", "--no_resume", "--output_dir=x"], ""
+    )
+    assert parsed.variants == ("full", "every-2") and parsed.no_resume and parsed.save_checkpoints_secs == 0.05
+    assert settings.parse(finetuning.FinetuningSettings, settings.as_argv(parsed), "") == parsed

@@ -1,13 +1,12 @@
 """`bertbench bench pretraining-data`: the synthetic corpus and vocab, one create_pretraining_data process per worker
 count, the figures it reports, and one-line errors."""
 
-import json
-
 import numpy as np
 import pytest
 
 from bertbench import cli as bertbench_cli
-from bertbench.bench import pretraining_data
+from bertbench.bench import pretraining_data, settings
+from bertbench.bench.results import BenchResult, Ratio
 from bertbench.tasks.synthetic import write_vocab
 from bertbench.tasks.tokenization import BertTokenizer
 
@@ -24,36 +23,44 @@ def measured(tmp_path_factory):
         )
         == 0
     )
-    return out, json.loads((out / "pretraining-data.json").read_text())
+    return out, BenchResult.read(str(out / "pretraining-data.json"))
 
 
 @pytest.mark.slow
 def test_every_worker_count_makes_the_same_instances_and_reports_its_figures(measured):
-    out, report = measured
-    one, two = report["rows"]
-    assert (one["workers"], two["workers"]) == (1, 2) and one["speedup"] == 1.0
+    out, result = measured
+    one, two, _ = result.rows
+    assert (one.setting, two.setting) == (
+        {"workers": 1, "max_seq_length": 64, "max_predictions_per_seq": 10, "bins": None},
+        {"workers": 2, "max_seq_length": 64, "max_predictions_per_seq": 10, "bins": None},
+    )
+    # one run each: no spread, so the speed-up is never marked noisy
+    assert one.get("speedup") == Ratio(1.0, None) and two.get("speedup") == Ratio(two.median() / one.median(), None)
     for key in ("documents", "sentences", "instances", "tokens"):
-        assert one[key] == two[key] > 0, key
+        assert one.get(key) == two.get(key) > 0, key
     corpus_bytes = (out / pretraining_data.KEPT_CORPUS).stat().st_size
     for row in (one, two):
-        assert row["sentences_per_s"] == pytest.approx(row["sentences"] / row["seconds"])
-        assert row["input_mb"] == corpus_bytes / 1e6  # the whole corpus read, whatever the worker count
-        assert row["mb_per_s"] == pytest.approx(corpus_bytes / 1e6 / row["seconds"])
+        assert (row.measured, row.unit, row.value.n) == ("mb_per_s", "MB/s", 1)
+        assert row.get("sentences_per_s") == pytest.approx(row.get("sentences") / row.get("seconds"))
+        assert row.get("input_mb") == corpus_bytes / 1e6  # the whole corpus read, whatever the worker count
+        assert row.median() == pytest.approx(corpus_bytes / 1e6 / row.get("seconds"))
         # every instance padded to --max_seq_length 64
-        assert row["padding_fraction"] == pytest.approx(1 - row["tokens"] / (row["instances"] * 64))
+        assert row.get("padding_fraction") == pytest.approx(1 - row.get("tokens") / (row.get("instances") * 64))
         # MiB of a Python process with NumPy, not bytes or GiB
-        assert 10 < row["peak_rss_main_mib"] < 4096 and 10 < row["peak_rss_worker_mib"] < 4096
-        assert row["output_mb"] > 0
+        assert 10 < row.get("peak_rss_main_mib") < 4096 and 10 < row.get("peak_rss_worker_mib") < 4096
+        assert row.get("output_mb") > 0
+    assert result.context["corpus"]["source"] == "synthetic"
 
 
 @pytest.mark.slow
 def test_length_bins_run_saves_padding(measured):
-    _, report = measured
-    (row,) = report["length_bins_rows"]
-    assert row["max_seq_length"] == 128 and row["length_bins"] == [32, 64, 96, 128]
-    assert row["max_predictions_per_seq"] == 20 and row["padding_fraction_with_bins"] < row["padding_fraction"]
-    assert row["padding_saved_fraction"] == pytest.approx(
-        1 - row["padding_fraction_with_bins"] / row["padding_fraction"], abs=0.05
+    _, result = measured
+    row = result.rows[-1]
+    assert row.setting == {"workers": 2, "max_seq_length": 128, "max_predictions_per_seq": 20, "bins": "32,64,96,128"}
+    assert row.get("length_bins") == [32, 64, 96, 128] and row.get("speedup") is None  # other settings
+    assert row.get("padding_fraction_with_bins") < row.get("padding_fraction")
+    assert row.get("padding_saved_fraction") == pytest.approx(
+        1 - row.get("padding_fraction_with_bins") / row.get("padding_fraction"), abs=0.05
     )
 
 
@@ -121,9 +128,21 @@ def test_a_user_corpus(tmp_path):
         )
         == 0
     )
-    report = json.loads((out / "pretraining-data.json").read_text())
-    rows = report["rows"]
-    assert rows[0]["documents"] == 2 and rows[0]["sentences"] == 4
+    (row,) = BenchResult.read(str(out / "pretraining-data.json")).rows
+    assert row.get("documents") == 2 and row.get("sentences") == 4
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--corpus=a.txt", "--megabytes=5"], "--corpus and --megabytes: give one"),
+        (["--corpus=a.txt"], "--corpus needs --vocab_file"),
+        (["--workers=1,0"], "--workers must be positive, got 1,0"),
+    ],
+)
+def test_contradictory_or_bad_settings_are_one_line(flags, message, tmp_path, error_line):
+    assert pretraining_data.main([*flags, "--output_dir", str(tmp_path / "out")]) == 2
+    assert message in error_line() and not (tmp_path / "out").exists()
 
 
 def test_errors_are_one_line_and_results_are_not_overwritten(measured, tmp_path, error_line):
@@ -172,3 +191,13 @@ def test_a_failing_create_pretraining_data_is_quoted_in_one_line(tmp_path, error
 def test_the_bench_command_lists_it(capsys):
     assert bertbench_cli.main(["bench", "--help"]) == 0
     assert "  pretraining-data " in capsys.readouterr().out
+
+
+def test_corpus_files_are_comma_separated_and_the_settings_run_again_from_their_command_line():
+    parsed = settings.parse(
+        pretraining_data.PretrainingDataSettings,
+        ["--corpus=wiki_00.txt,wiki_01.txt", "--vocab_file=vocab.txt", "--workers=1,4", "--output_dir=out"],
+        "",
+    )
+    assert parsed.corpus == ("wiki_00.txt", "wiki_01.txt") and parsed.workers == (1, 4) and parsed.megabytes is None
+    assert settings.parse(pretraining_data.PretrainingDataSettings, settings.as_argv(parsed), "") == parsed

@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from bertbench.bench import profile, workload
+from bertbench.bench.results import BenchResult
 
 TINY = [
     "--model",
@@ -39,13 +40,17 @@ def profiled(tmp_path_factory):
     """One tiny profile run shared by the tests that only read its files; its directory does not exist yet."""
     directory = tmp_path_factory.mktemp("profile") / "run"
     assert profile.main([*TINY, "--top", str(TOP), "--output_dir", str(directory)]) == 0
-    with open(directory / "profile.json") as handle:
-        return directory, json.load(handle)
+    return directory, BenchResult.read(str(directory / "profile.json"))
+
+
+def measuring(result: BenchResult, measured: str, key: str) -> dict:
+    """The rows measuring `measured`, by their setting `key` (category, operator)."""
+    return {row.get(key): row for row in result.rows_measuring(measured)}
 
 
 def test_trace_is_chrome_json_with_matmul_events(profiled):
-    directory, report = profiled
-    assert report["trace"] == "profile-trace.json"
+    directory, result = profiled
+    assert result.context["trace"] == "profile-trace.json"
     with open(directory / "profile-trace.json") as handle:
         names = {event.get("name") for event in json.load(handle)["traceEvents"]}
     assert names & {"aten::mm", "aten::addmm"}
@@ -63,43 +68,55 @@ def counted_flops() -> dict[str, int]:
 
 
 def test_flops_and_categories(profiled):
-    _, report = profiled
+    _, result = profiled
     counted = counted_flops()
-    assert report["model_flops_per_step"] == sum(counted.values())
-    assert report["attention_flops_per_step"] == counted["aten.bmm"]  # scores and mix, forward and backward
-    categories = report["categories"]
+    (step,) = result.rows_measuring("step_seconds")
+    assert step.setting == {
+        "model": "tiny",
+        "kind": "pretraining",
+        "variant": "baseline",
+        "precision": "fp32",
+        "batch_size": 2,
+        "max_seq_length": 32,
+    }
+    assert step.get("model_flops_per_step") == sum(counted.values())
+    assert step.get("attention_flops_per_step") == counted["aten.bmm"]  # scores and mix, forward and backward
+    categories = measuring(result, "category_seconds_per_step", "category")
     assert list(categories) == ["matmul", "attention", "dropout", "norm_activation", "optimizer", "other"]
-    assert categories["matmul"]["seconds"] > 0 and categories["attention"]["seconds"] > 0
-    assert sum(values["share"] for values in categories.values()) == pytest.approx(1)
+    assert categories["matmul"].median() > 0 and categories["attention"].median() > 0
+    assert sum(row.get("share") for row in categories.values()) == pytest.approx(1)
+    assert all(step.get(f"{name}_share") == row.get("share") for name, row in categories.items())
     # the dense layers' FLOPs (all but the attention's bmm) over the time of the ops categorised as matmul, not over
     # the whole step
-    assert report["matmul_tflops_per_s"] * 1e12 * categories["matmul"]["seconds"] == pytest.approx(
+    assert step.get("matmul_tflops_per_s") * 1e12 * categories["matmul"].median() == pytest.approx(
         sum(count for op, count in counted.items() if op != "aten.bmm")
     )
     # addmm and mm are matmuls wherever they run: all their self time is in the matmul category
-    operators = {row["name"]: row["seconds_per_step"] for row in report["top_operators"]}
-    dense = operators["aten::addmm"] + operators["aten::mm"]
-    assert 0 < dense <= categories["matmul"]["seconds"] * (1 + 1e-9)
+    operators = measuring(result, "operator_seconds_per_step", "operator")
+    dense = operators["aten::addmm"].median() + operators["aten::mm"].median()
+    assert 0 < dense <= categories["matmul"].median() * (1 + 1e-9)
     # self times are disjoint parts of the profiled steps: together at most the step's time
-    operator_seconds = sum(values["seconds"] for values in categories.values())
-    assert operator_seconds == pytest.approx(report["operator_share_of_step"] * report["step_seconds"])
-    assert 0 < report["operator_share_of_step"] <= 1.01
+    operator_seconds = sum(row.median() for row in categories.values())
+    assert operator_seconds == pytest.approx(step.get("operator_share_of_step") * step.get("mean_step_seconds"))
+    assert 0 < step.get("operator_share_of_step") <= 1.01
+    # the profiled steps' spread: two steps, their median between their min and max
+    assert step.value.n == 2 and step.value.min <= step.value.median <= step.value.max
 
 
 def test_top_operators_sorted_by_self_time(profiled):
-    directory, report = profiled
-    rows = report["top_operators"]
-    assert len({row["name"] for row in rows}) == len(rows) > 20  # every aten op of a training step, once
-    seconds = [row["self_seconds"] for row in rows]
+    directory, result = profiled
+    rows = result.rows_measuring("operator_seconds_per_step")
+    assert len({row.get("operator") for row in rows}) == len(rows) > 20  # every aten op of a training step, once
+    seconds = [row.get("self_seconds") for row in rows]
     assert seconds == sorted(seconds, reverse=True)
-    assert all(row["name"].startswith("aten::") and row["calls"] > 0 for row in rows)
+    assert all(row.get("operator").startswith("aten::") and row.get("calls") > 0 for row in rows)
     markdown = (directory / "profile.md").read_text()
     assert "| operator | calls | self ms | share of step | ms per step |" in markdown
     # the profiled steps' range beside their mean
-    assert (
-        f"min–max {report['step_seconds_min'] * 1e3:.1f}–{report['step_seconds_max'] * 1e3:.1f} ms, CV " in markdown
-    ) and report["step_seconds_cv"] is not None
-    assert all(f"| {row['name']} |" in markdown for row in rows)
+    (step,) = result.rows_measuring("step_seconds")
+    spread = step.value.scaled(1e3)
+    assert f"the steps: {spread.median:.1f} ({spread.min:.1f}–{spread.max:.1f}, CV " in markdown
+    assert all(f"| {row.get('operator')} |" in markdown for row in rows)
     assert (directory / "profile-categories.png").stat().st_size > 0
 
 
@@ -152,13 +169,23 @@ def test_overwrite_replaces_the_trace(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flags",
-    [["--batch_size", "0"], ["--steps", "0"], ["--warmup", "-1"], ["--variant", "every-0"], ["--precision", "fp8"]],
+    "flags, message",
+    [
+        (["--batch_size", "0"], "--batch_size must be positive, got 0"),
+        (["--steps", "0"], "--steps must be at least 1, got 0"),
+        (["--warmup", "-1"], "--warmup must be 0 or more, got -1"),
+        (["--variant", "every-0"], "--variant: unknown variant 'every-0'"),
+        (["--precision", "fp8"], "--precision: invalid choice: 'fp8'"),
+    ],
 )
-def test_bad_flags_are_usage_errors(flags, tmp_path):
-    with pytest.raises(SystemExit) as exit_info:
-        profile.main([*TINY, *flags, "--output_dir", str(tmp_path)])
-    assert exit_info.value.code == 2
+def test_bad_flags_are_usage_errors(flags, message, tmp_path, capsys):
+    # argparse's refusals exit from the parser, the settings' own checks return the status: both 2, in one line
+    try:
+        status = profile.main([*TINY, *flags, "--output_dir", str(tmp_path)])
+    except SystemExit as exit:
+        status = exit.code
+    assert status == 2 and message in capsys.readouterr().err
+    assert not os.listdir(tmp_path)
 
 
 def test_unknown_model_is_one_line_error(tmp_path, capsys):

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bertbench.bench import squad_data
+from bertbench.bench.results import BenchResult, Spread
 from bertbench.tasks import synthetic
 from bertbench.tasks.squad.features import convert_examples
 from bertbench.tasks.squad.reading import read_examples
@@ -32,24 +33,26 @@ def test_given_files_are_timed_by_run_squads_own_code(tmp_path):
         )
         == 0
     )
-    rows = json.loads((out / "squad-data.json").read_text())["rows"]
+    rows = BenchResult.read(str(out / "squad-data.json")).rows
     markdown = (out / "squad-data.md").read_text()
-    assert all(
-        f"| {row['seconds']:.2f} ({row['seconds_min']:.2f}–{row['seconds_max']:.2f}, CV " in markdown for row in rows
-    )
+    for row in rows:
+        seconds = row.get("seconds")
+        assert f"| {seconds.median:.2f} ({seconds.min:.2f}–{seconds.max:.2f}, CV " in markdown
     tokenizer = BertTokenizer.from_vocab_file(vocab)
     windows = {
         split: len(convert_examples(read_examples(path, training, True), tokenizer, 32, 8, 12, training))
         for split, path, training in (("train", train, True), ("dev", dev, False))
     }
-    assert [(row["set"], row["count"]) for row in rows] == [
-        ("train features", windows["train"]),
-        ("dev features", windows["dev"]),
-        ("dev answers from logits (n-best 20)", 60),
+    assert [(row.get("set"), row.get("count"), row.unit) for row in rows] == [
+        ("train features", windows["train"], "windows/s"),
+        ("dev features", windows["dev"], "windows/s"),
+        ("dev answers from logits (n-best 20)", 60, "questions/s"),
     ]
     for row in rows:
-        assert row["per_s"] == pytest.approx(row["count"] / row["seconds"])
-    assert rows[1]["questions"] == 60 and windows["train"] > 120  # windows: every question's context, in strides
+        assert row.measured == "per_s" and row.value.n == 3
+        assert row.median() == pytest.approx(row.get("count") / row.get("seconds").median)
+        assert (row.get("max_seq_length"), row.get("doc_stride"), row.get("max_query_length")) == (32, 8, 12)
+    assert rows[1].get("questions") == 60 and windows["train"] > 120  # windows: every question's context, in strides
 
 
 def test_each_figure_is_the_median_of_its_repeats_with_their_range(monkeypatch):
@@ -57,11 +60,12 @@ def test_each_figure_is_the_median_of_its_repeats_with_their_range(monkeypatch):
     monkeypatch.setattr(squad_data.time, "perf_counter", lambda: next(clock))
     result, seconds = squad_data.timed(lambda: "done", repeats=3)
     assert (result, seconds) == ("done", [1.0, 4.0, 2.0])
-    row = squad_data.speed_row("train features", 100, "windows", seconds)
-    assert (row["seconds"], row["seconds_min"], row["seconds_max"]) == (2.0, 1.0, 4.0)
-    assert (row["per_s"], row["per_s_min"], row["per_s_max"]) == (50.0, 25.0, 100.0)
+    settings = squad_data.SquadDataSettings(output_dir="unused")
+    row = squad_data.speed_row(settings, "train features", 100, "windows", seconds)
     # CV: the sample stdev over the mean, of the seconds (1.528 / 2.333) and of the rates (38.19 / 58.33)
-    assert (row["seconds_cv"], row["per_s_cv"]) == (pytest.approx(0.6547, abs=1e-4), pytest.approx(0.6547, abs=1e-4))
+    assert row.get("seconds") == Spread(2.0, 1.0, 4.0, pytest.approx(0.6547, abs=1e-4), 3)
+    assert row.value == Spread(50.0, 25.0, 100.0, pytest.approx(0.6547, abs=1e-4), 3)
+    assert (row.unit, row.get("items"), row.get("count")) == ("windows/s", "windows", 100)
 
 
 def test_the_assembled_corpus_has_squads_shape_at_scale(tmp_path):
@@ -86,6 +90,7 @@ def test_the_assembled_corpus_has_squads_shape_at_scale(tmp_path):
         (["--train_file=x", "--predict_file=y", "--vocab_file=z"], "--train_file x: no such file"),
         (["--scale=0"], "--scale must be positive, got 0.0"),
         (["--max_seq_length=60"], "--max_seq_length 60 leaves no room for context after --max_query_length 64"),
+        (["--repeats=0"], "--repeats must be positive, got 0"),
     ],
 )
 def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):

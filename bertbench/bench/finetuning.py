@@ -19,7 +19,6 @@ over the rounds with its min and max:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import json
@@ -30,13 +29,15 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from bertbench.bench import cli, workload
-from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.bench import settings, workload
+from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import line_plot
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
 from bertbench.common import run_files
 from bertbench.common.durable import read_json, write_atomically
-from bertbench.common.flags import as_flags
-from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
+from bertbench.common.errors import UsageError
+from bertbench.common.flags import as_flags, description, setting
+from bertbench.common.noise import LoadWatch, noisy_warning
 from bertbench.model import sizes
 from bertbench.model.config import BertConfig
 from bertbench.runners import classifier as run_classifier
@@ -45,6 +46,7 @@ from bertbench.runners.skeleton import TaskRunner
 from bertbench.tasks import synthetic
 from bertbench.training.checkpoint import list_checkpoints
 from bertbench.training.config import RunConfig
+from bertbench.training.distributed import resolve_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,92 +68,82 @@ TASKS = {
 DEFAULT_SAVE_SECONDS = RunConfig("").save_checkpoints_secs  # the original's 1200 s
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("finetuning", __doc__.splitlines()[0])
-    run = parser.add_argument_group("runs")
-    run.add_argument(
-        "--task",
+@dataclasses.dataclass(frozen=True)
+class FinetuningSettings(settings.BenchSettings):
+    """Runs."""
+
+    bench = "finetuning"
+
+    task: str = setting(
+        "glue: run_classifier on the built-in MRPC-sized task; squad: run_squad on the built-in SQuAD v2.0 files.",
+        "glue",
         choices=tuple(TASKS),
-        default="glue",
-        help="glue: run_classifier on the built-in MRPC-sized task; squad: run_squad on the built-in SQuAD v2.0 files.",
     )
-    cli.add_model_flag(
-        run,
+    model: str | None = settings.model_setting(
         None,
         " (its vocab_size becomes the built-in vocabulary's); default: tiny for glue, "
         "the demo's QA model (2 x 128, no dropout) for squad",
     )
-    run.add_argument(
-        "--variants",
-        type=cli.comma_list(str),
-        default=list(workload.ALL_VARIANTS),
-        help="baseline, full, selective, every-K.",
+    variants: tuple[str, ...] = setting("baseline, full, selective, every-K.", workload.ALL_VARIANTS)
+    rounds: int = setting("Runs of each variant, interleaved.", 3, positive=True)
+    max_seq_length: int | None = setting(
+        "Tokens per sequence (default: 128 for glue, 48 for squad).", None, positive=True
     )
-    run.add_argument("--rounds", type=cli.positive_int, default=3, help="Runs of each variant, interleaved.")
-    run.add_argument(
-        "--max_seq_length",
-        type=cli.positive_int,
-        default=None,
-        help="Tokens per sequence (default: 128 for glue, 48 for squad).",
+    train_batch_size: int = setting("Sequences per step.", 32, positive=True)
+    learning_rate: float = setting(
+        "Peak learning rate (the built-in tasks train a model from scratch).", 1e-3, positive=True
     )
-    run.add_argument("--train_batch_size", type=cli.positive_int, default=32, help="Sequences per step.")
-    run.add_argument(
-        "--learning_rate",
-        type=float,
-        default=1e-3,
-        help="Peak learning rate (the built-in tasks train a model from scratch).",
+    num_train_epochs: float | None = setting(
+        "Epochs of each run (default: 1 for glue, 6 for squad, as the demo's QA step).", None, positive=True
     )
-    run.add_argument(
-        "--num_train_epochs",
-        type=float,
-        default=None,
-        help="Epochs of each run (default: 1 for glue, 6 for squad, as the demo's QA step).",
+    max_train_samples: int | None = setting("Train on the first N examples only.", None, positive=True)
+    save_checkpoints_secs: float = setting(
+        "Timed saves of every run, short so that each run saves several times.", 2.0, positive=True
     )
-    run.add_argument(
-        "--max_train_samples", type=cli.positive_int, default=None, help="Train on the first N examples only."
-    )
-    run.add_argument(
-        "--save_checkpoints_secs",
-        type=float,
-        default=2.0,
-        help="Timed saves of every run, short so that each run saves several times.",
-    )
-    run.add_argument("--no_resume", action="store_true", help="Skip the resume-after-SIGKILL figure.")
-    run.add_argument("--seed", type=int, default=12345, help="Seed of every run (the same weights at the start).")
-    run.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
-    return parser
+    no_resume: bool = setting("Skip the resume-after-SIGKILL figure.", False)
+    seed: int = setting("Seed of every run (the same weights at the start).", 12345)
+    device: str | None = setting("cpu, cuda or cuda:N (default: CUDA when available).", None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            variants = self.variant_list  # an unknown variant is refused with the other settings
+        except workload.BenchError as error:
+            raise UsageError(str(error)) from None
+        if not variants:
+            raise UsageError("--variants: give at least one")
+
+    @property
+    def variant_list(self) -> list[workload.Variant]:
+        return [workload.Variant.parse(name) for name in self.variants]
+
+    @property
+    def seq_length(self) -> int:
+        return self.max_seq_length or TASKS[self.task].max_seq_length
+
+    @property
+    def epochs(self) -> float:
+        return self.num_train_epochs or TASKS[self.task].epochs
+
+    @property
+    def model_name(self) -> str:
+        return self.model or "built-in"
 
 
-def check_settings(args: argparse.Namespace) -> list[workload.Variant]:
-    variants = [workload.Variant.parse(name) for name in args.variants]
-    cli.device(args.device)  # an unusable --device fails here, not in the first run
-    for name, value in (
-        ("--num_train_epochs", args.num_train_epochs),
-        ("--learning_rate", args.learning_rate),
-        ("--save_checkpoints_secs", args.save_checkpoints_secs),
-    ):
-        if value is not None and not value > 0:
-            raise workload.BenchError(f"{name} must be positive, got {value}")
-    return variants
+SETTINGS = FinetuningSettings
 
 
-def seq_length(args: argparse.Namespace) -> int:
-    return args.max_seq_length or TASKS[args.task].max_seq_length
-
-
-def epochs(args: argparse.Namespace) -> float:
-    return args.num_train_epochs or TASKS[args.task].epochs
-
-
-def bert_config(args: argparse.Namespace) -> BertConfig:
+def bert_config(settings: FinetuningSettings) -> BertConfig:
     """The model of the runs: --model, or the task's built-in one; with the built-in vocabulary."""
-    seq, vocab_size = seq_length(args), len(synthetic.vocabulary())
-    if args.model is not None:
-        return dataclasses.replace(workload.bert_config(args.model, seq), vocab_size=vocab_size)
-    return BertConfig(**{**TASKS[args.task].model, "max_position_embeddings": max(seq, 64), "vocab_size": vocab_size})
+    seq, vocab_size = settings.seq_length, len(synthetic.vocabulary())
+    if settings.model is not None:
+        return dataclasses.replace(workload.bert_config(settings.model, seq), vocab_size=vocab_size)
+    return BertConfig(
+        **{**TASKS[settings.task].model, "max_position_embeddings": max(seq, 64), "vocab_size": vocab_size}
+    )
 
 
-def write_inputs(root: str, args: argparse.Namespace, config: BertConfig) -> dict:
+def write_inputs(root: str, settings: FinetuningSettings, config: BertConfig) -> dict:
     """The built-in data, vocab.txt and `config` as bert_config.json under `root`; the flags a run of the task reads
     them by."""
     config_file = os.path.join(root, "bert_config.json")
@@ -159,21 +151,21 @@ def write_inputs(root: str, args: argparse.Namespace, config: BertConfig) -> dic
     values = {
         "vocab_file": synthetic.write_vocab(root),
         "bert_config_file": config_file,
-        "max_seq_length": seq_length(args),
-        "train_batch_size": args.train_batch_size,
-        "learning_rate": args.learning_rate,
-        "num_train_epochs": epochs(args),
-        "seed": args.seed,
-        "device": args.device,
+        "max_seq_length": settings.seq_length,
+        "train_batch_size": settings.train_batch_size,
+        "learning_rate": settings.learning_rate,
+        "num_train_epochs": settings.epochs,
+        "seed": settings.seed,
+        "device": settings.device,
         "log_step_count_steps": 1000000,
-        "max_train_samples": args.max_train_samples,
+        "max_train_samples": settings.max_train_samples,
     }
-    if args.task == "glue":
+    if settings.task == "glue":
         values.update(
             task_name="MRPC", data_dir=synthetic.write_glue_task(os.path.join(root, "glue"), "MRPC"), do_eval=True
         )
     else:
-        train_file, dev_file = synthetic.write_squad(os.path.join(root, "squad"), "2.0", seed=args.seed)
+        train_file, dev_file = synthetic.write_squad(os.path.join(root, "squad"), "2.0", seed=settings.seed)
         values.update(
             train_file=train_file,
             predict_file=dev_file,
@@ -206,10 +198,13 @@ def train_once(spec: TaskRunner, values: dict, scores: Sequence[str]) -> dict:
     }
 
 
-def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root: str, inputs: dict) -> list[dict]:
-    spec, scores = TASKS[args.task].spec, TASKS[args.task].scores
+def rounds(settings: FinetuningSettings, root: str, inputs: dict) -> list[Row]:
+    """Each variant's runs in `settings.rounds` interleaved rounds: a row per variant, its steady seq/s the median of
+    its runs, with the dev scores, the save's cost and every run's own figures (`runs`) as columns."""
+    task = TASKS[settings.task]
+    variants = settings.variant_list
     runs: dict[str, list[dict]] = {variant.name: [] for variant in variants}
-    for round_index in range(args.rounds):
+    for round_index in range(settings.rounds):
         for variant in variants if round_index % 2 == 0 else list(reversed(variants)):
             out = os.path.join(root, "runs", f"{variant.file_name}-{round_index}")
             values = {
@@ -217,32 +212,38 @@ def rounds(args: argparse.Namespace, variants: Sequence[workload.Variant], root:
                 **variant.runner_values(),
                 "do_train": True,
                 "output_dir": out,
-                "save_checkpoints_secs": args.save_checkpoints_secs,
+                "save_checkpoints_secs": settings.save_checkpoints_secs,
             }
-            run = train_once(spec, values, scores)
+            run = train_once(task.spec, values, task.scores)
             runs[variant.name].append(run)
             print(
                 f"  round {round_index + 1} {variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
-                + "  ".join(f"{name} {run[name]:.3f}" for name in scores),
+                + "  ".join(f"{name} {run[name]:.3f}" for name in task.scores),
                 flush=True,
             )
+    rates = {name: Spread.of(run["steady_seq_per_s"] for run in done) for name, done in runs.items()}
+    first = rates[variants[0].name]
     rows = []
     for variant in variants:
         done = runs[variant.name]
-        row = {"variant": variant.name, "runs": done}
-        for key in ("steady_seq_per_s", "seconds_per_save", "checkpoint_bytes", *scores):
-            row.update(spread_fields(key, spread([run[key] for run in done])))
-        rows.append(row)
-    first = rows[0]["steady_seq_per_s"]
-    for row in rows:
-        row["vs_first_variant"] = row["steady_seq_per_s"] / first
-        row["save_share_at_default"] = row["seconds_per_save"] / DEFAULT_SAVE_SECONDS
+        save = Spread.of(run["seconds_per_save"] for run in done)
+        columns = {
+            "vs_first_variant": Ratio.of(rates[variant.name], first),
+            **{name: Spread.of(run[name] for run in done) for name in task.scores},
+            "seconds_per_save": save,
+            "checkpoint_bytes": Spread.of(run["checkpoint_bytes"] for run in done),
+            "save_share_at_default": save.median / DEFAULT_SAVE_SECONDS,
+            "runs": done,
+        }
+        setting = {"task": settings.task, "model": settings.model_name, "variant": variant.name}
+        rows.append(Row("steady_seq_per_s", "seq/s", setting, rates[variant.name], columns))
     return rows
 
 
-def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, root: str, inputs: dict) -> dict:
-    """Kill a training process after its first checkpoint; time the same command from launch to training again."""
-    spec = TASKS[args.task].spec
+def resume_after_sigkill(settings: FinetuningSettings, variant: workload.Variant, root: str, inputs: dict) -> dict:
+    """Kill a training process after its first checkpoint; time the same command from launch to training again:
+    the columns the first variant's row gets."""
+    spec = TASKS[settings.task].spec
     out = os.path.join(root, "killed")
     values = {
         **inputs,
@@ -277,7 +278,6 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
         raise workload.BenchRunFailed(f"the resumed {spec.name} failed:\n{''.join(lines[-20:])}")
     train = read_json(os.path.join(out, run_files.TRAIN_RESULTS))
     return {
-        "variant": variant.name,
         "killed_after_checkpoint_step": killed_at,
         "resumed_from": train["resumed_from"],
         "restore_seconds": train["restore_seconds"],
@@ -285,90 +285,88 @@ def resume_after_sigkill(args: argparse.Namespace, variant: workload.Variant, ro
     }
 
 
-def markdown(args: argparse.Namespace, config: BertConfig, rows: list[dict], resume: dict | None) -> str:
-    scores = TASKS[args.task].scores
-    table = [
-        dict(
-            row,
-            **spread_fields("save_ms", spread([run["seconds_per_save"] * 1e3 for run in row["runs"]])),
-            save_mib=row["checkpoint_bytes"] / 2**20,
-        )
-        for row in rows
-    ]
+def markdown(settings: FinetuningSettings, config: BertConfig, rows: Sequence[Row]) -> str:
+    first = rows[0]
     columns = [
-        ("variant", "variant", ""),
-        spread_column("steady seq/s: median (min–max, CV)", "steady_seq_per_s", ".1f"),
-        (f"vs {rows[0]['variant']}", "vs_first_variant", ".3f"),
-        *[spread_column(title, name, ".3f") for name, title in scores.items()],
-        spread_column("ms per save", "save_ms", ".1f"),
-        ("checkpoint MiB", "save_mib", ".1f"),
-        (f"save cost at {DEFAULT_SAVE_SECONDS:g} s", "save_share_at_default", ".4%"),
+        Column("variant", "variant"),
+        Column("steady seq/s: median (min–max, CV)", "steady_seq_per_s", ".1f"),
+        Column(f"vs {first.get('variant')}", "vs_first_variant", ".3f"),
+        *[Column(title, name, ".3f") for name, title in TASKS[settings.task].scores.items()],
+        Column("ms per save", "seconds_per_save", lambda row: row.get("seconds_per_save").scaled(1e3).text(".1f")),
+        Column("checkpoint MiB", "checkpoint_bytes", lambda row: f"{row.median('checkpoint_bytes') / 2**20:.1f}"),
+        Column(f"save cost at {DEFAULT_SAVE_SECONDS:g} s", "save_share_at_default", ".4%"),
     ]
-    spec = TASKS[args.task].spec
     lines = [
-        f"# Fine-tuning through {spec.name}: {args.model or 'built-in'} model ({config.num_hidden_layers} x "
-        f"{config.hidden_size}), built-in {args.task} data, seq {seq_length(args)}, batch "
-        f"{args.train_batch_size}, {epochs(args):g} epochs",
+        f"# Fine-tuning through {TASKS[settings.task].spec.name}: {settings.model_name} model "
+        f"({config.num_hidden_layers} x {config.hidden_size}), built-in {settings.task} data, seq "
+        f"{settings.seq_length}, batch {settings.train_batch_size}, {settings.epochs:g} epochs",
         "",
-        f"{args.rounds} rounds per variant, interleaved; median, range and CV (stdev / mean) over the rounds.",
+        f"{settings.rounds} rounds per variant, interleaved; median, range and CV (stdev / mean) over the rounds.",
         "",
-        markdown_table(table, columns),
+        table(rows, columns),
     ]
-    if resume is not None:
+    note = noisy_ratios_note(rows)
+    if note:
+        lines += ["", note]
+    if first.get("launch_to_training_seconds") is not None:
         lines += [
             "",
-            f"Resume after SIGKILL ({resume['variant']}, killed after the step-"
-            f"{resume['killed_after_checkpoint_step']} checkpoint): training again "
-            f"{resume['launch_to_training_seconds']:.2f} s after launch, of which the restore took "
-            f"{resume['restore_seconds'] * 1e3:.0f} ms.",
+            f"Resume after SIGKILL ({first.get('variant')}, killed after the step-"
+            f"{first.get('killed_after_checkpoint_step')} checkpoint): training again "
+            f"{first.get('launch_to_training_seconds'):.2f} s after launch, of which the restore took "
+            f"{first.get('restore_seconds') * 1e3:.0f} ms.",
         ]
     return "\n".join(lines)
 
 
-def plot(args: argparse.Namespace, rows: list[dict]):
+def plot(settings: FinetuningSettings, rows: Sequence[Row]):
     """Each run's steady seq/s by round, a line per variant: the spread and any drift at a glance."""
     series = {
-        row["variant"]: (list(range(1, len(row["runs"]) + 1)), [run["steady_seq_per_s"] for run in row["runs"]])
+        row.get("variant"): (
+            list(range(1, len(row.get("runs")) + 1)),
+            [run["steady_seq_per_s"] for run in row.get("runs")],
+        )
         for row in rows
     }
     return line_plot(
         series,
         "round",
         "steady sentences / s",
-        f"{TASKS[args.task].spec.name}, {args.model or 'built-in'} model, built-in {args.task} data",
+        f"{TASKS[settings.task].spec.name}, {settings.model_name} model, built-in {settings.task} data",
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-
-    def body() -> None:
-        variants = check_settings(args)
-        config = bert_config(args)  # a bad --model fails before anything runs
-        output = BenchOutput(cli.output_dir(args, "finetuning"), "finetuning", argv, args.overwrite)
-        with tempfile.TemporaryDirectory() as root:
-            inputs = write_inputs(root, args, config)
-            load = LoadWatch()
-            rows = rounds(args, variants, root, inputs)
-            output.warn(load.busy("the rounds"))
-            output.warn(noisy_warning(rows, "steady_seq_per_s", lambda row: row["variant"], "rounds"))
-            resume = None if args.no_resume else resume_after_sigkill(args, variants[0], root, inputs)
-        text = markdown(args, config, rows, resume)
-        print(
-            output.write(
-                vars(args),
-                {
-                    "task": args.task,
-                    "runner": TASKS[args.task].spec.name,
-                    "model_config": dataclasses.asdict(config),
-                    "rows": rows,
-                    "resume_after_sigkill": resume,
-                },
-                text,
-                {"seq-per-s": plot(args, rows)},
+def run(settings: FinetuningSettings, argv: Sequence[str]) -> None:
+    resolve_device(settings.device)  # an unusable --device fails here, not in the first run
+    config = bert_config(settings)  # a bad --model fails before anything runs
+    output = BenchOutput(settings.directory, settings.bench, argv, settings.overwrite)
+    with tempfile.TemporaryDirectory() as root:
+        inputs = write_inputs(root, settings, config)
+        load = LoadWatch()
+        rows = rounds(settings, root, inputs)
+        output.warn(load.busy("the rounds"))
+        output.warn(
+            noisy_warning(
+                [{"variant": row.get("variant"), "rate_cv": row.value.cv} for row in rows],
+                "rate",
+                lambda row: row["variant"],
+                "rounds",
             )
         )
-        print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
+        if not settings.no_resume:
+            resume = resume_after_sigkill(settings, settings.variant_list[0], root, inputs)
+            rows[0] = dataclasses.replace(rows[0], columns={**rows[0].columns, **resume})
+    context = {
+        "runner": TASKS[settings.task].spec.name,
+        "model_config": dataclasses.asdict(config),
+        "max_seq_length": settings.seq_length,
+        "num_train_epochs": settings.epochs,
+        "default_save_checkpoints_secs": DEFAULT_SAVE_SECONDS,
+    }
+    text = markdown(settings, config, rows)
+    output.write_result(settings, rows, context, text, {"seq-per-s": plot(settings, rows)})
+    print(text)
+    print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 
-    return cli.run("bertbench bench finetuning", body)
+
+main = settings.main_for(FinetuningSettings, description(__doc__), run)

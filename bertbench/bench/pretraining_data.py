@@ -9,15 +9,14 @@ pseudo-words of syllables with Zipf frequencies, in sentences and documents of E
 of BERT-base's size made from it, in which the rarer words are split into WordPieces as a real vocab splits them.
 
     bertbench bench pretraining-data --megabytes 120 --workers 1,2,4,8
-    bertbench bench pretraining-data --corpus wiki_00.txt wiki_01.txt --vocab_file $BERT_DIR/vocab.txt
+    bertbench bench pretraining-data --corpus wiki_00.txt,wiki_01.txt --vocab_file $BERT_DIR/vocab.txt
     bertbench bench pretraining-data --megabytes 20 --workers 4 --length_bins_at 512   # padding saved by bins
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import glob
-import json
 import math
 import os
 import shutil
@@ -30,10 +29,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertbench.bench import cli, workload
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench import settings, workload
+from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import line_plot
-from bertbench.common.durable import move_files
+from bertbench.bench.results import Column, Ratio, Row, Spread, table
+from bertbench.common.durable import move_files, read_json
+from bertbench.common.errors import UsageError
+from bertbench.common.flags import description, setting
 from bertbench.common.noise import LoadWatch
 from bertbench.tasks import synthetic
 from bertbench.tasks.pretraining_data.shards import STATS_FILE
@@ -240,107 +242,78 @@ def make_synthetic_corpus(directory: str, megabytes: float, seed: int, vocab_fil
 
 # ---- the bench ------------------------------------------------------------------------------------------------------
 
-COLUMNS = [
-    ("workers", "workers", "d"),
-    ("seq", "max_seq_length", "d"),
-    ("length bins", "bins", ""),
-    ("input MB", "input_mb", ",.1f"),
-    ("documents", "documents", ",d"),
-    ("sentences", "sentences", ",d"),
-    ("instances", "instances", ",d"),
-    ("seconds", "seconds", ",.1f"),
-    ("sentences/s", "sentences_per_s", ",.0f"),
-    ("MB/s", "mb_per_s", ",.2f"),
-    ("instances/s", "instances_per_s", ",.0f"),
-    ("speed-up", "speedup", ".2f"),
-    ("peak RSS main (MiB)", "peak_rss_main_mib", ",.0f"),
-    ("peak RSS worker (MiB)", "peak_rss_worker_mib", ",.0f"),
-    ("output MB", "output_mb", ",.1f"),
-    ("padding", "padding_fraction", ".1%"),
-    ("padding in bins", "padding_fraction_with_bins", ".1%"),
-    ("padding saved", "padding_saved_fraction", ".1%"),
-]
+SYNTHETIC_MEGABYTES = 120.0
 
 
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"{value} is not positive")
-    return value
+@dataclasses.dataclass(frozen=True)
+class PretrainingDataSettings(settings.BenchSettings):
+    """Corpus (the user's, or a synthetic one: the default) and create_pretraining_data's settings."""
 
+    bench = BENCH
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for(BENCH, __doc__.splitlines()[0])
-    corpus = parser.add_argument_group("corpus: the user's, or a synthetic one (the default)")
-    source = corpus.add_mutually_exclusive_group()
-    source.add_argument(
-        "--corpus",
-        nargs="+",
-        metavar="FILE",
-        help="Text files in Google's format (a sentence per line, a blank line between documents); needs --vocab_file.",
+    corpus: tuple[str, ...] | None = setting(
+        "Text files in Google's format (a sentence per line, a blank line between documents), comma-separated; "
+        "needs --vocab_file.",
+        None,
     )
-    source.add_argument(
-        "--megabytes",
-        type=positive_float,
-        default=120.0,
-        help="Size of the synthetic corpus (MB of text): 120 makes 15 chunks of 8 MB, enough for 8 workers.",
+    megabytes: float | None = setting(
+        f"Size of the synthetic corpus (MB of text; default: {SYNTHETIC_MEGABYTES:g}, which makes 15 chunks of 8 MB, "
+        "enough for 8 workers).",
+        None,
+        positive=True,
     )
-    corpus.add_argument(
-        "--vocab_file",
-        default=None,
-        help="vocab.txt (default for the synthetic corpus: one of BERT-base's size made from it).",
+    vocab_file: str | None = setting(
+        "vocab.txt (default for the synthetic corpus: one of BERT-base's size made from it).", None
     )
-    corpus.add_argument("--seed", type=int, default=0, help="Seed of the synthetic corpus: same seed, same bytes.")
-    corpus.add_argument(
-        "--keep_corpus",
-        action="store_true",
-        help=f"Keep the synthetic corpus and vocab as {KEPT_CORPUS} and {KEPT_VOCAB} in --output_dir "
+    seed: int = setting("Seed of the synthetic corpus: same seed, same bytes.", 0)
+    keep_corpus: bool = setting(
+        f"Keep the synthetic corpus and vocab as {KEPT_CORPUS} and {KEPT_VOCAB} in --output_dir "
         "(they are removed with the shards otherwise).",
+        False,
     )
-    data = parser.add_argument_group("create_pretraining_data's settings")
-    data.add_argument(
-        "--workers",
-        type=cli.comma_list(cli.positive_int),
-        default=[1, 2],
-        help="--num_workers of each run; the first is the reference of the speed-up.",
+    workers: tuple[int, ...] = setting(
+        "--num_workers of each run; the first is the reference of the speed-up.", (1, 2), positive=True
     )
-    data.add_argument("--max_seq_length", type=cli.positive_int, default=128, help="Tokens per instance.")
-    data.add_argument(
-        "--max_predictions_per_seq", type=cli.positive_int, default=20, help="Most masked tokens per instance."
+    max_seq_length: int = setting("Tokens per instance.", 128, positive=True)
+    max_predictions_per_seq: int = setting("Most masked tokens per instance.", 20, positive=True)
+    dupe_factor: int = setting(
+        "Passes over each chunk (Google's default is 10). Instances, output and the time spent making and writing "
+        "them grow linearly with it, while the text is read and tokenized once, so one pass is the quickest figure "
+        "of both parts.",
+        1,
+        positive=True,
     )
-    data.add_argument(
-        "--dupe_factor",
-        type=cli.positive_int,
-        default=1,
-        help="Passes over each chunk (Google's default is 10). Instances, output and the time spent "
-        "making and writing them grow linearly with it, while the text is read and tokenized "
-        "once, so one pass is the quickest figure of both parts.",
+    num_shards: int = setting("Output shards (per length bin).", 16, positive=True)
+    chunk_megabytes: float = setting(
+        "Text per chunk: what each worker holds at a time, and so its memory.", 8.0, positive=True
     )
-    data.add_argument("--num_shards", type=cli.positive_int, default=16, help="Output shards (per length bin).")
-    data.add_argument(
-        "--chunk_megabytes",
-        type=positive_float,
-        default=8.0,
-        help="Text per chunk: what each worker holds at a time, and so its memory.",
+    length_bins: tuple[int, ...] | None = setting(
+        "Bin edges ending at --max_seq_length, e.g. 32,64,128: instances are padded only to their bin's edge (the "
+        "padding saved is reported).",
+        None,
+        positive=True,
     )
-    data.add_argument(
-        "--length_bins",
-        type=cli.comma_list(cli.positive_int),
-        default=None,
-        help="Bin edges ending at --max_seq_length, e.g. 32,64,128: instances are padded only to "
-        "their bin's edge (the padding saved is reported).",
+    length_bins_at: int | None = setting(
+        "Also one run at max_seq_length SEQ (phase 2: 512) with length bins at its quarters (128,256,384,512) and "
+        "15.6%% of SEQ predictions (80), with the most --workers: the padding bins save on long sequences. Off by "
+        "default: it takes about as long again as the other runs together.",
+        None,
+        positive=True,
     )
-    data.add_argument(
-        "--length_bins_at",
-        type=cli.positive_int,
-        default=None,
-        metavar="SEQ",
-        help="Also one run at max_seq_length SEQ (phase 2: 512) with length bins at its quarters "
-        "(128,256,384,512) and 15.6%% of SEQ predictions (80), with the most --workers: the "
-        "padding bins save on long sequences. Off by default: it takes about as long again as "
-        "the other runs together.",
-    )
-    return parser
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.corpus is not None and self.megabytes is not None:
+            raise UsageError("--corpus and --megabytes: give one (your corpus, or the size of a synthetic one)")
+        if self.corpus is not None and self.vocab_file is None:
+            raise UsageError("--corpus needs --vocab_file (the vocab of the model to pre-train)")
+
+    @property
+    def synthetic_megabytes(self) -> float:
+        return self.megabytes or SYNTHETIC_MEGABYTES
+
+
+SETTINGS = PretrainingDataSettings
 
 
 def corpus_files(paths: Sequence[str]) -> list[str]:
@@ -348,11 +321,6 @@ def corpus_files(paths: Sequence[str]) -> list[str]:
     for path in paths:
         if not os.path.isfile(path):
             raise workload.BenchError(f"--corpus {path}: no such file")
-        if "," in path:
-            raise workload.BenchError(
-                f"--corpus {path}: a comma in a file name is not supported "
-                "(create_pretraining_data's --input_file is comma-separated)"
-            )
     return [glob.escape(path) for path in paths]
 
 
@@ -371,10 +339,11 @@ def run_once(
     seq: int,
     predictions: int,
     bins: Sequence[int] | None,
-    args: argparse.Namespace,
+    settings: PretrainingDataSettings,
 ) -> dict:
-    """One create_pretraining_data process: its statistics as a row of figures. The shards are removed after
-    their size is taken (they are as large as the text: several runs would fill a disk)."""
+    """One create_pretraining_data process: its statistics as a dict of figures (`row` makes them a Row). The
+    shards are removed after their size is taken (they are as large as the text: several runs would fill a
+    disk)."""
     shards = os.path.join(work, f"shards-seq{seq}-workers{workers}")
     command = [
         sys.executable,
@@ -383,12 +352,12 @@ def run_once(
         f"--input_file={','.join(files)}",
         f"--vocab_file={vocab_file}",
         f"--output_dir={shards}",
-        f"--num_shards={args.num_shards}",
+        f"--num_shards={settings.num_shards}",
         f"--max_seq_length={seq}",
         f"--max_predictions_per_seq={predictions}",
-        f"--dupe_factor={args.dupe_factor}",
+        f"--dupe_factor={settings.dupe_factor}",
         f"--num_workers={workers}",
-        f"--chunk_megabytes={args.chunk_megabytes}",
+        f"--chunk_megabytes={settings.chunk_megabytes}",
     ]
     if bins:
         command.append(f"--length_bins={','.join(map(str, bins))}")
@@ -400,8 +369,7 @@ def run_once(
         raise workload.BenchRunFailed(
             f"create_pretraining_data with {workers} worker(s) failed (exit {done.returncode}): {last}"
         )
-    with open(os.path.join(shards, STATS_FILE)) as handle:
-        stats = json.load(handle)
+    stats = read_json(os.path.join(shards, STATS_FILE))
     output_bytes = sum(
         os.path.getsize(os.path.join(directory, name))
         for directory, _, names in os.walk(shards)
@@ -414,8 +382,8 @@ def run_once(
         "max_seq_length": seq,
         "max_predictions_per_seq": predictions,
         "length_bins": list(bins) if bins else None,
-        "bins": ",".join(map(str, bins)) if bins else "–",
-        "dupe_factor": args.dupe_factor,
+        "bins": ",".join(map(str, bins)) if bins else None,
+        "dupe_factor": settings.dupe_factor,
         "input_mb": stats["input_bytes"] / 1e6,
         "chunks": stats["chunks"],
         "documents": stats["documents"],
@@ -443,54 +411,87 @@ def run_once(
     return row
 
 
-def run_all(args: argparse.Namespace, work: str) -> tuple[dict, list[dict], list[dict]]:
-    """The corpus, then a run per worker count (and the --length_bins_at run): (corpus, rows, bins rows)."""
-    if args.corpus:
+SETTING_KEYS = ("workers", "max_seq_length", "max_predictions_per_seq", "bins")
+
+
+def row(figures: dict, reference: Spread | None) -> Row:
+    """A run's figures as a Row: its MB/s (one run: no spread) for its setting, the rest as columns, and its speed-up
+    over `reference` (the first worker count's MB/s) for a run of the same settings but the workers."""
+    value = Spread.exact(figures["mb_per_s"])
+    columns = {key: item for key, item in figures.items() if key not in (*SETTING_KEYS, "mb_per_s")}
+    if reference is not None:
+        columns["speedup"] = Ratio.of(value, reference)
+    return Row("mb_per_s", "MB/s", {key: figures[key] for key in SETTING_KEYS}, value, columns)
+
+
+def run_all(settings: PretrainingDataSettings, work: str) -> tuple[dict, list[Row]]:
+    """The corpus, then a run per worker count (and the --length_bins_at run, last): (corpus, rows)."""
+    if settings.corpus:
         corpus = {
             "source": "files",
-            "files": list(args.corpus),
-            "bytes": sum(map(os.path.getsize, args.corpus)),
-            "vocab_file": args.vocab_file,
+            "files": list(settings.corpus),
+            "bytes": sum(map(os.path.getsize, settings.corpus)),
+            "vocab_file": settings.vocab_file,
         }
-        files = corpus_files(args.corpus)
+        files = corpus_files(settings.corpus)
     else:
-        corpus = make_synthetic_corpus(work, args.megabytes, args.seed, args.vocab_file)
+        corpus = make_synthetic_corpus(work, settings.synthetic_megabytes, settings.seed, settings.vocab_file)
         files = corpus["files"]
         print(f"  synthetic corpus: {corpus['bytes'] / 1e6:,.1f} MB in {corpus['generate_seconds']:.1f} s", flush=True)
-    rows = [
+    runs = [
         run_once(
             files,
             corpus["vocab_file"],
             work,
             workers,
-            args.max_seq_length,
-            args.max_predictions_per_seq,
-            args.length_bins,
-            args,
+            settings.max_seq_length,
+            settings.max_predictions_per_seq,
+            settings.length_bins,
+            settings,
         )
-        for workers in args.workers
+        for workers in settings.workers
     ]
-    for row in rows:
-        row["speedup"] = row["mb_per_s"] / rows[0]["mb_per_s"]
-    bins_rows = []
-    if args.length_bins_at:
-        seq = args.length_bins_at
-        bins_rows.append(
-            run_once(
-                files,
-                corpus["vocab_file"],
-                work,
-                max(args.workers),
-                seq,
-                synthetic.masked_positions(seq),
-                [seq * quarter // 4 for quarter in range(1, 5)],
-                args,
-            )
+    first = Spread.exact(runs[0]["mb_per_s"])
+    rows = [row(figures, first) for figures in runs]
+    if settings.length_bins_at:
+        seq = settings.length_bins_at
+        figures = run_once(
+            files,
+            corpus["vocab_file"],
+            work,
+            max(settings.workers),
+            seq,
+            synthetic.masked_positions(seq),
+            [seq * quarter // 4 for quarter in range(1, 5)],
+            settings,
         )
-    return corpus, rows, bins_rows
+        rows.append(row(figures, None))
+    return corpus, rows
 
 
-def markdown(args: argparse.Namespace, corpus: dict, rows: list[dict], bins_rows: list[dict]) -> str:
+COLUMNS = [
+    Column("workers", "workers", "d"),
+    Column("seq", "max_seq_length", "d"),
+    Column("length bins", "bins"),
+    Column("input MB", "input_mb", ",.1f"),
+    Column("documents", "documents", ",d"),
+    Column("sentences", "sentences", ",d"),
+    Column("instances", "instances", ",d"),
+    Column("seconds", "seconds", ",.1f"),
+    Column("sentences/s", "sentences_per_s", ",.0f"),
+    Column("MB/s", "mb_per_s", ",.2f"),
+    Column("instances/s", "instances_per_s", ",.0f"),
+    Column("speed-up", "speedup", ".2f"),
+    Column("peak RSS main (MiB)", "peak_rss_main_mib", ",.0f"),
+    Column("peak RSS worker (MiB)", "peak_rss_worker_mib", ",.0f"),
+    Column("output MB", "output_mb", ",.1f"),
+    Column("padding", "padding_fraction", ".1%"),
+    Column("padding in bins", "padding_fraction_with_bins", ".1%"),
+    Column("padding saved", "padding_saved_fraction", ".1%"),
+]
+
+
+def markdown(settings: PretrainingDataSettings, corpus: dict, rows: Sequence[Row]) -> str:
     size = f"{corpus['bytes'] / 1e6:,.1f} MB"
     source = (
         f"synthetic corpus of {size} (seed {corpus['seed']})"
@@ -498,10 +499,10 @@ def markdown(args: argparse.Namespace, corpus: dict, rows: list[dict], bins_rows
         else f"{len(corpus['files'])} file(s), {size}"
     )
     lines = [
-        f"# Pre-training data creation: {source}, dupe factor {args.dupe_factor}, {args.num_shards} shards, "
-        f"{args.chunk_megabytes:g} MB chunks",
+        f"# Pre-training data creation: {source}, dupe factor {settings.dupe_factor}, {settings.num_shards} shards, "
+        f"{settings.chunk_megabytes:g} MB chunks",
         "",
-        markdown_table(rows + bins_rows, COLUMNS),
+        table(rows, COLUMNS),
         "",
         "seconds: create_pretraining_data's own (reading, tokenizing, making instances, writing), without the "
         "interpreter's start-up. Peak RSS: the main process (reading, writing, compressing) and the largest "
@@ -509,21 +510,23 @@ def markdown(args: argparse.Namespace, corpus: dict, rows: list[dict], bins_rows
         "the shards; with length bins, what is left of it in the bins and the share of it they save. Each "
         "worker count runs once: these figures have no spread (a run on a busy machine is flagged).",
     ]
-    if bins_rows:
+    if settings.length_bins_at:
         lines += [
             "",
-            f"The last row is the --length_bins_at {args.length_bins_at} run; its speed-up is not given "
+            f"The last row is the --length_bins_at {settings.length_bins_at} run; its speed-up is not given "
             "(other settings).",
         ]
     return "\n".join(lines)
 
 
-def plots(rows: list[dict]) -> dict:
-    workers = [row["workers"] for row in rows]
-    linear = [rows[0]["mb_per_s"] * count / rows[0]["workers"] for count in workers]
+def plots(rows: Sequence[Row]) -> dict:
+    """Throughput and peak memory over the worker counts (the --length_bins_at run left out: other settings)."""
+    rows = [row for row in rows if "speedup" in row.columns]
+    workers = [row.get("workers") for row in rows]
+    linear = [rows[0].median() * count / workers[0] for count in workers]
     return {
         "throughput": line_plot(
-            {"measured": (workers, [row["mb_per_s"] for row in rows])},
+            {"measured": (workers, [row.median() for row in rows])},
             "workers",
             "MB of text / s",
             "create_pretraining_data throughput",
@@ -532,8 +535,8 @@ def plots(rows: list[dict]) -> dict:
         ),
         "memory": line_plot(
             {
-                "main process": (workers, [row["peak_rss_main_mib"] for row in rows]),
-                "largest worker": (workers, [row["peak_rss_worker_mib"] for row in rows]),
+                "main process": (workers, [row.get("peak_rss_main_mib") for row in rows]),
+                "largest worker": (workers, [row.get("peak_rss_worker_mib") for row in rows]),
             },
             "workers",
             "peak RSS (MiB)",
@@ -548,47 +551,41 @@ def moved(source: str, destination: str) -> str:
     return destination
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-
-    def body() -> None:
-        if args.corpus:
-            corpus_files(args.corpus)
-            if args.vocab_file is None:
-                raise workload.BenchError("--corpus needs --vocab_file (the vocab of the model to pre-train)")
-        if args.vocab_file is not None:
-            check_vocab(args.vocab_file)
-        keep_corpus, keep_vocab = args.keep_corpus and not args.corpus, args.keep_corpus and not args.vocab_file
-        directory = cli.output_dir(args, BENCH)
-        output = BenchOutput(
-            directory, BENCH, argv, args.overwrite, other_files=[KEPT_CORPUS] * keep_corpus + [KEPT_VOCAB] * keep_vocab
-        )
-        created = not os.path.isdir(directory)
-        os.makedirs(directory, exist_ok=True)
-        # In the output directory, not /tmp: that may be memory (tmpfs), which the shards would then fill and count.
-        work = tempfile.mkdtemp(prefix=f".{BENCH}-work-", dir=directory)
-        try:
-            load = LoadWatch()
-            corpus, rows, bins_rows = run_all(args, work)
-            output.warn(load.busy("the runs"))
-            text = markdown(args, corpus, rows, bins_rows)
-            if keep_corpus:
-                corpus["files"] = [moved(corpus["files"][0], os.path.join(directory, KEPT_CORPUS))]
-            if keep_vocab:
-                corpus["vocab_file"] = moved(corpus["vocab_file"], os.path.join(directory, KEPT_VOCAB))
-            text = output.write(
-                vars(args), {"corpus": corpus, "rows": rows, "length_bins_rows": bins_rows}, text, plots(rows)
-            )
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-            if created and not os.listdir(directory):
-                os.rmdir(directory)
-        print(text)
-        print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
-
-    return cli.run(f"bertbench bench {BENCH}", body)
+def run(settings: PretrainingDataSettings, argv: Sequence[str]) -> None:
+    if settings.corpus:
+        corpus_files(settings.corpus)
+    if settings.vocab_file is not None:
+        check_vocab(settings.vocab_file)
+    keep_corpus = settings.keep_corpus and not settings.corpus
+    keep_vocab = settings.keep_corpus and not settings.vocab_file
+    directory = settings.directory
+    output = BenchOutput(
+        directory,
+        BENCH,
+        argv,
+        settings.overwrite,
+        other_files=[KEPT_CORPUS] * keep_corpus + [KEPT_VOCAB] * keep_vocab,
+    )
+    created = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    # In the output directory, not /tmp: that may be memory (tmpfs), which the shards would then fill and count.
+    work = tempfile.mkdtemp(prefix=f".{BENCH}-work-", dir=directory)
+    try:
+        load = LoadWatch()
+        corpus, rows = run_all(settings, work)
+        output.warn(load.busy("the runs"))
+        text = markdown(settings, corpus, rows)
+        if keep_corpus:
+            corpus["files"] = [moved(corpus["files"][0], os.path.join(directory, KEPT_CORPUS))]
+        if keep_vocab:
+            corpus["vocab_file"] = moved(corpus["vocab_file"], os.path.join(directory, KEPT_VOCAB))
+        output.write_result(settings, rows, {"corpus": corpus}, text, plots(rows))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if created and not os.listdir(directory):
+            os.rmdir(directory)
+    print(text)
+    print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+main = settings.main_for(PretrainingDataSettings, description(__doc__), run)

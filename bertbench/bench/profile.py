@@ -17,9 +17,9 @@ as plain bmm kernels; ops that a recompute variant re-runs in the backward are c
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
-import sys
+import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -30,11 +30,13 @@ from matplotlib.ticker import PercentFormatter
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity
 
-from bertbench.bench import cli, workload
-from bertbench.bench.output import BenchOutput, markdown_table
+from bertbench.bench import settings, workload
+from bertbench.bench.output import BenchOutput
+from bertbench.bench.results import Column, Row, Spread, table
 from bertbench.common.durable import atomic_output
-from bertbench.common.flags import description
-from bertbench.common.noise import LoadWatch, cv_text, noisy_warning, spread
+from bertbench.common.errors import UsageError
+from bertbench.common.flags import description, setting
+from bertbench.common.noise import LoadWatch, noisy_warning
 from bertbench.model import flops
 from bertbench.model.config import BertConfig
 from bertbench.tasks import synthetic
@@ -68,6 +70,52 @@ MATMUL_OPS = frozenset(
     )
 )
 NORM_ACTIVATION_PARTS = ("layer_norm", "gelu", "tanh")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileSettings(settings.MeasuredSettings):
+    """Step."""
+
+    bench = "profile"
+
+    model: str = settings.model_setting()
+    kind: str = setting(
+        "pretraining (MLM + NSP heads) or finetuning (2-way classifier).", "pretraining", choices=workload.STEP_KINDS
+    )
+    variant: str = setting("baseline, full, selective or every-K (recompute policies).", "baseline")
+    precision: str = settings.precision_setting()
+    batch_size: int = setting("Sequences per step.", 8, positive=True)
+    max_seq_length: int = setting("Tokens per sequence.", 128, positive=True)
+    warmup: int = setting("Unprofiled steps first (start-up, allocator, kernel selection).", 2)
+    steps: int = setting("Profiled steps.", 3)
+    seed: int = setting("Seed of the model's weights (the synthetic batches are the same for every seed).", 0)
+    top: int = setting("Operators in the table.", 15, positive=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            workload.Variant.parse(self.variant)  # an unknown variant is refused with the other settings
+        except workload.BenchError as error:
+            raise UsageError(f"--variant: {error}") from None
+
+    @property
+    def step_variant(self) -> workload.Variant:
+        return workload.Variant.parse(self.variant)
+
+    @property
+    def row_setting(self) -> dict[str, Any]:
+        """What tells this profile from another's: every row's setting."""
+        return {
+            "model": self.model,
+            "kind": self.kind,
+            "variant": self.variant,
+            "precision": self.precision,
+            "batch_size": self.batch_size,
+            "max_seq_length": self.max_seq_length,
+        }
+
+
+SETTINGS = ProfileSettings
 
 
 def op_category(name: str) -> str | None:
@@ -207,196 +255,164 @@ def category_plot(shares: Mapping[str, float], title: str) -> Figure:
     return figure
 
 
-CATEGORY_COLUMNS = [("category", "name", "s"), ("ms per step", "ms_per_step", ".2f"), ("share", "share", ".1%")]
+def ms_per_step(row: Row) -> str:
+    return f"{row.median() * 1e3:.2f}"
+
+
+CATEGORY_COLUMNS = [
+    Column("category", "category"),
+    Column("ms per step", "seconds_per_step", ms_per_step),
+    Column("share", "share", ".1%"),
+]
 OPERATOR_COLUMNS = [
-    ("operator", "name", "s"),
-    ("calls", "calls", "d"),
-    ("self ms", "self_ms", ".2f"),
-    ("share of step", "step_share", ".1%"),
-    ("ms per step", "ms_per_step", ".2f"),
+    Column("operator", "operator"),
+    Column("calls", "calls", "d"),
+    Column("self ms", "self_seconds", lambda row: f"{row.get('self_seconds') * 1e3:.2f}"),
+    Column("share of step", "step_share", ".1%"),
+    Column("ms per step", "seconds_per_step", ms_per_step),
 ]
 
 
-def markdown(title: str, figures: Mapping[str, Any]) -> str:
-    time_kind = figures["time"]
+def markdown(title: str, rows: Sequence[Row], context: Mapping[str, Any]) -> str:
+    step = rows[0]
+    time_kind = context["time"]
     rest = "GPU idle time" if time_kind == "self CUDA" else "Python, the autograd engine and the profiler"
-    categories = [
-        {"name": name, "ms_per_step": values["seconds"] * 1e3, "share": values["share"]}
-        for name, values in figures["categories"].items()
-    ]
-    operators = [
-        dict(row, self_ms=row["self_seconds"] * 1e3, ms_per_step=row["seconds_per_step"] * 1e3)
-        for row in figures["top_operators"]
-    ]
+    categories = [row for row in rows if row.measured == "category_seconds_per_step"]
+    operators = [row for row in rows if row.measured == "operator_seconds_per_step"]
 
-    def tflops(value: float | None) -> str:
+    def tflops(key: str) -> str:
+        value = step.get(key)
         return "–" if value is None else f"{value:.3g} TFLOP/s"
 
-    spread_of_steps = (
-        ""
-        if figures["step_seconds_cv"] is None
-        else (
-            f"; min–max {figures['step_seconds_min'] * 1e3:.1f}–{figures['step_seconds_max'] * 1e3:.1f} ms, CV "
-            f"{cv_text(figures['step_seconds_cv'])}"
-        )
-    )
+    spread_of_steps = "" if step.value.cv is None else f"; the steps: {step.value.scaled(1e3).text('.1f')} ms"
     lines = [
         f"# Profile: {title}",
         "",
-        f"- step: {figures['step_seconds'] * 1e3:.1f} ms ({figures['step_timing']}{spread_of_steps})",
-        f"- aten operators' {time_kind} time: {figures['operator_share_of_step']:.1%} of the step (the rest: {rest})",
-        f"- model FLOPs per step: {figures['model_flops_per_step']:.4g}, of which attention scores and mix "
-        f"{figures['attention_flops_per_step']:.4g}",
-        f"- achieved: matmul {tflops(figures['matmul_tflops_per_s'])} (the dense layers' model FLOPs / "
-        f"{time_kind} time of the matmul category), attention {tflops(figures['attention_tflops_per_s'])} "
+        f"- step: {step.get('mean_step_seconds') * 1e3:.1f} ms ({context['step_timing']}{spread_of_steps})",
+        f"- aten operators' {time_kind} time: {step.get('operator_share_of_step'):.1%} of the step (the rest: {rest})",
+        f"- model FLOPs per step: {step.get('model_flops_per_step'):.4g}, of which attention scores and mix "
+        f"{step.get('attention_flops_per_step'):.4g}",
+        f"- achieved: matmul {tflops('matmul_tflops_per_s')} (the dense layers' model FLOPs / "
+        f"{time_kind} time of the matmul category), attention {tflops('attention_tflops_per_s')} "
         "(scores and mix FLOPs / attention time)",
-        f"- trace: {figures['trace']} (chrome://tracing or https://ui.perfetto.dev)",
+        f"- trace: {context['trace']} (chrome://tracing or https://ui.perfetto.dev)",
         "",
         f"## Time by category ({time_kind}, per step)",
         "",
-        markdown_table(categories, CATEGORY_COLUMNS),
+        table(categories, CATEGORY_COLUMNS),
         "",
-        f"## Top {len(operators)} operators by {time_kind} time ({figures['profiled_steps']} steps)",
+        f"## Top {len(operators)} operators by {time_kind} time ({context['profiled_steps']} steps)",
         "",
-        markdown_table(operators, OPERATOR_COLUMNS),
+        table(operators, OPERATOR_COLUMNS),
     ]
     return "\n".join(lines)
 
 
-def _variant(text: str) -> workload.Variant:
-    try:
-        return workload.Variant.parse(text)
-    except workload.BenchError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("profile", description(__doc__))
-    step = parser.add_argument_group("step")
-    cli.add_model_flag(step)
-    step.add_argument(
-        "--kind",
-        choices=workload.STEP_KINDS,
-        default="pretraining",
-        help="pretraining (MLM + NSP heads) or finetuning (2-way classifier).",
-    )
-    step.add_argument(
-        "--variant",
-        type=_variant,
-        default="baseline",
-        help="baseline, full, selective or every-K (recompute policies).",
-    )
-    step.add_argument("--precision", choices=workload.PRECISIONS, default="fp32", help="Autocast precision.")
-    step.add_argument("--batch_size", type=cli.positive_int, default=8, help="Sequences per step.")
-    step.add_argument("--max_seq_length", type=cli.positive_int, default=128, help="Tokens per sequence.")
-    profiling = parser.add_argument_group("profiling")
-    profiling.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
-    profiling.add_argument(
-        "--warmup",
-        type=_non_negative_int,
-        default=2,
-        help="Unprofiled steps first (start-up, allocator, kernel selection).",
-    )
-    profiling.add_argument("--steps", type=cli.positive_int, default=3, help="Profiled steps.")
-    profiling.add_argument("--top", type=cli.positive_int, default=15, help="Operators in the table.")
-    profiling.add_argument(
-        "--threads", type=cli.positive_int, default=None, help="CPU threads (torch default: one per core)."
-    )
-    return parser
-
-
-def figures_of(
-    args: argparse.Namespace,
+def rows_of(
+    settings: ProfileSettings,
     config: BertConfig,
     device: torch.device,
     step_seconds: Sequence[float],
     profiler: torch.profiler.profile,
-    trace_path: str,
-) -> dict[str, Any]:
-    """The JSON figures of a profiled run: step time, categories, top operators, FLOPs and matmul TFLOP/s."""
+) -> list[Row]:
+    """The rows of a profiled run: the step (its time with the FLOPs, matmul TFLOP/s and each category's share as
+    columns), then a row per category and one per top operator, each its self time per step."""
     device_time = device.type == "cuda"  # the profiler records kernel times only for CUDA here
     profiled_seconds = sum(step_seconds)
     seconds = category_seconds(profiler.events(), device_time)
     operator_seconds = sum(seconds.values())
-    masked = synthetic.masked_positions(args.max_seq_length) if args.kind == "pretraining" else 0
-    model_flops = flops.train_flops(config, args.kind, args.max_seq_length, masked) * args.batch_size
-    attention_flops = 3 * flops.attention_forward_flops(config, args.max_seq_length) * args.batch_size
+    seq, batch = settings.max_seq_length, settings.batch_size
+    masked = synthetic.masked_positions(seq) if settings.kind == "pretraining" else 0
+    model_flops = flops.train_flops(config, settings.kind, seq, masked) * batch
+    attention_flops = 3 * flops.attention_forward_flops(config, seq) * batch
 
     def tflops_per_s(category_flops: int, category: str) -> float | None:
-        return category_flops * args.steps / seconds[category] / 1e12 if seconds[category] > 0 else None
+        return category_flops * settings.steps / seconds[category] / 1e12 if seconds[category] > 0 else None
 
-    steps = spread(step_seconds)
-    return {
-        # The mean, not the median: the category times below are per-step means of the same steps.
-        "step_seconds": profiled_seconds / args.steps,
-        "step_seconds_min": steps["min"],
-        "step_seconds_max": steps["max"],
-        "step_seconds_cv": steps["cv"],
-        "step_timing": f"mean wall clock of the {args.steps} profiled steps, synchronised; includes the profiler's "
-        "overhead" + ("; kernels launched op by op, without CUDA graphs" if device_time else ""),
-        "profiled_steps": args.steps,
-        "time": "self CUDA" if device_time else "self CPU",
-        "operator_share_of_step": operator_seconds / profiled_seconds,
-        "categories": {
-            name: {"seconds": value / args.steps, "share": value / operator_seconds} for name, value in seconds.items()
+    shares = {name: value / operator_seconds for name, value in seconds.items()}
+    step = Row(
+        "step_seconds",
+        "s",
+        settings.row_setting,
+        Spread.of(step_seconds),
+        {
+            # The categories' times are per-step means of the same steps: their shares are of the mean step.
+            "mean_step_seconds": statistics.fmean(step_seconds),
+            "operator_share_of_step": operator_seconds / profiled_seconds,
+            **{f"{name}_share": share for name, share in shares.items()},
+            "model_flops_per_step": model_flops,
+            "attention_flops_per_step": attention_flops,
+            "matmul_tflops_per_s": tflops_per_s(model_flops - attention_flops, "matmul"),
+            "attention_tflops_per_s": tflops_per_s(attention_flops, "attention"),
         },
-        "top_operators": top_operators(profiler.key_averages(), device_time, args.steps, profiled_seconds, args.top),
+    )
+    categories = [
+        Row(
+            "category_seconds_per_step",
+            "s",
+            {**settings.row_setting, "category": name},
+            Spread.exact(value / settings.steps),
+            {"share": shares[name]},
+        )
+        for name, value in seconds.items()
+    ]
+    averages = profiler.key_averages()
+    operators = [
+        Row(
+            "operator_seconds_per_step",
+            "s",
+            {**settings.row_setting, "operator": operator["name"]},
+            Spread.exact(operator["seconds_per_step"]),
+            {key: operator[key] for key in ("calls", "self_seconds", "step_share")},
+        )
+        for operator in top_operators(averages, device_time, settings.steps, profiled_seconds, settings.top)
+    ]
+    return [step, *categories, *operators]
+
+
+def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
+    config = workload.bert_config(settings.model, settings.max_seq_length)
+    device = settings.torch_device()
+    output = BenchOutput(
+        settings.directory, settings.bench, argv, settings.overwrite, other_files=["profile-trace.json"]
+    )
+    trace_path = output.path("-trace.json")
+    torch.manual_seed(settings.seed)
+    # No CUDA graphs: a replayed graph's kernels belong to no operator, and the profile is of the operators.
+    step = workload.train_step(
+        config,
+        settings.kind,
+        settings.step_variant,
+        settings.precision,
+        settings.batch_size,
+        settings.max_seq_length,
+        device,
+        cuda_graphs=False,
+    )
+    load = LoadWatch()
+    step_seconds, profiler = profile_steps(step, settings.warmup, settings.steps, trace_path)
+    rows = rows_of(settings, config, device, step_seconds, profiler)
+    output.warn(load.busy("the profiled steps"))
+    output.warn(noisy_warning([{"step_cv": rows[0].value.cv}], "step", lambda _: "the profiled steps", "step times"))
+    device_time = device.type == "cuda"
+    context = {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "time": "self CUDA" if device_time else "self CPU",
+        "step_timing": f"mean wall clock of the {settings.steps} profiled steps, synchronised; includes the "
+        "profiler's overhead" + ("; kernels launched op by op, without CUDA graphs" if device_time else ""),
+        "profiled_steps": settings.steps,
         "trace": os.path.basename(trace_path),
-        "model_flops_per_step": model_flops,
-        "attention_flops_per_step": attention_flops,
-        "matmul_tflops_per_s": tflops_per_s(model_flops - attention_flops, "matmul"),
-        "attention_tflops_per_s": tflops_per_s(attention_flops, "attention"),
     }
+    title = (
+        f"{settings.model} {settings.kind}, {settings.variant}, {settings.precision}, batch {settings.batch_size} x "
+        f"seq {settings.max_seq_length} on {device}"
+    )
+    text = markdown(title, rows, context)
+    shares = {row.get("category"): row.get("share") for row in rows if row.measured == "category_seconds_per_step"}
+    output.write_result(settings, rows, context, text, {"categories": category_plot(shares, title)})
+    print(text)
+    print(f"\nwrote {output.path('.json')}, {output.path('.md')}, {trace_path} and {output.path('-categories.png')}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-
-    def body() -> None:
-        config = workload.bert_config(args.model, args.max_seq_length)
-        device = cli.device(args.device)
-        output = BenchOutput(
-            cli.output_dir(args, "profile"), "profile", argv, args.overwrite, other_files=["profile-trace.json"]
-        )
-        trace_path = output.path("-trace.json")
-        if args.threads:
-            torch.set_num_threads(args.threads)
-
-        # No CUDA graphs: a replayed graph's kernels belong to no operator, and the profile is of the operators.
-        step = workload.train_step(
-            config,
-            args.kind,
-            args.variant,
-            args.precision,
-            args.batch_size,
-            args.max_seq_length,
-            device,
-            cuda_graphs=False,
-        )
-        load = LoadWatch()
-        step_seconds, profiler = profile_steps(step, args.warmup, args.steps, trace_path)
-        figures = figures_of(args, config, device, step_seconds, profiler, trace_path)
-        output.warn(load.busy("the profiled steps"))
-        output.warn(noisy_warning([figures], "step_seconds", lambda _: "the profiled steps", "step times"))
-        title = (
-            f"{args.model} {args.kind}, {args.variant.name}, {args.precision}, batch {args.batch_size} x seq "
-            f"{args.max_seq_length} on {device}"
-        )
-        settings = {name: value for name, value in vars(args).items() if name not in ("output_dir", "overwrite")}
-        settings.update(variant=args.variant.name, device=str(device), threads=torch.get_num_threads())
-        text = markdown(title, figures)
-        plot = category_plot({name: values["share"] for name, values in figures["categories"].items()}, title)
-        print(output.write(settings, figures, text, {"categories": plot}))
-        print(
-            f"\nwrote {output.path('.json')}, {output.path('.md')}, {trace_path} and {output.path('-categories.png')}"
-        )
-
-    return cli.run("bertbench bench profile", body)
+main = settings.main_for(ProfileSettings, description(__doc__), run)

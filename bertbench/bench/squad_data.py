@@ -15,13 +15,12 @@ taken out.
 
 from __future__ import annotations
 
-import argparse
 import ast
+import dataclasses
 import json
 import os
 import random
 import re
-import sys
 import sysconfig
 import tempfile
 import time
@@ -29,10 +28,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertbench.bench import cli
-from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.bench import settings
+from bertbench.bench.output import BenchOutput
+from bertbench.bench.results import Column, Row, Spread, table
 from bertbench.bench.workload import BenchError
-from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
+from bertbench.common.errors import UsageError
+from bertbench.common.flags import description, setting
+from bertbench.common.noise import LoadWatch, noisy_warning
 from bertbench.tasks.squad.answers import GoogleAnswerText, postprocess
 from bertbench.tasks.squad.features import convert_examples
 from bertbench.tasks.squad.reading import SquadDataError, read_examples
@@ -43,45 +45,46 @@ USER_FILES = ("train_file", "predict_file", "vocab_file")
 BERT_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # in the order of BERT's vocab.txt
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("squad-data", __doc__.splitlines()[0])
-    files = parser.add_argument_group("data (default: a SQuAD v1.1-sized corpus assembled from docstrings)")
-    files.add_argument("--train_file", default=None, help="A SQuAD training file (train-v1.1.json).")
-    files.add_argument("--predict_file", default=None, help="A SQuAD dev file (dev-v1.1.json).")
-    files.add_argument("--vocab_file", default=None, help="The vocab.txt to tokenize them with.")
-    files.add_argument("--version_2_with_negative", action="store_true", help="The files are SQuAD v2.0.")
-    files.add_argument(
-        "--scale",
-        type=float,
-        default=1.0,
-        help="Size of the assembled corpus relative to SQuAD v1.1's (0.1 for a quick look).",
+@dataclasses.dataclass(frozen=True)
+class SquadDataSettings(settings.BenchSettings):
+    """Data (default: a SQuAD v1.1-sized corpus assembled from docstrings) and windows (run_squad's flags)."""
+
+    bench = "squad-data"
+
+    train_file: str | None = setting("A SQuAD training file (train-v1.1.json).", None)
+    predict_file: str | None = setting("A SQuAD dev file (dev-v1.1.json).", None)
+    vocab_file: str | None = setting("The vocab.txt to tokenize them with.", None)
+    version_2_with_negative: bool = setting("The files are SQuAD v2.0.", False)
+    scale: float = setting(
+        "Size of the assembled corpus relative to SQuAD v1.1's (0.1 for a quick look).", 1.0, positive=True
     )
-    window = parser.add_argument_group("windows (run_squad's flags)")
-    window.add_argument("--max_seq_length", type=cli.positive_int, default=384, help="Tokens per window.")
-    window.add_argument("--doc_stride", type=cli.positive_int, default=128, help="Tokens between window starts.")
-    window.add_argument("--max_query_length", type=cli.positive_int, default=64, help="Question tokens kept.")
-    window.add_argument("--repeats", type=cli.positive_int, default=3, help="Timed repeats of each figure.")
-    return parser
+    max_seq_length: int = setting("Tokens per window.", 384, positive=True)
+    doc_stride: int = setting("Tokens between window starts.", 128, positive=True)
+    max_query_length: int = setting("Question tokens kept.", 64, positive=True)
+    repeats: int = setting("Timed repeats of each figure.", 3, positive=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        given = [name for name in USER_FILES if getattr(self, name)]
+        if given and len(given) != len(USER_FILES):
+            missing = [name for name in USER_FILES if name not in given]
+            raise UsageError(f"--{' --'.join(given)} given without --{' --'.join(missing)}: give all three")
+        if self.max_seq_length <= self.max_query_length + 3:
+            raise UsageError(
+                f"--max_seq_length {self.max_seq_length} leaves no room for context after "
+                f"--max_query_length {self.max_query_length}"
+            )
 
 
-def check_settings(args: argparse.Namespace) -> None:
-    given = [name for name in USER_FILES if getattr(args, name)]
-    if given and len(given) != len(USER_FILES):
-        raise BenchError(
-            f"--{' --'.join(given)} given without --"
-            + " --".join(name for name in USER_FILES if name not in given)
-            + ": give all three"
-        )
-    for name in given:
-        if not os.path.isfile(getattr(args, name)):
-            raise BenchError(f"--{name} {getattr(args, name)}: no such file")
-    if not args.scale > 0:
-        raise BenchError(f"--scale must be positive, got {args.scale}")
-    if args.max_seq_length <= args.max_query_length + 3:
-        raise BenchError(
-            f"--max_seq_length {args.max_seq_length} leaves no room for context after "
-            f"--max_query_length {args.max_query_length}"
-        )
+SETTINGS = SquadDataSettings
+
+
+def check_files(settings: SquadDataSettings) -> None:
+    """The files given exist: checked before anything is written."""
+    for name in USER_FILES:
+        path = getattr(settings, name)
+        if path and not os.path.isfile(path):
+            raise BenchError(f"--{name} {path}: no such file")
 
 
 # ---- a SQuAD-sized corpus of real English -------------------------------------------------------------------------
@@ -196,37 +199,48 @@ def timed(call, repeats: int) -> tuple[object, list[float]]:
     return result, seconds
 
 
-def speed_row(name: str, count: int, unit: str, seconds: list[float], **extra) -> dict:
-    return {
-        "set": name,
-        "count": count,
-        "unit": unit,
-        **spread_fields("seconds", spread(seconds)),
-        **spread_fields("per_s", rate_spread(count, seconds)),
-        **extra,
+def speed_row(
+    settings: SquadDataSettings, step: str, count: int, unit: str, seconds: Sequence[float], **columns
+) -> Row:
+    """A timed step's row: its rate (`unit` per second, the median of the repeats' with their spread), the `count`
+    it made of them and the seconds of each repeat."""
+    setting = {
+        "set": step,
+        "max_seq_length": settings.max_seq_length,
+        "doc_stride": settings.doc_stride,
+        "max_query_length": settings.max_query_length,
     }
+    values = {"count": count, "items": unit, "seconds": Spread.of(seconds), **columns}
+    return Row("per_s", f"{unit}/s", setting, Spread.of_rate(count, seconds), values)
 
 
-def measure_speed(args: argparse.Namespace, files: dict[str, str], tokenizer: BertTokenizer) -> list[dict]:
+def measure_speed(settings: SquadDataSettings, files: dict[str, str], tokenizer: BertTokenizer) -> list[Row]:
     rows = []
     for split, training in (("train", True), ("dev", False)):
-        examples = read_examples(files[split], training=training, version_2=args.version_2_with_negative)
+        examples = read_examples(files[split], training=training, version_2=settings.version_2_with_negative)
         features, seconds = timed(
             lambda: convert_examples(
-                examples, tokenizer, args.max_seq_length, args.doc_stride, args.max_query_length, training
+                examples,
+                tokenizer,
+                settings.max_seq_length,
+                settings.doc_stride,
+                settings.max_query_length,
+                training,
             ),
-            args.repeats,
+            settings.repeats,
         )
-        rows.append(speed_row(f"{split} features", len(features), "windows", seconds, questions=len(examples)))
+        rows.append(
+            speed_row(settings, f"{split} features", len(features), "windows", seconds, questions=len(examples))
+        )
         print(
             f"  {split} set: {len(examples):,} questions, {len(features):,} windows, "
-            f"{rows[-1]['per_s']:,.0f} windows/s",
+            f"{rows[-1].median():,.0f} windows/s",
             flush=True,
         )
         if not training:
             generator = np.random.default_rng(0)
             starts, ends = (
-                generator.standard_normal((len(features), args.max_seq_length)).astype(np.float32) for _ in range(2)
+                generator.standard_normal((len(features), settings.max_seq_length)).astype(np.float32) for _ in range(2)
             )
             # run_squad's default answer text, Google's: the figure is the speed users get.
             _, seconds = timed(
@@ -237,70 +251,76 @@ def measure_speed(args: argparse.Namespace, files: dict[str, str], tokenizer: Be
                     ends,
                     n_best_size=20,
                     max_answer_length=30,
-                    version_2=args.version_2_with_negative,
+                    version_2=settings.version_2_with_negative,
                     answer_text=GoogleAnswerText(tokenizer),
                 ),
-                args.repeats,
+                settings.repeats,
             )
             rows.append(
                 speed_row(
-                    "dev answers from logits (n-best 20)", len(examples), "questions", seconds, windows=len(features)
+                    settings,
+                    "dev answers from logits (n-best 20)",
+                    len(examples),
+                    "questions",
+                    seconds,
+                    windows=len(features),
                 )
             )
-            print(f"  post-processing: {rows[-1]['per_s']:,.0f} questions/s", flush=True)
+            print(f"  post-processing: {rows[-1].median():,.0f} questions/s", flush=True)
     return rows
 
 
 COLUMNS = [
-    ("step", "set", ""),
-    ("items", "count", ",d"),
-    ("of", "unit", ""),
-    spread_column("seconds: median (min–max, CV)", "seconds", ".2f"),
-    ("per second", "per_s", ",.0f"),
+    Column("step", "set"),
+    Column("items", "count", ",d"),
+    Column("of", "items"),
+    Column("seconds: median (min–max, CV)", "seconds", ".2f"),
+    Column("per second", "per_s", lambda row: f"{row.median():,.0f}"),
 ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+def markdown(settings: SquadDataSettings, rows: Sequence[Row]) -> str:
+    return "\n".join(
+        [
+            f"# SQuAD data path: seq {settings.max_seq_length}, doc_stride {settings.doc_stride}, "
+            f"max_query_length {settings.max_query_length}",
+            "",
+            f"Median of {settings.repeats} repeats, with min, max and CV (stdev / mean).",
+            "",
+            table(rows, COLUMNS),
+        ]
+    )
 
-    def body() -> None:
-        check_settings(args)
-        output = BenchOutput(cli.output_dir(args, "squad-data"), "squad-data", argv, args.overwrite)
-        with tempfile.TemporaryDirectory() as root:
-            corpus = None
-            if args.train_file:
-                files = {"train": args.train_file, "dev": args.predict_file, "vocab": args.vocab_file}
-            else:
-                print(
-                    "assembling a SQuAD v1.1-sized corpus from docstrings and training a WordPiece vocab ...",
-                    flush=True,
-                )
-                corpus = assemble_corpus(root, args.scale)
-                files = {
-                    "train": f"{root}/train-v1.1.json",
-                    "dev": f"{root}/dev-v1.1.json",
-                    "vocab": f"{root}/vocab.txt",
-                }
-            try:
-                tokenizer = BertTokenizer.from_vocab_file(files["vocab"])
-                load = LoadWatch()
-                rows = measure_speed(args, files, tokenizer)
-                output.warn(load.busy())
-            except (SquadDataError, VocabError) as error:
-                raise BenchError(str(error)) from None
-        output.warn(noisy_warning(rows, "seconds", lambda row: row["set"]))
-        text = "\n".join(
-            [
-                f"# SQuAD data path: seq {args.max_seq_length}, doc_stride {args.doc_stride}, "
-                f"max_query_length {args.max_query_length}",
-                "",
-                f"Median of {args.repeats} repeats, with min, max and CV (stdev / mean).",
-                "",
-                markdown_table(rows, COLUMNS),
-            ]
+
+def run(settings: SquadDataSettings, argv: Sequence[str]) -> None:
+    check_files(settings)
+    output = BenchOutput(settings.directory, settings.bench, argv, settings.overwrite)
+    with tempfile.TemporaryDirectory() as root:
+        corpus = None
+        if settings.train_file:
+            files = {"train": settings.train_file, "dev": settings.predict_file, "vocab": settings.vocab_file}
+        else:
+            print("assembling a SQuAD v1.1-sized corpus from docstrings and training a WordPiece vocab ...", flush=True)
+            corpus = assemble_corpus(root, settings.scale)
+            files = {"train": f"{root}/train-v1.1.json", "dev": f"{root}/dev-v1.1.json", "vocab": f"{root}/vocab.txt"}
+        try:
+            tokenizer = BertTokenizer.from_vocab_file(files["vocab"])
+            load = LoadWatch()
+            rows = measure_speed(settings, files, tokenizer)
+            output.warn(load.busy())
+        except (SquadDataError, VocabError) as error:
+            raise BenchError(str(error)) from None
+    output.warn(
+        noisy_warning(
+            [{"set": row.get("set"), "seconds_cv": row.get("seconds").cv} for row in rows],
+            "seconds",
+            lambda row: row["set"],
         )
-        print(output.write(vars(args), {"corpus": corpus, "rows": rows}, text))
-        print(f"\nwrote {output.path('.json')} and {output.path('.md')}")
+    )
+    text = markdown(settings, rows)
+    output.write_result(settings, rows, {"corpus": corpus} if corpus else {}, text)
+    print(text)
+    print(f"\nwrote {output.path('.json')} and {output.path('.md')}")
 
-    return cli.run("bertbench bench squad-data", body)
+
+main = settings.main_for(SquadDataSettings, description(__doc__), run)
