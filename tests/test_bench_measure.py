@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import TINY_BERT
 
-from bertbench.bench import measure, output, plots, workload
+from bertbench.bench import measure, output, plan, plots, settings, workload
 from bertbench.common import noise
 from bertbench.model import flops
 from bertbench.tasks import synthetic
@@ -152,29 +152,22 @@ def test_peak_memory_restarts_per_setting():
 
 
 def test_spread_of_repeats_and_of_a_rate():
-    measured = noise.spread([0.2, 0.1, 0.4])
-    assert (measured["median"], measured["min"], measured["max"], measured["n"]) == (0.2, 0.1, 0.4, 3)
-    assert measured["cv"] == pytest.approx(0.1528 / 0.2333, abs=1e-3)  # sample stdev over the mean
-    assert noise.spread([0.3])["cv"] is None  # one measurement has no spread
+    measured = noise.Spread.of([0.2, 0.1, 0.4])
+    assert (measured.median, measured.min, measured.max, measured.n) == (0.2, 0.1, 0.4, 3)
+    assert measured.cv == pytest.approx(0.1528 / 0.2333, abs=1e-3)  # sample stdev over the mean
+    assert noise.Spread.of([0.3]).cv is None  # one measurement has no spread
     # A rate's median is of the median time, so that seq/s = batch / step holds for an even count too (the median
     # of the rates 8/2 and 8/3 would be 3.33); its range comes from the slowest and fastest time.
-    rate = noise.rate_spread(8, [2.0, 1.0, 4.0, 3.0])
-    assert (rate["median"], rate["min"], rate["max"]) == (3.2, 2.0, 8.0)
-    assert noise.spread_fields("step", measured) == {
-        "step": 0.2,
-        "step_min": 0.1,
-        "step_max": 0.4,
-        "step_cv": measured["cv"],
-    }
+    rate = noise.Spread.of_rate(8, [2.0, 1.0, 4.0, 3.0])
+    assert (rate.median, rate.min, rate.max) == (3.2, 2.0, 8.0)
+    assert measured.flat("step") == {"step": 0.2, "step_min": 0.1, "step_max": 0.4, "step_cv": measured.cv}
+    assert measured.scaled(1000) == noise.Spread(200.0, 100.0, 400.0, measured.cv, 3)
 
 
 def test_a_spread_cell_gives_median_range_and_cv():
-    row = {"step": 0.13, "step_min": 0.021, "step_max": 0.209, "step_cv": 0.41, "once": 2.5, "once_cv": None}
-    assert noise.spread_text(row, "step", ".3f") == "0.130 (0.021–0.209, CV 41%)"
-    assert noise.spread_text({**row, "step_cv": 0.034}, "step", ".3f") == "0.130 (0.021–0.209, CV 3.4%)"
-    assert noise.spread_text(row, "once", ".1f") == "2.5"
-    table = output.markdown_table([row], [output.spread_column("step (s)", "step", ".3f")])
-    assert table.splitlines()[-1] == "| 0.130 (0.021–0.209, CV 41%) |"
+    assert noise.Spread(0.13, 0.021, 0.209, 0.41, 5).text(".3f") == "0.130 (0.021–0.209, CV 41%)"
+    assert noise.Spread(0.13, 0.021, 0.209, 0.034, 5).text(".3f") == "0.130 (0.021–0.209, CV 3.4%)"
+    assert noise.Spread.exact(2.5).text(".1f") == "2.5"
 
 
 def test_the_load_average_against_the_cores(monkeypatch):
@@ -196,14 +189,16 @@ def test_noisy_mismatched_and_superlinear_warnings():
         {"name": "a", "t": 1.0, "t_cv": 0.05, "threads": 1, "device": "cpu", "efficiency": 1.0},
         {"name": "b", "t": 1.0, "t_cv": noise.BUSY_CV + 0.01, "threads": 2, "device": "cpu", "efficiency": 2.537},
     ]
-    assert noise.noisy_warning(rows[:1], "t", lambda row: row["name"]) is None
-    assert f"(up to {noise.BUSY_CV + 0.01:.0%}, b)" in noise.noisy_warning(rows, "t", lambda row: row["name"])
+    measured = [(row["name"], noise.Spread(row["t"], 0.9, 1.1, row["t_cv"], 3)) for row in rows]
+    assert noise.noisy_warning(measured[:1]) is None and noise.noisy_warning([("c", None)]) is None
+    assert f"(up to {noise.BUSY_CV + 0.01:.0%}, b)" in noise.noisy_warning(measured)
     mismatch = output.mismatch_warning(rows, {"threads": "threads per process", "device": "device"}, "name")
     assert "differ in threads per process (a: 1, b: 2)" in mismatch and "device" not in mismatch.split("differ")[1]
     assert output.mismatch_warning([rows[0], {**rows[1], "threads": None}], {"threads": "threads"}, "name") is None
-    _, _, cell = output.efficiency_column("efficiency", "efficiency")
-    assert [cell(row) for row in rows] == ["100.0%", "253.7% (!)"]
-    assert cell({"efficiency": 1 + 1e-12}) == "100.0%"  # float noise is not superlinear
+    texts = [plan.efficiency_text(noise.Ratio(row["efficiency"], None)) for row in rows]
+    assert texts == ["100.0%", "253.7% (!)"]
+    assert plan.efficiency_text(noise.Ratio(1 + 1e-12, None)) == "100.0%"  # float noise is not superlinear
+    assert plan.efficiency_text(noise.Ratio(0.5, 0.3)) == "50.0% (noisy: inputs' CV 30%)"
     assert output.superlinear_warning(rows, "efficiency", lambda row: row["name"]).startswith(
         "efficiency above 100% (253.7% at b, marked (!)): superlinear figures usually mean the runs are not comparable"
     )
@@ -214,14 +209,16 @@ def test_warnings_are_printed_and_written_to_json_and_markdown(tmp_path, capsys)
     out.warn(None)
     out.warn("the machine was busy")
     out.warn("the machine was busy")  # once
-    printed = out.write({}, {"rows": []}, "# Title\n\n| a |\n|---|")
+    result = out.write_result(
+        settings.parse(settings.MeasuredSettings, ["--output_dir", str(tmp_path)], "test"),
+        [],
+        {},
+        "# Title\n\n| a |\n|---|",
+    )
     assert capsys.readouterr().out == "warning: the machine was busy\n"
     assert json.loads((tmp_path / "throughput.json").read_text())["warnings"] == ["the machine was busy"]
-    assert (
-        printed
-        == (tmp_path / "throughput.md").read_text().rstrip("\n")
-        == "# Title\n\n**Warning:** the machine was busy\n\n| a |\n|---|"
-    )
+    assert result.warnings == ("the machine was busy",) and result.settings["output_dir"] == str(tmp_path)
+    assert (tmp_path / "throughput.md").read_text() == "# Title\n\n**Warning:** the machine was busy\n\n| a |\n|---|\n"
 
 
 def test_line_plot_draws_ranges_as_error_bars_and_colours_by_variant():

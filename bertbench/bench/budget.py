@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from bertbench.bench import settings as bench_settings
 from bertbench.bench.output import BenchOutput, with_warnings
 from bertbench.bench.plots import line_plot
-from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, noisy_rows, table
 from bertbench.bench.settings import BenchSettings
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.common import run_files
 from bertbench.common.durable import read_json
 from bertbench.common.flags import setting
-from bertbench.common.noise import LoadWatch, available_cores, noisy_warning
+from bertbench.common.noise import LoadWatch, available_cores
 from bertbench.runners.config import LR_SCALINGS
 from bertbench.tasks.glue import get_processor
 from bertbench.tasks.synthetic import vocabulary, write_glue_task, write_vocab
@@ -426,14 +426,7 @@ def run(settings: BudgetSettings, argv: list[str]) -> None:
             flush=True,
         )
     rows = with_vs_first(rows)
-    windows = [
-        {"contender": row.get("contender"), "window_seq_per_s_cv": row.get("window_seq_per_s").cv}
-        for row in rows
-        if row.get("window_seq_per_s") is not None
-    ]
-    output.warn(
-        noisy_warning(windows, "window_seq_per_s", lambda row: f"contender {row['contender']}", "training rate")
-    )
+    output.warn(noisy_rows(rows, "window_seq_per_s", lambda row: f"contender {row.get('contender')}", "training rate"))
     context["loss_curves"] = curves
     text = markdown(rows, settings, context)
     plots = {}

@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from bertbench.bench import settings, workload
 from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import line_plot
-from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, noisy_rows, table
 from bertbench.common import run_files
 from bertbench.common.durable import read_json, write_atomically
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import as_flags, description, setting
-from bertbench.common.noise import LoadWatch, noisy_warning
+from bertbench.common.noise import LoadWatch
 from bertbench.model import sizes
 from bertbench.model.config import BertConfig
 from bertbench.runners import classifier as run_classifier
@@ -346,10 +346,10 @@ def run(settings: FinetuningSettings, argv: Sequence[str]) -> None:
         rows = rounds(settings, root, inputs)
         output.warn(load.busy("the rounds"))
         output.warn(
-            noisy_warning(
-                [{"variant": row.get("variant"), "rate_cv": row.value.cv} for row in rows],
-                "rate",
-                lambda row: row["variant"],
+            noisy_rows(
+                rows,
+                "steady_seq_per_s",
+                lambda row: row.get("variant"),
                 "rounds",
             )
         )

@@ -28,9 +28,9 @@ import torch
 from bertbench.bench import measure, settings, workload
 from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import line_plot
-from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, noisy_rows, table
 from bertbench.common.flags import setting
-from bertbench.common.noise import LoadWatch, noisy_warning
+from bertbench.common.noise import LoadWatch
 from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.tasks import synthetic
 from bertbench.training import devices
@@ -396,10 +396,10 @@ def run(settings: MemorySettings, argv: list[str]) -> None:
     output.warn(load.busy())
     timed = [row for row in rows if row.get("step_seconds") is not None]
     output.warn(
-        noisy_warning(
-            [{"step_seconds_cv": row.get("step_seconds").cv, **row.setting, **row.columns} for row in timed],
+        noisy_rows(
+            timed,
             "step_seconds",
-            lambda row: f"seq {row['seq']} {row['variant']} batch {row['time_batch']}",
+            lambda row: f"seq {row.get('seq')} {row.get('variant')} batch {row.get('time_batch')}",
             "step times",
         )
     )

@@ -25,9 +25,9 @@ from matplotlib.figure import Figure
 
 from bertbench.bench import bandwidth, measure, settings, workload
 from bertbench.bench.output import BenchOutput
-from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, noisy_rows, table
 from bertbench.common.flags import setting
-from bertbench.common.noise import LoadWatch, noisy_warning
+from bertbench.common.noise import LoadWatch
 from bertbench.training import optim
 
 # name -> (optim name, adam_bias_correction)
@@ -307,10 +307,10 @@ def run(settings: OptimizerSettings, argv: list[str]) -> None:
     output.warn(load.busy())
     output.warn(below_floor_warning(rows, bandwidth_text(context)))
     output.warn(
-        noisy_warning(
-            [{"step_ms_cv": row.value.cv, **row.setting} for row in rows],
+        noisy_rows(
+            rows,
             "step_ms",
-            lambda row: row["optimizer"],
+            lambda row: row.get("optimizer"),
             "step times",
         )
     )

@@ -8,74 +8,15 @@ file or the whole new one.
 
 from __future__ import annotations
 
-import datetime
 import io
 import json
 import os
-import platform
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-import torch
 
 from bertbench.bench.results import BenchResult, Row
 from bertbench.bench.settings import BenchSettings, as_dict
 from bertbench.common.durable import write_atomically
-from bertbench.common.noise import spread_text
-
-
-def versions() -> dict[str, Any]:
-    import numpy
-
-    from bertbench import __version__
-
-    return {
-        "bertbench": __version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
-    }
-
-
-def machine() -> dict[str, Any]:
-    """The platform, processor, cores, memory, torch version, CPU threads and GPU the figures were measured on."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "hostname": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "memory_bytes": memory,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-    }
-
-
-Cell = str | Callable[[Mapping[str, Any]], str]
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str, Cell]]) -> str:
-    """A GitHub markdown table; columns are (title, key in each row, format spec such as ".2f", or a function of
-    the row that writes the cell, such as spread_column's). A missing or None value prints as "–"."""
-    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    for row in rows:
-        cells = [
-            "–" if row.get(key) is None else spec(row) if callable(spec) else format(row[key], spec)
-            for _, key, spec in columns
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def spread_column(title: str, key: str, spec: str) -> tuple[str, str, Cell]:
-    """A markdown_table column showing a figure with its spread."""
-    return title, key, lambda row: spread_text(row, key, spec)
-
 
 # ---- warnings: runs that are not comparable, superlinear efficiency (a busy machine: bertbench.common.noise) ----------
 
@@ -102,11 +43,6 @@ def mismatch_warning(
 def superlinear(value: float | None) -> bool:
     # Float noise above an exact 100% (1.0000000002) is not a superlinear figure.
     return value is not None and value > 1 + 1e-9
-
-
-def efficiency_column(title: str, key: str) -> tuple[str, str, Cell]:
-    """An efficiency cell, "71.6%", flagged "253.7% (!)" above 100% (see superlinear_warning)."""
-    return title, key, lambda row: f"{row[key]:.1%}" + (" (!)" if superlinear(row[key]) else "")
 
 
 def superlinear_warning(
@@ -181,32 +117,6 @@ class BenchOutput:
         write_atomically(self.path(".md"), with_warnings(markdown, self.warnings).rstrip("\n") + "\n")
         write_atomically(self.path(".json"), json.dumps(result.to_json(), indent=2) + "\n")
         return result
-
-    def write(
-        self, settings: Mapping[str, Any], figures: Mapping[str, Any], markdown: str, plots: Mapping[str, Any] = ()
-    ) -> str:
-        """Write the JSON (machine, versions, settings, figures, warnings), the markdown with a "**Warning:**" line
-        per warning after its title, and each matplotlib figure in `plots` (name -> Figure); returns the markdown
-        as written, to print."""
-        report = {
-            "bench": self.bench,
-            "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "command": self.command,
-            "machine": machine(),
-            "versions": versions(),
-            "settings": dict(settings),
-            **figures,
-            "warnings": [*figures.get("warnings", []), *self.warnings],
-        }
-        os.makedirs(self.directory, exist_ok=True)
-        for name, figure in dict(plots).items():
-            buffer = io.BytesIO()
-            figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-            write_atomically(self.path(f"-{name}.png"), buffer.getvalue())
-        markdown = with_warnings(markdown, self.warnings)
-        write_atomically(self.path(".md"), markdown.rstrip("\n") + "\n")
-        write_atomically(self.path(".json"), json.dumps(report, indent=2) + "\n")
-        return markdown
 
 
 def with_warnings(markdown: str, warnings: Sequence[str]) -> str:

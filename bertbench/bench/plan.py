@@ -583,7 +583,7 @@ def plan(settings: PlanSettings) -> tuple[list[Row], dict[str, Any], str, dict[s
             joined=False,
         ),
     }
-    noisy = noisy_warning([{"step_seconds_cv": compute.cv}], "step_seconds", lambda _: source, "measured step")
+    noisy = noisy_warning([(source, compute)], "measured step")
     return rows, context, f"{title}\n\n{table(rows, PLAN_COLUMNS)}", plots, noisy
 
 

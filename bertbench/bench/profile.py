@@ -393,7 +393,7 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
     step_seconds, profiler = profile_steps(step, settings.warmup, settings.steps, trace_path)
     rows = rows_of(settings, config, device, step_seconds, profiler)
     output.warn(load.busy("the profiled steps"))
-    output.warn(noisy_warning([{"step_cv": rows[0].value.cv}], "step", lambda _: "the profiled steps", "step times"))
+    output.warn(noisy_warning([("the profiled steps", rows[0].value)], "step times"))
     device_time = device.type == "cuda"
     context = {
         "device": str(device),

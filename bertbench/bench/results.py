@@ -19,7 +19,6 @@ import dataclasses
 import datetime
 import os
 import platform
-import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,80 +26,9 @@ import torch
 
 from bertbench.common.durable import read_json
 from bertbench.common.errors import UsageError
-from bertbench.common.noise import BUSY_CV, cv_text
+from bertbench.common.noise import BUSY_CV, Ratio, Spread, noisy_warning
 
 SCHEMA = "bertbench-bench-result/2"
-
-
-@dataclasses.dataclass(frozen=True)
-class Spread:
-    """Repeated measurements of one figure: the median (the figure), min, max, CV (sample stdev / mean; None for a
-    single measurement) and the number of repeats."""
-
-    median: float
-    min: float
-    max: float
-    cv: float | None
-    n: int
-
-    @classmethod
-    def of(cls, values: Iterable[float]) -> Spread:
-        values = list(values)
-        mean = statistics.fmean(values)
-        cv = statistics.stdev(values) / mean if len(values) > 1 and mean else None
-        return cls(statistics.median(values), min(values), max(values), cv, len(values))
-
-    @classmethod
-    def of_rate(cls, amount: float, seconds: Sequence[float]) -> Spread:
-        """The spread of a rate, `amount` per repeat over each repeat's seconds. Its median is amount / the median
-        time, so that a rate and its time agree for an even number of repeats too."""
-        rates = cls.of([amount / second for second in seconds])
-        return dataclasses.replace(rates, median=amount / statistics.median(seconds))
-
-    @classmethod
-    def exact(cls, value: float) -> Spread:
-        """A figure given or computed, not repeated: no spread."""
-        return cls(value, value, value, None, 1)
-
-    def scaled(self, factor: float) -> Spread:
-        """The same measurements in another unit (ms from s); a negative factor swaps min and max."""
-        low, high = sorted((self.min * factor, self.max * factor))
-        return Spread(self.median * factor, low, high, self.cv, self.n)
-
-    @property
-    def noisy(self) -> bool:
-        """Repeats that vary more than a quiet machine's do (BUSY_CV)."""
-        return self.cv is not None and self.cv > BUSY_CV
-
-    def text(self, spec: str) -> str:
-        """ "0.130 (0.021–0.209, CV 41%)"; the median alone without repeats."""
-        if self.cv is None:
-            return format(self.median, spec)
-        return f"{self.median:{spec}} ({self.min:{spec}}–{self.max:{spec}}, CV {cv_text(self.cv)})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Ratio:
-    """One measured figure over another (a speedup, a slowdown, a step over its floor), with the larger CV of the
-    two: above BUSY_CV the ratio is noisy, and says so wherever it is printed."""
-
-    value: float
-    inputs_cv: float | None
-
-    @classmethod
-    def of(cls, numerator: Spread | float, denominator: Spread | float) -> Ratio:
-        cvs = [part.cv for part in (numerator, denominator) if isinstance(part, Spread) and part.cv is not None]
-        median = [part.median if isinstance(part, Spread) else part for part in (numerator, denominator)]
-        return cls(median[0] / median[1], max(cvs) if cvs else None)
-
-    @property
-    def noisy(self) -> bool:
-        return self.inputs_cv is not None and self.inputs_cv > BUSY_CV
-
-    def text(self, spec: str = ".2f", suffix: str = "x") -> str:
-        """ "1.52x", or "0.75x (noisy: inputs' CV 109%)" when noisy."""
-        mark = f" (noisy: inputs' CV {cv_text(self.inputs_cv)})" if self.noisy else ""
-        return f"{self.value:{spec}}{suffix}{mark}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +263,11 @@ def table(rows: Sequence[Row], columns: Sequence[Column]) -> str:
     lines = ["| " + " | ".join(column.title for column in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(cell(row, column) for column in columns) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def noisy_rows(rows: Sequence[Row], key: str, describe: Callable[[Row], str], what: str = "timings") -> str | None:
+    """noise.noisy_warning over the Spread `key` of each row that has one (`describe` names a row's setting)."""
+    return noisy_warning([(describe(row), row.get(key)) for row in rows if isinstance(row.get(key), Spread)], what)
 
 
 def noisy_ratios_note(rows: Sequence[Row]) -> str | None:

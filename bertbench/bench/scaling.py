@@ -401,7 +401,7 @@ def comparability(rows: list[Row], name: str) -> list[str | None]:
         return f"{row['processes']} processes" + ("" if name == "processes" else f", {row[name]}")
 
     return [
-        noisy_warning(flat, "step_seconds", describe, "step times"),
+        noisy_warning([(describe(line), row.get("step_seconds")) for line, row in zip(flat, rows)], "step times"),
         mismatch_warning(flat, ALIKE, name),
         superlinear_warning(flat, "efficiency", describe),
     ]

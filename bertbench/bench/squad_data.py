@@ -30,11 +30,11 @@ import numpy as np
 
 from bertbench.bench import settings
 from bertbench.bench.output import BenchOutput
-from bertbench.bench.results import Column, Row, Spread, table
+from bertbench.bench.results import Column, Row, Spread, noisy_rows, table
 from bertbench.bench.workload import BenchError
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import description, setting
-from bertbench.common.noise import LoadWatch, noisy_warning
+from bertbench.common.noise import LoadWatch
 from bertbench.tasks.squad.answers import GoogleAnswerText, postprocess
 from bertbench.tasks.squad.features import convert_examples
 from bertbench.tasks.squad.reading import SquadDataError, read_examples
@@ -310,13 +310,7 @@ def run(settings: SquadDataSettings, argv: Sequence[str]) -> None:
             output.warn(load.busy())
         except (SquadDataError, VocabError) as error:
             raise BenchError(str(error)) from None
-    output.warn(
-        noisy_warning(
-            [{"set": row.get("set"), "seconds_cv": row.get("seconds").cv} for row in rows],
-            "seconds",
-            lambda row: row["set"],
-        )
-    )
+    output.warn(noisy_rows(rows, "seconds", lambda row: row.get("set")))
     text = markdown(settings, rows)
     output.write_result(settings, rows, {"corpus": corpus} if corpus else {}, text)
     print(text)

@@ -42,10 +42,10 @@ import torch
 from bertbench.bench import measure, workload
 from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import line_plot
-from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, noisy_rows, table
 from bertbench.bench.settings import MeasuredSettings, main_for, model_setting, precisions_setting
 from bertbench.common.flags import setting
-from bertbench.common.noise import LoadWatch, noisy_warning
+from bertbench.common.noise import LoadWatch
 from bertbench.model import flops
 from bertbench.model.config import BertConfig
 from bertbench.model.precision import PRECISION_DTYPES, PRECISIONS
@@ -465,24 +465,13 @@ def describe(row: Row) -> str:
     )
 
 
-def noisy_rows(rows: Sequence[Row], key: str, what: str) -> str | None:
-    """noise.noisy_warning over the Spread `key` of each row that has one."""
-    spreads = [(row, row.get(key)) for row in rows]
-    return noisy_warning(
-        [{f"{key}_cv": spread.cv, "row": row} for row, spread in spreads if isinstance(spread, Spread)],
-        key,
-        lambda entry: describe(entry["row"]),
-        what,
-    )
-
-
 def warnings(rows: Sequence[Row], compared: Sequence[Row]) -> list[str | None]:
     """What makes the figures doubtful: noisy settings, and an MFU above 100% (a peak measured under load)."""
     impossible = [row.median("mfu") for row in rows if row.value is not None and row.median("mfu") > 1]
     return [
-        noisy_rows(rows, "step_seconds", "step times"),
-        noisy_rows(compared, "bench_seq_per_s", "bench rounds"),
-        noisy_rows(compared, TRAINER_MEASURED, "trainer rounds"),
+        noisy_rows(rows, "step_seconds", describe, "step times"),
+        noisy_rows(compared, "bench_seq_per_s", describe, "bench rounds"),
+        noisy_rows(compared, TRAINER_MEASURED, describe, "trainer rounds"),
         f"MFU above 100% in {len(impossible)} row(s) (up to {max(impossible):.0%}): the peak was measured at the "
         "start while the machine was busier than during the steps (another job, frequency scaling), so MFU here is "
         "not a share of what the device can do. Run again on an idle machine."

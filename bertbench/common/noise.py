@@ -6,52 +6,96 @@ machine was busy), so it lives beside the code they share rather than in either.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 # ---- the spread of repeated measurements ----------------------------------------------------------------------------
 #
-# A figure measured several times is reported in a JSON row as KEY (the median, as a single figure always was) with
-# KEY_min, KEY_max and KEY_cv (the coefficient of variation, sample stdev / mean; null for one measurement) beside
-# it, and in markdown as "0.130 (0.021–0.209, CV 41%)".
-
-
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    """Median, min, max, coefficient of variation (None for a single value) and count of repeated measurements."""
-    values = list(values)
-    mean = statistics.fmean(values)
-    cv = statistics.stdev(values) / mean if len(values) > 1 and mean else None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "cv": cv, "n": len(values)}
-
-
-def rate_spread(amount: float, seconds: Sequence[float]) -> dict[str, Any]:
-    """The spread of a rate (`amount` per repeat over each repeat's seconds). Its median is amount / the median
-    time, so that a row's rate and time agree for an even number of repeats too; min, max and CV are the rates'."""
-    return {**spread([amount / value for value in seconds]), "median": amount / statistics.median(seconds)}
-
-
-def spread_fields(key: str, measured: Mapping[str, Any]) -> dict[str, Any]:
-    """A spread as a JSON row holds it: KEY, KEY_min, KEY_max, KEY_cv."""
-    return {
-        key: measured["median"],
-        f"{key}_min": measured["min"],
-        f"{key}_max": measured["max"],
-        f"{key}_cv": measured["cv"],
-    }
+# A figure measured several times is a Spread: its median (the figure), min, max, coefficient of variation (sample
+# stdev / mean; None for one measurement) and count; printed "0.130 (0.021–0.209, CV 41%)". A bench result holds it
+# as an object (bench/results.py); the demo's flat record as KEY, KEY_min, KEY_max and KEY_cv (Spread.flat).
 
 
 def cv_text(cv: float) -> str:
     return f"{cv:.1%}" if cv < 0.1 else f"{cv:.0%}"
 
 
-def spread_text(row: Mapping[str, Any], key: str, spec: str) -> str:
-    """KEY of a row with its range and CV, "0.130 (0.021–0.209, CV 41%)"; KEY alone without a spread."""
-    low, high, cv = row.get(f"{key}_min"), row.get(f"{key}_max"), row.get(f"{key}_cv")
-    if low is None or high is None or cv is None:
-        return format(row[key], spec)
-    return f"{row[key]:{spec}} ({low:{spec}}–{high:{spec}}, CV {cv_text(cv)})"
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """Repeated measurements of one figure: the median (the figure), min, max, CV (sample stdev / mean; None for a
+    single measurement) and the number of repeats."""
+
+    median: float
+    min: float
+    max: float
+    cv: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        values = list(values)
+        mean = statistics.fmean(values)
+        cv = statistics.stdev(values) / mean if len(values) > 1 and mean else None
+        return cls(statistics.median(values), min(values), max(values), cv, len(values))
+
+    @classmethod
+    def of_rate(cls, amount: float, seconds: Sequence[float]) -> Spread:
+        """The spread of a rate, `amount` per repeat over each repeat's seconds. Its median is amount / the median
+        time, so that a rate and its time agree for an even number of repeats too."""
+        rates = cls.of([amount / second for second in seconds])
+        return dataclasses.replace(rates, median=amount / statistics.median(seconds))
+
+    @classmethod
+    def exact(cls, value: float) -> Spread:
+        """A figure given or computed, not repeated: no spread."""
+        return cls(value, value, value, None, 1)
+
+    def scaled(self, factor: float) -> Spread:
+        """The same measurements in another unit (ms from s); a negative factor swaps min and max."""
+        low, high = sorted((self.min * factor, self.max * factor))
+        return Spread(self.median * factor, low, high, self.cv, self.n)
+
+    @property
+    def noisy(self) -> bool:
+        """Repeats that vary more than a quiet machine's do (BUSY_CV)."""
+        return self.cv is not None and self.cv > BUSY_CV
+
+    def flat(self, key: str) -> dict[str, Any]:
+        """The spread as a flat record holds it: KEY (the median), KEY_min, KEY_max, KEY_cv."""
+        return {key: self.median, f"{key}_min": self.min, f"{key}_max": self.max, f"{key}_cv": self.cv}
+
+    def text(self, spec: str) -> str:
+        """ "0.130 (0.021–0.209, CV 41%)"; the median alone without repeats."""
+        if self.cv is None:
+            return format(self.median, spec)
+        return f"{self.median:{spec}} ({self.min:{spec}}–{self.max:{spec}}, CV {cv_text(self.cv)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """One measured figure over another (a speedup, a slowdown, a step over its floor), with the larger CV of the
+    two: above BUSY_CV the ratio is noisy, and says so wherever it is printed."""
+
+    value: float
+    inputs_cv: float | None
+
+    @classmethod
+    def of(cls, numerator: Spread | float, denominator: Spread | float) -> Ratio:
+        cvs = [part.cv for part in (numerator, denominator) if isinstance(part, Spread) and part.cv is not None]
+        median = [part.median if isinstance(part, Spread) else part for part in (numerator, denominator)]
+        return cls(median[0] / median[1], max(cvs) if cvs else None)
+
+    @property
+    def noisy(self) -> bool:
+        return self.inputs_cv is not None and self.inputs_cv > BUSY_CV
+
+    def text(self, spec: str = ".2f", suffix: str = "x") -> str:
+        """ "1.52x", or "0.75x (noisy: inputs' CV 109%)" when noisy."""
+        mark = f" (noisy: inputs' CV {cv_text(self.inputs_cv)})" if self.noisy else ""
+        return f"{self.value:{spec}}{suffix}{mark}"
 
 
 # ---- a busy machine -----------------------------------------------------------------------------------------------
@@ -101,18 +145,17 @@ class LoadWatch:
         )
 
 
-def noisy_warning(
-    rows: Sequence[Mapping[str, Any]], key: str, describe: Callable[[Mapping[str, Any]], str], what: str = "timings"
-) -> str | None:
-    """A warning when KEY_cv of any row is above BUSY_CV: repeats of one setting that differ that much were
-    disturbed (see BUSY_CV)."""
-    noisy = [row for row in rows if (row.get(f"{key}_cv") or 0) > BUSY_CV]
+def noisy_warning(measured: Sequence[tuple[str, Spread | None]], what: str = "timings") -> str | None:
+    """A warning when any of the `measured` figures (each a description of its setting and its Spread; None: not
+    measured) varies above BUSY_CV: repeats of one setting that differ that much were disturbed (see BUSY_CV)."""
+    spreads = [(setting, spread) for setting, spread in measured if spread is not None]
+    noisy = [(setting, spread) for setting, spread in spreads if spread.noisy]
     if not noisy:
         return None
-    worst = max(noisy, key=lambda row: row[f"{key}_cv"])
+    setting, worst = max(noisy, key=lambda pair: pair[1].cv)
     return (
-        f"noisy {what}: the repeats of {len(noisy)} of {len(rows)} setting(s) vary by more than CV "
-        f"{BUSY_CV:.0%} (up to {cv_text(worst[f'{key}_cv'])}, {describe(worst)}), which a quiet machine does not "
+        f"noisy {what}: the repeats of {len(noisy)} of {len(spreads)} setting(s) vary by more than CV "
+        f"{BUSY_CV:.0%} (up to {cv_text(worst.cv)}, {setting}), which a quiet machine does not "
         "show: the machine was busy or its clock changed; compare medians with care and run again when it is "
         "idle"
     )

@@ -31,7 +31,7 @@ from bertbench.common import run_files
 from bertbench.common.durable import read_json, write_atomically
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import FlagParser, add_dataclass_flags, as_flags, build, check_fields, description, setting
-from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields, spread_text
+from bertbench.common.noise import LoadWatch, Ratio, Spread, noisy_warning
 from bertbench.model import sizes
 from bertbench.model.config import BertConfig
 from bertbench.model.factory import build_model
@@ -166,12 +166,19 @@ def train_one(
         "model": name,
         "dev_accuracy": accuracy(model, dev),
         "final_loss": loss.item(),
-        **spread_fields("train_seq_per_s", rate_spread(settings.batch_size, seconds)),
-        **spread_fields("step_ms", spread([1000 * value for value in seconds])),
+        **Spread.of_rate(settings.batch_size, seconds).flat("train_seq_per_s"),
+        **Spread.of(seconds).scaled(1000).flat("step_ms"),
         "timed_steps": len(seconds),
         "saved_for_backward_bytes": saved_bytes,
     }
     return result, model
+
+
+def step_spread(result: dict) -> Spread:
+    """A variant's step time in ms with its spread, from its flat record (train_one)."""
+    return Spread(
+        result["step_ms"], result["step_ms_min"], result["step_ms_max"], result["step_ms_cv"], result["timed_steps"]
+    )
 
 
 def format_table(results: list[dict], baseline: dict) -> str:
@@ -193,8 +200,8 @@ def format_table(results: list[dict], baseline: dict) -> str:
                 f"{result['train_seq_per_s']:.0f}",
                 f"{result['saved_for_backward_bytes'] / 2**20:.2f} MiB",
                 f"{result['saved_for_backward_bytes'] / baseline['saved_for_backward_bytes']:.2f}x",
-                spread_text(result, "step_ms", ".1f"),
-                f"{result['step_ms'] / baseline['step_ms']:.2f}x",
+                step_spread(result).text(".1f"),
+                Ratio.of(step_spread(result), step_spread(baseline)).text(),
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
@@ -412,7 +419,7 @@ def run(settings: DemoConfig, progress: Progress | None = None) -> dict:
         name = modeling_name if policy is None else f"{modeling_name}/{policy}"
         with progress.step(f"training {name} ({settings.steps} steps of {settings.batch_size} sequences)") as done:
             result, model = train_one(settings, config, modeling_name, policy, train, dev)
-            done.append(f"dev accuracy {result['dev_accuracy']:.3f}, step {spread_text(result, 'step_ms', '.1f')} ms")
+            done.append(f"dev accuracy {result['dev_accuracy']:.3f}, step {step_spread(result).text('.1f')} ms")
         progress.terminal(f"  trained {result['model']:<22} dev accuracy {result['dev_accuracy']:.3f}")
         results.append(result)
         models.append(model)
@@ -420,7 +427,7 @@ def run(settings: DemoConfig, progress: Progress | None = None) -> dict:
         message
         for message in (
             load.busy("training the models"),
-            noisy_warning(results, "step_ms", lambda result: result["model"], "step times"),
+            noisy_warning([(result["model"], step_spread(result)) for result in results], "step times"),
         )
         if message
     ]
