@@ -8,6 +8,7 @@ add only a Python start: the runs of several processes through torchrun are test
 test_job_templates' (across nodes)."""
 
 import contextlib
+import importlib
 import io
 import os
 import re
@@ -53,10 +54,21 @@ def readme_commands(example: Path, out: Path) -> list[str]:
     return [line.replace(default_out, str(out)) for line in lines if line and not line.startswith("#")]
 
 
+def in_process_entry_point(words: list[str]) -> tuple:
+    """The main a `bertbench ...` or `python -m bertbench.<module> ...` command runs, and its arguments; (None, None)
+    for any other command."""
+    if words[0] == "bertbench":
+        return cli.main, words[1:]
+    if words[:2] == ["python", "-m"] and words[2].startswith("bertbench."):
+        return importlib.import_module(words[2]).main, words[3:]
+    return None, None
+
+
 @pytest.fixture(scope="module")
 def example_runs(tmp_path_factory) -> ExampleRuns:
-    """Every README.txt command run as typed: the scripts in bash in the repository, the `bertbench ...` commands
-    through the same entry point in this process (the words as bash splits them), which spares a Python start each.
+    """Every README.txt command run as typed: the scripts in bash in the repository, the `bertbench ...` and
+    `python -m bertbench.<module> ...` commands through the same entry point in this process (the words as bash
+    splits them: the module's main), which spares a Python start each (test_hf_flags starts `python -m` itself).
     Each must end with status 0."""
     example = tmp_path_factory.mktemp("example") / "data"
     assert example_data.main([str(example)]) == 0
@@ -64,9 +76,10 @@ def example_runs(tmp_path_factory) -> ExampleRuns:
     outputs = []
     for command in readme_commands(example, out):
         words = shlex.split(command)
-        if words[0] == "bertbench":
+        main, arguments = in_process_entry_point(words)
+        if main is not None:
             with contextlib.redirect_stdout(io.StringIO()) as stdout:
-                assert cli.main(words[1:]) == 0, command
+                assert main(arguments) == 0, command
             outputs.append((command, stdout.getvalue()))
             continue
         done = subprocess.run(
