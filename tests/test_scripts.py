@@ -8,7 +8,6 @@ add only a Python start: the runs of several processes through torchrun are test
 test_job_templates' (across nodes)."""
 
 import contextlib
-import importlib
 import io
 import os
 import re
@@ -20,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import free_port, read_json
+from helpers import free_port, in_process_entry_point, read_json
 
-from bertbench import cli, example_data
+from bertbench import example_data
 from bertbench.tasks.synthetic import write_glue_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,30 +53,20 @@ def readme_commands(example: Path, out: Path) -> list[str]:
     return [line.replace(default_out, str(out)) for line in lines if line and not line.startswith("#")]
 
 
-def in_process_entry_point(words: list[str]) -> tuple:
-    """The main a `bertbench ...` or `python -m bertbench.<module> ...` command runs, and its arguments; (None, None)
-    for any other command."""
-    if words[0] == "bertbench":
-        return cli.main, words[1:]
-    if words[:2] == ["python", "-m"] and words[2].startswith("bertbench."):
-        return importlib.import_module(words[2]).main, words[3:]
-    return None, None
-
-
 @pytest.fixture(scope="module")
 def example_runs(tmp_path_factory) -> ExampleRuns:
     """Every README.txt command run as typed: the scripts in bash in the repository, the `bertbench ...` and
     `python -m bertbench.<module> ...` commands through the same entry point in this process (the words as bash
-    splits them: the module's main), which spares a Python start each (test_hf_flags starts `python -m` itself).
-    Each must end with status 0."""
+    splits them), as test_docs runs the docs' commands, which spares a Python start each (test_hf_flags starts
+    `python -m` itself). Each must end with status 0."""
     example = tmp_path_factory.mktemp("example") / "data"
     assert example_data.main([str(example)]) == 0
     out = tmp_path_factory.mktemp("runs")
     outputs = []
     for command in readme_commands(example, out):
-        words = shlex.split(command)
-        main, arguments = in_process_entry_point(words)
-        if main is not None:
+        entry = in_process_entry_point(command)
+        if entry:
+            main, arguments = entry
             with contextlib.redirect_stdout(io.StringIO()) as stdout:
                 assert main(arguments) == 0, command
             outputs.append((command, stdout.getvalue()))
