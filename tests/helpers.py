@@ -1,10 +1,14 @@
 """What the tests share: the tiny models and batches, the wrappers that stop a run mid-way (a signal, a kill), the
 inputs the runners read (a BERT directory, NVIDIA's shards, the runners' short commands and the classifier's flags),
-a snapshot of a directory, a free port, and the recompute and unpadded paths' common steps. Test modules import these from here, never from each other or from
-conftest.py, which holds only pytest's hooks and fixtures."""
+the in-process entry point of a documented command, a snapshot of a directory, a free port, and the recompute and
+unpadded paths' common steps. Test modules import these from here, never from each other or from conftest.py, which
+holds only pytest's hooks and fixtures."""
 
+import importlib
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 from collections import defaultdict
@@ -264,6 +268,22 @@ def runner_command(runner: str, inputs: Path, out: Path, *extra: str) -> tuple:
     }
     main, flags = own[runner]
     return main, [*flags, *common, *extra]
+
+
+def in_process_entry_point(command: str):
+    """A plain `bertbench ...` or `python -m bertbench.X ...` line (no variables, pipes, redirections or lists) runs
+    through the same entry point in the test's process, which spares a Python and torch start each: (main, argv) for
+    it, or None for a line bash runs."""
+    words = shlex.split(command, comments=True)
+    if re.search(r"[$|&;<>`]", command.split(" #", 1)[0]):
+        return None
+    if words[0] == "bertbench":
+        from bertbench import cli
+
+        return cli.main, words[1:]
+    if words[:2] == ["python", "-m"] and words[2].startswith("bertbench."):
+        return importlib.import_module(words[2]).main, words[3:]
+    return None
 
 
 def flip_byte(path, offset):

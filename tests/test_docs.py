@@ -11,12 +11,12 @@ command printed twice runs once."""
 import ast
 import importlib
 import re
-import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import in_process_entry_point
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "bertbench"
@@ -281,22 +281,6 @@ def commands(code: str) -> list[str]:
     return [line for line in code.replace("\\\n", "").splitlines() if line.strip() and not line.startswith("#")]
 
 
-def entry_point(command: str):
-    """A plain `bertbench ...` or `python -m bertbench.X ...` line (no variables, pipes, redirections or lists) runs
-    through the same entry point in this process, which spares a Python and torch start each: (main, argv) for it,
-    or None for a line bash runs."""
-    words = shlex.split(command, comments=True)
-    if re.search(r"[$|&;<>`]", command.split(" #", 1)[0]):
-        return None
-    if words[0] == "bertbench":
-        from bertbench import cli
-
-        return cli.main, words[1:]
-    if words[:2] == ["python", "-m"] and words[2].startswith("bertbench."):
-        return importlib.import_module(words[2]).main, words[3:]
-    return None
-
-
 def test_the_first_marked_block_writes_the_example_data_and_none_is_empty():
     blocks = runnable_blocks()
     assert blocks[0][2].strip() == "bertbench example-data example", "the README's first runnable block writes the data"
@@ -315,7 +299,7 @@ def test_every_marked_command_runs_as_printed(tmp_path, monkeypatch, capsys):
             if command in done:
                 continue
             done.add(command)
-            entry = entry_point(command)
+            entry = in_process_entry_point(command)
             if entry:
                 status = entry[0](entry[1])
                 output = capsys.readouterr()

@@ -194,9 +194,8 @@ def test_nvidias_phase2_goes_on_in_phase1s_directory(phase1, data, tmp_path, cap
     # The same phase 2 the bertbench way, from phase 1's directory into a new one, trains the same weights.
     elsewhere = [flag.replace(str(run), str(tmp_path / "elsewhere")) for flag in argv] + [f"--init_checkpoint={phase1}"]
     assert main(elsewhere) == 0
-    assert all(
-        torch.equal(final_weights(run)[name], tensor) for name, tensor in final_weights(tmp_path / "elsewhere").items()
-    )
+    weights = final_weights(run)
+    assert all(torch.equal(weights[name], tensor) for name, tensor in final_weights(tmp_path / "elsewhere").items())
 
 
 def test_phase2_in_place_resumes_as_phase2(phase1, data, tmp_path):
@@ -209,7 +208,8 @@ def test_phase2_in_place_resumes_as_phase2(phase1, data, tmp_path):
         for step in killed_before:
             os.remove(run / f"ckpt-{step:09d}.pt")
         assert main(argv) == 0
-        assert all(torch.equal(final_weights(run)[name], tensor) for name, tensor in uninterrupted.items())
+        weights = final_weights(run)
+        assert all(torch.equal(weights[name], tensor) for name, tensor in uninterrupted.items())
     train = read_json(run / "train_results.json")
     assert train["schedule_start_step"] == 30 and train["global_step"] == 40
     assert logged_steps(run) == PHASE1_AND_2_LOG_STEPS

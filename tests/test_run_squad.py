@@ -170,15 +170,6 @@ def test_predict_again_from_the_run_directory(v2_run, tmp_path):
     assert (copy / "predictions.json").read_text() == before
 
 
-def test_v1_writes_no_null_odds_and_scores_v1_figures(data, tmp_path):
-    out = tmp_path / "run"
-    assert main(flags(data, out, "1.1", "tiny_config.json", "--do_train", "--do_predict", "--num_train_epochs=1")) == 0
-    assert not (out / "null_odds.json").exists()
-    results = read(out / "eval_results.json")
-    assert {"exact_match", "f1", "global_step"} <= set(results) and "HasAns_exact" not in results
-    assert all(answer for answer in read(out / "predictions.json").values())  # v1.1 always answers
-
-
 @pytest.fixture(scope="module")
 def modeling_runs(data, tmp_path_factory):
     """A short train and predict run on the v1.1 files with each modeling module (recompute: selective)."""
@@ -214,6 +205,14 @@ def test_each_modeling_module_trains_and_predicts(modeling_runs, modeling):
     )
     results = read(out / "eval_results.json")
     assert results["global_step"] == train["global_step"] > 0 and results["questions"] == 60
+
+
+def test_v1_writes_no_null_odds_and_scores_v1_figures(modeling_runs):
+    out = modeling_runs["baseline"]  # the v1.1 files, trained and predicted with the default modeling
+    assert not (out / "null_odds.json").exists()
+    results = read(out / "eval_results.json")
+    assert {"exact_match", "f1", "global_step"} <= set(results) and "HasAns_exact" not in results
+    assert all(answer for answer in read(out / "predictions.json").values())  # v1.1 always answers
 
 
 def test_recompute_module_ends_with_the_baselines_weights(modeling_runs):

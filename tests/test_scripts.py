@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import free_port, read_json
+from helpers import free_port, in_process_entry_point, read_json
 
-from bertbench import cli, example_data
+from bertbench import example_data
 from bertbench.tasks.synthetic import write_glue_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,18 +55,20 @@ def readme_commands(example: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def example_runs(tmp_path_factory) -> ExampleRuns:
-    """Every README.txt command run as typed: the scripts in bash in the repository, the `bertbench ...` commands
-    through the same entry point in this process (the words as bash splits them), which spares a Python start each.
-    Each must end with status 0."""
+    """Every README.txt command run as typed: the scripts in bash in the repository, the `bertbench ...` and
+    `python -m bertbench.<module> ...` commands through the same entry point in this process (the words as bash
+    splits them), as test_docs runs the docs' commands, which spares a Python start each (test_hf_flags starts
+    `python -m` itself). Each must end with status 0."""
     example = tmp_path_factory.mktemp("example") / "data"
     assert example_data.main([str(example)]) == 0
     out = tmp_path_factory.mktemp("runs")
     outputs = []
     for command in readme_commands(example, out):
-        words = shlex.split(command)
-        if words[0] == "bertbench":
+        entry = in_process_entry_point(command)
+        if entry:
+            main, arguments = entry
             with contextlib.redirect_stdout(io.StringIO()) as stdout:
-                assert cli.main(words[1:]) == 0, command
+                assert main(arguments) == 0, command
             outputs.append((command, stdout.getvalue()))
             continue
         done = subprocess.run(

@@ -115,7 +115,9 @@ def sweep(inputs: Path, work: Path) -> list[str]:
         again, _ = run_child(command(out), work / f"{run_name}-again.err", exit_quickly=True)
         if again != 0:
             problems.append(f"{where}; run again: exit {again}, {(work / f'{run_name}-again.err').read_text()}")
-        elif any(not (final_weights(out)[name] == weights).all() for name, weights in reference.items()):
+            return
+        resumed = final_weights(out)
+        if any(not (resumed[name] == weights).all() for name, weights in reference.items()):
             problems.append(f"{where}; run again, its weights differ from the uninterrupted run's")
 
     for fraction in DELAYS:
