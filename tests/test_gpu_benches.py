@@ -10,6 +10,7 @@ import torch
 from helpers import read_json, runner_command
 
 from bertbench.bench import budget, finetuning, memory, profile, scaling, throughput
+from bertbench.bench.results import BenchResult
 from bertbench.training.checkpoint import list_checkpoints, load_checkpoint
 
 pytestmark = pytest.mark.gpu
@@ -88,12 +89,12 @@ def test_memory_finds_the_largest_batch_under_the_cap_of_its_gpu(device, tmp_pat
         )
         == 0
     )
-    report = read_json(tmp_path / "memory.json")
-    assert report["device"] == device and report["cap_bytes"] == 2**30
-    assert [row["variant"] for row in report["rows"]] == ["baseline", "full"]
-    for row in report["rows"]:
-        assert row["max_batch"] > 0 and row["verified"] and 0 < row["peak_bytes_at_max_batch"] <= 2**30
-        assert row["seq_per_s"] > 0
+    result = BenchResult.read(str(tmp_path / "memory.json"))
+    assert result.context == {"device": device, "cap_bytes": 2**30}
+    assert [row.get("variant") for row in result.rows] == ["baseline", "full"]
+    for row in result.rows:
+        assert row.median() > 0 and row.get("verified") and 0 < row.get("peak_bytes_at_max_batch") <= 2**30
+        assert row.median("seq_per_s") > 0
 
 
 def test_profile_has_a_device_time_table(device, tmp_path):

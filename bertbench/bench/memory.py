@@ -17,18 +17,20 @@ Then every variant is timed at one equal batch, interleaved, for the slowdown re
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import os
-import sys
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 
-from bertbench.bench import cli, measure, workload
-from bertbench.bench.output import BenchOutput, markdown_table, spread_column
+from bertbench.bench import measure, settings, workload
+from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import line_plot
-from bertbench.common.noise import LoadWatch, noisy_warning, rate_spread, spread, spread_fields
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.common.flags import setting
+from bertbench.common.noise import LoadWatch, noisy_warning
 from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.tasks import synthetic
 from bertbench.training import devices
@@ -36,55 +38,54 @@ from bertbench.training import devices
 AFFINE_PROBES = (1, 2, 4)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("memory", __doc__.splitlines()[0])
-    setting = parser.add_argument_group("setting")
-    cli.add_model_flag(setting)
-    setting.add_argument("--kind", default="pretraining", choices=workload.STEP_KINDS, help="Step kind.")
-    setting.add_argument(
-        "--variants",
-        type=cli.comma_list(str),
-        default=list(workload.ALL_VARIANTS),
-        help="baseline, full, selective, every-K.",
+@dataclasses.dataclass(frozen=True)
+class MemorySettings(settings.MeasuredSettings):
+    """What is searched, under which cap, and the timing at equal batch."""
+
+    bench: ClassVar[str] = "memory"
+
+    model: str = settings.model_setting()
+    kind: str = setting("Step kind.", "pretraining", choices=workload.STEP_KINDS)
+    variants: tuple[str, ...] = setting("baseline, full, selective, every-K.", workload.ALL_VARIANTS)
+    precision: str = settings.precision_setting()
+    seq_lengths: tuple[int, ...] = setting("Tokens per sequence.", (128, 512), positive=True)
+    cap_gib: float | None = setting(
+        "The cap in GiB: on a GPU, of all the process's CUDA memory (default: the whole device); on the CPU, of the "
+        "bytes saved for backward (default 8).",
+        None,
+        positive=True,
     )
-    setting.add_argument("--precision", default="fp32", choices=workload.PRECISIONS, help="Step precision.")
-    setting.add_argument(
-        "--seq_lengths", type=cli.comma_list(cli.positive_int), default=[128, 512], help="Tokens per sequence."
+    max_batch: int = setting("Largest batch searched.", 65536, positive=True)
+    verify_tokens: int = setting(
+        "CPU, bf16/fp16: count the largest batch and the next one too when batch x seq is at most this and their "
+        "bytes fit in half the available memory (the line through batch 1, 2, 4 predicts them either way). fp32 "
+        "counts every batch, on the meta device.",
+        16384,
+        at_least=0,
     )
-    setting.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
-    setting.add_argument("--threads", type=cli.positive_int, default=None, help="CPU threads.")
-    search = parser.add_argument_group("search")
-    search.add_argument(
-        "--cap_gib",
-        type=float,
-        default=None,
-        help="The cap in GiB: on a GPU, of all the process's CUDA memory (default: the whole "
-        "device); on the CPU, of the bytes saved for backward (default 8).",
+    time_batch: int | None = setting(
+        "Batch of the slowdown comparison (default: the smallest largest-batch, at most 8). 0 skips the timing.",
+        None,
+        at_least=0,
     )
-    search.add_argument("--max_batch", type=cli.positive_int, default=65536, help="Largest batch searched.")
-    search.add_argument(
-        "--verify_tokens",
-        type=int,
-        default=16384,
-        help="CPU, bf16/fp16: count the largest batch and the next one too when batch x seq is at "
-        "most this and their bytes fit in half the available memory (the line through batch 1, "
-        "2, 4 predicts them either way). fp32 counts every batch, on the meta device.",
+    time_at_max_batch: bool = setting(
+        "Also time every variant at its own largest batch (the speed recompute buys on a GPU).", False
     )
-    timing = parser.add_argument_group("timing at equal batch")
-    timing.add_argument(
-        "--time_batch",
-        type=int,
-        default=None,
-        help="Batch of the slowdown comparison (default: the smallest largest-batch, at most 8). 0 skips the timing.",
-    )
-    timing.add_argument(
-        "--time_at_max_batch",
-        action="store_true",
-        help="Also time every variant at its own largest batch (the speed recompute buys on a GPU).",
-    )
-    timing.add_argument("--warmup", type=int, default=1, help="Untimed steps per variant.")
-    timing.add_argument("--steps", type=cli.positive_int, default=3, help="Timed steps per variant (median).")
-    return parser
+    warmup: int = setting("Untimed steps per variant.", 1)
+    steps: int = setting("Timed steps per variant, interleaved (median).", 3)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.parsed_variants()
+
+    def parsed_variants(self) -> list[workload.Variant]:
+        try:
+            return [workload.Variant.parse(name) for name in self.variants]
+        except workload.BenchError as error:
+            raise ValueError(f"variants: {error}") from None
+
+
+SETTINGS = MemorySettings
 
 
 def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
@@ -138,28 +139,29 @@ def available_memory_bytes() -> int:
     return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def cpu_search(saved: SavedBytes, cap: int, args: argparse.Namespace) -> dict:
-    """Largest batch whose saved-for-backward bytes stay under the cap (see the module docstring)."""
+def cpu_search(saved: SavedBytes, cap: int, max_batch: int, verify_tokens: int) -> dict:
+    """Largest batch up to `max_batch` whose saved-for-backward bytes stay under the cap (see the module docstring;
+    `verify_tokens`: --verify_tokens)."""
     one, two, four = (saved(batch) for batch in AFFINE_PROBES)
     per_sequence, fixed = two - one, 2 * one - two
     result = {"saved_bytes_per_sequence": per_sequence, "saved_bytes_fixed": fixed}
     if fixed + 4 * per_sequence == four and per_sequence > 0:
-        largest = max(0, min(args.max_batch, (cap - fixed) // per_sequence))
+        largest = max(0, min(max_batch, (cap - fixed) // per_sequence))
         # Counting on the CPU holds the batch's saved bytes in memory (and the heap keeps them after): only small
         # batches that fit twice over. On the meta device counting costs nothing.
         affordable = (fixed + (largest + 1) * per_sequence) * 2 < available_memory_bytes()
         result.update(
             method="line through batch 1, 2, 4",
-            verified=saved.on_meta or (largest * saved.seq <= args.verify_tokens and affordable),
+            verified=saved.on_meta or (largest * saved.seq <= verify_tokens and affordable),
         )
         if result["verified"]:
             fits = largest == 0 or saved(largest) <= cap
-            next_does_not = largest >= args.max_batch or saved(largest + 1) > cap
+            next_does_not = largest >= max_batch or saved(largest + 1) > cap
             if not (fits and next_does_not):
-                largest = largest_fitting(lambda batch: saved(batch) <= cap, args.max_batch)
+                largest = largest_fitting(lambda batch: saved(batch) <= cap, max_batch)
                 result["method"] = "bisection (the line missed)"
     else:
-        largest = largest_fitting(lambda batch: saved(batch) <= cap, args.max_batch)
+        largest = largest_fitting(lambda batch: saved(batch) <= cap, max_batch)
         result.update(method="bisection", verified=True)
     result["max_batch"] = largest
     result["saved_bytes_at_max_batch"] = (
@@ -209,161 +211,152 @@ def gpu_search(
 
 
 def time_variants(
+    settings: MemorySettings,
     config,
-    kind: str,
     variants: Sequence[workload.Variant],
-    precision: str,
     seq: int,
     batches: dict[str, int],
     device: torch.device,
-    args: argparse.Namespace,
 ) -> dict[str, list[float]]:
     """Step seconds of each variant at its batch in `batches`, interleaved."""
     steps = {
-        variant.name: workload.train_step(config, kind, variant, precision, batches[variant.name], seq, device)
+        variant.name: workload.train_step(
+            config, settings.kind, variant, settings.precision, batches[variant.name], seq, device
+        )
         for variant in variants
         if batches[variant.name] > 0
     }
-    return measure.time_steps(steps, args.warmup, args.steps, device)
+    return measure.time_steps(steps, settings.warmup, settings.steps, device)
 
 
-def measure_sequence_length(
-    args: argparse.Namespace, variants: Sequence[workload.Variant], seq: int, device: torch.device, cap: int
-) -> list[dict]:
-    config = workload.bert_config(args.model, seq)
-    rows = []
+def measure_sequence_length(settings: MemorySettings, seq: int, device: torch.device, cap: int) -> list[Row]:
+    """A row per variant at sequence length `seq`: its largest batch under the cap, and its step at an equal batch."""
+    config = workload.bert_config(settings.model, seq)
+    variants = settings.parsed_variants()
+    found = {}
     for variant in variants:
         if device.type == "cuda":
-            found = gpu_search(config, args.kind, variant, args.precision, seq, device, args.max_batch)
+            found[variant.name] = gpu_search(
+                config, settings.kind, variant, settings.precision, seq, device, settings.max_batch
+            )
             torch.cuda.empty_cache()  # the searched model is gone: give its memory back before the next one
         else:
-            found = cpu_search(SavedBytes(config, args.kind, variant, args.precision, seq, device), cap, args)
-        rows.append(
-            {
-                "model": args.model,
-                "kind": args.kind,
-                "precision": args.precision,
-                "seq": seq,
-                "variant": variant.name,
-                **found,
-            }
+            saved = SavedBytes(config, settings.kind, variant, settings.precision, seq, device)
+            found[variant.name] = cpu_search(saved, cap, settings.max_batch, settings.verify_tokens)
+        print(
+            f"  seq {seq} {variant.name:<10} largest batch {found[variant.name]['max_batch']} "
+            f"({found[variant.name]['method']})",
+            flush=True,
         )
-        print(f"  seq {seq} {variant.name:<10} largest batch {found['max_batch']} ({found['method']})", flush=True)
-    baseline = rows[0]
-    for row in rows:
-        row["max_batch_vs_first"] = row["max_batch"] / baseline["max_batch"] if baseline["max_batch"] else None
-    time_batch = args.time_batch if args.time_batch is not None else min(8, *(row["max_batch"] for row in rows))
+    largest = {name: columns.pop("max_batch") for name, columns in found.items()}
+    first = largest[variants[0].name]
+    for name, columns in found.items():
+        columns["max_batch_vs_first"] = Ratio.of(largest[name], first) if first else None
+    time_batch = settings.time_batch if settings.time_batch is not None else min(8, *largest.values())
     if time_batch > 0:
-        seconds = time_variants(
-            config,
-            args.kind,
-            variants,
-            args.precision,
-            seq,
-            {variant.name: time_batch for variant in variants},
-            device,
-            args,
-        )
-        for row in rows:
-            row.update(
+        seconds = time_variants(settings, config, variants, seq, dict.fromkeys(largest, time_batch), device)
+        steps = {name: Spread.of(times) for name, times in seconds.items()}
+        for name, columns in found.items():
+            columns.update(
                 time_batch=time_batch,
-                **spread_fields("step_seconds", spread(seconds[row["variant"]])),
-                **spread_fields("seq_per_s", rate_spread(time_batch, seconds[row["variant"]])),
+                step_seconds=steps[name],
+                seq_per_s=Spread.of_rate(time_batch, seconds[name]),
+                slowdown=Ratio.of(steps[name], steps[variants[0].name]),
             )
-        for row in rows:  # of the medians
-            row["slowdown"] = row["step_seconds"] / baseline["step_seconds"]
-    if args.time_at_max_batch:
-        seconds = time_variants(
-            config,
-            args.kind,
-            variants,
-            args.precision,
-            seq,
-            {row["variant"]: row["max_batch"] for row in rows},
-            device,
-            args,
+    if settings.time_at_max_batch:
+        seconds = time_variants(settings, config, variants, seq, largest, device)
+        for name, times in seconds.items():
+            found[name]["seq_per_s_at_max_batch"] = Spread.of_rate(largest[name], times)
+    return [
+        Row(
+            "max_batch",
+            "sequences",
+            {
+                "model": settings.model,
+                "kind": settings.kind,
+                "precision": settings.precision,
+                "seq": seq,
+                "variant": name,
+            },
+            Spread.exact(largest[name]) if largest[name] else None,
+            columns,
+            "measured" if largest[name] else "no batch fits under the cap",
         )
-        for row in rows:
-            if row["variant"] in seconds:
-                row.update(
-                    spread_fields("seq_per_s_at_max_batch", rate_spread(row["max_batch"], seconds[row["variant"]]))
-                )
-    return rows
+        for name, columns in found.items()
+    ]
 
 
-def markdown(rows: list[dict], args: argparse.Namespace, device: torch.device, cap: int) -> str:
+def max_batch(row: Row) -> int:
+    """The row's largest batch; 0 when none fits."""
+    return int(row.median() or 0)
+
+
+def markdown(rows: list[Row], settings: MemorySettings, device: torch.device, cap: int) -> str:
     what = "CUDA memory (allocator cap)" if device.type == "cuda" else "bytes saved for backward"
-    lines = [
-        f"# Memory: {args.model}, {args.kind}, {args.precision} on {device}",
-        "",
-        f"Cap: {cap / 2**30:.2f} GiB of {what}. Slowdown: step time at an equal batch relative to "
-        f"{rows[0]['variant']}.",
-        "",
-    ]
-    table = [
-        dict(
-            row,
-            verified_text="yes" if row["verified"] else "line only",
-            per_sequence_mib=row.get("saved_bytes_per_sequence", 0) / 2**20
-            if "saved_bytes_per_sequence" in row
-            else None,
-        )
-        for row in rows
-    ]
     columns = [
-        ("seq", "seq", "d"),
-        ("variant", "variant", ""),
-        ("largest batch", "max_batch", ",d"),
-        ("vs first", "max_batch_vs_first", ".2f"),
-        ("measured", "verified_text", ""),
+        Column("seq", "seq", "d"),
+        Column("variant", "variant", ""),
+        Column("largest batch", "max_batch", ",d"),
+        Column("vs first", "max_batch_vs_first", ".2f"),
+        Column("measured", "verified", lambda row: "yes" if row.get("verified") else "line only"),
     ]
     if device.type != "cuda":
-        columns.append(("saved MiB / sequence", "per_sequence_mib", ",.2f"))
+        columns.append(
+            Column(
+                "saved MiB / sequence",
+                "saved_bytes_per_sequence",
+                lambda row: f"{row.get('saved_bytes_per_sequence') / 2**20:,.2f}",
+            )
+        )
     columns += [
-        ("time batch", "time_batch", "d"),
-        spread_column("step (s): median (min–max, CV)", "step_seconds", ".3f"),
-        ("seq/s", "seq_per_s", ".2f"),
-        ("slowdown", "slowdown", ".2f"),
+        Column("time batch", "time_batch", "d"),
+        Column("step (s): median (min–max, CV)", "step_seconds", ".3f"),
+        Column("seq/s", "seq_per_s", ".2f"),
+        Column("slowdown", "slowdown", ".2f"),
     ]
-    if args.time_at_max_batch:
-        columns.append(spread_column("seq/s at largest batch", "seq_per_s_at_max_batch", ".2f"))
-    lines.append(markdown_table(table, columns))
-    return "\n".join(lines)
+    if settings.time_at_max_batch:
+        columns.append(Column("seq/s at largest batch", "seq_per_s_at_max_batch", ".2f"))
+    lines = [
+        f"# Memory: {settings.model}, {settings.kind}, {settings.precision} on {device}",
+        "",
+        f"Cap: {cap / 2**30:.2f} GiB of {what}. Slowdown: step time at an equal batch relative to "
+        f"{rows[0].get('variant')}.",
+        "",
+        table(rows, columns),
+    ]
+    note = noisy_ratios_note(rows)
+    return "\n".join([*lines, *(["", note] if note else [])])
 
 
-def plots(rows: list[dict], device: torch.device, cap: int) -> dict:
+def plots(rows: list[Row], device: torch.device, cap: int) -> dict:
     """Memory vs batch per policy, with the cap and each policy's largest batch marked: the line through the
     counted bytes on the CPU, the fitting probes' peaks on a GPU."""
     result = {}
-    for seq in sorted({row["seq"] for row in rows}):
-        group = [row for row in rows if row["seq"] == seq]
+    for seq in sorted({row.get("seq") for row in rows}):
+        group = [row for row in rows if row.get("seq") == seq]
+        top = max(2, *(max_batch(row) for row in group))
         series, marks = {}, {}
         for row in group:
+            variant, largest = row.get("variant"), max_batch(row)
             if device.type == "cuda":
-                fitting = sorted((probe["batch"], probe["peak_bytes"]) for probe in row["probes"] if probe["fits"])
-                series[row["variant"]] = ([b for b, _ in fitting], [p / 2**30 for _, p in fitting])
-                at_largest = row["peak_bytes_at_max_batch"]
+                fitting = sorted((probe["batch"], probe["peak_bytes"]) for probe in row.get("probes") if probe["fits"])
+                series[variant] = ([b for b, _ in fitting], [p / 2**30 for _, p in fitting])
+                at_largest = row.get("peak_bytes_at_max_batch")
             else:
-                top = max(2, max(row["max_batch"] for row in group))
                 batches = sorted({1 << k for k in range(top.bit_length())} | {top})
-                series[row["variant"]] = (
-                    batches,
-                    [(row["saved_bytes_fixed"] + b * row["saved_bytes_per_sequence"]) / 2**30 for b in batches],
-                )
-                at_largest = row["saved_bytes_at_max_batch"]
-            if row["max_batch"] and at_largest is not None:
-                marks[row["variant"]] = (
-                    row["max_batch"],
-                    at_largest / 2**30,
-                    f"{row['variant']}: {row['max_batch']:,}",
-                )
+                fixed, per_sequence = row.get("saved_bytes_fixed"), row.get("saved_bytes_per_sequence")
+                series[variant] = (batches, [(fixed + b * per_sequence) / 2**30 for b in batches])
+                at_largest = row.get("saved_bytes_at_max_batch")
+            if largest and at_largest is not None:
+                marks[variant] = (largest, at_largest / 2**30, f"{variant}: {largest:,}")
         xs = sorted({x for xs, _ in series.values() for x in xs}) or [1]
         label = "peak CUDA memory (GiB)" if device.type == "cuda" else "saved for backward (GiB)"
         result[f"seq{seq}"] = line_plot(
             series,
             "batch size",
             label,
-            f"{group[0]['model']}, {group[0]['kind']}, seq {seq}: memory vs batch (star: largest batch under the cap)",
+            f"{group[0].get('model')}, {group[0].get('kind')}, seq {seq}: memory vs batch "
+            "(star: largest batch under the cap)",
             log_x=True,
             reference=([xs[0], xs[-1]], [cap / 2**30] * 2, "cap"),
             marks=marks,
@@ -387,44 +380,32 @@ def allocator_cap(device: torch.device, cap: int):
         torch.cuda.set_per_process_memory_fraction(1.0, device.index)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-
-    def body() -> None:
-        variants = [workload.Variant.parse(name) for name in args.variants]
-        workload.bert_config(args.model, max(args.seq_lengths))
-        if args.cap_gib is not None and args.cap_gib <= 0:
-            raise workload.BenchError(f"--cap_gib must be positive, got {args.cap_gib}")
-        output = BenchOutput(cli.output_dir(args, "memory"), "memory", argv, args.overwrite)
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        device = cli.device(args.device)
-        if device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
-            cap = min(total, int(args.cap_gib * 2**30)) if args.cap_gib else total
-        else:
-            cap = int((args.cap_gib or 8) * 2**30)
-        load = LoadWatch()
-        with allocator_cap(device, cap):
-            rows = [
-                row for seq in args.seq_lengths for row in measure_sequence_length(args, variants, seq, device, cap)
-            ]
-        output.warn(load.busy())
-        output.warn(
-            noisy_warning(
-                [row for row in rows if "step_seconds" in row],
-                "step_seconds",
-                lambda row: f"seq {row['seq']} {row['variant']} batch {row['time_batch']}",
-                "step times",
-            )
+def run(settings: MemorySettings, argv: list[str]) -> None:
+    workload.bert_config(settings.model, max(settings.seq_lengths))
+    output = BenchOutput(settings.directory, "memory", argv, settings.overwrite)
+    device = settings.torch_device()
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        cap = min(total, int(settings.cap_gib * 2**30)) if settings.cap_gib else total
+    else:
+        cap = int((settings.cap_gib or 8) * 2**30)
+    load = LoadWatch()
+    with allocator_cap(device, cap):
+        rows = [row for seq in settings.seq_lengths for row in measure_sequence_length(settings, seq, device, cap)]
+    output.warn(load.busy())
+    timed = [row for row in rows if row.get("step_seconds") is not None]
+    output.warn(
+        noisy_warning(
+            [{"step_seconds_cv": row.get("step_seconds").cv, **row.setting, **row.columns} for row in timed],
+            "step_seconds",
+            lambda row: f"seq {row['seq']} {row['variant']} batch {row['time_batch']}",
+            "step times",
         )
-        text = markdown(rows, args, device, cap)
-        print(
-            output.write(
-                vars(args), {"device": str(device), "cap_bytes": cap, "rows": rows}, text, plots(rows, device, cap)
-            )
-        )
-        print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
+    )
+    text = markdown(rows, settings, device, cap)
+    output.write_result(settings, rows, {"device": str(device), "cap_bytes": cap}, text, plots(rows, device, cap))
+    print(text)
+    print(f"\nwrote {output.path('.json')}, {output.path('.md')} and plots")
 
-    return cli.run("bertbench bench memory", body)
+
+main = settings.main_for(MemorySettings, __doc__.splitlines()[0], run)

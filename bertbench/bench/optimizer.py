@@ -1,29 +1,33 @@
 """`bertbench bench optimizer`: the clipping and optimizer step of each rule against the device's memory floor.
 
 An optimizer step is memory-bound: fp32 Adam reads p, g, m, v and writes p, m, v, 28 bytes a parameter, so its floor
-is parameters x 28 bytes / the memory bandwidth. The bench measures the bandwidth (a large tensor copied, bytes read
-plus written over the time, median of a few), fills every gradient of a model, and times the training step's own
-`optim.clip_and_step` (clipping to a global norm of 1.0, then the step) for each optimizer, interleaved. Each row
-gives the step's time with its spread, the floor at 28 bytes, the ratio to it, and the least traffic of the rule
-itself: the clipping's norm reads g once more (Adam: 32 bytes), and LAMB's trust ratio needs the update's norm
-before p changes, so a second pass over the update and p (44 bytes), which no implementation of the rule avoids.
+is parameters x 28 bytes / the memory bandwidth. The bench fills every gradient of a model and times the training
+step's own `optim.clip_and_step` (clipping to a global norm of 1.0, then the step) for each optimizer, interleaved
+with STREAM's four kernels (bertbench.bench.bandwidth), whose fastest best rate is the bandwidth. Each row gives the
+step's time with its spread, the floor at 28 bytes, the ratio to it, and the least traffic of the rule itself: the
+clipping's norm reads g once more (Adam: 32 bytes), and LAMB's trust ratio needs the update's norm before p changes,
+so a second pass over the update and p (44 bytes), which no implementation of the rule avoids.
+
+A floor is the least time the bytes can take: a timed step faster than it means the bandwidth is not the machine's
+best. Its ratio is then not printed, the cell is marked and one warning names the step and the floor.
 
     bertbench bench optimizer --model large --device cuda --step_ms 68
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import sys
+import dataclasses
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 from matplotlib.figure import Figure
 
-from bertbench.bench import cli, measure, workload
-from bertbench.bench.output import BenchOutput, markdown_table, spread_column
-from bertbench.common.noise import LoadWatch, noisy_warning, spread, spread_fields
+from bertbench.bench import bandwidth, measure, settings, workload
+from bertbench.bench.output import BenchOutput
+from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
+from bertbench.common.flags import setting
+from bertbench.common.noise import LoadWatch, noisy_warning
 from bertbench.training import optim
 
 # name -> (optim name, adam_bias_correction)
@@ -37,45 +41,61 @@ FORMS = ("fused", "eager")
 ADAM_BYTES = 28  # fp32 p, g, m, v read; p, m, v written
 CLIP_NORM_BYTES = 4  # the global norm reads g once
 TRUST_RATIO_BYTES = 12  # LAMB: the update written (4), then read again with p (8) to write p
-BANDWIDTH_BYTES = 2**28  # the copy: 256 MiB read, 256 MiB written
 MAX_GRAD_NORM = 1.0
+STREAM_PREFIX = "STREAM "  # the kernels' names among the timed steps
+BELOW_FLOOR = "below floor: bandwidth underestimated"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser_for("optimizer", __doc__.splitlines()[0])
-    setting = parser.add_argument_group("setting")
-    cli.add_model_flag(setting)
-    setting.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available).")
-    setting.add_argument(
-        "--optimizers",
-        type=cli.comma_list(str),
-        default=None,
-        help=f"RULE or RULE:FORM, RULE one of {', '.join(RULES)}, FORM fused or eager (RULE alone: "
-        "both). Default: every rule in both forms; on the CPU, LAMB's compiled form only when "
-        "named (inductor takes minutes to compile it there).",
+def optimizer_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
+    """(rule, form) pairs of --optimizers; a name that is neither is a ValueError naming the flag."""
+    chosen = []
+    for name in names:
+        rule, _, form = name.partition(":")
+        if rule not in RULES or form not in ("", *FORMS):
+            raise ValueError(
+                f"optimizers: unknown optimizer {name!r}: use RULE or RULE:FORM, RULE one of "
+                f"{', '.join(RULES)}, FORM one of {', '.join(FORMS)}"
+            )
+        chosen += [(rule, one) for one in ([form] if form else FORMS) if (rule, one) not in chosen]
+    return chosen
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings(settings.MeasuredSettings):
+    """Optimizers and their floors."""
+
+    bench: ClassVar[str] = "optimizer"
+
+    model: str = settings.model_setting()
+    optimizers: tuple[str, ...] | None = setting(
+        f"RULE or RULE:FORM, RULE one of {', '.join(RULES)}, FORM fused or eager (RULE alone: both). Default: every "
+        "rule in both forms; on the CPU, LAMB's compiled form only when named (inductor takes minutes to compile it "
+        "there).",
+        None,
     )
-    setting.add_argument("--threads", type=cli.positive_int, default=None, help="CPU threads.")
-    timing = parser.add_argument_group("timing")
-    timing.add_argument("--warmup", type=int, default=1, help="Untimed steps per optimizer (the first compiles).")
-    timing.add_argument("--steps", type=cli.positive_int, default=5, help="Timed steps per optimizer (median).")
-    timing.add_argument(
-        "--bandwidth_gbs",
-        type=float,
-        default=None,
-        help="The memory bandwidth in GB/s (10^9 bytes) to put the floors at, instead of measuring it with a copy.",
+    warmup: int = setting("Untimed steps per optimizer and bandwidth kernel (the first compiles).", 1)
+    steps: int = setting(
+        "Timed steps per optimizer (the median), interleaved with STREAM's kernels (the best of as many).", 5
     )
-    timing.add_argument(
-        "--step_ms",
-        type=float,
-        default=None,
-        help="A training step's time in ms (from `bench throughput`): each row's share of it.",
+    bandwidth_gbs: float | None = setting(
+        "The memory bandwidth in GB/s (10^9 bytes) to put the floors at, instead of measuring it with STREAM's "
+        "kernels.",
+        None,
+        positive=True,
     )
-    return parser
+    step_ms: float | None = setting(
+        "A training step's time in ms (from `bench throughput`): each row's share of it.", None, positive=True
+    )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        optimizer_pairs(self.optimizers or ())
 
-def parse_optimizers(names: Sequence[str] | None, device: torch.device) -> list[tuple[str, str]]:
-    """(rule, form) pairs of --optimizers; a name that is neither is a BenchError."""
-    if names is None:
+    def chosen(self, device: torch.device) -> list[tuple[str, str]]:
+        """The (rule, form) pairs to time on `device`: --optimizers, or by default every rule in both forms but
+        LAMB's compiled form on the CPU."""
+        if self.optimizers is not None:
+            return optimizer_pairs(self.optimizers)
         lamb_compiled = device.type != "cpu"
         return [
             (rule, form)
@@ -83,32 +103,15 @@ def parse_optimizers(names: Sequence[str] | None, device: torch.device) -> list[
             for form in FORMS
             if form == "eager" or lamb_compiled or RULES[rule][0] == "adamw"
         ]
-    chosen = []
-    for name in names:
-        rule, _, form = name.partition(":")
-        if rule not in RULES or form not in ("", *FORMS):
-            raise workload.BenchError(
-                f"unknown optimizer {name!r}: use RULE or RULE:FORM, RULE one of "
-                f"{', '.join(RULES)}, FORM one of {', '.join(FORMS)}"
-            )
-        chosen += [(rule, one) for one in ([form] if form else FORMS) if (rule, one) not in chosen]
-    return chosen
+
+
+SETTINGS = OptimizerSettings
 
 
 def rule_bytes(rule: str) -> int:
     """Bytes a parameter the rule with clipping moves at the least (see the module docstring)."""
     lamb = RULES[rule][0] != "adamw"
     return ADAM_BYTES + CLIP_NORM_BYTES + (TRUST_RATIO_BYTES if lamb else 0)
-
-
-def bandwidth(device: torch.device, repeats: int = 5) -> dict:
-    """Bytes read plus written per second of a large copy on `device`: its median over `repeats`, with spread."""
-    source = torch.ones(BANDWIDTH_BYTES // 4, device=device)
-    target = torch.empty_like(source)
-    target.copy_(source)
-    seconds = [measure.time_call(lambda: target.copy_(source), device) for _ in range(repeats)]
-    rates = spread([2 * BANDWIDTH_BYTES / second for second in seconds])
-    return {**rates, "median": 2 * BANDWIDTH_BYTES / statistics.median(seconds)}
 
 
 def contenders(model: torch.nn.Module, chosen: list[tuple[str, str]]) -> dict[str, Callable[[], object]]:
@@ -128,144 +131,192 @@ def contenders(model: torch.nn.Module, chosen: list[tuple[str, str]]) -> dict[st
     return calls
 
 
-def rows_for(times: dict[str, list[float]], parameters: int, rate: float, step_ms: float | None) -> list[dict]:
+def floor_ratio(step_ms: Spread, floor_ms: float) -> Ratio | None:
+    """The step over its floor; None when a timed step was faster than the floor, which then cannot be one."""
+    return None if step_ms.min < floor_ms else Ratio.of(step_ms, floor_ms)
+
+
+def rows_for(times: dict[str, list[float]], parameters: int, rate: float, step_ms: float | None) -> list[Row]:
+    """A row per optimizer from its step `times` (seconds), the floors at `rate` bytes per second."""
     rows = []
     for label, seconds in times.items():
         rule, form = label.split(":")
-        milliseconds = spread([1e3 * second for second in seconds])
+        milliseconds = Spread.of(1e3 * second for second in seconds)
         floor_ms = 1e3 * parameters * ADAM_BYTES / rate
         rule_floor_ms = 1e3 * parameters * rule_bytes(rule) / rate
-        rows.append(
-            {
-                "optimizer": label,
-                "rule": rule,
-                "form": form,
-                "parameters": parameters,
-                **spread_fields("step_ms", milliseconds),
-                "bytes_per_parameter": ADAM_BYTES,
-                "floor_ms": floor_ms,
-                "ratio_to_floor": milliseconds["median"] / floor_ms,
-                "rule_bytes_per_parameter": rule_bytes(rule),
-                "rule_floor_ms": rule_floor_ms,
-                "ratio_to_rule_floor": milliseconds["median"] / rule_floor_ms,
-                "share_of_step": None if step_ms is None else milliseconds["median"] / step_ms,
-            }
-        )
+        columns = {
+            "parameters": parameters,
+            "bytes_per_parameter": ADAM_BYTES,
+            "floor_ms": floor_ms,
+            "ratio_to_floor": floor_ratio(milliseconds, floor_ms),
+            "rule_bytes_per_parameter": rule_bytes(rule),
+            "rule_floor_ms": rule_floor_ms,
+            "ratio_to_rule_floor": floor_ratio(milliseconds, rule_floor_ms),
+            "share_of_step": None if step_ms is None else milliseconds.median / step_ms,
+        }
+        rows.append(Row("step_ms", "ms", {"optimizer": label, "rule": rule, "form": form}, milliseconds, columns))
     return rows
 
 
-def markdown(rows: list[dict], device: torch.device, measured: dict, args: argparse.Namespace) -> str:
-    source = (
-        "given (--bandwidth_gbs)"
-        if args.bandwidth_gbs
-        else f"measured: a {BANDWIDTH_BYTES // 2**20} MiB copy, median of {measured['n']}, "
-        f"{measured['min'] / 1e9:.1f}–{measured['max'] / 1e9:.1f} GB/s"
+def below_floor_warning(rows: Sequence[Row], bandwidth_text: str) -> str | None:
+    """One warning for the steps that beat a floor, naming the one furthest below its floor."""
+    below = [row for row in rows if row.get("ratio_to_rule_floor") is None]
+    if not below:
+        return None
+    worst = min(below, key=lambda row: row.value.min / row.get("rule_floor_ms"))
+    floor_bytes, floor_ms = (
+        (ADAM_BYTES, worst.get("floor_ms"))
+        if worst.get("ratio_to_floor") is None
+        else (worst.get("rule_bytes_per_parameter"), worst.get("rule_floor_ms"))
     )
+    return (
+        f"{len(below)} of {len(rows)} optimizer steps ran faster than a floor ({worst.get('optimizer')} took "
+        f"{worst.value.min:.2f} ms, under its {floor_bytes} B/parameter floor of {floor_ms:.2f} ms): the bandwidth "
+        f"the floors are drawn from, {bandwidth_text}, is below what the machine reaches, so those ratios are not "
+        f'printed (marked "{BELOW_FLOOR}") and the others read low'
+    )
+
+
+def ratio_column(title: str, key: str) -> Column:
+    return Column(title, key, lambda row: BELOW_FLOOR if row.get(key) is None else row.get(key).text())
+
+
+def bandwidth_text(context: dict) -> str:
+    best = context["bandwidth"].max / 1e9
+    if context["bandwidth_source"] == "given":
+        return f"{best:.1f} GB/s (given: --bandwidth_gbs)"
+    return f"{best:.1f} GB/s (STREAM {context['stream_kernel']}, measured)"
+
+
+def markdown(rows: list[Row], settings: OptimizerSettings, context: dict) -> str:
+    if context["bandwidth_source"] == "given":
+        source = "given (--bandwidth_gbs)."
+    else:
+        stream = context["stream"]
+        rates = ", ".join(f"{kernel} {rate.max / 1e9:.1f}" for kernel, rate in stream.items())
+        source = (
+            f"measured as STREAM does: arrays of {context['stream_array_bytes'] / 2**20:,.0f} MiB each (at least "
+            f"{bandwidth.CACHE_MULTIPLE}x the last-level caches), the copy, scale, add and triad kernels on "
+            f"{context['threads']} thread(s), {rates} GB/s (each the best of {stream['copy'].n}, interleaved with the "
+            f"optimizer steps; STREAM's bytes: 2 arrays for copy and scale, 3 for add and triad); the fastest kernel, "
+            f"{context['stream_kernel']}, is the bandwidth."
+        )
     columns = [
-        ("optimizer", "optimizer", "s"),
-        spread_column("step ms", "step_ms", ".2f"),
-        ("floor ms (28 B)", "floor_ms", ".2f"),
-        ("x floor", "ratio_to_floor", ".2f"),
-        ("rule B/param", "rule_bytes_per_parameter", "d"),
-        ("rule floor ms", "rule_floor_ms", ".2f"),
-        ("x rule floor", "ratio_to_rule_floor", ".2f"),
+        Column("optimizer", "optimizer", "s"),
+        Column("step ms", "step_ms", ".2f"),
+        Column(f"floor ms ({ADAM_BYTES} B)", "floor_ms", ".2f"),
+        ratio_column("x floor", "ratio_to_floor"),
+        Column("rule B/param", "rule_bytes_per_parameter", "d"),
+        Column("rule floor ms", "rule_floor_ms", ".2f"),
+        ratio_column("x rule floor", "ratio_to_rule_floor"),
     ]
-    if args.step_ms:
-        columns.append(("share of a step", "share_of_step", ".1%"))
+    if settings.step_ms:
+        columns.append(Column("share of a step", "share_of_step", ".1%"))
+    parameters = rows[0].get("parameters")
     return "\n".join(
         [
-            f"# Optimizer step vs memory floor: {args.model}, {rows[0]['parameters'] / 1e6:.1f}M parameters, {device}",
+            f"# Optimizer step vs memory floor: {settings.model}, {parameters / 1e6:.1f}M parameters, "
+            f"{context['device']}",
             "",
-            f"Memory bandwidth {measured['median'] / 1e9:.1f} GB/s ({source}). Each step is the training step's "
+            f"Memory bandwidth {context['bandwidth'].max / 1e9:.1f} GB/s, {source} Each step is the training step's "
             f"clipping to a global norm of {MAX_GRAD_NORM} and the optimizer step (optim.clip_and_step), median of "
-            f"{args.steps} after {args.warmup} warm-up, interleaved. The floor assumes fp32 parameters, gradients and "
-            f"moments and {ADAM_BYTES} bytes a parameter (Adam: read p, g, m, v; write p, m, v); the rule's floor adds "
-            f"the clipping's read of g ({CLIP_NORM_BYTES} B) and, for LAMB, the trust ratio's second pass over the "
-            f"update and p ({TRUST_RATIO_BYTES} B).",
+            f"{settings.steps} after {settings.warmup} warm-up, interleaved. The floor assumes fp32 parameters, "
+            f"gradients and moments and {ADAM_BYTES} bytes a parameter (Adam: read p, g, m, v; write p, m, v); the "
+            f"rule's floor adds the clipping's read of g ({CLIP_NORM_BYTES} B) and, for LAMB, the trust ratio's second "
+            f"pass over the update and p ({TRUST_RATIO_BYTES} B). A step that ran faster than its floor shows "
+            f'"{BELOW_FLOOR}" instead of a ratio.',
             "",
-            markdown_table(rows, columns),
+            table(rows, columns),
             "",
+            *filter(None, [noisy_ratios_note(rows)]),
         ]
     )
 
 
-def plot(rows: list[dict], device: torch.device) -> Figure:
-    figure = Figure(figsize=(7.2, 4.2))
+def plot(rows: list[Row], device: str) -> Figure:
+    """The steps as bars with their min-max, a colour per form; the 28-byte floor as a line, each rule's floor as a
+    mark on its bar; the legend outside the axes."""
+    figure = Figure(figsize=(8.4, 4.2))
     axes = figure.add_subplot()
-    positions = range(len(rows))
-    medians = [row["step_ms"] for row in rows]
-    errors = [
-        [row["step_ms"] - row["step_ms_min"] for row in rows],
-        [row["step_ms_max"] - row["step_ms"] for row in rows],
-    ]
-    axes.bar(
-        positions,
-        medians,
-        yerr=errors,
-        capsize=3,
-        color=["tab:blue" if row["form"] == "fused" else "tab:grey" for row in rows],
-        label="step (min-max)",
-    )
-    axes.axhline(rows[0]["floor_ms"], linestyle="--", color="black", label=f"floor at {ADAM_BYTES} B/param")
+    looks = {"fused": ("tab:blue", ""), "eager": ("tab:orange", "//")}  # told apart in grey print too
+    for form, (colour, hatch) in looks.items():
+        positions = [index for index, row in enumerate(rows) if row.get("form") == form]
+        if not positions:
+            continue
+        spreads = [rows[index].value for index in positions]
+        axes.bar(
+            positions,
+            [spread.median for spread in spreads],
+            yerr=[[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]],
+            capsize=3,
+            color=colour,
+            hatch=hatch,
+            label=f"{form} step (median, min-max)",
+        )
+    axes.axhline(rows[0].get("floor_ms"), linestyle="--", color="black", label=f"floor at {ADAM_BYTES} B/param")
     axes.scatter(
-        positions,
-        [row["rule_floor_ms"] for row in rows],
+        range(len(rows)),
+        [row.get("rule_floor_ms") for row in rows],
         marker="_",
         s=400,
         color="tab:red",
         zorder=3,
         label="the rule's floor",
     )
-    axes.set_xticks(list(positions), [row["optimizer"] for row in rows], rotation=30, ha="right", fontsize=8)
+    axes.set_xticks(range(len(rows)), [row.get("optimizer") for row in rows], rotation=30, ha="right", fontsize=8)
     axes.set_ylabel("ms per clip + optimizer step")
     axes.set_title(f"optimizer step vs memory floor ({device})", fontsize=10)
     axes.set_ylim(bottom=0)
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     figure.tight_layout()
     return figure
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-
-    def body() -> None:
-        config = workload.bert_config(args.model, 128)
-        for flag, value in (("--bandwidth_gbs", args.bandwidth_gbs), ("--step_ms", args.step_ms)):
-            if value is not None and not value > 0:
-                raise workload.BenchError(f"{flag} must be positive, got {value}")
-        if args.warmup < 0:
-            raise workload.BenchError(f"--warmup must be 0 or more, got {args.warmup}")
-        device = cli.device(args.device)
-        chosen = parse_optimizers(args.optimizers, device)
-        output = BenchOutput(cli.output_dir(args, "optimizer"), "optimizer", argv, args.overwrite)
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        model = workload.build(config, "pretraining", workload.Variant.parse("baseline"), device)
-        generator = torch.Generator(device=device).manual_seed(0)
-        for parameter in model.parameters():
-            parameter.grad = torch.randn(parameter.shape, device=device, generator=generator)
-        parameters = sum(parameter.numel() for parameter in model.parameters())
-        load = LoadWatch()
-        measured = spread([args.bandwidth_gbs * 1e9]) if args.bandwidth_gbs else bandwidth(device)
-        times = measure.time_steps(contenders(model, chosen), args.warmup, args.steps, device)
-        rows = rows_for(times, parameters, measured["median"], args.step_ms)
-        output.warn(load.busy())
-        output.warn(noisy_warning(rows, "step_ms", lambda row: row["optimizer"], "step times"))
-        text = markdown(rows, device, measured, args)
-        print(
-            output.write(
-                vars(args),
-                {
-                    "device": str(device),
-                    "bandwidth_bytes_per_second": measured["median"],
-                    "bandwidth": measured,
-                    "rows": rows,
-                },
-                text,
-                {"steps": plot(rows, device)},
-            )
+def run(settings: OptimizerSettings, argv: list[str]) -> None:
+    config = workload.bert_config(settings.model, 128)
+    device = settings.torch_device()
+    chosen = settings.chosen(device)
+    output = BenchOutput(settings.directory, "optimizer", argv, settings.overwrite)
+    model = workload.build(config, "pretraining", workload.Variant.parse("baseline"), device)
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn(parameter.shape, device=device, generator=generator)
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    steps = contenders(model, chosen)
+    stream = None
+    if settings.bandwidth_gbs is None:
+        stream = bandwidth.Stream(device, bandwidth.array_bytes(device))
+        steps.update({STREAM_PREFIX + kernel: call for kernel, call in stream.kernels().items()})
+    load = LoadWatch()
+    times = measure.time_steps(steps, settings.warmup, settings.steps, device)
+    context: dict = {"device": str(device), "threads": torch.get_num_threads()}
+    if stream is None:
+        context.update(bandwidth=Spread.exact(settings.bandwidth_gbs * 1e9), bandwidth_source="given")
+    else:
+        rates = stream.rates({kernel: times.pop(STREAM_PREFIX + kernel) for kernel in stream.kernels()})
+        kernel = bandwidth.fastest(rates)
+        context.update(
+            bandwidth=rates[kernel],
+            bandwidth_source="STREAM",
+            stream_kernel=kernel,
+            stream=rates,
+            stream_array_bytes=stream.size_bytes,
         )
-        print(f"\nwrote {output.path('.json')}, {output.path('.md')} and {output.path('-steps.png')}")
+    rows = rows_for(times, parameters, context["bandwidth"].max, settings.step_ms)
+    output.warn(load.busy())
+    output.warn(below_floor_warning(rows, bandwidth_text(context)))
+    output.warn(
+        noisy_warning(
+            [{"step_ms_cv": row.value.cv, **row.setting} for row in rows],
+            "step_ms",
+            lambda row: row["optimizer"],
+            "step times",
+        )
+    )
+    text = markdown(rows, settings, context)
+    output.write_result(settings, rows, context, text, {"steps": plot(rows, str(device))})
+    print(text)
+    print(f"\nwrote {output.path('.json')}, {output.path('.md')} and {output.path('-steps.png')}")
 
-    return cli.run("bertbench bench optimizer", body)
+
+main = settings.main_for(OptimizerSettings, __doc__.splitlines()[0], run)
