@@ -362,9 +362,12 @@ def ratio_to_first(rows: dict[str, Row], name: str) -> Ratio | None:
 
 
 def number_spec(value: Any) -> str:
-    """How a figure prints when the report knows nothing of it: integers whole, others to 4 significant digits."""
+    """How a figure prints when the report knows nothing of it: integers and thousands whole, others to 4
+    significant digits."""
     median = value.median if isinstance(value, Spread) else value
-    return ",d" if isinstance(median, int) and not isinstance(median, bool) else ",.4g"
+    if isinstance(median, int) and not isinstance(median, bool):
+        return ",d"
+    return ",.0f" if abs(median) >= 1000 else ",.4g"  # never 1.009e+04
 
 
 def figure_cell(key: str) -> Column:
