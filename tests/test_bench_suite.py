@@ -195,8 +195,10 @@ def test_what_is_printed_is_a_screen_with_each_warning_once():
     assert lines[-3:] == ["note: a note", "warning: phase1, phase2: noisy step times", "report: out/suite.md"]
     assert "  phase1 baseline (seq 128, batch 256): 1,500.0 (1,470.0–1,530.0, CV 2.0%) seq/s, MFU" in "\n".join(lines)
     many = suite.printed_summary("small", "cpu", ran, rows * 5, warnings * 3, [], "out/suite.md")
-    assert len(many) == suite.MAX_PRINTED_LINES and many[-5].startswith("  ... ")
-    assert many[-5].endswith("more headline(s) in out/suite.md")
+    assert len(many) == suite.MAX_PRINTED_LINES and many[-5] == f"  ... {len(rows) * 5 - 18} more in out/suite.md"
+    flooded = suite.printed_summary("small", "cpu", ran, rows, [f"warning {n}" for n in range(40)], [], "out/suite.md")
+    assert len(flooded) == suite.MAX_PRINTED_LINES and flooded[-1] == "report: out/suite.md"
+    assert flooded[-2] == "  ... 19 more in out/suite.md"  # 21 warnings fit, and the report's path
 
 
 def test_parts_are_the_benches_settings_and_follow_the_size(tmp_path):

@@ -689,13 +689,20 @@ def printed_summary(
         f"suite: {size} on {device}, {len(ran)} part(s) in {wall:.0f} s"
         + (f", FAILED: {', '.join(failed)}" if failed else "")
     ]
-    tail = [f"note: {note}" for note in notes] + [f"warning: {warning}" for warning in warnings]
-    tail.append(f"report: {report}")
-    room = MAX_PRINTED_LINES - len(head) - len(tail)
-    lines = [summary_line(row) for row in rows]
-    if len(lines) > room:
-        lines = lines[: max(0, room - 1)] + [f"  ... {len(lines) - max(0, room - 1)} more headline(s) in {report}"]
-    return (head + lines + tail)[:MAX_PRINTED_LINES]
+    messages = [f"note: {note}" for note in notes] + [f"warning: {warning}" for warning in warnings]
+    return (
+        head
+        + fitted([summary_line(row) for row in rows], MAX_PRINTED_LINES - 2 - len(messages), report)
+        + (fitted(messages, MAX_PRINTED_LINES - 2, report) + [f"report: {report}"])
+    )
+
+
+def fitted(lines: list[str], room: int, report: str) -> list[str]:
+    """`lines`, or as many as fit in `room` lines with a last one counting the others, which `report` has."""
+    if len(lines) <= room:
+        return lines
+    kept = max(0, room - 1)
+    return lines[:kept] + [f"  ... {len(lines) - kept} more in {report}"] if room > 0 else []
 
 
 def part_warnings(results: Mapping[str, BenchResult]) -> list[str]:
