@@ -192,11 +192,21 @@ def test_what_is_printed_is_a_screen_with_each_warning_once():
     lines = suite.printed_summary("small", "cpu", ran, rows, warnings, ["a note"], "out/suite.md")
     assert len(lines) <= suite.MAX_PRINTED_LINES
     assert lines[0] == "suite: small on cpu, 6 part(s) in 60 s"
-    assert lines[-3:] == ["note: a note", "warning: phase1, phase2: noisy step times", "report: out/suite.md"]
-    assert "  phase1 baseline (seq 128, batch 256): 1,500.0 (1,470.0–1,530.0, CV 2.0%) seq/s, MFU" in "\n".join(lines)
-    many = suite.printed_summary("small", "cpu", ran, rows * 5, warnings * 3, [], "out/suite.md")
-    assert len(many) == suite.MAX_PRINTED_LINES and many[-5] == f"  ... {len(rows) * 5 - 18} more in out/suite.md"
-    flooded = suite.printed_summary("small", "cpu", ran, rows, [f"warning {n}" for n in range(40)], [], "out/suite.md")
+    assert lines[-3:] == [
+        "note: a note",
+        "warning: noisy step times (phase1, phase2; in full in suite.md)",
+        "report: out/suite.md",
+    ]
+    assert "  phase1 baseline (seq 128, batch 256): 1,500.0 seq/s (CV 2.0%), MFU 55.0%; vs HF 1.50x" in lines
+    busy = [
+        f"{part}: the machine was busy: the load average was {load}" for part, load in (("phase1", 5), ("optimizer", 7))
+    ]
+    assert suite.warnings_by_kind(busy) == ["the machine was busy (phase1, optimizer; in full in suite.md)"]
+    many = suite.printed_summary("small", "cpu", ran, rows * 5, warnings, [], "out/suite.md")
+    assert len(many) == suite.MAX_PRINTED_LINES and many[-3] == f"  ... {len(rows) * 5 - 20} more in out/suite.md"
+    flooded = suite.printed_summary(
+        "small", "cpu", ran, rows, [f"a: warning {n}" for n in range(40)], [], "out/suite.md"
+    )
     assert len(flooded) == suite.MAX_PRINTED_LINES and flooded[-1] == "report: out/suite.md"
     assert flooded[-2] == "  ... 19 more in out/suite.md"  # 21 warnings fit, and the report's path
 

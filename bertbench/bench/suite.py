@@ -51,6 +51,7 @@ from bertbench.bench.throughput import ThroughputSettings
 from bertbench.bench.workload import BenchRunFailed
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import setting
+from bertbench.common.noise import cv_text
 from bertbench.training.distributed import resolve_device
 from bertbench.training.step import compile_unavailable
 
@@ -379,10 +380,13 @@ def recompute_rows(results: Mapping[str, BenchResult]) -> list[Row]:
             row = timed.get(variant)
             if row and baseline:
                 saved, saved_baseline = row.get("saved_bytes"), baseline.get("saved_bytes")
+                compared = row is not baseline  # the baseline's ratios to itself say nothing
                 columns = {
-                    "slowdown": versus(row.get("step_seconds"), baseline.get("step_seconds")),
+                    "slowdown": versus(row.get("step_seconds"), baseline.get("step_seconds")) if compared else None,
                     "saved_bytes": saved,
-                    "saved_vs_baseline": Ratio.of(saved, saved_baseline) if saved and saved_baseline else None,
+                    "saved_vs_baseline": Ratio.of(saved, saved_baseline)
+                    if compared and saved and saved_baseline
+                    else None,
                 }
                 setting = {"kind": "pretraining", "seq": seq, "batch": batch, "variant": variant}
                 rows.append(headline("step_seconds", "s", "phase2", setting, row.get("step_seconds"), columns))
@@ -393,10 +397,8 @@ def recompute_rows(results: Mapping[str, BenchResult]) -> list[Row]:
             row = searched.get(variant)
             if row:
                 at_max = repeated(row.get("seq_per_s_at_max_batch"))
-                columns = {
-                    "seq_per_s_at_max_batch": at_max,
-                    "at_max_vs_baseline": versus(at_max, baseline and baseline.get("seq_per_s_at_max_batch")),
-                }
+                reference = baseline.get("seq_per_s_at_max_batch") if baseline and row is not baseline else None
+                columns = {"seq_per_s_at_max_batch": at_max, "at_max_vs_baseline": versus(at_max, reference)}
                 setting = {"kind": "pretraining", "seq": seq, "variant": variant}
                 rows.append(headline("max_batch", "sequences", "largest-batch", setting, row.value, columns))
     return rows
@@ -482,8 +484,6 @@ def with_target(row: Row) -> Row:
         if key == "mfu" and (row.setting.get("seq"), row.setting.get("batch")) not in ((128, 256), (512, 32)):
             continue
         if key == "ratio_to_floor" and row.setting.get("form") != "fused":
-            continue
-        if key == "at_max_vs_baseline" and row.setting.get("variant") == "baseline":
             continue
         targets[f"target_{key}"] = found[0]
     return dataclasses.replace(row, columns={**row.columns, **targets}) if targets else row
@@ -645,7 +645,8 @@ def markdown(size: str, device: str, ran: Sequence[dict], rows: Sequence[Row], n
 
 
 def summary_line(row: Row) -> str:
-    """One headline as printed: what, the figure with its spread, the ratios with their marks and targets."""
+    """One headline as printed: what, the figure with its CV (suite.md has its min and max), the ratios with their
+    marks and targets."""
     where = ", ".join(f"{key} {row.setting[key]}" for key in ("seq", "batch") if key in row.setting)
     variant = row.setting.get("variant") or row.setting.get("optimizer")
     ratios = [
@@ -661,9 +662,10 @@ def summary_line(row: Row) -> str:
         )
         if isinstance(row.get(key), Ratio)
     ]
-    mfu = f", MFU {row.get('mfu').text('.1%')}{target_text(row, 'mfu')}" if isinstance(row.get("mfu"), Spread) else ""
+    mfu = f", MFU {row.median('mfu'):.1%}{target_text(row, 'mfu')}" if isinstance(row.get("mfu"), Spread) else ""
     spec = ",.0f" if row.measured == "max_batch" else ",.1f" if row.unit != "s" else ".3f"
-    figure_text = f"{row.value.text(spec)} {row.unit}{mfu}"
+    spread = f" (CV {cv_text(row.value.cv)})" if row.value.cv is not None else ""
+    figure_text = f"{row.value.median:{spec}} {row.unit}{spread}{mfu}"
     return (
         f"  {row.setting['part']} {variant}"
         + (f" ({where})" if where else "")
@@ -689,7 +691,7 @@ def printed_summary(
         f"suite: {size} on {device}, {len(ran)} part(s) in {wall:.0f} s"
         + (f", FAILED: {', '.join(failed)}" if failed else "")
     ]
-    messages = [f"note: {note}" for note in notes] + [f"warning: {warning}" for warning in warnings]
+    messages = [f"note: {note}" for note in notes] + [f"warning: {warning}" for warning in warnings_by_kind(warnings)]
     return (
         head
         + fitted([summary_line(row) for row in rows], MAX_PRINTED_LINES - 2 - len(messages), report)
@@ -706,12 +708,24 @@ def fitted(lines: list[str], room: int, report: str) -> list[str]:
 
 
 def part_warnings(results: Mapping[str, BenchResult]) -> list[str]:
-    """The parts' warnings, each once, naming the parts that gave it."""
+    """The parts' warnings, each once, naming the parts that gave it ("phase1, phase2: ..."): what suite.json and
+    suite.md hold."""
     given: dict[str, list[str]] = {}
     for name, result in results.items():
         for warning in result.warnings:
             given.setdefault(warning, []).append(name)
     return [f"{', '.join(names)}: {warning}" for warning, names in given.items()]
+
+
+def warnings_by_kind(warnings: Sequence[str]) -> list[str]:
+    """The warnings as printed: one line per kind (what a warning says before its first colon, such as "the machine
+    was busy"; each part's words after it differ in their figures), naming the parts; suite.md has each in full."""
+    kinds: dict[str, list[str]] = {}
+    for warning in warnings:
+        parts, _, message = warning.partition(": ")
+        kind = message.split(":")[0]
+        kinds.setdefault(kind, []).extend(part for part in parts.split(", ") if part not in kinds.get(kind, []))
+    return [f"{kind} ({', '.join(parts)}; in full in suite.md)" for kind, parts in kinds.items()]
 
 
 def plots(rows: Sequence[Row]) -> dict:
