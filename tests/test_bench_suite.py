@@ -349,7 +349,11 @@ def test_run_part_keeps_the_output_in_its_log_and_names_the_error(tmp_path, monk
 
 def test_a_recompute_plot_draws_each_series_in_its_own_colour_and_marker():
     figure = plots.bar_plot(
-        {"step time": {"full": 1.3, "selective": 0.97}, "saved vs baseline": {"full": 0.14}, "seq/s": {"full": 0.5}},
+        {
+            "step time": {"full": 1.3, "selective": 0.97},
+            "saved vs baseline": {"full": 0.14},
+            "seq/s": {"full": Ratio(0.75, 1.09)},
+        },
         "ratio",
         "t",
         (1.0, "baseline = 1"),
@@ -357,6 +361,7 @@ def test_a_recompute_plot_draws_each_series_in_its_own_colour_and_marker():
     axes = figure.axes[0]
     colours = [to_hex(container.patches[0].get_facecolor()) for container in axes.containers]
     assert len(set(colours)) == 3  # not the baseline's blue thrice
+    assert [text.get_text() for text in axes.texts] == ["1.30", "0.97", "0.14", "0.75\nnoisy"]  # marked as printed
     legend = axes.get_legend()
     assert [text.get_text() for text in legend.get_texts()] == [
         "baseline = 1",

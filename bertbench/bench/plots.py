@@ -17,6 +17,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from bertbench.bench.results import Ratio
+
 VARIANT_COLOURS = {
     "baseline": "tab:blue",
     "full": "tab:orange",
@@ -132,10 +134,14 @@ def line_plot(
 
 
 def bar_plot(
-    groups: Mapping[str, Mapping[str, float]], ylabel: str, title: str, reference: tuple[float, str] | None = None
+    groups: Mapping[str, Mapping[str, float | Ratio]],
+    ylabel: str,
+    title: str,
+    reference: tuple[float, str] | None = None,
 ) -> Figure:
     """Grouped bars: a series per group (label -> {category: value}), each its own colour and hatch, the
-    categories along the x axis, each bar labelled with its value; `reference` is a dashed horizontal line with
+    categories along the x axis, each bar labelled with its value (a Ratio drawn from noisy figures labelled
+    "noisy" under it, as it is marked wherever it is printed); `reference` is a dashed horizontal line with
     its legend entry ((1.0, "1 = equal") for ratios). The groups are figures, not variants: their colours come
     from the order, never from a variant a label happens to name ("vs baseline")."""
     figure = Figure(figsize=(8.4, 4.2), layout="constrained")
@@ -150,7 +156,8 @@ def bar_plot(
             for number, category in enumerate(categories)
             if category in values
         ]
-        heights = [values[category] for category in categories if category in values]
+        shown = [values[category] for category in categories if category in values]
+        heights = [value.value if isinstance(value, Ratio) else value for value in shown]
         bars = axes.bar(
             positions,
             heights,
@@ -160,7 +167,11 @@ def bar_plot(
             hatch=hatches[index % len(hatches)],
             edgecolor="white",
         )
-        axes.bar_label(bars, fmt="%.2f", fontsize=7)
+        labels = [
+            f"{height:.2f}" + ("\nnoisy" if isinstance(value, Ratio) and value.noisy else "")
+            for height, value in zip(heights, shown)
+        ]
+        axes.bar_label(bars, labels, fontsize=7)
     if reference is not None:
         value, label = reference
         axes.axhline(value, linestyle="--", color=REFERENCE_COLOUR, linewidth=1, label=label)

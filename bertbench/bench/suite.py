@@ -608,8 +608,8 @@ def markdown(size: str, device: str, ran: Sequence[dict], rows: Sequence[Row], n
         shown = [row for row in rows if section_of(row) == key]
         if shown:
             lines += ["", f"## {title}", "", table(shown, columns), "", note]
-            noisy = noisy_ratios_note(shown)
-            lines += ["", noisy] if noisy else []
+    noisy = noisy_ratios_note(rows)  # once, under the tables
+    lines += ["", noisy] if noisy else []
     part_rows = [
         Row(
             "wall_seconds",
@@ -741,7 +741,7 @@ def plots(rows: Sequence[Row]) -> dict:
             ("vs_hf_dynamic", "vs HF dynamic"),
         ):
             if isinstance(row.get(key), Ratio):
-                speed.setdefault(label, {})[where] = row.median(key)
+                speed.setdefault(label, {})[where] = row.get(key)
     if speed:
         result["speed"] = bar_plot(
             speed, "speed ratio (median over median)", "bertbench's speed over each contender's", (1.0, "1 = equal")
@@ -754,7 +754,7 @@ def plots(rows: Sequence[Row]) -> dict:
             ("at_max_vs_baseline", "seq/s at its largest batch"),
         ):
             if isinstance(row.get(key), Ratio):
-                policies.setdefault(label, {})[row.setting["variant"]] = row.median(key)
+                policies.setdefault(label, {})[row.setting["variant"]] = row.get(key)
     if policies:
         result["recompute"] = bar_plot(
             policies, "ratio to the baseline's", "recompute policies against the baseline", (1.0, "baseline = 1")
