@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "runs",
         nargs="+",
         metavar="DIR",
-        help="Output directories of bench runs (or their JSON files), in the order of the columns.",
+        help=ReportSettings.__dataclass_fields__["runs"].metadata["help"],
     )
     parser.add_argument(
         "--output_dir",
