@@ -18,7 +18,7 @@ each warning once, and where suite.md is.
                      the padded path, HF padded to the sequence length and HF with dynamic padding
       largest-batch  each recompute policy's largest batch under a memory cap (seq 512) and its seq/s there
       optimizer      each optimizer's step (clipping included) against its memory-bandwidth floor
-    small (the default on a CPU; about 2 minutes on 2 idle cores), fp32 on a CPU: the same parts on mini and tiny
+    small (the default on a CPU; a few minutes on 2 cores), fp32 on a CPU: the same parts on mini and tiny
     models, but compile: inductor takes minutes to compile the step on a CPU, so it runs only when named
     (--parts compile).
 
