@@ -302,7 +302,8 @@ def run(settings: OptimizerSettings, argv: list[str]) -> None:
             stream=rates,
             stream_array_bytes=stream.size_bytes,
         )
-    rows = rows_for(times, parameters, context["bandwidth"].max, settings.step_ms)
+    context["bandwidth_bytes_per_second"] = context["bandwidth"].max  # the best rate: what the floors are drawn from
+    rows = rows_for(times, parameters, context["bandwidth_bytes_per_second"], settings.step_ms)
     output.warn(load.busy())
     output.warn(below_floor_warning(rows, bandwidth_text(context)))
     output.warn(
