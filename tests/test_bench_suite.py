@@ -112,6 +112,7 @@ def test_headline_rows_pair_each_figure_with_what_it_is_compared_with():
     assert by(recompute, variant="full").median("slowdown") == pytest.approx(1.25)
     assert by(recompute, variant="full").median("saved_vs_baseline") == pytest.approx(0.1)
     assert by(recompute, variant="selective").median("saved_vs_baseline") == pytest.approx(0.6)
+    assert by(recompute, variant="baseline").get("slowdown") is None  # no ratio of the baseline to itself
     searched = [row for row in rows if row.measured == "max_batch"]
     assert by(searched, variant="full").median("at_max_vs_baseline") == pytest.approx(1.1)
     assert by(searched, variant="selective").median() == 100
