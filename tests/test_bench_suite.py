@@ -108,6 +108,8 @@ def test_headline_rows_pair_each_figure_with_what_it_is_compared_with():
     pretraining = [row for row in rows if row.measured == "seq_per_s" and row.get("kind") == "pretraining"]
     assert by(pretraining, part="phase2").median("vs_hf") == pytest.approx(1.6)
     assert by(pretraining, part="phase1", batch=64).get("vs_hf") is None  # HF ran out of memory
+    above_peak = dict(RESULTS, phase1=result("throughput", [throughput_row("baseline", 128, 8, 100.0, mfu=1.38)]))
+    assert by(suite.headlines(above_peak, False), part="phase1").get("mfu") is None  # cannot be right: no headline
     recompute = [row for row in rows if row.measured == "step_seconds"]
     assert by(recompute, variant="full").median("slowdown") == pytest.approx(1.25)
     assert by(recompute, variant="full").median("saved_vs_baseline") == pytest.approx(0.1)

@@ -316,6 +316,13 @@ def repeated(value: Any) -> Spread | None:
     return value if isinstance(value, Spread) and value.n >= MIN_REPEATS else None
 
 
+def share_of_peak(value: Any) -> Spread | None:
+    """An MFU with enough repeats to be a headline and at most 100%: above, the peak it is drawn from was measured
+    low (the part warns), and a figure that cannot be right is no headline."""
+    value = repeated(value)
+    return value if value is not None and value.median <= 1 else None
+
+
 def versus(numerator: Any, denominator: Any) -> Ratio | None:
     """The ratio of two timed figures when both have enough repeats, marked noisy by their CVs."""
     numerator, denominator = repeated(numerator), repeated(denominator)
@@ -360,9 +367,9 @@ def pretraining_rows(results: Mapping[str, BenchResult]) -> list[Row]:
             if ours:
                 setting = {"kind": "pretraining", "seq": seq, "batch": batch, "variant": "baseline"}
                 columns = {
-                    "mfu": repeated(ours.get("mfu")),
+                    "mfu": share_of_peak(ours.get("mfu")),
                     "hf_seq_per_s": hf and hf.value,
-                    "hf_mfu": hf and hf.get("mfu"),
+                    "hf_mfu": share_of_peak(hf and hf.get("mfu")),
                     "vs_hf": versus(ours.value, hf and hf.value),
                 }
                 rows.append(headline("seq_per_s", "seq/s", name, setting, ours.value, columns))
@@ -414,7 +421,7 @@ def compile_rows(results: Mapping[str, BenchResult]) -> list[Row]:
             columns = {
                 "eager_seq_per_s": eager.value,
                 "vs_eager": versus(compiled.value, eager.value),
-                "mfu": repeated(compiled.get("mfu")),
+                "mfu": share_of_peak(compiled.get("mfu")),
                 "compile_seconds": compiled.get("compile_seconds"),
             }
             rows.append(headline("seq_per_s", "seq/s", "compile", setting, compiled.value, columns))
