@@ -1,7 +1,9 @@
-"""`bertbench bench suite`: the parts it runs, the headline figures it reads from their reports, the targets, what
-it does when a part fails, and the input it refuses before running anything. Plus throughput's `+compile` variants,
-which its compile part times."""
+"""`bertbench bench suite`: the parts it builds as the benches' settings, the headline rows it reads from their
+results (a pure function of results.BenchResult), what it prints (a screen, each warning once), the targets, what it
+does when a part fails, and the input it refuses before running anything; one real run of its cheapest parts, read
+back by `bertbench report`. Plus throughput's `+compile` variants, which its compile part times."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -9,142 +11,266 @@ import sys
 import pytest
 import torch
 from helpers import snapshot
+from matplotlib.colors import to_hex
 
-from bertbench.bench import suite, throughput, workload
+from bertbench.bench import plots, report, suite, throughput, workload
+from bertbench.bench.results import BenchResult, Ratio, Row, Spread
+from bertbench.bench.settings import parse
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def throughput_row(variant, seq=128, batch=8, **figures):
-    return {"variant": variant, "seq": seq, "batch": batch, "out_of_memory": False, **figures}
+def timed(median, cv=0.02, n=5):
+    """A figure timed `n` times, its spread `cv`."""
+    return Spread(median, 0.98 * median, 1.02 * median, cv, n)
 
 
-# Reports as the parts write them (only the keys the suite reads), with round numbers whose ratios are known.
-REPORTS = {
-    "phase1": {
-        "rows": [
-            throughput_row("baseline", 128, 256, seq_per_s=1500.0, mfu=0.55),
-            throughput_row("hf", 128, 256, seq_per_s=1000.0, mfu=0.40),
-            throughput_row("baseline", 128, 64, seq_per_s=900.0, mfu=0.30),
-            throughput_row("hf", 128, 64, out_of_memory=True),
-        ]
-    },
-    "phase2": {
-        "rows": [
-            throughput_row("baseline", 512, 32, step_seconds=0.10, saved_bytes=1000, seq_per_s=320.0, mfu=0.45),
-            throughput_row("full", 512, 32, step_seconds=0.125, saved_bytes=100),
-            throughput_row("selective", 512, 32, step_seconds=0.12, saved_bytes=600),
-            throughput_row("hf", 512, 32, seq_per_s=200.0, mfu=0.3),
-        ]
-    },
-    "largest-batch": {
-        "rows": [
-            {"variant": "baseline", "max_batch": 64, "seq_per_s_at_max_batch": 300.0},
-            {"variant": "full", "max_batch": 400, "seq_per_s_at_max_batch": 330.0},
-            {"variant": "selective", "max_batch": 100, "seq_per_s_at_max_batch": 270.0},
-        ]
-    },
-    "finetuning": {
-        "rows": [
-            throughput_row("baseline", batch=32, real_tokens_per_s=200_000.0, path="unpadded/varlen", host_share=0.4),
+SPREAD_COLUMNS = ("mfu", "step_seconds", "real_tokens_per_s")  # throughput's timed columns
+
+
+def throughput_row(variant, seq=128, batch=8, seq_per_s=None, **columns):
+    kind = "finetuning" if "real_tokens_per_s" in columns else "pretraining"
+    setting = dict(model="mini", kind=kind, seq=seq, precision="fp32", lengths="full", batch=batch, variant=variant)
+    value = timed(seq_per_s) if seq_per_s else timed(100.0)
+    columns = {key: timed(item) if key in SPREAD_COLUMNS else item for key, item in columns.items()}
+    return Row("seq_per_s", "seq/s", setting, value, columns)
+
+
+def result(bench, rows, warnings=()):
+    return BenchResult(bench, {}, tuple(rows), {}, tuple(warnings))
+
+
+def largest(variant, max_batch, at_max):
+    setting = dict(model="mini", kind="pretraining", precision="fp32", seq=512, variant=variant)
+    return Row("max_batch", "sequences", setting, Spread.exact(max_batch), {"seq_per_s_at_max_batch": timed(at_max)})
+
+
+def optimizer_row(name, form, step_ms, floor_ms):
+    columns = {"floor_ms": floor_ms, "ratio_to_floor": Ratio.of(timed(step_ms), floor_ms)}
+    return Row("step_ms", "ms", {"optimizer": name, "rule": name.split(":")[0], "form": form}, timed(step_ms), columns)
+
+
+# The parts' results (only what the suite reads), with round numbers whose ratios are known.
+RESULTS = {
+    "phase1": result(
+        "throughput",
+        [
+            throughput_row("baseline", 128, 256, 1500.0, mfu=0.55),
+            throughput_row("hf", 128, 256, 1000.0, mfu=0.40),
+            throughput_row("baseline", 128, 64, 900.0, mfu=0.30),
+            Row("seq_per_s", "seq/s", {"seq": 128, "batch": 64, "variant": "hf"}, None, {}, "out of memory"),
+        ],
+        ["noisy step times"],
+    ),
+    "phase2": result(
+        "throughput",
+        [
+            throughput_row("baseline", 512, 32, 320.0, step_seconds=0.10, saved_bytes=1000, mfu=0.45),
+            throughput_row("full", 512, 32, 256.0, step_seconds=0.125, saved_bytes=100),
+            throughput_row("selective", 512, 32, 266.0, step_seconds=0.12, saved_bytes=600),
+            throughput_row("hf", 512, 32, 200.0, mfu=0.3),
+        ],
+        ["noisy step times"],
+    ),
+    "largest-batch": result(
+        "memory", [largest("baseline", 64, 300.0), largest("full", 400, 330.0), largest("selective", 100, 270.0)]
+    ),
+    "finetuning": result(
+        "throughput",
+        [
+            throughput_row("baseline", batch=32, real_tokens_per_s=200_000.0, path="unpadded/varlen"),
             throughput_row("baseline/padded", batch=32, real_tokens_per_s=100_000.0),
             throughput_row("hf", batch=32, real_tokens_per_s=80_000.0),
             throughput_row("hf-dynamic", batch=32, real_tokens_per_s=160_000.0),
-        ]
-    },
-    "compile": {
-        "rows": [
-            throughput_row("baseline", 128, 256, seq_per_s=1000.0),
-            throughput_row("baseline+compile", 128, 256, seq_per_s=1250.0, compile_seconds=42.0),
-        ]
-    },
-    "optimizer": {
-        "rows": [
-            {"optimizer": "lamb:fused", "form": "fused", "step_ms": 3.0, "floor_ms": 2.0, "ratio_to_floor": 1.5},
-            {"optimizer": "lamb:eager", "form": "eager", "step_ms": 9.0, "floor_ms": 2.0, "ratio_to_floor": 4.5},
-        ]
-    },
+        ],
+    ),
+    "compile": result(
+        "throughput",
+        [
+            throughput_row("baseline", 128, 256, 1000.0),
+            throughput_row("baseline+compile", 128, 256, 1250.0, compile_seconds=42.0),
+        ],
+    ),
+    "optimizer": result(
+        "optimizer", [optimizer_row("lamb:fused", "fused", 3.0, 2.0), optimizer_row("lamb:eager", "eager", 9.0, 2.0)]
+    ),
 }
 
 
-def summary_of(reports):
-    return {
-        "pretraining": suite.pretraining_rows(reports),
-        "recompute": suite.recompute_rows(reports),
-        "compile": suite.compile_rows(reports),
-        "finetuning": suite.finetuning_rows(reports),
-        "optimizer": suite.optimizer_rows(reports),
-    }
+def by(rows, **setting):
+    (row,) = [row for row in rows if all(row.get(key) == value for key, value in setting.items())]
+    return row
 
 
-def test_headline_figures_pair_each_figure_with_what_it_is_compared_with():
-    summary = summary_of(REPORTS)
-    pretraining = {(row["seq"], row["batch"]): row for row in summary["pretraining"]}
-    assert pretraining[(128, 256)]["vs_hf"] == pytest.approx(1.5)
-    assert pretraining[(512, 32)]["vs_hf"] == pytest.approx(1.6)
-    assert pretraining[(128, 64)]["vs_hf"] is None and pretraining[(128, 64)]["hf_seq_per_s"] is None  # HF OOM
-    recompute = {row["variant"]: row for row in summary["recompute"]}
-    assert recompute["full"]["slowdown"] == pytest.approx(1.25)
-    assert recompute["full"]["saved_vs_baseline"] == pytest.approx(0.1)
-    assert recompute["selective"]["saved_vs_baseline"] == pytest.approx(0.6)
-    assert recompute["full"]["at_max_vs_baseline"] == pytest.approx(1.1)
-    assert recompute["selective"]["max_batch"] == 100
-    assert "every-2" not in recompute  # measured by neither part
-    (finetuning,) = summary["finetuning"]
-    assert (finetuning["vs_padded"], finetuning["vs_hf"], finetuning["vs_hf_dynamic"]) == pytest.approx(
-        (2.0, 2.5, 1.25)
+def test_headline_rows_pair_each_figure_with_what_it_is_compared_with():
+    rows = suite.headlines(RESULTS, with_targets=False)
+    assert by(rows, part="phase1", batch=256).median("vs_hf") == pytest.approx(1.5)
+    pretraining = [row for row in rows if row.measured == "seq_per_s" and row.get("kind") == "pretraining"]
+    assert by(pretraining, part="phase2").median("vs_hf") == pytest.approx(1.6)
+    assert by(pretraining, part="phase1", batch=64).get("vs_hf") is None  # HF ran out of memory
+    above_peak = dict(RESULTS, phase1=result("throughput", [throughput_row("baseline", 128, 8, 100.0, mfu=1.38)]))
+    assert by(suite.headlines(above_peak, False), part="phase1").get("mfu") is None  # cannot be right: no headline
+    recompute = [row for row in rows if row.measured == "step_seconds"]
+    assert by(recompute, variant="full").median("slowdown") == pytest.approx(1.25)
+    assert by(recompute, variant="full").median("saved_vs_baseline") == pytest.approx(0.1)
+    assert by(recompute, variant="selective").median("saved_vs_baseline") == pytest.approx(0.6)
+    assert by(recompute, variant="baseline").get("slowdown") is None  # no ratio of the baseline to itself
+    searched = [row for row in rows if row.measured == "max_batch"]
+    assert by(searched, variant="full").median("at_max_vs_baseline") == pytest.approx(1.1)
+    assert by(searched, variant="selective").median() == 100
+    assert not [row for row in rows if row.get("variant") == "every-2"]  # measured by neither part
+    finetuning = by(rows, part="finetuning")
+    assert [finetuning.median(key) for key in ("vs_padded", "vs_hf", "vs_hf_dynamic")] == pytest.approx([2, 2.5, 1.25])
+    compiled = by(rows, part="compile")
+    assert compiled.median("vs_eager") == pytest.approx(1.25) and compiled.get("compile_seconds") == 42.0
+    assert all(isinstance(row.get(key), Ratio) for row in rows for key in ("vs_hf", "slowdown") if row.get(key))
+
+
+def test_a_noisy_ratio_is_marked_and_too_few_repeats_make_no_headline():
+    noisy = dict(RESULTS)
+    noisy["largest-batch"] = result(
+        "memory",
+        [
+            largest("baseline", 5, 8.5),
+            Row(
+                "max_batch",
+                "sequences",
+                {"seq": 512, "variant": "selective"},
+                Spread.exact(5),
+                {"seq_per_s_at_max_batch": Spread(6.4, 0.71, 4.62 * 2, 1.09, 3)},
+            ),
+        ],
     )
-    (compiled,) = summary["compile"]
-    assert compiled["vs_eager"] == pytest.approx(1.25) and compiled["compile_seconds"] == 42.0
+    noisy["compile"] = result(
+        "throughput",
+        [throughput_row("baseline", 128, 256, 1000.0), throughput_row("baseline+compile", 128, 256, 1250.0)],
+    )
+    noisy["compile"] = with_value(noisy["compile"], "baseline+compile", timed(1250.0, n=2))
+    rows = suite.headlines(noisy, with_targets=False)
+    selective = by(rows, part="largest-batch", variant="selective")
+    assert selective.get("at_max_vs_baseline").noisy
+    line = suite.summary_line(selective)
+    assert "seq/s vs baseline's 0.75x (noisy: inputs' CV 109%)" in line
+    markdown = suite.markdown("small", "cpu", [], rows, [])
+    assert "| 0.75x (noisy: inputs' CV 109%) |" in markdown and "A ratio marked noisy" in markdown
+    assert not [row for row in rows if row.get("part") == "compile"]  # its compiled seq/s was timed twice
+
+
+def with_value(bench_result, variant, value):
+    rows = [
+        dataclasses.replace(row, value=value) if row.get("variant") == variant else row for row in bench_result.rows
+    ]
+    return dataclasses.replace(bench_result, rows=tuple(rows))
 
 
 def test_targets_say_which_hold():
-    found = {row["what"]: row["met"] for row in suite.checks(summary_of(REPORTS))}
-    assert found["MFU, pre-training seq 128 batch 256"] is True  # 55% >= 50%
-    assert found["MFU, pre-training seq 512 batch 32"] is False  # 45%
-    assert "MFU, pre-training seq 128 batch 64" not in found  # the targets name batch 256 and 32
-    assert found["fine-tuning batch 32: default / HF dynamic (real tokens/s)"] is False  # 1.25 < 1.6
-    assert found["fine-tuning batch 32: default / padded (real tokens/s)"] is True  # 2.0 >= 1.5
-    assert found["recompute full: step time / baseline's"] is True  # 1.25 <= 1.30
-    assert found["recompute selective: step time / baseline's"] is False  # 1.20 > 1.10
-    assert found["recompute full: seq/s at its largest batch / baseline's at its own"] is True
-    assert found["recompute selective: seq/s at its largest batch / baseline's at its own"] is False
-    assert found["optimizer lamb:fused: step / memory floor (28 bytes a parameter)"] is True  # 1.5 <= 1.5
-    assert not any("eager" in what for what in found)  # a GPU steps in the fused form
+    rows = suite.headlines(RESULTS, with_targets=True)
+    texts = {
+        (row.get("part"), row.get("variant") or row.get("optimizer"), row.get("batch"), key): suite.target_text(
+            row, key
+        )
+        for row in rows
+        for key in ("mfu", "vs_hf_dynamic", "vs_padded", "slowdown", "at_max_vs_baseline", "ratio_to_floor")
+        if suite.target_text(row, key)
+    }
+    assert texts[("phase1", "baseline", 256, "mfu")] == " (target >= 0.5: met)"  # 55%
+    assert texts[("phase2", "baseline", 32, "mfu")] == " (target >= 0.5: NOT met)"  # 45%
+    assert ("phase1", "baseline", 64, "mfu") not in texts  # the targets name batch 256 and 32
+    assert texts[("finetuning", "baseline", 32, "vs_hf_dynamic")] == " (target >= 1.6: NOT met)"  # 1.25
+    assert texts[("finetuning", "baseline", 32, "vs_padded")] == " (target >= 1.5: met)"  # 2.0
+    assert texts[("phase2", "full", 32, "slowdown")] == " (target <= 1.3: met)"  # 1.25
+    assert texts[("phase2", "selective", 32, "slowdown")] == " (target <= 1.1: NOT met)"  # 1.20
+    assert texts[("largest-batch", "full", None, "at_max_vs_baseline")] == " (target >= 1: met)"
+    assert texts[("largest-batch", "selective", None, "at_max_vs_baseline")] == " (target >= 1: NOT met)"
+    assert texts[("optimizer", "lamb:fused", None, "ratio_to_floor")] == " (target <= 1.5: met)"  # 1.5
+    assert ("optimizer", "lamb:eager", None, "ratio_to_floor") not in texts  # a GPU steps in the fused form
+    assert not any(suite.target_text(row, "mfu") for row in suite.headlines(RESULTS, with_targets=False))
 
 
-def test_parts_follow_the_size_and_leave_out_hf_without_transformers():
-    standard = {part.name: part for part in suite.parts(suite.SCALES["standard"], torch.device("cuda"), True)}
-    assert list(standard) == ["phase1", "phase2", "compile", "finetuning", "largest-batch", "optimizer"]
-    flags = " ".join(standard["phase1"].flags)
-    assert "--model large" in flags and "--precisions bf16" in flags and "--optimizer lamb" in flags
-    assert "--batch_sizes 64,256" in flags and "--variants baseline,hf" in flags
-    assert "--variants baseline,baseline+compile" in " ".join(standard["compile"].flags)
-    assert "--lengths real-text" in " ".join(standard["finetuning"].flags)
-    small = suite.parts(suite.SCALES["small"], torch.device("cpu"), False)
-    for part in small:
-        assert "large" not in part.flags and "bf16" not in part.flags  # mini and tiny, fp32 on a CPU
-        assert not any(flag.startswith("hf") or flag.endswith(",hf") or ",hf," in flag for flag in part.flags)
+def test_what_is_printed_is_a_screen_with_each_warning_once():
+    rows = suite.headlines(RESULTS, with_targets=False)
+    warnings = suite.part_warnings(RESULTS)
+    assert warnings == ["phase1, phase2: noisy step times"]  # once, naming the parts that gave it
+    ran = [{"name": name, "wall_seconds": 10.0, "exit_status": 0} for name in RESULTS]
+    lines = suite.printed_summary("small", "cpu", ran, rows, warnings, ["a note"], "out/suite.md")
+    assert len(lines) <= suite.MAX_PRINTED_LINES
+    assert lines[0] == "suite: small on cpu, 6 part(s) in 60 s"
+    assert lines[-3:] == [
+        "note: a note",
+        "warning: noisy step times (phase1, phase2; in full in suite.md)",
+        "report: out/suite.md",
+    ]
+    assert "  phase1 baseline (seq 128, batch 256): 1,500.0 seq/s (CV 2.0%), MFU 55.0%; vs HF 1.50x" in lines
+    busy = [
+        f"{part}: the machine was busy: the load average was {load}" for part, load in (("phase1", 5), ("optimizer", 7))
+    ]
+    assert suite.warnings_by_kind(busy) == ["the machine was busy (phase1, optimizer; in full in suite.md)"]
+    many = suite.printed_summary("small", "cpu", ran, rows * 5, warnings, [], "out/suite.md")
+    assert len(many) == suite.MAX_PRINTED_LINES and many[-3] == f"  ... {len(rows) * 5 - 20} more in out/suite.md"
+    flooded = suite.printed_summary(
+        "small", "cpu", ran, rows, [f"a: warning {n}" for n in range(40)], [], "out/suite.md"
+    )
+    assert len(flooded) == suite.MAX_PRINTED_LINES and flooded[-1] == "report: out/suite.md"
+    assert flooded[-2] == "  ... 19 more in out/suite.md"  # 21 warnings fit, and the report's path
 
 
-def fake_run_part(reports, failing=()):
-    """run_part as the suite calls it, writing `reports` as the parts would, and failing the parts in `failing`."""
+def test_parts_are_the_benches_settings_and_follow_the_size(tmp_path):
+    standard = {
+        part.name: part for part in suite.parts(suite.SCALES["standard"], torch.device("cuda"), True, str(tmp_path))
+    }
+    assert list(standard) == list(suite.PART_NAMES)
+    phase1 = standard["phase1"].settings
+    assert isinstance(phase1, throughput.ThroughputSettings)
+    assert (phase1.model, phase1.precisions, phase1.optimizer, phase1.batch_sizes, phase1.variants) == (
+        "large",
+        ("bf16",),
+        "lamb",
+        (64, 256),
+        ("baseline", "hf"),
+    )
+    assert standard["compile"].settings.variants == ("baseline", "baseline+compile")
+    assert standard["finetuning"].settings.lengths == "real-text"
+    for part in standard.values():  # each part's command line parses back to its settings
+        command = part.command()
+        assert command[:5] == [sys.executable, "-m", "bertbench", "bench", part.bench]
+        assert parse(type(part.settings), command[5:], "") == part.settings
+        assert part.settings.directory == str(tmp_path / part.name)
+    small = suite.parts(suite.SCALES["small"], torch.device("cpu"), False, str(tmp_path))
+    for part in small:  # mini and tiny, fp32 on a CPU, no HF without transformers
+        flags = part.command()
+        assert part.settings.model in ("mini", "tiny") and not [
+            flag for flag in flags if "bf16" in flag or "hf" in flag
+        ]
 
-    def run(part, command):
-        directory = command[command.index("--output_dir") + 1]
-        os.makedirs(directory, exist_ok=True)
+
+def test_compile_is_left_out_on_a_cpu_at_the_small_size_unless_named(tmp_path):
+    settings = suite.SuiteSettings(output_dir=str(tmp_path))
+    size, chosen, notes = suite.plan(settings, torch.device("cpu"))
+    assert size == "small" and "compile" not in [part.name for part in chosen]
+    assert any("run it with --parts compile" in note for note in notes)
+    named = suite.SuiteSettings(output_dir=str(tmp_path), parts=("compile",))
+    if not suite.compile_unavailable(torch.device("cpu")):
+        assert [part.name for part in suite.plan(named, torch.device("cpu"))[1]] == ["compile"]
+
+
+def fake_run_part(results, failing=()):
+    """run_part as the suite calls it, writing `results` as the parts would, and failing the parts in `failing`."""
+
+    def run(part):
+        directory = part.settings.directory
         status = 1 if part.name in failing else 0
         if not status:
-            with open(os.path.join(directory, f"{part.bench}.json"), "w") as handle:
-                json.dump({**reports[part.name], "warnings": ["noisy"]}, handle)
+            os.makedirs(directory, exist_ok=True)
+            with open(f"{directory}/{part.bench}.json", "w") as handle:
+                json.dump(results[part.name].to_json(), handle)
         return {
             "name": part.name,
             "bench": part.bench,
             "what": part.what,
-            "command": " ".join(command),
+            "command": " ".join(part.command()),
             "wall_seconds": 1.0,
             "exit_status": status,
-            "report": os.path.join(part.name, f"{part.bench}.json"),
+            "report": f"{part.name}/{part.bench}.json",
             **({"error": "error: CUDA out of memory"} if status else {}),
         }
 
@@ -152,30 +278,27 @@ def fake_run_part(reports, failing=()):
 
 
 def test_a_failed_part_is_reported_and_the_suite_exits_1_after_writing_the_rest(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(suite, "run_part", fake_run_part(REPORTS, failing={"phase2"}))
+    monkeypatch.setattr(suite, "run_part", fake_run_part(RESULTS, failing={"phase2"}))
     out = tmp_path / "suite"
     assert suite.main(["--device", "cpu", "--size", "standard", "--output_dir", str(out)]) == 1
+    printed = capsys.readouterr()
     assert (
-        capsys.readouterr()
-        .err.strip()
+        printed.err.strip()
         .splitlines()[-1]
         .startswith("bertbench bench suite: error: 1 part(s) failed: phase2: error: CUDA out of memory")
     )
-    report = json.loads((out / "suite.json").read_text())
-    assert [part["name"] for part in report["parts"]] == [
-        "phase1",
-        "phase2",
-        "compile",
-        "finetuning",
-        "largest-batch",
-        "optimizer",
+    assert len(printed.out.strip().splitlines()) <= 25  # the running line and the summary
+    assert printed.out.count("noisy step times") == 1
+    written = BenchResult.read(str(out / "suite.json"))
+    assert [part["name"] for part in written.context["parts"]] == list(suite.PART_NAMES)
+    assert not [row for row in written.rows if row.measured == "step_seconds"]  # phase 2 failed
+    assert [row.get("variant") for row in written.rows if row.measured == "max_batch"] == [
+        "baseline",
+        "full",
+        "selective",
     ]
-    assert (
-        report["summary"]["recompute"][0]["variant"] == "baseline"
-        and "slowdown" not in report["summary"]["recompute"][0]
-    )  # phase 2 failed: only the largest batches
-    assert "phase1: noisy" in report["warnings"]
-    assert report["targets"] == []  # targets are a GPU's
+    assert written.warnings == ("phase1: noisy step times",)
+    assert not any(key.startswith("target_") for row in written.rows for key in row.columns)  # targets are a GPU's
     text = (out / "suite.md").read_text()
     assert "FAILED (1): error: CUDA out of memory" in text and "[throughput.md](phase1/throughput.md)" in text
     for plot in ("speed", "recompute"):
@@ -205,7 +328,7 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, monkeypatch, error_
 
 
 def test_an_earlier_parts_results_are_kept_unless_overwrite(tmp_path, monkeypatch, error_line):
-    monkeypatch.setattr(suite, "run_part", fake_run_part(REPORTS))
+    monkeypatch.setattr(suite, "run_part", fake_run_part(RESULTS))
     out = tmp_path / "suite"
     (out / "optimizer").mkdir(parents=True)
     (out / "optimizer" / "optimizer.json").write_text("{}")
@@ -216,38 +339,63 @@ def test_an_earlier_parts_results_are_kept_unless_overwrite(tmp_path, monkeypatc
     assert suite.main(["--device", "cpu", "--parts", "optimizer", "--output_dir", str(out), "--overwrite"]) == 0
 
 
-def test_run_part_keeps_the_output_and_names_the_error(tmp_path, capsys):
-    part = suite.Part("broken", "throughput", "a part that fails", ())
-    command = [
-        sys.executable,
-        "-c",
-        "print('step 1'); import sys; sys.exit('error: no such file x.json')",
-        "--output_dir",
-        str(tmp_path / "broken"),
-    ]
-    result = suite.run_part(part, command)
-    assert result["exit_status"] == 1 and result["error"] == "error: no such file x.json"
+def test_run_part_keeps_the_output_in_its_log_and_names_the_error(tmp_path, monkeypatch, capsys):
+    part = suite.Part("broken", "a part that fails", suite.SuiteSettings(output_dir=str(tmp_path / "broken")))
+    script = "print('step 1'); import sys; sys.exit('error: no such file x.json')"
+    monkeypatch.setattr(suite.Part, "command", lambda self: [sys.executable, "-c", script])
+    ran = suite.run_part(part)
+    assert ran["exit_status"] == 1 and ran["error"] == "error: no such file x.json"
     log = (tmp_path / "broken" / "output.log").read_text()
     assert "step 1" in log and "error: no such file x.json" in log
-    assert "broken| step 1" in capsys.readouterr().out  # shown as it runs, with the part's name
+    assert capsys.readouterr().out == ""  # kept, not printed
 
 
-def run_suite(out, *flags):
-    """The suite's status is 0 with `flags` into `out`; its report."""
-    assert suite.main([*flags, "--output_dir", str(out)]) == 0
-    return json.loads((out / "suite.json").read_text())
+def test_a_recompute_plot_draws_each_series_in_its_own_colour_and_marker():
+    figure = plots.bar_plot(
+        {
+            "step time": {"full": 1.3, "selective": 0.97},
+            "saved vs baseline": {"full": 0.14},
+            "seq/s": {"full": Ratio(0.75, 1.09)},
+        },
+        "ratio",
+        "t",
+        (1.0, "baseline = 1"),
+    )
+    axes = figure.axes[0]
+    colours = [to_hex(container.patches[0].get_facecolor()) for container in axes.containers]
+    assert len(set(colours)) == 3  # not the baseline's blue thrice
+    assert [text.get_text() for text in axes.texts] == ["1.30", "0.97", "0.14", "0.75\nnoisy"]  # marked as printed
+    legend = axes.get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == [
+        "baseline = 1",
+        "step time",
+        "saved vs baseline",
+        "seq/s",
+    ]
+    assert legend.get_bbox_to_anchor().x0 > axes.get_window_extent().x1 - 1  # right of the axes: over no bar
+    lines = plots.line_plot({"baseline": ([1, 2], [1, 2]), "run B: baseline": ([1, 2], [2, 3])}, "x", "y", "t")
+    drawn = [(line.get_color(), line.get_marker()) for line in lines.axes[0].get_lines()]
+    assert len(set(color for color, _ in drawn)) == 2 and len(set(marker for _, marker in drawn)) == 2
 
 
 @pytest.mark.slow
-def test_a_real_part_runs_as_its_own_process(tmp_path):
+def test_a_suite_of_its_cheapest_parts_runs_and_report_reads_it(tmp_path, capsys):
     out = tmp_path / "suite"
-    report = run_suite(out, "--device", "cpu", "--parts", "finetuning", "--steps", "1", "--warmup", "0")
-    (part,) = report["parts"]
-    assert part["exit_status"] == 0 and part["command"].startswith("bertbench bench throughput --model tiny")
+    flags = ["--device", "cpu", "--parts", "finetuning,optimizer", "--steps", "3", "--warmup", "0"]
+    assert suite.main([*flags, "--output_dir", str(out)]) == 0
+    written = BenchResult.read(str(out / "suite.json"))
+    assert [part["exit_status"] for part in written.context["parts"]] == [0, 0]
+    assert written.context["parts"][0]["command"].startswith("bertbench bench throughput --output_dir=")
     assert (out / "finetuning" / "throughput.json").exists() and (out / "finetuning" / "output.log").exists()
-    rows = report["summary"]["finetuning"]
-    assert [row["batch"] for row in rows] == [8, 32]
-    assert all(row["real_tokens_per_s"] > 0 and row["vs_padded"] > 0 for row in rows)
+    finetuning = [row for row in written.rows if row.get("part") == "finetuning"]
+    assert [row.get("batch") for row in finetuning] == [8, 32]
+    assert all(row.median() > 0 and row.median("vs_padded") > 0 for row in finetuning)
+    assert [row.get("optimizer") for row in written.rows if row.get("part") == "optimizer"]
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) <= 25 and printed[-1] == f"report: {out / 'suite.md'}"
+    assert report.main([str(out), "--output_dir", str(tmp_path / "r")]) == 0  # the suite and both parts' benches
+    compared = BenchResult.read(str(tmp_path / "r" / "report.json")).context["comparisons"]
+    assert {title.split(":")[0] for title in compared} == {"suite", "throughput", "optimizer"}
 
 
 # ---- throughput's +compile variants ----------------------------------------------------------------------------------
@@ -306,17 +454,22 @@ def test_eager_and_compiled_variants_are_timed_side_by_side(tmp_path, monkeypatc
     finally:
         torch._dynamo.reset()
     assert len(compiled) == 1  # the compiled variant's step, and only it
-    rows = {row["variant"]: row for row in json.loads((tmp_path / "throughput.json").read_text())["rows"]}
-    assert "compile_seconds" not in rows["baseline"] and rows["baseline"]["first_step_seconds"] > 0
-    assert 0 <= rows["baseline+compile"]["compile_seconds"] < rows["baseline+compile"]["first_step_seconds"]
+    rows = {row.get("variant"): row for row in BenchResult.read(str(tmp_path / "throughput.json")).rows}
+    assert rows["baseline"].get("compile_seconds") is None and rows["baseline"].get("first_step_seconds") > 0
+    compiled = rows["baseline+compile"]
+    assert 0 <= compiled.get("compile_seconds") < compiled.get("first_step_seconds")
     assert "| compile (s) |" in (tmp_path / "throughput.md").read_text()
 
 
 @pytest.mark.gpu
 def test_gpu_small_suite_runs_every_part_on_cuda(tmp_path):
-    report = run_suite(tmp_path / "suite", "--device", "cuda:0", "--size", "small", "--steps", "2", "--warmup", "1")
-    assert all(part["exit_status"] == 0 for part in report["parts"])
-    summary = report["summary"]
-    assert {row["variant"] for row in summary["recompute"]} == set(suite.RECOMPUTE_VARIANTS)
-    assert all(row["max_batch"] > 0 and row["slowdown"] > 0 for row in summary["recompute"])
-    assert summary["finetuning"] and summary["pretraining"] and summary["optimizer"]
+    out = tmp_path / "suite"
+    flags = ["--device", "cuda:0", "--size", "small", "--steps", "3", "--warmup", "1", "--output_dir", str(out)]
+    assert suite.main(flags) == 0
+    written = BenchResult.read(str(out / "suite.json"))
+    assert all(part["exit_status"] == 0 for part in written.context["parts"])
+    assert len(written.context["parts"]) == len(suite.PART_NAMES)  # compile runs on a GPU
+    searched = [row for row in written.rows if row.measured == "max_batch"]
+    assert {row.get("variant") for row in searched} == set(suite.RECOMPUTE_VARIANTS)
+    assert all(row.median() > 0 for row in searched)
+    assert {row.get("part") for row in written.rows} >= {"phase1", "phase2", "finetuning", "optimizer"}

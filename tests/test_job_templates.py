@@ -429,7 +429,7 @@ def test_the_documented_one_machine_way_trains_with_a_pbs_template_and_compares(
     train = read_json(run_dir / "train_results.json")
     assert (train["world_size"], train["modeling"], train["train_batch_size"]) == (1, "baseline", 32)
     report = read_json(tmp_path / "runs" / "pbs" / "report" / "report.json")
-    assert [row["run"] for row in report["comparisons"]["training"]["rows"]] == [run_dir.name]
+    assert [row["run"] for row in report["context"]["training"]["rows"]] == [run_dir.name]
 
 
 def test_twenty_minutes_without_qsub_gives_its_jobs_one_after_the_other_here(job_env, tmp_path):

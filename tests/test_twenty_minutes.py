@@ -90,7 +90,7 @@ def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_the
     # eval.sh scored both again, then the report put them side by side
     assert (spool / "bertbench-compare.o3").read_text().count("***** Eval results (MNLI") == 2
     report = json.loads((results / "report" / "report.json").read_text())
-    rows = {row["run"]: row for row in report["comparisons"]["training"]["rows"]}
+    rows = {row["run"]: row for row in report["context"]["training"]["rows"]}
     assert set(rows) == {baseline.name, optimized.name}
     for run in (baseline, optimized):
         row, train = rows[run.name], json.loads((run / "train_results.json").read_text())

@@ -8,7 +8,7 @@
 #   OUT=/tmp/out bash docs/results/gpu-h200/suite/measure.sh
 source "$(dirname "$0")/../common.sh"
 stage suite 420 python3 -m bertbench bench suite --device cuda --output_dir "$OUT/suite"
-sed -n '/^## Targets/,$p' "$OUT/suite/suite.md" | tee -a "$summary"
+sed -n '/^suite:/,$p' "$OUT/suite.log" | tee -a "$summary"  # the suite's summary: each headline with its target
 stage gpu-tests 120 python3 -m pytest -q -m gpu -n 0 tests/test_gpu_benches.py tests/test_gpu_recompute.py \
   tests/test_bench_optimizer.py tests/test_bench_suite.py tests/test_optim.py tests/test_cuda_graphs.py
 tail -5 "$OUT/gpu-tests.log" | tee -a "$summary"
