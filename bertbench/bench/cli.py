@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
 import sys
 from collections.abc import Callable, Sequence
-
-import torch
 
 from bertbench.bench.workload import BenchError, BenchRunFailed
 from bertbench.common.commands import command_lines, dispatch
 from bertbench.common.errors import run_command
-from bertbench.common.flags import ArgumentParser
 from bertbench.model.config import ConfigError
-from bertbench.model.sizes import MODEL_SIZES
-from bertbench.training.distributed import resolve_device
 
 # bench -> (module with main(argv), one-line help): a command table of bertbench.common.commands.
 BENCHES = {
@@ -91,59 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # ---- shared by the benches' entry points --------------------------------------------------------------------------
-
-
-def parser_for(bench: str, description: str) -> argparse.ArgumentParser:
-    """An argument parser for `bertbench bench <bench>` with the output flags every bench has."""
-    parser = ArgumentParser(prog=f"bertbench bench {bench}", description=description)
-    output = parser.add_argument_group("output")
-    output.add_argument(
-        "--output_dir",
-        default=None,
-        help=f"Where {bench}.json, {bench}.md and {bench}-*.png go (default: bench_results/{bench}-<date>-<time>).",
-    )
-    output.add_argument("--overwrite", action="store_true", help="Replace this bench's files in --output_dir.")
-    return parser
-
-
-def add_model_flag(group: argparse._ActionsContainer, default: str | None = "base", more: str = "") -> None:
-    """--model, as every bench that builds a model takes it: a named size (model.sizes) or a bert_config.json path
-    (workload.model_config reads it); `more` adds the bench's own words (what a default of None means)."""
-    group.add_argument("--model", default=default, help=f"{', '.join(MODEL_SIZES)} or a bert_config.json{more}.")
-
-
-def output_dir(args: argparse.Namespace, bench: str) -> str:
-    if args.output_dir:
-        return args.output_dir
-    return os.path.join("bench_results", f"{bench}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-
-
-def comma_list(convert: Callable[[str], object]) -> Callable[[str], list]:
-    """An argparse type for "1,2,4"-style lists."""
-
-    def parse(text: str) -> list:
-        try:
-            values = [convert(item.strip()) for item in text.split(",") if item.strip()]
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
-        if not values:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list")
-        return values
-
-    return parse
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{value} is not a positive integer")
-    return value
-
-
-def device(name: str | None) -> torch.device:
-    """--device as the torch device the bench runs on, with its index, made the current one (default: CUDA when
-    available); an unusable one is a UsageError naming --device (distributed.resolve_device)."""
-    return resolve_device(name)
 
 
 def run(program: str, body: Callable[[], int | None]) -> int:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from bertbench.bench import cli
-from bertbench.bench.output import BenchOutput, markdown_table, mismatch_warning, with_warnings
+from bertbench.bench.output import BenchOutput, mismatch_warning, with_warnings
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import BenchResult, Column, Ratio, Row, Spread, noisy_ratios_note, read_results, table
 from bertbench.bench.settings import BenchSettings
@@ -42,7 +42,6 @@ from bertbench.common import run_files
 from bertbench.common.durable import read_json
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import ArgumentParser, setting
-from bertbench.common.noise import spread, spread_fields, spread_text
 from bertbench.training.metrics import read_metrics, window_rates
 
 
@@ -127,7 +126,7 @@ def training_run(run_dir: str) -> dict:
         "steady_seq_per_s": train.get("steady_sentences_per_second"),
         "ended": (train.get("segments") or [{}])[-1].get("ended"),
         "windows": len(rates),
-        **(spread_fields("window_seq_per_s", spread(rates)) if rates else {"window_seq_per_s": None}),
+        "window_seq_per_s": Spread.of(rates) if rates else None,
         "metrics": metrics,
         "metric": ranking_metric(metrics),
     }
@@ -158,7 +157,7 @@ def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, lis
     for row in rows:
         line = dict(row, **{f"dev:{key}": row["metrics"].get(key) for key in metric_names})
         if row["windows"] >= MIN_WINDOWS_FOR_SPREAD:
-            line["spread"] = f"{spread_text(row, 'window_seq_per_s', ',.1f')[:-1]}, {row['windows']} windows)"
+            line["spread"] = f"{row['window_seq_per_s'].text(',.1f')[:-1]}, {row['windows']} windows)"
         else:
             line["spread"] = f"– ({row['windows']} window{'s' if row['windows'] != 1 else ''})"
         table_rows.append(line)
@@ -193,7 +192,8 @@ def training_section(runs: list[tuple[str, dict]]) -> tuple[list[dict], str, lis
             "so their sentences/s measure that difference too",
         )
     )
-    return table_rows, markdown_table(table_rows, columns), [warning for warning in warnings if warning]
+    text = table([Row(TRAINING, "", {}, None, line) for line in table_rows], [Column(*column) for column in columns])
+    return table_rows, text, [warning for warning in warnings if warning]
 
 
 def series_label(row: dict) -> str:

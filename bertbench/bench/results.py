@@ -224,12 +224,13 @@ def read_results(paths: Sequence[str]) -> list[BenchResult]:
 
 def _is_result(path: str) -> bool:
     """Whether a .json file found in a directory is a bench result: a runner's files may sit beside them (a
-    finetuning part's runs), and only a JSON object with 'schema' and 'bench' counts."""
+    finetuning part's runs), and only a JSON object naming its 'bench' counts (one of another schema is then
+    refused by BenchResult.read, naming the schema)."""
     try:
         data = read_json(path)
     except (OSError, UsageError):
         return False
-    return isinstance(data, dict) and "schema" in data and "bench" in data
+    return isinstance(data, dict) and "bench" in data
 
 
 # ---- markdown: one way to draw a table of rows ------------------------------------------------------------------
