@@ -215,12 +215,20 @@ def test_a_run_directory_that_has_not_trained_is_one_line(tmp_path, capsys):
 
 
 def test_every_published_result_is_read():
-    """docs/results/: each bench's own output, converted to the schema. The CPU suite's directory is left out until
-    it is run again with the suite that writes the schema (its parts were written by the benches before it)."""
-    found = [path for path in sorted(RESULTS.glob("**/*.json")) if "suite" not in path.relative_to(RESULTS).parts]
-    found = [path for path in found if "bench" in read_json(path)]  # beside them: runs' files, kernels' timings
-    results = read_results([str(path) for path in found])
+    """docs/results/: each bench's own output (the older ones converted to the schema), the CPU suite's parts and
+    suite.json among them; and the suite's directory read whole, as `bertbench report DIR` reads it."""
+    found = [path for path in sorted(RESULTS.glob("**/*.json")) if "bench" in read_json(path)]  # beside them: runs'
+    results = read_results([str(path) for path in found])  # files, kernels' timings
     assert len(results) == len(found) and all(result.rows for result in results)
+    suite = read_results([str(RESULTS / "cpu-2core" / "suite")])
+    assert sorted(result.bench for result in suite) == [
+        "memory",
+        "optimizer",
+        "suite",
+        "throughput",
+        "throughput",
+        "throughput",
+    ]
 
 
 def write_suite(directory, gpu, rates):
