@@ -8,6 +8,7 @@ import json
 import pytest
 
 from bertbench.bench import results, settings
+from bertbench.bench.report import ReportSettings
 from bertbench.bench.results import BenchResult, Column, Ratio, Row, Spread
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import setting
@@ -82,3 +83,12 @@ def test_anything_else_is_refused_naming_the_file(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(UsageError, match=rf"{path}: .*{message}"):
         BenchResult.read(str(path))
+
+
+def test_a_positional_setting_is_the_commands_arguments(tmp_path, capsys):
+    parsed = settings.parse(ReportSettings, ["a", "b", "--output_dir", str(tmp_path)], "report")
+    assert parsed.runs == ("a", "b") and settings.as_argv(parsed) == [f"--output_dir={tmp_path}", "a", "b"]
+    assert settings.parse(ReportSettings, settings.as_argv(parsed), "report") == parsed
+    with pytest.raises(SystemExit):
+        settings.parse(ReportSettings, ["--output_dir", str(tmp_path)], "report")
+    assert "bertbench report: error: the following arguments are required: DIR" in capsys.readouterr().err

@@ -37,7 +37,7 @@ from bertbench.bench import settings as bench_settings
 from bertbench.bench.output import BenchOutput, with_warnings
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, noisy_rows, table
-from bertbench.bench.settings import BenchSettings
+from bertbench.bench.settings import BenchSettings, device_setting
 from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
 from bertbench.common import run_files
 from bertbench.common.durable import read_json
@@ -120,8 +120,8 @@ class BudgetSettings(BenchSettings):
     threads_per_process: int | None = setting(
         "OMP_NUM_THREADS of every process; None: the cores available / the contender's processes.", None, positive=True
     )
-    device: str | None = setting(
-        "cpu or cuda: one GPU per process (default: CUDA when available); cuda:N for contenders of one process.", None
+    device: str | None = device_setting(
+        "cpu or cuda: one GPU per process (default: CUDA when available); cuda:N for contenders of one process."
     )
     max_epochs: float = setting(
         "num_train_epochs: the length of the learning-rate schedule, to be far more than the budget holds.",

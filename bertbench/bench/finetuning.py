@@ -102,7 +102,7 @@ class FinetuningSettings(settings.BenchSettings):
     )
     no_resume: bool = setting("Skip the resume-after-SIGKILL figure.", False)
     seed: int = setting("Seed of every run (the same weights at the start).", 12345)
-    device: str | None = setting("cpu, cuda or cuda:N (default: CUDA when available).", None)
+    device: str | None = settings.device_setting()
 
     def __post_init__(self) -> None:
         super().__post_init__()

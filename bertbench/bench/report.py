@@ -23,25 +23,22 @@ their dev metrics, and two plots: sentences seen over training time, and the dev
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from bertbench.bench import cli
 from bertbench.bench.output import BenchOutput, mismatch_warning, with_warnings
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import BenchResult, Column, Ratio, Row, Spread, noisy_ratios_note, read_results, table
-from bertbench.bench.settings import BenchSettings
+from bertbench.bench.settings import BenchSettings, main_for
 from bertbench.bench.workload import BenchError
 from bertbench.common import run_files
 from bertbench.common.durable import read_json
 from bertbench.common.errors import UsageError
-from bertbench.common.flags import ArgumentParser, setting
+from bertbench.common.flags import setting
 from bertbench.training.metrics import read_metrics, window_rates
 
 
@@ -52,8 +49,12 @@ class ReportSettings(BenchSettings):
     bench: ClassVar[str] = "report"
 
     runs: tuple[str, ...] = setting(
-        "Output directories of bench runs (or their JSON files), in the order of the columns.", ()
+        "Output directories of bench runs (or their JSON files), in the order of the columns.", (), positional="DIR"
     )
+
+    @classmethod
+    def program(cls) -> str:
+        return "bertbench report"
 
 
 # ---- training runs: run directories side by side ------------------------------------------------------------------
@@ -226,23 +227,6 @@ def training_plots(runs: list[tuple[str, dict]]) -> dict:
             accuracy, "sentences seen", " / ".join(names), "dev metric against sentences seen"
         )
     return result
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="bertbench report", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "runs",
-        nargs="+",
-        metavar="DIR",
-        help=ReportSettings.__dataclass_fields__["runs"].metadata["help"],
-    )
-    parser.add_argument(
-        "--output_dir",
-        default=None,
-        help="Where report.md, report.json and report-*.png go (default: bench_results/report-<date>-<time>).",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="Replace an earlier report in --output_dir.")
-    return parser
 
 
 # ---- reading: every result, checked before anything is written ---------------------------------------------------
@@ -537,65 +521,60 @@ def section(title: str, text: str, warnings: Sequence[str]) -> str:
     return with_warnings(f"## {title}\n\n{text}", warnings) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+def run(settings: ReportSettings, argv: list[str]) -> None:
+    found, trained, notes = read_runs(settings.runs)
+    output = BenchOutput(settings.directory, "report", argv, settings.overwrite, settings.program())
+    names: list[str] = []
+    runs = []
+    for label, result in found:
+        names.append(run_name(label, result, names))
+        runs.append(Run(names[-1], result))
+    results = {run.name: run.result for run in runs}
+    sections, context, figures = [], {}, {}
+    if trained:
+        rows, text, warnings = training_section(trained)
+        context[TRAINING] = {"runs": [name for name, _ in trained], "rows": rows, "warnings": warnings}
+        sections.append(section("training runs", text, warnings))
+        figures.update(training_plots(trained))
+    found_comparisons = comparisons(runs)
+    merged = {}
+    for comparison in found_comparisons:
+        warnings = comparison_warnings(comparison, results)
+        merged[comparison.title] = {"runs": comparison.runs(), "warnings": warnings}
+        sections.append(section(comparison.title, comparison_tables(comparison), warnings))
+        figures.update(plots(comparison))
+    header = [
+        "# Comparison",
+        "",
+        *(
+            f"- {run.name}: {run.result.bench}, {run.result.created or '?'}, `{run.result.command or '?'}`"
+            for run in runs
+        ),
+        *(
+            f"- {name} ({report['rows'][0]['processes'] or '?'} x {report['rows'][0]['device'] or '?'}): training "
+            f"run, `{report['command']}`"
+            for name, report in trained
+        ),
+        *(f"- not compared: {note}" for note in notes),
+        "",
+    ]
+    text = "\n".join(header + sections)
+    context.update(
+        comparisons=merged,
+        not_compared=notes,
+        sources=[
+            {
+                "name": run.name,
+                "bench": run.result.bench,
+                "machine": run.result.machine,
+                "versions": run.result.versions,
+            }
+            for run in runs
+        ],
+    )
+    output.write_result(settings, report_rows(found_comparisons), context, text, figures)
+    print(text)
+    print(f"wrote {output.path('.json')}, {output.path('.md')}" + (" and plots" if figures else ""))
 
-    def body() -> None:
-        found, trained, notes = read_runs(args.runs)
-        directory = args.output_dir or os.path.join("bench_results", f"report-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-        settings = ReportSettings(output_dir=directory, overwrite=args.overwrite, runs=tuple(args.runs))
-        output = BenchOutput(directory, "report", argv, args.overwrite, "bertbench report")
-        names: list[str] = []
-        runs = []
-        for label, result in found:
-            names.append(run_name(label, result, names))
-            runs.append(Run(names[-1], result))
-        results = {run.name: run.result for run in runs}
-        sections, context, figures = [], {}, {}
-        if trained:
-            rows, text, warnings = training_section(trained)
-            context[TRAINING] = {"runs": [name for name, _ in trained], "rows": rows, "warnings": warnings}
-            sections.append(section("training runs", text, warnings))
-            figures.update(training_plots(trained))
-        found_comparisons = comparisons(runs)
-        merged = {}
-        for comparison in found_comparisons:
-            warnings = comparison_warnings(comparison, results)
-            merged[comparison.title] = {"runs": comparison.runs(), "warnings": warnings}
-            sections.append(section(comparison.title, comparison_tables(comparison), warnings))
-            figures.update(plots(comparison))
-        header = [
-            "# Comparison",
-            "",
-            *(
-                f"- {run.name}: {run.result.bench}, {run.result.created or '?'}, `{run.result.command or '?'}`"
-                for run in runs
-            ),
-            *(
-                f"- {name} ({report['rows'][0]['processes'] or '?'} x {report['rows'][0]['device'] or '?'}): training "
-                f"run, `{report['command']}`"
-                for name, report in trained
-            ),
-            *(f"- not compared: {note}" for note in notes),
-            "",
-        ]
-        text = "\n".join(header + sections)
-        context.update(
-            comparisons=merged,
-            not_compared=notes,
-            sources=[
-                {
-                    "name": run.name,
-                    "bench": run.result.bench,
-                    "machine": run.result.machine,
-                    "versions": run.result.versions,
-                }
-                for run in runs
-            ],
-        )
-        output.write_result(settings, report_rows(found_comparisons), context, text, figures)
-        print(text)
-        print(f"wrote {output.path('.json')}, {output.path('.md')}" + (" and plots" if figures else ""))
 
-    return cli.run("bertbench report", body)
+main = main_for(ReportSettings, __doc__.splitlines()[0], run)

@@ -41,7 +41,7 @@ from bertbench.bench.output import BenchOutput, mismatch_warning, superlinear_wa
 from bertbench.bench.plan import efficiency_column, fit_alpha_beta
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, table
-from bertbench.bench.settings import MeasuredSettings, model_setting
+from bertbench.bench.settings import MeasuredSettings, device_setting, model_setting
 from bertbench.common import run_files
 from bertbench.common.durable import read_json
 from bertbench.common.flags import description, setting
@@ -67,8 +67,8 @@ class ScalingSettings(MeasuredSettings):
 
     bench = "scaling"
 
-    device: str | None = setting(
-        "cpu or cuda: one GPU per process, NCCL (default: CUDA when available); cuda:N for jobs of one process.", None
+    device: str | None = device_setting(
+        "cpu or cuda: one GPU per process, NCCL (default: CUDA when available); cuda:N for jobs of one process."
     )
     threads: int | None = setting(
         "CPU threads of each process (OMP_NUM_THREADS).", 1, positive=True, aliases=("threads_per_process",)

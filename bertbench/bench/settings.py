@@ -27,11 +27,22 @@ from bertbench.training.distributed import resolve_device
 Settings = TypeVar("Settings", bound="BenchSettings")
 
 
+def device_setting(help: str = "cpu, cuda or cuda:N (default: CUDA when available).") -> Any:
+    """--device: the settings' device, None for CUDA when available (MeasuredSettings; a bench whose parts run
+    elsewhere says where in `help`)."""
+    return setting(help, None)
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchSettings:
     """Output."""
 
     bench: ClassVar[str] = ""  # the bench's name: bertbench bench NAME, and its files NAME.json, NAME.md, NAME-*.png
+
+    @classmethod
+    def program(cls) -> str:
+        """The command, as its usage and errors name it."""
+        return f"bertbench bench {cls.bench}"
 
     output_dir: str | None = setting(
         "Where the bench's JSON, markdown and plots go (default: bench_results/<bench>-<date>-<time>).", None
@@ -52,7 +63,7 @@ class BenchSettings:
 class MeasuredSettings(BenchSettings):
     """Device and timing."""
 
-    device: str | None = setting("cpu, cuda or cuda:N (default: CUDA when available).", None)
+    device: str | None = device_setting()
     threads: int | None = setting("CPU threads (default: torch's, one per core).", None, positive=True)
     seed: int = setting("Seed of the model's weights and the synthetic data.", 0)
     warmup: int = setting("Untimed steps before the timed ones (the first allocates, a compiled one compiles).", 2)
@@ -88,9 +99,18 @@ def precisions_setting(default: tuple[str, ...] = ("fp32",)) -> Any:
 
 
 def parser_for(cls: type[BenchSettings], description: str) -> FlagParser:
-    parser = FlagParser(prog=f"bertbench bench {cls.bench}", description=description)
-    add_dataclass_flags(parser, cls)
+    """A flag per field; a field whose metadata names a `positional` metavar (bertbench report's DIR...) is the
+    command's arguments instead, one or more."""
+    parser = FlagParser(prog=cls.program(), description=description)
+    add_dataclass_flags(parser, cls, omit=positional_fields(cls))
+    for name in positional_fields(cls):
+        field = cls.__dataclass_fields__[name]
+        parser.add_argument(name, nargs="+", metavar=field.metadata["positional"], help=field.metadata["help"])
     return parser
+
+
+def positional_fields(cls: type[BenchSettings]) -> list[str]:
+    return [field.name for field in dataclasses.fields(cls) if field.metadata.get("positional")]
 
 
 def parse(cls: type[Settings], argv: Sequence[str], description: str) -> Settings:
@@ -103,17 +123,20 @@ def parse(cls: type[Settings], argv: Sequence[str], description: str) -> Setting
     values = {**parser.defaults, **vars(namespace)}
     if values.get("output_dir") is None:
         values["output_dir"] = os.path.join("bench_results", f"{cls.bench}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-    return build(cls, **parser.field_values(cls, values))
+    arguments = {name: tuple(values[name]) for name in positional_fields(cls)}
+    return build(cls, **parser.field_values(cls, values), **arguments)
 
 
 def as_argv(settings: BenchSettings) -> list[str]:
-    """The command line that parses to `settings`: a flag for each field that is not at its default."""
+    """The command line that parses to `settings`: a flag for each field that is not at its default, then the
+    arguments (positional fields)."""
+    arguments = positional_fields(type(settings))
     values = {
         field.name: getattr(settings, field.name)
         for field in dataclasses.fields(settings)
-        if getattr(settings, field.name) != field.default
+        if getattr(settings, field.name) != field.default and field.name not in arguments
     }
-    return as_flags(values)
+    return as_flags(values) + [str(item) for name in arguments for item in getattr(settings, name)]
 
 
 def as_dict(settings: BenchSettings) -> dict[str, Any]:
@@ -131,6 +154,6 @@ def main_for(cls: type[Settings], description: str, body: Callable[[Settings, li
 
     def main(argv: Sequence[str] | None = None) -> int:
         given = list(sys.argv[1:] if argv is None else argv)
-        return cli.run(f"bertbench bench {cls.bench}", lambda: body(parse(cls, given, description), given))
+        return cli.run(cls.program(), lambda: body(parse(cls, given, description), given))
 
     return main

@@ -46,7 +46,7 @@ from bertbench.bench.optimizer import OptimizerSettings
 from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import bar_plot
 from bertbench.bench.results import BenchResult, Column, Ratio, Row, Spread, noisy_ratios_note, table
-from bertbench.bench.settings import BenchSettings
+from bertbench.bench.settings import BenchSettings, device_setting
 from bertbench.bench.throughput import ThroughputSettings
 from bertbench.bench.workload import BenchRunFailed
 from bertbench.common.errors import UsageError
@@ -79,7 +79,7 @@ class SuiteSettings(BenchSettings):
         f"{', '.join(PART_NAMES)}.",
         None,
     )
-    device: str | None = setting("cpu, cuda or cuda:N (default: CUDA when available).", None)
+    device: str | None = device_setting()
     threads: int | None = setting("CPU threads of each part.", None, positive=True)
     steps: int | None = setting("Timed steps per setting (default: 10 standard, 3 small).", None, positive=True)
     warmup: int | None = setting("Untimed steps per setting (default: 3 standard, 1 small).", None, at_least=0)
