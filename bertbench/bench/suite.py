@@ -672,7 +672,7 @@ def summary_line(row: Row) -> str:
         if isinstance(row.get(key), Ratio)
     ]
     mfu = f", MFU {row.median('mfu'):.1%}{target_text(row, 'mfu')}" if isinstance(row.get("mfu"), Spread) else ""
-    spec = ",.0f" if row.measured == "max_batch" else ",.1f" if row.unit != "s" else ".3f"
+    spec = ".3f" if row.unit == "s" else ",.0f" if row.measured == "max_batch" or row.value.median >= 1000 else ",.1f"
     spread = f" (CV {cv_text(row.value.cv)})" if row.value.cv is not None else ""
     figure_text = f"{row.value.median:{spec}} {row.unit}{spread}{mfu}"
     return (
