@@ -200,7 +200,7 @@ def test_what_is_printed_is_a_screen_with_each_warning_once():
         "warning: noisy step times (phase1, phase2; in full in suite.md)",
         "report: out/suite.md",
     ]
-    assert "  phase1 baseline (seq 128, batch 256): 1,500.0 seq/s (CV 2.0%), MFU 55.0%; vs HF 1.50x" in lines
+    assert "  phase1 baseline (seq 128, batch 256): 1,500 seq/s (CV 2.0%), MFU 55.0%; vs HF 1.50x" in lines
     busy = [
         f"{part}: the machine was busy: the load average was {load}" for part, load in (("phase1", 5), ("optimizer", 7))
     ]
