@@ -92,3 +92,14 @@ def test_a_positional_setting_is_the_commands_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         settings.parse(ReportSettings, ["--output_dir", str(tmp_path)], "report")
     assert "bertbench report: error: the following arguments are required: DIR" in capsys.readouterr().err
+
+
+def test_a_directory_passes_over_a_runners_files_and_refuses_a_damaged_one(tmp_path):
+    result = BenchResult.new("example", {}, [Row("x", "s", {}, Spread.exact(1.0))], {}, [], "bertbench bench example")
+    (tmp_path / "example.json").write_text(json.dumps(result.to_json()))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train_results.json").write_text('{"global_step": 4}')  # a runner's, beside the result
+    assert [read.bench for read in results.read_results([str(tmp_path)])] == ["example"]
+    (tmp_path / "run" / "eval_results.json").write_text('{"acc": 0.')
+    with pytest.raises(UsageError, match=r"eval_results.json: not JSON"):
+        results.read_results([str(tmp_path)])

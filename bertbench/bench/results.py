@@ -208,29 +208,21 @@ def _from_json(value: Any) -> Any:
 
 def read_results(paths: Sequence[str]) -> list[BenchResult]:
     """The results in `paths`: each a <bench>.json, or a directory holding them (a suite's: its parts'
-    directories too), in the order given, a directory's sorted."""
+    directories too), in the order given, a directory's sorted. In a directory, a JSON object naming its 'bench' is
+    a result (one of another schema is refused, naming it); other JSON files are a runner's (a finetuning part's
+    runs) and are passed over; a .json file that is not JSON is refused, naming it: bertbench writes whole files."""
     results = []
     for path in paths:
         if not os.path.isdir(path):
             results.append(BenchResult.read(path))
             continue
         found = sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names)
-        found = [name for name in found if name.endswith(".json") and _is_result(name)]
-        if not found:
+        read = [(name, read_json(name)) for name in found if name.endswith(".json")]
+        kept = [BenchResult.from_json(data, name) for name, data in read if isinstance(data, dict) and "bench" in data]
+        if not kept:
             raise UsageError(f"{path}: holds no bench result (a <bench>.json written by bertbench bench)")
-        results += [BenchResult.read(name) for name in found]
+        results += kept
     return results
-
-
-def _is_result(path: str) -> bool:
-    """Whether a .json file found in a directory is a bench result: a runner's files may sit beside them (a
-    finetuning part's runs), and only a JSON object naming its 'bench' counts (one of another schema is then
-    refused by BenchResult.read, naming the schema)."""
-    try:
-        data = read_json(path)
-    except (OSError, UsageError):
-        return False
-    return isinstance(data, dict) and "bench" in data
 
 
 # ---- markdown: one way to draw a table of rows ------------------------------------------------------------------
