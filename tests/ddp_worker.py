@@ -1,6 +1,7 @@
-"""Run under torchrun by test_distributed.py: what the Estimator and Distributed do across real processes (gloo).
+"""Run under torchrun by test_distributed.py (a phase of its job, torchrun_phases.py, calls main): what the Estimator
+and Distributed do across real processes (gloo).
 
-Writes rank 0's findings as JSON to argv[1]:
+Writes rank 0's findings as JSON to argv[0]:
 - allreduce_calls: per modeling module / policy, the backward passes whose gradients DDP all-reduced during 3
   optimizer steps of 4 accumulated micro-batches each (counted by a comm hook), and its bucket all-reduces;
 - evaluate / predict over an odd number of examples split across the ranks, against the same model run by this
@@ -9,7 +10,7 @@ Writes rank 0's findings as JSON to argv[1]:
 - a checkpoint that rank 0 wrote training alone, resumed on both ranks (weights, data position, RNG restart);
 - a time budget, measured on rank 0's clock though rank 1's loop started first.
 
-argv[2], when given, is the directory where the training runs are kept (each in <modeling>-<policy>/), for the test
+argv[1], when given, is the directory where the training runs are kept (each in <modeling>-<policy>/), for the test
 to resume one of them in a single process.
 """
 
@@ -190,12 +191,11 @@ def count_allreduces(config, dist_info, modeling: str, policy: str, model_dir: s
     }
 
 
-def check(dist_info) -> dict:
-    nn.parallel.DistributedDataParallel = CountingDDP
+def check(dist_info, runs: str | None) -> dict:
     config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     report: dict = {"world_size": dist_info.world_size, "allreduce_calls": {}}
     with tempfile.TemporaryDirectory() as scratch:
-        runs = sys.argv[2] if len(sys.argv) > 2 else scratch
+        runs = runs or scratch
         for modeling, policy in (
             ("baseline", "full"),
             ("recompute", "full"),
@@ -234,13 +234,19 @@ def check(dist_info) -> dict:
     return report
 
 
-def main() -> None:
-    with job_from_environment("cpu") as dist_info:
-        report = check(dist_info)
-        if dist_info.is_main:
-            with open(sys.argv[1], "w") as handle:
-                json.dump(report, handle)
+def main(argv: list[str]) -> int:
+    """The checks, with DDP counting its all-reduces while they run (the phases after them train with the real one)."""
+    real_ddp, nn.parallel.DistributedDataParallel = nn.parallel.DistributedDataParallel, CountingDDP
+    try:
+        with job_from_environment("cpu") as dist_info:
+            report = check(dist_info, argv[1] if len(argv) > 1 else None)
+            if dist_info.is_main:
+                with open(argv[0], "w") as handle:
+                    json.dump(report, handle)
+    finally:
+        nn.parallel.DistributedDataParallel = real_ddp
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """What the tests share: the tiny models and batches, the wrappers that stop a run mid-way (a signal, a kill), the
 inputs the runners read (a BERT directory, NVIDIA's shards, the runners' short commands and the classifier's flags),
-the in-process entry point of a documented command, a snapshot of a directory, a free port, and the recompute and
-unpadded paths' common steps. Test modules import these from here, never from each other or from conftest.py, which
+the in-process entry point of a documented command, a torchrun command, a snapshot of a directory, a free port, and
+the recompute and unpadded paths' common steps. Test modules import these from here, never from each other or from conftest.py, which
 holds only pytest's hooks and fixtures."""
 
 import importlib
@@ -11,6 +11,7 @@ import re
 import shlex
 import signal
 import socket
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,20 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def launch_command(processes: int, *arguments: str, restarts: int = 0) -> list[str]:
+    """`bertbench launch` (torchrun) of `processes` workers on this machine, each running `arguments` (a script and
+    its arguments, or -m and a module's), restarted up to `restarts` times."""
+    return [
+        sys.executable,
+        "-m",
+        "bertbench.runners.launch",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        f"--max-restarts={restarts}",
+        *arguments,
+    ]
 
 
 def snapshot(directory) -> dict[str, bytes | None] | None:

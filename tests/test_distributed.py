@@ -1,26 +1,32 @@
-"""Data parallel training across real processes (torchrun through `bertbench launch`, gloo on the CPU): the runners
-give the same loss curve, weights and scores on 2 processes as on 1 with the same global batch; accumulation skips
-the all-reduce; evaluation gathers every example once; the time budget is rank 0's clock; a checkpoint resumes on
-another process count; independent workers keep the best; workers killed with SIGKILL are restarted and resume,
-SIGTERM saves and the run goes on later; a node that never joins fails in one line."""
+"""Data parallel training across real processes (torchrun through `bertbench launch`, gloo on the CPU): accumulation
+skips the all-reduce; evaluation gathers every example once; the time budget is rank 0's clock; a checkpoint resumes
+on another process count; independent workers keep the best (classifier and SQuAD); pre-training's ranks read
+shards of their own and resume; a node that never joins fails in one line. The runs of several processes are the
+phases of one torchrun job (torchrun_phases.py), so that its processes start once; the runs compared with 1 process
+and preempted are test_distributed_restarts.py's."""
 
 import json
 import math
 import os
-import re
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 from ddp_worker import FirstBatchProbe, features, same_weights
-from helpers import classifier_flags, free_port, read_json, tiny_config, write_bert_dir
+from helpers import (
+    classifier_flags,
+    free_port,
+    launch_command,
+    read_json,
+    tiny_config,
+    write_bert_dir,
+    write_nvidia_shard,
+)
 
-from bertbench.common.run_files import ALL_RESULTS, EVENT_FILE_NAME, LOCK, checkpoint_name
+from bertbench.common.run_files import checkpoint_name
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
 from bertbench.runners import launch
@@ -37,15 +43,22 @@ from bertbench.training.loop import Estimator
 pytestmark = pytest.mark.slow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Dropout off: 1 process and 2 processes then compute the same function, so their runs can be compared.
+# Dropout off: the runs' figures are then the same function's, whatever the process count.
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """glue/MRPC (256 training examples, 61 dev: an odd number, so the ranks' shards differ) and bert/."""
+    """glue/MRPC (256 training examples, 61 dev), squad/ (v2.0), shards/ (4 of 48 sequences of up to 32 tokens) and
+    eval/ (one MLPerf variable-length shard) in NVIDIA's layout, and bert/ (the tiny model, no dropout)."""
     root = tmp_path_factory.mktemp("distributed")
     write_glue_task(root / "glue", "MRPC", train=256, dev=61, test=16)
+    write_squad(root / "squad", "2.0", train=12, dev=6)
+    (root / "shards").mkdir()
+    for index in range(4):
+        write_nvidia_shard(root / "shards" / f"part_{index:05d}.hdf5", count=48, seed=index)
+    (root / "eval").mkdir()
+    write_nvidia_shard(root / "eval" / "eval.hdf5", count=40, seed=99, varlength=True)
     write_bert_dir(root / "bert", **NO_DROPOUT)
     return root
 
@@ -54,30 +67,110 @@ def flags(data, out, *extra):
     return classifier_flags(data, out, "--do_train", "--do_eval", *extra, batch=None, learning_rate="2e-3", log_every=4)
 
 
-def launch_command(processes: int, *arguments, restarts: int = 0):
+def independent_flags(data, out):
+    return flags(
+        data,
+        out,
+        "--train_batch_size=8",
+        "--no_sync_gradients",
+        "--lr_scaling=sqrt",
+        "--save_checkpoints_steps=16",
+        "--keep_checkpoint_max=2",
+    )
+
+
+def squad_flags(data, out):
     return [
-        sys.executable,
-        "-m",
-        "bertbench.runners.launch",
-        "--standalone",
-        f"--nproc-per-node={processes}",
-        f"--max-restarts={restarts}",
-        *arguments,
+        "--do_train",
+        "--do_predict",
+        f"--train_file={data / 'squad' / 'train-v2.0.json'}",
+        f"--predict_file={data / 'squad' / 'dev-v2.0.json'}",
+        "--version_2_with_negative",
+        f"--vocab_file={data / 'bert' / 'vocab.txt'}",
+        f"--bert_config_file={data / 'bert' / 'bert_config.json'}",
+        "--max_seq_length=48",
+        "--doc_stride=16",
+        "--max_query_length=16",
+        "--train_batch_size=4",
+        "--learning_rate=1e-3",
+        "--no_sync_gradients",
+        f"--output_dir={out}",
     ]
 
 
-def run(command, timeout=300):
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+def pretraining_flags(data, out):
+    return [
+        f"--input_dir={data / 'shards'}",
+        f"--eval_dir={data / 'eval'}",
+        f"--bert_config_file={data / 'bert' / 'bert_config.json'}",
+        "--max_seq_length=32",
+        "--max_predictions_per_seq=5",
+        "--train_batch_size=8",
+        "--learning_rate=2e-3",
+        "--log_step_count_steps=5",
+        "--save_checkpoints_secs=0",
+        f"--output_dir={out}",
+        "--do_train",
+        "--do_eval",
+        "--num_train_steps=8",
+        "--save_checkpoints_steps=4",
+        "--keep_checkpoint_max=2",
+    ]
+
+
+@pytest.fixture(scope="module")
+def job(data, tmp_path_factory):
+    """One torchrun job of 2 processes, its phases one after the other: ddp_worker.py's checks (runs/ keeps their
+    training runs); the classifier's independent workers (independent/), then, with the newest checkpoint of the run
+    and of worker 1 lost (as a kill while writing them loses them), the same command again (its first run's copy:
+    independent-first/); SQuAD's independent workers (squad/); pre-training (pretraining/), then, with its last
+    checkpoint lost, the same command again (pretraining-first/). Each phase's log and exit status per rank are
+    beside plan.json."""
+    root = tmp_path_factory.mktemp("job")
+    independent, pretraining = root / "independent", root / "pretraining"
+    phases = [
+        ("ddp_worker", "ddp_worker:main", [str(root / "report.json"), str(root / "runs")], {}),
+        ("independent", "bertbench.runners.classifier:main", independent_flags(data, independent), {}),
+        (
+            "independent-resumed",
+            "bertbench.runners.classifier:main",
+            independent_flags(data, independent),
+            {
+                "copy": [str(independent), str(root / "independent-first")],
+                "remove": [
+                    str(independent / checkpoint_name(48)),
+                    os.path.join(worker_dir(independent, 1), checkpoint_name(48)),
+                ],
+            },
+        ),
+        ("squad", "bertbench.runners.squad:main", squad_flags(data, root / "squad"), {}),
+        ("pretraining", "bertbench.runners.pretraining:main", pretraining_flags(data, pretraining), {}),
+        (
+            "pretraining-resumed",
+            "bertbench.runners.pretraining:main",
+            pretraining_flags(data, pretraining),
+            {
+                "copy": [str(pretraining), str(root / "pretraining-first")],
+                "remove": [str(pretraining / checkpoint_name(8))],
+            },
+        ),
+    ]
+    plan = [{"name": name, "call": call, "argv": argv, **before} for name, call, argv, before in phases]
+    (root / "plan.json").write_text(json.dumps(plan))
+    done = subprocess.run(
+        launch_command(2, os.path.join(HERE, "torchrun_phases.py"), str(root / "plan.json")),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
+    return root
 
 
-def classify_on(processes: int, data, out, *extra):
-    return run(launch_command(processes, "-m", "bertbench.runners.classifier", *flags(data, out, *extra)))
-
-
-def losses(out):
-    return [(record["step"], record["loss"]) for record in map(json.loads, open(out / "metrics.jsonl"))]
+def phase(job, name: str) -> list[str]:
+    """The phase's log of each rank, once its every rank has returned 0 (the runners' exit status)."""
+    assert [(job / f"{name}.rank{rank}.status").read_text() for rank in range(2)] == ["0", "0"]
+    return [(job / f"{name}.rank{rank}.log").read_text() for rank in range(2)]
 
 
 def final_weights(directory):
@@ -85,77 +178,10 @@ def final_weights(directory):
 
 
 @pytest.fixture(scope="module")
-def one_process(data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("one") / "run"
-    assert classify(flags(data, out, "--train_batch_size=16", "--num_train_epochs=5")) == 0
-    return out
-
-
-# The most involved setting: recompute (selective), 2 accumulated micro-batches of 4 on each of 2 processes (a global
-# batch of 16: 80 steps in 5 epochs, which give the killed-workers test room to hit the run twice in the middle).
-# Each setting costs a torchrun job: the other policies' DDP steps are ddp_worker's, the plain DDP step the job
-# templates' and scripts' tests'.
-TWO_PROCESSES = [
-    "--train_batch_size=4",
-    "--num_accumulation_steps=2",
-    "--modeling=recompute",
-    "--recompute-policy=selective",
-    "--num_train_epochs=5",
-]
-TWO_PROCESS_STEPS = 80
-
-
-@pytest.fixture(scope="module")
-def two_processes(data, tmp_path_factory):
-    """The run of TWO_PROCESSES, uninterrupted, and its output."""
-    out = tmp_path_factory.mktemp("two") / "run"
-    return out, classify_on(2, data, out, *TWO_PROCESSES)
-
-
-def test_two_processes_match_one_with_the_same_global_batch(two_processes, one_process):
-    """The most involved setting against the plainest: the baseline on 1 process with batches of 16."""
-    out, done = two_processes
-    steps, curve = zip(*losses(out))
-    reference_steps, reference_curve = zip(*losses(one_process))
-    assert steps == reference_steps == tuple(range(4, TWO_PROCESS_STEPS + 1, 4))
-    assert curve == pytest.approx(reference_curve, rel=1e-5)  # the logged loss is the mean over both ranks
-    weights, reference = final_weights(out), final_weights(one_process)
-    assert weights.keys() == reference.keys()
-    for name in weights:
-        torch.testing.assert_close(weights[name], reference[name], rtol=1e-4, atol=1e-5)
-
-    train, reference_train = read_json(out / "train_results.json"), read_json(one_process / "train_results.json")
-    assert (train["world_size"], train["global_step"]) == (2, TWO_PROCESS_STEPS)
-    assert train["sentences"] == reference_train["sentences"]
-    assert (train["nodes"], reference_train["nodes"]) == (1, 1)
-    results, reference_results = read_json(out / "eval_results.json"), read_json(one_process / "eval_results.json")
-    assert results["dev_examples"] == 61  # every dev example scored once, across both ranks
-    assert results["dev_acc"] == reference_results["dev_acc"]
-    assert results["dev_loss"] == pytest.approx(reference_results["dev_loss"], rel=1e-4)
-    # rank 0 alone reports and writes: one summary, one checkpoint, no per-rank files
-    assert done.stdout.count("***** Eval results") == 1 and done.stdout.count("***** Training summary") == 1
-    assert [step for step, _ in list_checkpoints(out)] == [TWO_PROCESS_STEPS]
-    names = sorted(os.listdir(out))
-    assert [name for name in names if not EVENT_FILE_NAME.match(name)] == [
-        LOCK,
-        ALL_RESULTS,
-        "bertbench_run.json",
-        checkpoint_name(TWO_PROCESS_STEPS),
-        "eval",
-        "eval_results.json",
-        "eval_results.txt",
-        "metrics.jsonl",
-        "train_results.json",
-    ]
-    assert len([name for name in names if EVENT_FILE_NAME.match(name)]) == len(os.listdir(out / "eval")) == 1
-
-
-@pytest.fixture(scope="module")
-def ddp_worker_run(tmp_path_factory):
+def ddp_worker_run(job):
     """ddp_worker.py's findings on 2 processes, and the directory of its training runs."""
-    directory = tmp_path_factory.mktemp("ddp_worker")
-    run(launch_command(2, os.path.join(HERE, "ddp_worker.py"), str(directory / "report.json"), str(directory / "runs")))
-    return read_json(directory / "report.json"), directory / "runs"
+    phase(job, "ddp_worker")
+    return read_json(job / "report.json"), job / "runs"
 
 
 def test_accumulation_all_reduces_once_per_step_and_inference_gathers_every_example(ddp_worker_run):
@@ -241,157 +267,62 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(ddp_worker_run, tmp_path):
     assert load_checkpoint(result.last_checkpoint)["optimizer"]["state"][0]["step"] == 4  # AdamW's moments went on
 
 
-def test_independent_workers_train_apart_keep_the_best_and_resume_from_a_common_step(data, tmp_path):
-    out = tmp_path / "run"
-    command = launch_command(
-        2,
-        "-m",
-        "bertbench.runners.classifier",
-        *flags(
-            data,
-            out,
-            "--train_batch_size=8",
-            "--no_sync_gradients",
-            "--lr_scaling=sqrt",
-            "--save_checkpoints_steps=16",
-            "--keep_checkpoint_max=2",
-        ),
-    )
-    done = run(command)
-    train = read_json(out / "train_results.json")
+def test_independent_workers_train_apart_keep_the_best_and_resume_from_a_common_step(job):
+    first, resumed = job / "independent-first", job / "independent"
+    log = phase(job, "independent")[0]
+    train = read_json(first / "train_results.json")
     assert train["sync_gradients"] is False and train["lr_scaling"] == "sqrt"
     assert train["learning_rate"] == pytest.approx(2e-3 * math.sqrt(2))
     scores, best = train["worker_scores"], train["selected_worker"]
     assert train["selection_metric"] == "dev_acc_and_f1" and len(scores) == 2
     assert best == max(range(2), key=lambda rank: (scores[rank], -rank))
-    assert f"keeping worker {best}" in done.stdout
+    assert f"keeping worker {best}" in log
 
-    workers = [final_weights(worker_dir(out, rank)) for rank in range(2)]
-    assert [[step for step, _ in list_checkpoints(worker_dir(out, rank))] for rank in range(2)] == [[32, 48]] * 2
+    workers = [final_weights(worker_dir(first, rank)) for rank in range(2)]
+    assert [[step for step, _ in list_checkpoints(worker_dir(first, rank))] for rank in range(2)] == [[32, 48]] * 2
     assert any(not torch.equal(workers[0][name], workers[1][name]) for name in workers[0])  # they trained apart
-    kept = load_checkpoint(list_checkpoints(out)[-1][1])
+    assert [step for step, _ in list_checkpoints(first)] == [48]
+    kept = load_checkpoint(list_checkpoints(first)[-1][1])
     assert kept["selected_worker"] == best and kept["worker_scores"] == scores
     assert all(torch.equal(kept["model"][name], workers[best][name]) for name in workers[best])
-    results = read_json(out / "eval_results.json")
+    results = read_json(first / "eval_results.json")
     assert results["dev_acc_and_f1"] == pytest.approx(scores[best])  # scored again, now split across the ranks
 
     # Worker 1 lost its newest checkpoint (killed while writing it): both resume from step 32, the last they share,
     # and end exactly where the uninterrupted run did.
-    os.remove(list_checkpoints(out)[-1][1])
-    os.remove(list_checkpoints(worker_dir(out, 1))[-1][1])
-    resumed = run(command)
-    assert f"resumed from {worker_dir(out, 0)}/ckpt-000000032.pt (step 32" in resumed.stdout
-    again = load_checkpoint(list_checkpoints(out)[-1][1])
+    log = phase(job, "independent-resumed")[0]
+    assert f"resumed from {worker_dir(resumed, 0)}/ckpt-000000032.pt (step 32" in log
+    again = load_checkpoint(list_checkpoints(resumed)[-1][1])
     assert again["selected_worker"] == best and again["worker_scores"] == scores
     assert all(torch.equal(again["model"][name], kept["model"][name]) for name in kept["model"])
 
     # Evaluation alone, in one process, reads the kept worker's weights.
-    assert classify(["--output_dir", str(out), "--do_eval", "--nodo_train"]) == 0
-    assert read_json(out / "eval_results.json")["dev_acc_and_f1"] == pytest.approx(scores[best])
+    assert classify(["--output_dir", str(resumed), "--do_eval", "--nodo_train"]) == 0
+    assert read_json(resumed / "eval_results.json")["dev_acc_and_f1"] == pytest.approx(scores[best])
 
 
-def test_squad_independent_workers_keep_the_best_f1(tmp_path):
-    write_squad(tmp_path / "squad", "2.0", train=12, dev=6)
-    write_bert_dir(tmp_path / "bert", **NO_DROPOUT)
-    out = tmp_path / "run"
-    done = run(
-        launch_command(
-            2,
-            "-m",
-            "bertbench.runners.squad",
-            "--do_train",
-            "--do_predict",
-            f"--train_file={tmp_path / 'squad' / 'train-v2.0.json'}",
-            f"--predict_file={tmp_path / 'squad' / 'dev-v2.0.json'}",
-            "--version_2_with_negative",
-            f"--vocab_file={tmp_path / 'bert' / 'vocab.txt'}",
-            f"--bert_config_file={tmp_path / 'bert' / 'bert_config.json'}",
-            "--max_seq_length=48",
-            "--doc_stride=16",
-            "--max_query_length=16",
-            "--train_batch_size=4",
-            "--learning_rate=1e-3",
-            "--no_sync_gradients",
-            f"--output_dir={out}",
-        )
-    )
+def test_squad_independent_workers_keep_the_best_f1(job):
+    out = job / "squad"
+    logs = phase(job, "squad")
     train = read_json(out / "train_results.json")
     assert train["selection_metric"] == "f1" and len(train["worker_scores"]) == 2
     assert read_json(out / "eval_results.json")["f1"] == pytest.approx(train["worker_scores"][train["selected_worker"]])
     assert len(read_json(out / "predictions.json")) == 18
-    assert done.stdout.count("***** Eval results") == 1
+    assert [log.count("***** Eval results") for log in logs] == [1, 0]  # rank 0 alone reports
 
 
-def worker_with_rank(rank: int, marker: str) -> int:
-    """The pid of the torchrun worker with RANK=rank whose command line holds `marker`."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                cmdline = handle.read().decode(errors="replace")
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                environ = handle.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if marker in cmdline and f"RANK={rank}" in environ and "bertbench.runners.launch" not in cmdline:
-            return int(pid)
-    raise AssertionError(f"no worker with RANK={rank} running {marker}")
-
-
-def preempted_run(data, out):
-    """TWO_PROCESSES (two_processes is its uninterrupted run) with a checkpoint every 4 steps, as often as it logs,
-    and a restart of the workers allowed: 76 steps after the first checkpoint for the first hit to land in (the
-    test reacts to that checkpoint), more after the restart for the second."""
-    return launch_command(
-        2,
-        "-m",
-        "bertbench.runners.classifier",
-        *flags(data, out, *TWO_PROCESSES, "--save_checkpoints_steps=4"),
-        restarts=1,
-    )
-
-
-def newest_checkpoint_after(process, out, step: int) -> int:
-    """Waits, while `process` runs, for a checkpoint newer than `step` in `out`; returns the newest one's step."""
-    deadline = time.monotonic() + 120
-    while not list_checkpoints(out) or list_checkpoints(out)[-1][0] <= step:
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.005)
-    return list_checkpoints(out)[-1][0]
-
-
-def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_if_uninterrupted(
-    data, tmp_path, two_processes
-):
-    """One job, hit twice: SIGKILL to the worker of rank 0 (the one that writes the checkpoints), after which
-    torchrun restarts both workers and they resume from the newest checkpoint (in a process group of their own: the
-    store keeps the dead group's keys); then SIGTERM to the launcher (what scancel, qdel and a job's time limit do),
-    which passes it to the workers: they save and it exits 143. The same command then ends the run with the
-    uninterrupted run's weights, scores and log."""
-    out = tmp_path / "preempted"
-    uninterrupted = two_processes[0]
-    process = subprocess.Popen(preempted_run(data, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed_after = newest_checkpoint_after(process, out, -1)
-    os.kill(worker_with_rank(0, str(out)), signal.SIGKILL)
-    newest_checkpoint_after(process, out, killed_after)  # the restart trains
-    process.send_signal(signal.SIGTERM)
-    output = process.communicate(timeout=120)[0]
-    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
-    assert "bertbench launch: stopped by SIGTERM" in output
-    resumed = [int(step) for step in re.findall(r"resumed from \S+ckpt-0*(\d+)\.pt \(step \d+", output)]
-    # the restart went on from the newest checkpoint there was when its worker was killed, or a newer one
-    assert len(resumed) == 1 and resumed[0] >= killed_after, output[-3000:]
-    train = read_json(out / "train_results.json")
-    assert train["interrupted_by"] == "SIGTERM"
-    assert killed_after < train["global_step"] == list_checkpoints(out)[-1][0] < TWO_PROCESS_STEPS
-    assert not (out / "eval_results.json").exists()
-
-    run(preempted_run(data, out))
-    assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(), final_weights(uninterrupted).values()))
-    assert read_json(out / "eval_results.json") == read_json(uninterrupted / "eval_results.json")
-    # Each step logged once (those logged after the last checkpoint and lost, once), with the uninterrupted run's
-    # losses: the line SIGTERM's stop wrote closed its window early, and the resumed run logged the whole window.
-    assert losses(out) == losses(uninterrupted)
-    assert [step for step, _ in losses(out)] == list(range(4, TWO_PROCESS_STEPS + 1, 4))
+def test_pretraining_ranks_read_their_own_shards_and_resume(job):
+    first, out = job / "pretraining-first", job / "pretraining"
+    phase(job, "pretraining")
+    train = read_json(first / "train_results.json")
+    assert train["world_size"] == 2 and train["sentences"] == 8 * 8 * 2
+    assert [step for step, _ in list_checkpoints(first)] == [4, 8]
+    state = load_checkpoint(list_checkpoints(first)[-1][1])
+    assert [data_state["rank"] for data_state in state["data"]] == [0, 1]
+    assert state["data"][0]["consumed"] == state["data"][1]["consumed"] == 128
+    # its last checkpoint lost: both ranks continue from step 4 where they were
+    assert f"resumed from {out}/ckpt-000000004.pt" in phase(job, "pretraining-resumed")[0]
+    assert read_json(out / "train_results.json")["global_step"] == 8
 
 
 def test_a_node_that_never_joins_times_out_in_one_line(tmp_path, capsys):
@@ -515,8 +446,3 @@ def test_squad_independent_workers_need_a_predict_file_with_answers(tmp_path, er
         "--no_sync_gradients cannot choose a worker; predict a dev file"
     )
     assert not (tmp_path / "run").exists()
-
-
-def test_a_recorded_run_keeps_its_lr_scaling(one_process, error_line):
-    assert classify(["--output_dir", str(one_process), "--do_eval", "--lr_scaling=linear"]) == 2
-    assert "this run was made with --lr_scaling=none, the command gives linear" in error_line()
