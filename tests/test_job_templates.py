@@ -21,7 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEMPLATES = os.path.join(ROOT, "job_templates")
 BERT_DIR = os.path.join(HERE, "fixtures", "tf1_tiny")
-# The templates' GPU-sized defaults, replaced by what the CPU runs in seconds (MRPC: the task job_env writes).
+# The templates' GPU-sized defaults, replaced by what the CPU runs in seconds (MRPC: the task job_env writes). One
+# thread per process: the templates' 5 (CORES_PER_GPU) would have each tiny run's OpenMP threads spin against the
+# others' on a 2-core machine (test_pbs_jobs_default_to_the_originals_runs checks the default).
 CPU_SETTINGS = {
     "TASK": "MRPC",
     "PRECISION": "fp32",
@@ -31,6 +33,7 @@ CPU_SETTINGS = {
     "SEQ_LENGTH": "32",
     "EPOCHS": "1.0",
     "GPUS_PER_NODE": "1",
+    "CORES_PER_GPU": "1",
     "RDZV_TIMEOUT": "120",
 }
 
@@ -298,7 +301,7 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
     assert sorted(calls) == ["node 0", "node 1"] and calls["node 0"] == calls["node 1"]  # the same knobs everywhere
     assert calls["node 1"].startswith(
         "MODELING=recompute RECOMPUTE_POLICY= MAX_TRAIN_SECONDS= LR_SCALING=linear "
-        "EXTRA_FLAGS=--log_step_count_steps=4 CORES_PER_GPU=5 OMP_NUM_THREADS=1 "
+        "EXTRA_FLAGS=--log_step_count_steps=4 CORES_PER_GPU=1 OMP_NUM_THREADS=1 "
         "exec --nv /images/bertbench.sif scripts/run_glue.sh MRPC 8 1e-3 fp32 false 1 "
         "32 64 "
     ), calls
@@ -330,10 +333,13 @@ def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, t
 
 
 def recording_python(tmp_path):
-    """A PYTHON stand-in that records the words of each call (a line each) instead of running anything: (its path,
-    the record)."""
+    """A PYTHON stand-in that records the OMP_NUM_THREADS and the words of each call (a line each) instead of running
+    anything: (its path, the record)."""
     record = tmp_path / "python.argv"
-    (tmp_path / "python").write_text(f'#!/bin/sh\nfor word in "$@"; do echo "$word" >> "{record}"; done\n')
+    (tmp_path / "python").write_text(
+        f'#!/bin/sh\necho "OMP_NUM_THREADS=$OMP_NUM_THREADS" >> "{record}"\n'
+        f'for word in "$@"; do echo "$word" >> "{record}"; done\n'
+    )
     (tmp_path / "python").chmod(0o755)
     return str(tmp_path / "python"), record
 
@@ -343,13 +349,15 @@ def recording_python(tmp_path):
 )
 def test_pbs_jobs_default_to_the_originals_runs(job_env, tmp_path, template, batch, xla):
     """Nothing set: the baseline job is the original's run_glue.sh defaults, the optimized job the original's
-    optimized run (batch 48 per GPU, no XLA). A PYTHON stand-in records the runner's command instead of training."""
+    optimized run (batch 48 per GPU, no XLA), each process on 5 CPU threads (CORES_PER_GPU, the select lines'
+    ncpus per GPU). A PYTHON stand-in records the runner's command instead of training."""
     python, record = recording_python(tmp_path)
     env = {name: value for name, value in pbs_env(job_env, tmp_path, ["localhost"]).items() if name not in CPU_SETTINGS}
     done = run_job(os.path.join(TEMPLATES, "pbs", template), dict(env, PYTHON=python), tmp_path)
     assert done.returncode == 0, done.stderr
     argv = record.read_text().splitlines()
     assert f"--train_batch_size={batch}" in argv and f"--use_xla={xla}" in argv and "--task_name=MNLI" in argv
+    assert argv[0] == "OMP_NUM_THREADS=5"
 
 
 def test_pbs_job_without_hosts_fails_clearly(job_env, tmp_path):

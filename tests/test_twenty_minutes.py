@@ -44,6 +44,8 @@ def login_node(tmp_path):
         SEQ_LENGTH="32",
         USE_XLA="false",
         GPUS_PER_NODE="1",
+        # a thread per process (the jobs' default is 5): the tiny runs' OpenMP threads would spin against each other
+        CORES_PER_GPU="1",
         RDZV_TIMEOUT="120",
     )
 
