@@ -12,6 +12,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -376,17 +377,27 @@ def test_bad_arguments_and_missing_runs(env, tmp_path):
     assert missing.returncode == 2 and "no run directory" in missing.stderr
 
 
-@pytest.mark.slow
-def test_a_run_that_fails_its_input_checks_leaves_nothing_behind(env, tmp_path):
-    """The original's first command without its download: one line naming the file, status 2, and no run directory
-    or logs (a directory that was there before keeps what it had)."""
-    done = run_glue(dict(env, BERT_DIR=str(tmp_path / "no-bert")), *POSITIONAL)
-    assert done.returncode == 2
-    assert f"run_classifier: error: {tmp_path}/no-bert/bert_config.json: no such file" in done.stdout
+def test_a_run_that_fails_its_input_checks_leaves_nothing_behind(env, tmp_path, error_line):
+    """The original's first command without its download: the runner refuses it in one line naming the file, with
+    status 2, having written nothing (the command run_glue.sh builds, run in this process); run_glue.sh then removes
+    the run directory and logs it made, and a directory that was there before keeps what it had (a PYTHON stand-in
+    refuses in its place, without the seconds of importing torch)."""
+    from bertbench import run_classifier
+
+    env = dict(env, BERT_DIR=str(tmp_path / "no-bert"))
+    argv, _ = recorded_command(env, tmp_path, "run_glue.sh", *POSITIONAL)
+    assert argv[:2] == ["-m", "bertbench.run_classifier"]
+    shutil.rmtree(tmp_path / "results")  # the stand-in's run left its logs
+    assert run_classifier.main(argv[2:]) == 2
+    assert error_line() == f"run_classifier: error: {tmp_path}/no-bert/bert_config.json: no such file"
     assert not (tmp_path / "results").exists()
-    refusing = tmp_path / "python"  # a runner that refuses its input, without the seconds of importing torch
+
+    refusing = tmp_path / "python"
     refusing.write_text("#!/bin/sh\necho 'run_classifier: error: refused' >&2\nexit 2\n")
     refusing.chmod(0o755)
+    done = run_glue(dict(env, PYTHON=str(refusing)), *POSITIONAL)
+    assert done.returncode == 2 and done.stdout.splitlines()[-1] == "run_classifier: error: refused"
+    assert not (tmp_path / "results").exists()
     run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1"
     run_dir.mkdir(parents=True)
     (run_dir / "notes.txt").write_text("mine")
