@@ -510,18 +510,33 @@ def test_nodes_that_do_not_describe_a_job_are_refused(variables, message):
     assert status == 2 and error.startswith(f"test.sh: error: {message}")
 
 
-@pytest.mark.slow
-def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
+def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path, capsys):
+    """Node 0 of 2 whose partner never starts: the launcher command run_glue.sh builds (run in this process) gives
+    up after RDZV_TIMEOUT in one line that names the run's rendezvous; the script passes on a failed launch's status 1
+    and last line and keeps its logs, as a run that started (a PYTHON stand-in fails in the launcher's place, without
+    the seconds of importing torch)."""
+    from bertbench.runners import launch
+
     env = dict(env, NNODES="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RDZV_TIMEOUT="1")
-    done = run_glue(env, *POSITIONAL)
-    assert done.returncode == 1
+    argv, _ = recorded_command(env, tmp_path, "run_glue.sh", *POSITIONAL)
+    assert argv[:2] == ["-m", "bertbench.runners.launch"]
+    assert launch.main(argv[2:]) == 1
     assert (
-        done.stdout.strip()
+        capsys.readouterr()
+        .err.strip()
         .splitlines()[-1]
         .startswith(
-            "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2' at 127.0.0.1:"
+            "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2' at "
+            f"127.0.0.1:{env['MASTER_PORT']} (c10d) timed out after 1 s"
         )
     )
+    shutil.rmtree(tmp_path / "results")  # the stand-in's run left its logs
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho 'bertbench launch: error: rendezvous timed out' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    done = run_glue(dict(env, PYTHON=str(failing)), *POSITIONAL)
+    assert done.returncode == 1
+    assert done.stdout.strip().splitlines()[-1] == "bertbench launch: error: rendezvous timed out"
     run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2"
     assert sorted(os.listdir(run_dir)) == ["command.log", "train.node0.log"]  # nothing of a run
 
