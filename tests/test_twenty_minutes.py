@@ -75,7 +75,8 @@ def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_the
     """Submitted from a directory whose path has a space (the repository's job_templates/ and scripts/), with IMAGE
     set: every job's commands run in `singularity exec --nv IMAGE` (a stand-in that records the job, the node, the
     knobs it sees and its arguments, and runs the command). PYTHON is the interpreter with LOGLEVEL=INFO, so that
-    torchrun's agents say what they did. The optimized job reaches its second host through the default starter,
+    torchrun's agents say what they did, on one thread where the job sets none (compare.pbs: its evaluations and
+    report would take a thread per core, spinning against each other). The optimized job reaches its second host through the default starter,
     pbs_tmrsh (its stand-in runs the argument vector as tm_spawn does, with the job's PBS environment only)."""
     bin_dir = tmp_path / "bin"
     sif_log = tmp_path / "sif"
@@ -85,7 +86,9 @@ def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_the
         'shift\nexec "$@"\n'
     )
     python = bin_dir / "python"
-    python.write_text(f'#!/bin/sh\nLOGLEVEL=INFO exec {shlex.quote(sys.executable)} "$@"\n')
+    python.write_text(
+        f'#!/bin/sh\nLOGLEVEL=INFO OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}} exec {shlex.quote(sys.executable)} "$@"\n'
+    )
     for tool in (bin_dir / "singularity", python):
         tool.chmod(0o755)
     workdir = tmp_path / "qsub dir"
