@@ -1,5 +1,6 @@
 """job_templates/ run as the schedulers run them: the PBS jobs in a PBS job's environment (PBS_NODEFILE with one
-or two hosts, a remote shell, Singularity), the Slurm job submitted to a real single-machine Slurm cluster (Debian's
+or two hosts, a remote shell; the optimized job's training across two hosts inside Singularity is
+test_twenty_minutes' run of the recipe that submits it), the Slurm job submitted to a real single-machine Slurm cluster (Debian's
 slurmctld, slurmd and munge, started here), the Kubernetes PyTorchJob's pods as the Kubeflow operator starts them;
 the container recipes against the repository."""
 
@@ -13,7 +14,7 @@ import time
 
 import pytest
 import yaml
-from helpers import free_port, read_json
+from helpers import free_port, in_process_entry_point, read_json
 
 from bertbench.tasks.synthetic import write_glue_task
 
@@ -21,7 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TEMPLATES = os.path.join(ROOT, "job_templates")
 BERT_DIR = os.path.join(HERE, "fixtures", "tf1_tiny")
-# The templates' GPU-sized defaults, replaced by what the CPU runs in seconds (MRPC: the task job_env writes).
+# The templates' GPU-sized defaults, replaced by what the CPU runs in seconds (MRPC: the task job_env writes). One
+# thread per process: the templates' 5 (CORES_PER_GPU) would have each tiny run's OpenMP threads spin against the
+# others' on a 2-core machine (test_pbs_jobs_default_to_the_originals_runs checks the default).
 CPU_SETTINGS = {
     "TASK": "MRPC",
     "PRECISION": "fp32",
@@ -31,6 +34,7 @@ CPU_SETTINGS = {
     "SEQ_LENGTH": "32",
     "EPOCHS": "1.0",
     "GPUS_PER_NODE": "1",
+    "CORES_PER_GPU": "1",
     "RDZV_TIMEOUT": "120",
 }
 
@@ -246,94 +250,14 @@ def test_run_on_every_node_without_a_starter_fails_before_any_node_starts(tmp_pa
     assert os.listdir(env["RESULTS_DIR"]) == []
 
 
-# What the singularity stand-in records of the knobs the templates pass through the environment (scripts/common.sh).
-KNOBS_SEEN = " ".join(
-    f"{name}=${{{name}:-}}"
-    for name in (
-        "MODELING",
-        "RECOMPUTE_POLICY",
-        "MAX_TRAIN_SECONDS",
-        "LR_SCALING",
-        "EXTRA_FLAGS",
-        "CORES_PER_GPU",
-        "OMP_NUM_THREADS",
-    )
-)
-
-
-@pytest.mark.slow
-def test_pbs_optimized_job_runs_one_agent_per_node_inside_singularity(job_env, tmp_path):
-    """Two hosts of four MPI processes each (select=2:ngpus=4:mpiprocs=4), submitted from a directory whose path
-    has a space; the second host is reached through the default starter, pbs_tmrsh (its stand-in runs the argument
-    vector as tm_spawn does, with the job's PBS environment only); every node's command runs in
-    `singularity exec --nv IMAGE` (a stand-in that records its node, the knobs it sees and its arguments, and runs
-    the command)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    shutil.copy(os.path.join(HERE, "fixtures", "pbs_tmrsh"), bin_dir / "pbs_tmrsh")
-    sif_log = tmp_path / "sif"
-    (bin_dir / "singularity").write_text(
-        f'#!/usr/bin/env bash\necho "node $NODE_RANK: {KNOBS_SEEN} $*" >> {shlex.quote(str(sif_log))}\n'
-        '[ "$1" = exec ] || exit 64\nshift\nwhile [[ "$1" == --* ]]; do shift; done\nshift\nexec "$@"\n'
-    )
-    (bin_dir / "singularity").chmod(0o755)
-    env = pbs_env(job_env, tmp_path, ["localhost"] * 4 + ["127.0.0.1"] * 4)
-    workdir = tmp_path / "qsub dir"
-    workdir.symlink_to(ROOT)
-    env.pop("PBS_REMOTE_SHELL", None)
-    env.update(
-        PATH=f"{bin_dir}:{env['PATH']}",
-        IMAGE="/images/bertbench.sif",
-        PBS_O_WORKDIR=str(workdir),
-        STARTER_LOG=str(tmp_path / "starter.log"),
-        EXTRA_FLAGS="--log_step_count_steps=4",
-        LOGLEVEL="INFO",
-    )  # torchrun's agents say what they did
-    done = run_job(os.path.join(TEMPLATES, "pbs", "optimized_2x4gpu.pbs"), env, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-    starts = (tmp_path / "starter.log").read_text().splitlines()
-    assert len(starts) == 1 and starts[0].startswith("pbs_tmrsh 127.0.0.1 /bin/bash -c ")  # the first host: here
-    calls = dict(call.split(": ", 1) for call in sif_log.read_text().splitlines())
-    assert sorted(calls) == ["node 0", "node 1"] and calls["node 0"] == calls["node 1"]  # the same knobs everywhere
-    assert calls["node 1"].startswith(
-        "MODELING=recompute RECOMPUTE_POLICY= MAX_TRAIN_SECONDS= LR_SCALING=linear "
-        "EXTRA_FLAGS=--log_step_count_steps=4 CORES_PER_GPU=5 OMP_NUM_THREADS=1 "
-        "exec --nv /images/bertbench.sif scripts/run_glue.sh MRPC 8 1e-3 fp32 false 1 "
-        "32 64 "
-    ), calls
-    run_dir = tmp_path / "results" / "MRPC_fp32_bs8_lr1e-3_seq32_recompute-full_gpu1_nodes2"
-    train = read_json(run_dir / "train_results.json")
-    assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (
-        2,
-        2,
-        "recompute",
-        "linear",
-    )
-    assert train["learning_rate"] == pytest.approx(2e-3) and train["global_step"] == 8  # 128 / (8 x 2)
-    assert sorted(name for name in os.listdir(run_dir) if name.endswith(".log")) == [
-        "command.log",
-        "train.node0.log",
-        "train.node1.log",
-    ]
-    node_logs = [(run_dir / name).read_text() for name in ("train.node0.log", "train.node1.log")]
-    # Each node's agent joined the 2-node group, as one of its two ranks (c10d hands them out in the order the agents
-    # arrive, not by NODE_RANK); the job's status 0 says their workers finished.
-    ranks = [re.findall(r"\bgroup_rank=(\d+)", log) for log in node_logs]
-    assert sorted(found[0] for found in ranks if found) == ["0", "1"], node_logs[1][-3000:]
-    assert all("group_world_size=2" in log for log in node_logs)
-    rank0_log = node_logs[[found[:1] for found in ranks].index(["0"])]  # rank 0 logs the run
-    assert "***** Training MRPC: 128 examples, 8 steps, batch 8 x 1 x 2 processes" in rank0_log
-    assert re.search(r"^step 4/8  loss ", rank0_log, re.M)  # EXTRA_FLAGS reached the runner
-    assert "".join(node_logs).count("***** Eval results") == 1  # one set of results, from rank 0
-    assert "--rdzv-backend=c10d --rdzv-endpoint=localhost:" in (run_dir / "command.log").read_text()
-
-
 def recording_python(tmp_path):
-    """A PYTHON stand-in that records the words of each call (a line each) instead of running anything: (its path,
-    the record)."""
+    """A PYTHON stand-in that records the OMP_NUM_THREADS and the words of each call (a line each) instead of running
+    anything: (its path, the record)."""
     record = tmp_path / "python.argv"
-    (tmp_path / "python").write_text(f'#!/bin/sh\nfor word in "$@"; do echo "$word" >> "{record}"; done\n')
+    (tmp_path / "python").write_text(
+        f'#!/bin/sh\necho "OMP_NUM_THREADS=$OMP_NUM_THREADS" >> "{record}"\n'
+        f'for word in "$@"; do echo "$word" >> "{record}"; done\n'
+    )
     (tmp_path / "python").chmod(0o755)
     return str(tmp_path / "python"), record
 
@@ -343,13 +267,15 @@ def recording_python(tmp_path):
 )
 def test_pbs_jobs_default_to_the_originals_runs(job_env, tmp_path, template, batch, xla):
     """Nothing set: the baseline job is the original's run_glue.sh defaults, the optimized job the original's
-    optimized run (batch 48 per GPU, no XLA). A PYTHON stand-in records the runner's command instead of training."""
+    optimized run (batch 48 per GPU, no XLA), each process on 5 CPU threads (CORES_PER_GPU, the select lines'
+    ncpus per GPU). A PYTHON stand-in records the runner's command instead of training."""
     python, record = recording_python(tmp_path)
     env = {name: value for name, value in pbs_env(job_env, tmp_path, ["localhost"]).items() if name not in CPU_SETTINGS}
     done = run_job(os.path.join(TEMPLATES, "pbs", template), dict(env, PYTHON=python), tmp_path)
     assert done.returncode == 0, done.stderr
     argv = record.read_text().splitlines()
     assert f"--train_batch_size={batch}" in argv and f"--use_xla={xla}" in argv and "--task_name=MNLI" in argv
+    assert argv[0] == "OMP_NUM_THREADS=5"
 
 
 def test_pbs_job_without_hosts_fails_clearly(job_env, tmp_path):
@@ -408,23 +334,31 @@ def test_a_pbs_template_outside_pbs_says_so_in_one_line_with_the_command_that_tr
 
 
 @pytest.mark.slow
-def test_the_documented_one_machine_way_trains_with_a_pbs_template_and_compares(tmp_path):
+def test_the_documented_one_machine_way_trains_with_a_pbs_template_and_compares(tmp_path, monkeypatch):
     """docs/clusters.md's block, as printed, from a directory laid out as the repository (its job_templates/ and
-    scripts/): the example data, the baseline job as a one-host job, then compare.pbs on its run."""
+    scripts/): the example data, the baseline job as a one-host job, then compare.pbs on its run. Its commands run
+    one after the other, as test_docs runs the docs' blocks: a plain `bertbench ...` line through the same entry
+    point in this process (the words as bash splits them), the others in bash."""
     page = open(os.path.join(ROOT, "docs", "clusters.md")).read()
     block = re.search(r"```bash\n(.*?)```", page[page.index("## A template on one machine") :], re.S).group(1)
     for name in ("job_templates", "scripts"):
         (tmp_path / name).symlink_to(os.path.join(ROOT, name))
+    monkeypatch.chdir(tmp_path)
     env = dict(outside_any_job(os.environ), PYTHON=sys.executable)
-    done = subprocess.run(
-        ["bash", "-c", f"set -euo pipefail\n{block}"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for command in block.replace("\\\n", "").splitlines():
+        entry = in_process_entry_point(command)
+        if entry:
+            assert entry[0](entry[1]) == 0, command
+            continue
+        done = subprocess.run(
+            ["bash", "-c", f"set -euo pipefail\n{command}"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, command + "\n" + done.stdout[-3000:] + done.stderr[-3000:]
     run_dir = tmp_path / "runs" / "pbs" / "MRPC_fp32_bs32_lr2e-5_seq128_baseline_gpu1"
     train = read_json(run_dir / "train_results.json")
     assert (train["world_size"], train["modeling"], train["train_batch_size"]) == (1, "baseline", 32)
@@ -713,6 +647,7 @@ def test_pytorchjob_pods_run_as_the_operator_starts_them(job_env, tmp_path):
         "recompute",
         "linear",
     )
+    assert train["learning_rate"] == pytest.approx(2e-3) and train["global_step"] == 8  # 128 / (8 x 2)
     assert "".join(outputs).count("***** Eval results") == 1
 
 

@@ -12,6 +12,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -376,17 +377,27 @@ def test_bad_arguments_and_missing_runs(env, tmp_path):
     assert missing.returncode == 2 and "no run directory" in missing.stderr
 
 
-@pytest.mark.slow
-def test_a_run_that_fails_its_input_checks_leaves_nothing_behind(env, tmp_path):
-    """The original's first command without its download: one line naming the file, status 2, and no run directory
-    or logs (a directory that was there before keeps what it had)."""
-    done = run_glue(dict(env, BERT_DIR=str(tmp_path / "no-bert")), *POSITIONAL)
-    assert done.returncode == 2
-    assert f"run_classifier: error: {tmp_path}/no-bert/bert_config.json: no such file" in done.stdout
+def test_a_run_that_fails_its_input_checks_leaves_nothing_behind(env, tmp_path, error_line):
+    """The original's first command without its download: the runner refuses it in one line naming the file, with
+    status 2, having written nothing (the command run_glue.sh builds, run in this process); run_glue.sh then removes
+    the run directory and logs it made, and a directory that was there before keeps what it had (a PYTHON stand-in
+    refuses in its place, without the seconds of importing torch)."""
+    from bertbench import run_classifier
+
+    env = dict(env, BERT_DIR=str(tmp_path / "no-bert"))
+    argv, _ = recorded_command(env, tmp_path, "run_glue.sh", *POSITIONAL)
+    assert argv[:2] == ["-m", "bertbench.run_classifier"]
+    shutil.rmtree(tmp_path / "results")  # the stand-in's run left its logs
+    assert run_classifier.main(argv[2:]) == 2
+    assert error_line() == f"run_classifier: error: {tmp_path}/no-bert/bert_config.json: no such file"
     assert not (tmp_path / "results").exists()
-    refusing = tmp_path / "python"  # a runner that refuses its input, without the seconds of importing torch
+
+    refusing = tmp_path / "python"
     refusing.write_text("#!/bin/sh\necho 'run_classifier: error: refused' >&2\nexit 2\n")
     refusing.chmod(0o755)
+    done = run_glue(dict(env, PYTHON=str(refusing)), *POSITIONAL)
+    assert done.returncode == 2 and done.stdout.splitlines()[-1] == "run_classifier: error: refused"
+    assert not (tmp_path / "results").exists()
     run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1"
     run_dir.mkdir(parents=True)
     (run_dir / "notes.txt").write_text("mine")
@@ -499,18 +510,33 @@ def test_nodes_that_do_not_describe_a_job_are_refused(variables, message):
     assert status == 2 and error.startswith(f"test.sh: error: {message}")
 
 
-@pytest.mark.slow
-def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path):
+def test_a_node_that_never_joins_stops_run_glue_in_one_line(env, tmp_path, capsys):
+    """Node 0 of 2 whose partner never starts: the launcher command run_glue.sh builds (run in this process) gives
+    up after RDZV_TIMEOUT in one line that names the run's rendezvous; the script passes on a failed launch's status 1
+    and last line and keeps its logs, as a run that started (a PYTHON stand-in fails in the launcher's place, without
+    the seconds of importing torch)."""
+    from bertbench.runners import launch
+
     env = dict(env, NNODES="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RDZV_TIMEOUT="1")
-    done = run_glue(env, *POSITIONAL)
-    assert done.returncode == 1
+    argv, _ = recorded_command(env, tmp_path, "run_glue.sh", *POSITIONAL)
+    assert argv[:2] == ["-m", "bertbench.runners.launch"]
+    assert launch.main(argv[2:]) == 1
     assert (
-        done.stdout.strip()
+        capsys.readouterr()
+        .err.strip()
         .splitlines()[-1]
         .startswith(
-            "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2' at 127.0.0.1:"
+            "bertbench launch: error: rendezvous 'bertbench-MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2' at "
+            f"127.0.0.1:{env['MASTER_PORT']} (c10d) timed out after 1 s"
         )
     )
+    shutil.rmtree(tmp_path / "results")  # the stand-in's run left its logs
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho 'bertbench launch: error: rendezvous timed out' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    done = run_glue(dict(env, PYTHON=str(failing)), *POSITIONAL)
+    assert done.returncode == 1
+    assert done.stdout.strip().splitlines()[-1] == "bertbench launch: error: rendezvous timed out"
     run_dir = tmp_path / "results" / "MRPC_fp32_bs16_lr1e-3_seq32_baseline_gpu1_nodes2"
     assert sorted(os.listdir(run_dir)) == ["command.log", "train.node0.log"]  # nothing of a run
 

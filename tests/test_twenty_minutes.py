@@ -2,15 +2,17 @@
 node, submit the 1-GPU baseline and the 2-node recompute run for the same wall-clock budget and a job that scores
 them with eval.sh and reports them side by side. Here qsub and pbs_tmrsh are stand-ins (tests/fixtures) that run
 each job at once on this machine as PBS would (a fresh environment, the node file, the argument vector of
-tm_spawn); the model is the tiny TF1 fixture, the budget seconds."""
+tm_spawn); the model is the tiny TF1 fixture, the budget seconds. The optimized job's run is also the test of
+optimized_2x4gpu.pbs across two hosts inside a container (test_job_templates runs the other templates)."""
 
-import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
 import pytest
-from helpers import free_port
+from helpers import free_port, read_json
 
 from bertbench.tasks.synthetic import write_glue_task
 
@@ -44,14 +46,16 @@ def login_node(tmp_path):
         SEQ_LENGTH="32",
         USE_XLA="false",
         GPUS_PER_NODE="1",
+        # a thread per process (the jobs' default is 5): the tiny runs' OpenMP threads would spin against each other
+        CORES_PER_GPU="1",
         RDZV_TIMEOUT="120",
     )
 
 
-def recipe(env):
+def recipe(env, cwd=ROOT):
     return subprocess.run(
         [os.path.join(ROOT, "job_templates", "pbs", "twenty_minutes.sh")],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -59,9 +63,40 @@ def recipe(env):
     )
 
 
+# What the singularity stand-in records of the knobs the jobs pass through the environment (scripts/common.sh).
+KNOBS_SEEN = " ".join(
+    f"{name}=${{{name}:-}}"
+    for name in ("MODELING", "RECOMPUTE_POLICY", "MAX_TRAIN_SECONDS", "LR_SCALING", "EXTRA_FLAGS", "CORES_PER_GPU")
+)
+
+
 @pytest.mark.slow
 def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_them(login_node, tmp_path):
-    done = recipe(login_node)
+    """Submitted from a directory whose path has a space (the repository's job_templates/ and scripts/), with IMAGE
+    set: every job's commands run in `singularity exec --nv IMAGE` (a stand-in that records the job, the node, the
+    knobs it sees and its arguments, and runs the command). PYTHON is the interpreter with LOGLEVEL=INFO, so that
+    torchrun's agents say what they did, on one thread where the job sets none (compare.pbs: its evaluations and
+    report would take a thread per core, spinning against each other). The optimized job reaches its second host through the default starter,
+    pbs_tmrsh (its stand-in runs the argument vector as tm_spawn does, with the job's PBS environment only)."""
+    bin_dir = tmp_path / "bin"
+    sif_log = tmp_path / "sif"
+    (bin_dir / "singularity").write_text(
+        f'#!/usr/bin/env bash\necho "$PBS_JOBID${{NODE_RANK:+ node $NODE_RANK}}: {KNOBS_SEEN} $*" >> '
+        f'{shlex.quote(str(sif_log))}\n[ "$1" = exec ] || exit 64\nshift\nwhile [[ "$1" == --* ]]; do shift; done\n'
+        'shift\nexec "$@"\n'
+    )
+    python = bin_dir / "python"
+    python.write_text(
+        f'#!/bin/sh\nLOGLEVEL=INFO OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}} exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    for tool in (bin_dir / "singularity", python):
+        tool.chmod(0o755)
+    workdir = tmp_path / "qsub dir"
+    workdir.mkdir()
+    for name in ("job_templates", "scripts"):
+        (workdir / name).symlink_to(os.path.join(ROOT, name))
+    env = dict(login_node, IMAGE="/images/bertbench.sif", EXTRA_FLAGS="--log_step_count_steps=1", PYTHON=str(python))
+    done = recipe(env, cwd=workdir)
     spool = tmp_path / "spool"
     outputs = "\n".join(path.read_text()[-3000:] for path in sorted(spool.glob("*.o*")))
     assert done.returncode == 0, done.stderr + outputs
@@ -79,22 +114,68 @@ def test_the_twenty_minute_comparison_trains_both_for_the_budget_and_reports_the
     baseline = results / "MNLI_fp16_bs8_lr1e-3_seq32_baseline_gpu1"
     optimized = results / "MNLI_fp16_bs8_lr1e-3_seq32_recompute-full_gpu1_nodes2"
     assert sorted(path.name for path in results.iterdir()) == sorted([baseline.name, optimized.name, "report"])
-    for run, processes, scaling in ((baseline, 1, "none"), (optimized, 2, "linear")):
-        train = json.loads((run / "train_results.json").read_text())
-        assert (train["world_size"], train["lr_scaling"], train["budget_exhausted"]) == (processes, scaling, True)
-    assert "pbs_tmrsh node-1 /bin/bash -c" in (tmp_path / "starter.log").read_text()  # the second node's start
-    # rank 0 reports, on whichever node c10d gave it (ranks go in the order the agents arrive)
+    for run, processes, nodes, modeling, scaling in (
+        (baseline, 1, 1, "baseline", "none"),
+        (optimized, 2, 2, "recompute", "linear"),
+    ):
+        train = read_json(run / "train_results.json")
+        assert (train["world_size"], train["nodes"], train["modeling"], train["lr_scaling"]) == (
+            processes,
+            nodes,
+            modeling,
+            scaling,
+        )
+        assert train["budget_exhausted"] is True
+        assert train["learning_rate"] == pytest.approx(1e-3 * processes)  # linear scaling on the optimized run
+
+    # every job's commands ran in the container; the optimized job's on both nodes, with the same knobs
+    calls = {}
+    for line in sif_log.read_text().splitlines():
+        where, call = line.split(": ", 1)
+        calls.setdefault(where, []).append(call.split(" exec --nv /images/bertbench.sif ", 1))
+    assert sorted(calls) == ["1.pbs-server node 0", "2.pbs-server node 0", "2.pbs-server node 1", "3.pbs-server"]
+    assert (
+        calls["2.pbs-server node 0"]
+        == calls["2.pbs-server node 1"]
+        == [
+            [
+                "MODELING=recompute RECOMPUTE_POLICY= MAX_TRAIN_SECONDS=1 LR_SCALING=linear "
+                "EXTRA_FLAGS=--log_step_count_steps=1 CORES_PER_GPU=1",
+                "scripts/run_glue.sh MNLI 8 1e-3 fp16 false 1 32 64 100 0.1 ",
+            ]
+        ]
+    )
+    assert calls["1.pbs-server node 0"][0][1].startswith("scripts/run_glue.sh MNLI 8 1e-3 fp16 false 1 32 64 100 ")
+    assert [call[1].split(" -m ")[0] for call in calls["3.pbs-server"]] == [f"scripts/eval.sh {results}", str(python)]
+    starts = (tmp_path / "starter.log").read_text().splitlines()
+    assert len(starts) == 1 and starts[0].startswith("pbs_tmrsh node-1 /bin/bash -c ")  # the first host: here
+
+    assert sorted(path.name for path in optimized.glob("*.log")) == [
+        "command.log",
+        "train.node0.log",
+        "train.node1.log",
+    ]
+    assert "--rdzv-backend=c10d --rdzv-endpoint=localhost:" in (optimized / "command.log").read_text()
     logs = [(optimized / f"train.node{node}.log").read_text() for node in (0, 1)]
+    # Each node's agent joined the 2-node group, as one of its two ranks (c10d hands them out in the order the agents
+    # arrive, not by NODE_RANK); rank 0 reports, on whichever node it is
+    ranks = [re.findall(r"\bgroup_rank=(\d+)", log) for log in logs]
+    assert sorted(found[0] for found in ranks if found) == ["0", "1"], logs[1][-3000:]
+    assert all("group_world_size=2" in log for log in logs)
+    rank0_log = logs[[found[:1] for found in ranks].index(["0"])]
+    assert "***** Training MNLI: 400 examples, 2500 steps, batch 8 x 1 x 2 processes" in rank0_log
+    assert re.search(r"^step 1/2500  loss ", rank0_log, re.M)  # EXTRA_FLAGS reached the runner
     assert sum("***** Training MNLI" in log for log in logs) == 1
+    assert "".join(logs).count("***** Eval results") == 1  # one set of results, from rank 0
 
     # eval.sh scored both again, then the report put them side by side
     assert (spool / "bertbench-compare.o3").read_text().count("***** Eval results (MNLI") == 2
-    report = json.loads((results / "report" / "report.json").read_text())
+    report = read_json(results / "report" / "report.json")
     rows = {row["run"]: row for row in report["context"]["training"]["rows"]}
     assert set(rows) == {baseline.name, optimized.name}
     for run in (baseline, optimized):
-        row, train = rows[run.name], json.loads((run / "train_results.json").read_text())
-        scores = json.loads((run / "eval_results.json").read_text())
+        row, train = rows[run.name], read_json(run / "train_results.json")
+        scores = read_json(run / "eval_results.json")
         assert (row["sentences"], row["seq_per_s"]) == (train["sentences"], train["sentences_per_second"])
         assert row["dev:dev_matched_acc"] == scores["dev_matched_acc"] and row["ended"] == "time budget"
     markdown = (results / "report" / "report.md").read_text()
