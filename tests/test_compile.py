@@ -26,6 +26,9 @@ from bertbench.training.loop import Estimator
 from bertbench.training.step import TrainStep, fallbacks
 
 CONFIG = tiny_config(hidden_size=32, intermediate_size=64)
+# One block where the policy needs no second one: the traced graph grows with the blocks, and a graph break, a
+# recompile or a wrong gradient in a block's code shows in its first.
+ONE_BLOCK = dataclasses.replace(CONFIG, num_hidden_layers=1)
 VARIANTS = {
     "baseline": ("baseline", "full"),
     "full": ("recompute", "full"),
@@ -62,8 +65,10 @@ def batch_of_lengths(task, lengths):
     return values
 
 
-def model(task, variant, config=CONFIG, unpad=True):
+def model(task, variant, config=None, unpad=True):
+    """`task`'s model of `variant`, of one block but for every-2, whose every second block is checkpointed."""
     torch.manual_seed(0)
+    config = config or (CONFIG if variant == "every-2" else ONE_BLOCK)
     modeling_name, policy = VARIANTS[variant]
     return build_model(
         task, config, modeling_name, policy, unpad=unpad, **({"num_labels": 2} if task == "classification" else {})
@@ -132,12 +137,12 @@ def test_bucketed_varlen_packings_trace_through_batch_and_bucket_changes(traced_
     graph break."""
     torch.manual_seed(0)
     step = TrainStep(
-        build_model("classification", CONFIG, attention_kernel="varlen", num_labels=2),
+        build_model("classification", ONE_BLOCK, attention_kernel="varlen", num_labels=2),
         TrainConfig(num_train_steps=10, compile=True),
     )
     step.packer = dataclasses.replace(step.packer, bucketed=True)
     for lengths in ((16, 9), (5, 12), (16, 3, 7, 11), (2, 13, 16)):
-        values = synthetic_batch(CONFIG, "finetuning", len(lengths), 16, lengths=lengths)
+        values = synthetic_batch(ONE_BLOCK, "finetuning", len(lengths), 16, lengths=lengths)
         assert step.prepare(values)["packing"].bucketed
         assert torch.isfinite(step(iter([values])).loss)
     assert dict(counters["graph_break"]) == {}
@@ -151,9 +156,7 @@ def test_compiled_and_eager_gradients_agree(variant, unpad):
     """Through inductor's decompositions and its partitioner, which decides what the backward saves and what it
     recomputes (for the selective policy, from the policy's tags): everything but inductor's code generation. On the
     unpadded path the compiled model runs torch.compile's attention kernel, the eager one the CPU's."""
-    config = tiny_config(
-        hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-    )
+    config = dataclasses.replace(ONE_BLOCK, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     eager, compiled = model("pretraining", variant, config, unpad), model("pretraining", variant, config, unpad)
     torch._dynamo.reset()
     traced = torch.compile(compiled, backend="aot_eager_decomp_partition")
