@@ -153,7 +153,9 @@ def small_tmpfs(tmp_path):
     subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(data, small_tmpfs, tmp_path, error_line):
+def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(
+    data, finished_run, small_tmpfs, error_line
+):
     out = small_tmpfs / "run"
     assert main(flags(data, out, "--do_train")) == 1
     assert error_line() == (
@@ -166,9 +168,7 @@ def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(da
     assert main(flags(data, out, "--do_train")) == 0
     results = json.loads((out / "train_results.json").read_text())
     assert results["global_step"] == 12 and results["steps"] == 12  # the segment cut at step 4 still counts
-    reference = tmp_path / "whole"
-    assert main(flags(data, reference, "--do_train")) == 0
-    resumed, whole = (load_checkpoint(list_checkpoints(run)[-1][1])["model"] for run in (out, reference))
+    resumed, whole = (load_checkpoint(list_checkpoints(run)[-1][1])["model"] for run in (out, finished_run))
     assert all(torch.equal(resumed[name], whole[name]) for name in whole)
 
 
@@ -176,7 +176,7 @@ def test_a_full_tmpfs_keeps_the_newest_checkpoint_and_the_run_resumes_from_it(da
 
 
 def test_a_directory_named_like_a_newer_checkpoint_is_left_alone_and_the_run_resumes_past_it(
-    data, tmp_path, monkeypatch, capsys
+    data, finished_run, tmp_path, monkeypatch, capsys
 ):
     """A SIGTERM in step 6 leaves the checkpoint of step 6; a directory ckpt-000000010.pt/ appears beside it. The
     resumed run names it once, resumes step 6 (not the directory), saves steps 8 and 12 past it, rotation deleting
@@ -197,8 +197,7 @@ def test_a_directory_named_like_a_newer_checkpoint_is_left_alone_and_the_run_res
     assert results["resumed_from"] == str(out / "ckpt-000000006.pt") and results["global_step"] == 12
     assert [step for step, _ in list_checkpoints(out)] == [12]
     assert (stray / "notes.txt").read_text() == "not a checkpoint"
-    assert main(flags(data, tmp_path / "whole", "--do_train")) == 0
-    resumed, whole = (load_checkpoint(list_checkpoints(tmp_path / name)[-1][1])["model"] for name in ("run", "whole"))
+    resumed, whole = (load_checkpoint(list_checkpoints(run)[-1][1])["model"] for run in (out, finished_run))
     assert all(torch.equal(resumed[name], whole[name]) for name in whole)
 
 

@@ -110,9 +110,10 @@ def test_a_run_killed_between_its_last_save_and_the_prune_is_pruned_when_run_aga
 
 def test_a_run_killed_after_a_checkpoint_keeps_the_figures_it_saved(data, whole, tmp_path):
     """A run is cut after its checkpoint of step 16 (the state a SIGKILL leaves: newer checkpoints gone, no
-    results written); the resumed run's results hold that segment's figures up to step 16 and its own after."""
+    results written: a copy of the finished run without them); the resumed run's results hold that segment's
+    figures up to step 16 and its own after."""
     out = tmp_path / "run"
-    assert main(flags(data, out)) == 0
+    shutil.copytree(whole, out)
     os.remove(checkpoint_path(out, 24))
     os.remove(out / "train_results.json")
     saved = load_checkpoint(checkpoint_path(out, 16))["segments"]
@@ -138,7 +139,7 @@ def test_a_run_killed_after_a_checkpoint_keeps_the_figures_it_saved(data, whole,
 
 def test_a_damaged_newest_checkpoint_is_passed_over_with_a_warning(data, whole, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(flags(data, out)) == 0
+    shutil.copytree(whole, out)  # the finished run, then cut after its checkpoint of step 16, which is damaged
     os.remove(out / "train_results.json")
     os.remove(checkpoint_path(out, 24))
     newest = checkpoint_path(out, 16)
@@ -152,9 +153,9 @@ def test_a_damaged_newest_checkpoint_is_passed_over_with_a_warning(data, whole, 
     assert all(torch.equal(final[name], reference[name]) for name in reference)
 
 
-def test_every_checkpoint_damaged_or_gone_is_refused_and_nothing_is_touched(data, tmp_path, error_line):
+def test_every_checkpoint_damaged_or_gone_is_refused_and_nothing_is_touched(data, whole, tmp_path, error_line):
     out = tmp_path / "run"
-    assert main(flags(data, out)) == 0
+    shutil.copytree(whole, out)
     for _, path in list_checkpoints(out):
         flip_byte(path, os.path.getsize(path) // 2)
     before = snapshot(out)
