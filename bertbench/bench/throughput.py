@@ -56,6 +56,7 @@ from bertbench.training.batches import ShuffledBatches
 from bertbench.training.config import RunConfig
 from bertbench.training.distributed import Distributed
 from bertbench.training.loop import Estimator
+from bertbench.training.step import slow_here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -696,7 +697,9 @@ def run(settings: ThroughputSettings, argv: list[str]) -> None:
         if settings.with_trainer
         else []
     )
-    for message in [load.busy(), *warnings(rows, compared)]:
+    # bf16 on a CPU without a bf16 unit is timed as asked, and its figures say why they are slow
+    slow = [line for precision in settings.precisions for line in slow_here(workload.train_config(precision), device)]
+    for message in [load.busy(), *slow, *warnings(rows, compared)]:
         output.warn(message)
     text = markdown(rows, peaks, settings.model, device, compared, lengths)
     context = {
