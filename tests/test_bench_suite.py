@@ -19,6 +19,7 @@ from bertbench import cli
 from bertbench.bench import plots, report, suite, throughput, workload
 from bertbench.bench.results import BenchResult, Ratio, Row, Spread
 from bertbench.bench.settings import parse
+from bertbench.training import devices
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -254,6 +255,32 @@ def test_compile_is_left_out_on_a_cpu_at_the_small_size_unless_named(tmp_path):
     named = suite.SuiteSettings(output_dir=str(tmp_path), parts=("compile",))
     if not suite.compile_unavailable(torch.device("cpu")):
         assert [part.name for part in suite.plan(named, torch.device("cpu"))[1]] == ["compile"]
+
+
+def test_on_a_cpu_with_a_bf16_unit_fine_tuning_runs_bf16_beside_fp32_and_says_why_not_elsewhere(tmp_path, monkeypatch):
+    settings = suite.SuiteSettings(output_dir=str(tmp_path))
+    monkeypatch.setattr(devices, "cpu_features", lambda: ("Intel Xeon", {"avx512_f", "amx_tile", "amx_bf16"}))
+    _, chosen, notes = suite.plan(settings, torch.device("cpu"))
+    finetuning = next(part for part in chosen if part.name == "finetuning")
+    assert finetuning.settings.precisions == ("fp32", "bf16") and "fp32 and bf16" in finetuning.what
+    assert {part.settings.precisions for part in chosen if part.name in ("phase1", "phase2")} == {("fp32",)}
+    assert not [note for note in notes if "bf16" in note]
+    monkeypatch.setattr(devices, "cpu_features", lambda: ("AMD EPYC", {"avx", "avx2"}))
+    _, chosen, notes = suite.plan(settings, torch.device("cpu"))
+    assert next(part for part in chosen if part.name == "finetuning").settings.precisions == ("fp32",)
+    assert "fine-tuning in fp32 only: this CPU (AMD EPYC: AVX2) has no bf16 matmul unit" in " ".join(notes)
+    # the headlines: a row per precision, bf16's against fp32's
+    rows = []
+    for precision, tokens in (("fp32", 100_000.0), ("bf16", 250_000.0)):
+        for variant, share in (("baseline", 1.0), ("baseline/padded", 0.5)):
+            row = throughput_row(variant, batch=32, real_tokens_per_s=tokens * share, path="unpadded/auto")
+            rows.append(dataclasses.replace(row, setting={**row.setting, "precision": precision}))
+    headlines = suite.headlines(dict(RESULTS, finetuning=result("throughput", rows)), with_targets=False)
+    finetuning = {row.get("precision"): row for row in headlines if row.get("part") == "finetuning"}
+    assert finetuning["bf16"].median("vs_fp32") == pytest.approx(2.5) and finetuning["fp32"].get("vs_fp32") is None
+    assert finetuning["bf16"].median("vs_padded") == pytest.approx(2.0)
+    assert "finetuning baseline (seq 128, batch 32, bf16)" in suite.summary_line(finetuning["bf16"])
+    assert "vs fp32 2.50" in suite.summary_line(finetuning["bf16"])
 
 
 def fake_run_part(results, failing=()):

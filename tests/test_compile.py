@@ -10,6 +10,7 @@ train_results.json says what ran, and the same command resumes the run.
 import dataclasses
 import functools
 import json
+import platform
 import re
 
 import pytest
@@ -20,10 +21,11 @@ from torch._dynamo.utils import counters
 from bertbench.model.factory import build_model
 from bertbench.runners.classifier import main
 from bertbench.tasks.synthetic import synthetic_batch, write_glue_task
+from bertbench.training import devices
 from bertbench.training.batches import ShuffledBatches
 from bertbench.training.config import RunConfig, TrainConfig
 from bertbench.training.loop import Estimator
-from bertbench.training.step import TrainStep, fallbacks
+from bertbench.training.step import TrainStep, fallbacks, slow_here
 
 CONFIG = tiny_config(hidden_size=32, intermediate_size=64)
 # One block where the policy needs no second one: the traced graph grows with the blocks, and a graph break, a
@@ -190,6 +192,40 @@ def test_fp16_on_a_cpu_trains_in_fp32_and_says_so():
     assert fallbacks(TrainConfig(num_train_steps=1, precision="fp16"), torch.device("cuda", 1)) == []
 
 
+@pytest.fixture
+def cpu_named(monkeypatch):
+    """The CPU's name and feature flags as devices.cpu_features reads them, set by the test."""
+
+    def set_cpu(name: str, *flags: str) -> None:
+        monkeypatch.setattr(devices, "cpu_features", lambda: (name, set(flags)))
+
+    return set_cpu
+
+
+def test_bf16_on_a_cpu_without_a_bf16_unit_trains_as_asked_and_says_it_is_slow(cpu_named):
+    """bf16 runs as asked everywhere (no fallback); on a CPU whose matmuls would be emulated the run says so, naming
+    the CPU and what it has. With AMX or AVX-512 BF16, or where the features cannot be read, nothing is said."""
+    bf16 = TrainConfig(num_train_steps=1, precision="bf16")
+    cpu_named("AMD EPYC", "avx", "avx2", "fma3")
+    assert fallbacks(bf16, "cpu") == []
+    assert slow_here(bf16, "cpu") == [
+        "--precision=bf16: this CPU (AMD EPYC: AVX2) has no bf16 matmul unit (AMX or AVX-512 BF16), so bf16 matmuls "
+        "run emulated, many times slower than fp32 (--precision=fp32 trains faster here)"
+    ]
+    assert slow_here(dataclasses.replace(bf16, precision="fp32"), "cpu") == []
+    assert slow_here(bf16, torch.device("cuda", 0)) == []
+    for flags in (("avx2", "avx512_f", "avx512_bf16"), ("avx2", "amx_tile", "amx_bf16"), ()):
+        cpu_named("Intel Xeon", *flags)
+        assert slow_here(bf16, "cpu") == [], flags
+
+
+def test_the_cpu_features_are_read():
+    name, flags = devices.cpu_features()
+    assert name and flags
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert {"sse2", "avx"} <= flags
+
+
 def test_compile_without_a_cxx_compiler_trains_eagerly_and_says_so(no_cxx):
     (change,) = fallbacks(TrainConfig(num_train_steps=1, compile=True), torch.device("cpu"))
     assert (change.field, change.value) == ("compile", False)
@@ -244,6 +280,20 @@ def test_the_runner_notes_what_runs_instead_records_it_and_resumes(mrpc, no_cxx,
     assert f"resumed from {out}/ckpt-000000001.pt (step 1" in second.out and second.err == ""
     train = json.loads((out / "train_results.json").read_text())
     assert (train["precision"], train["use_xla"], train["global_step"]) == ("fp32", False, 4)
+
+
+def test_a_bf16_run_on_a_cpu_without_a_bf16_unit_says_so_in_its_first_lines(mrpc, cpu_named, capsys):
+    cpu_named("AMD EPYC", "avx", "avx2")
+    out = mrpc / "run"
+    command = classifier_flags(mrpc, out, "--do_train", "--num_train_epochs=1", "--precision=bf16")
+    assert main(command + ["--max_train_seconds=1e-6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(index for index, line in enumerate(lines) if line.startswith("***** Training"))
+    assert [line for line in lines[:header] if line.startswith("note: ")] == [
+        "note: " + slow_here(TrainConfig(num_train_steps=1, precision="bf16"), "cpu")[0]
+    ]
+    assert "bf16 on cpu" in lines[header]
+    assert json.loads((out / "train_results.json").read_text())["precision"] == "bf16"
 
 
 def test_a_compiled_run_on_a_cpu_says_what_compiling_costs_and_times_the_first_step(tmp_path, monkeypatch):

@@ -18,8 +18,8 @@ each warning once, and where suite.md is.
                      the padded path, HF padded to the sequence length and HF with dynamic padding
       largest-batch  each recompute policy's largest batch under a memory cap (seq 512) and its seq/s there
       optimizer      each optimizer's step (clipping included) against its memory-bandwidth floor
-    small (the default on a CPU; 2.5 minutes on 2 cores), fp32 on a CPU: the same parts on mini and tiny
-    models, but compile: inductor takes minutes to compile the step on a CPU, so it runs only when named
+    small (the default on a CPU; 2.5 minutes on 2 cores), fp32 on a CPU (fine-tuning in bf16 too where the CPU has
+    a bf16 matmul unit: AMX or AVX-512 BF16): the same parts on mini and tiny models, but compile: inductor takes minutes to compile the step on a CPU, so it runs only when named
     (--parts compile).
 
     bertbench bench suite                       # on a GPU node
@@ -52,6 +52,7 @@ from bertbench.bench.workload import BenchRunFailed
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import setting
 from bertbench.common.noise import cv_text
+from bertbench.training import devices
 from bertbench.training.distributed import resolve_device
 from bertbench.training.step import compile_unavailable
 
@@ -159,9 +160,12 @@ def parts(
     threads: int | None = None,
     overwrite: bool = False,
 ) -> list[Part]:
-    """Every part of a suite at `scale` on `device` into DIR/PART (bf16 only where the device computes in it: a CPU
-    runs fp32)."""
+    """Every part of a suite at `scale` on `device` into DIR/PART: on a GPU in the scale's precision; on a CPU in
+    fp32, and fine-tuning in bf16 beside it where the CPU has a bf16 matmul unit (AMX or AVX-512 BF16)."""
     precision = scale.precision if device.type == "cuda" else "fp32"
+    finetuning_precisions = (
+        (precision,) if device.type == "cuda" or devices.cpu_bf16_unavailable() else ("fp32", "bf16")
+    )
     hf = ("hf",) if with_hf else ()
 
     def common(name: str) -> dict[str, Any]:
@@ -206,7 +210,7 @@ def parts(
         ),
         Part(
             "finetuning",
-            f"BERT-{base} fine-tuning on real text's lengths, {precision}",
+            f"BERT-{base} fine-tuning on real text's lengths, {' and '.join(finetuning_precisions)}",
             ThroughputSettings(
                 **common("finetuning"),
                 model=base,
@@ -214,7 +218,7 @@ def parts(
                 lengths="real-text",
                 seq_lengths=(128,),
                 batch_sizes=scale.finetuning_batches,
-                precisions=(precision,),
+                precisions=finetuning_precisions,
                 variants=("baseline", "baseline/padded", *(("hf", "hf-dynamic") if with_hf else ())),
                 no_memory=True,
                 warmup=scale.warmup,
@@ -273,6 +277,9 @@ def plan(settings: SuiteSettings, device: torch.device) -> tuple[str, list[Part]
     if left_out and any(part.name == "compile" for part in chosen):
         chosen = [part for part in chosen if part.name != "compile"]
         notes.append(left_out)
+    no_bf16 = devices.cpu_bf16_unavailable() if device.type == "cpu" else None
+    if no_bf16 and any(part.name == "finetuning" for part in chosen):
+        notes.append(f"fine-tuning in fp32 only: {no_bf16}, so bf16 is not timed beside it")
     return size, chosen, notes
 
 
@@ -434,10 +441,12 @@ FINETUNING_CONTENDERS = (("padded", "baseline/padded"), ("hf", "hf"), ("hf_dynam
 
 
 def finetuning_rows(results: Mapping[str, BenchResult]) -> list[Row]:
-    """The default path's real tokens/s against the padded path's and HF's, per batch."""
+    """The default path's real tokens/s against the padded path's and HF's, per batch and precision; where fp32 and
+    bf16 both ran (a CPU with a bf16 unit), bf16's against fp32's too."""
     rows = []
-    for seq, batch in settings_of(results.get("finetuning"), "seq", "batch"):
-        variants = by_variant(results.get("finetuning"), seq=seq, batch=batch)
+    result = results.get("finetuning")
+    for seq, batch, precision in settings_of(result, "seq", "batch", "precision"):
+        variants = by_variant(result, seq=seq, batch=batch, precision=precision)
         default = variants.get("baseline")
         if default:
             ours = default.get("real_tokens_per_s")
@@ -446,7 +455,10 @@ def finetuning_rows(results: Mapping[str, BenchResult]) -> list[Row]:
                 theirs = variants[variant].get("real_tokens_per_s") if variant in variants else None
                 columns[f"{name}_real_tokens_per_s"] = theirs
                 columns[f"vs_{name}"] = versus(ours, theirs)
-            setting = {"kind": "finetuning", "seq": seq, "batch": batch, "variant": "baseline"}
+            if precision != "fp32":
+                fp32 = by_variant(result, seq=seq, batch=batch, precision="fp32").get("baseline")
+                columns["vs_fp32"] = versus(ours, fp32.get("real_tokens_per_s")) if fp32 else None
+            setting = {"kind": "finetuning", "seq": seq, "batch": batch, "precision": precision, "variant": "baseline"}
             rows.append(headline("real_tokens_per_s", "tokens/s", "finetuning", setting, ours, columns))
     return rows
 
@@ -571,13 +583,16 @@ TABLES = {
         "Fine-tuning on real text's lengths",
         [
             Column("batch", "batch", "d"),
+            Column("precision", "precision"),
             Column("default path", "path"),
             Column("default real tokens/s", "real_tokens_per_s", ",.0f"),
             Column("vs padded", "vs_padded", cell_of("vs_padded", ".2f")),
             Column("vs HF", "vs_hf", ".2f"),
             Column("vs HF dynamic", "vs_hf_dynamic", cell_of("vs_hf_dynamic", ".2f")),
+            Column("vs fp32", "vs_fp32", cell_of("vs_fp32", ".2f")),
         ],
-        "real tokens/s leaves the padding out; vs: the default path's over the other's.",
+        "real tokens/s leaves the padding out; vs: the default path's over the other's (vs fp32: bf16's over fp32's, "
+        "on a CPU with a bf16 matmul unit).",
     ),
     "optimizer": (
         "Optimizer step (clipping included)",
@@ -657,6 +672,7 @@ def summary_line(row: Row) -> str:
     """One headline as printed: what, the figure with its CV (suite.md has its min and max), the ratios with their
     marks and targets."""
     where = ", ".join(f"{key} {row.setting[key]}" for key in ("seq", "batch") if key in row.setting)
+    where += f", {row.setting['precision']}" if "precision" in row.setting else ""
     variant = row.setting.get("variant") or row.setting.get("optimizer")
     ratios = [
         f"{label} {row.get(key).text('.2f')}{target_text(row, key)}"
@@ -667,6 +683,7 @@ def summary_line(row: Row) -> str:
             ("vs_eager", "vs eager"),
             ("vs_padded", "vs padded"),
             ("vs_hf_dynamic", "vs HF dynamic"),
+            ("vs_fp32", "vs fp32"),
             ("ratio_to_floor", "vs floor"),
         )
         if isinstance(row.get(key), Ratio)

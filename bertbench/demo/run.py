@@ -487,12 +487,17 @@ def main(argv: list[str] | None = None) -> int:
         f"\nchance accuracy {report['chance_accuracy']:.2f}; largest weight difference between the recompute "
         f"models and the baseline after training: {report['max_weight_difference_vs_baseline']:.1e}"
     )
+
+    def rate(seq_per_s: float | None) -> str:
+        # a run of too few steps has no steady rate: its first steps and saves are left out of it
+        return "too few steps for a steady seq/s" if seq_per_s is None else f"{seq_per_s:.0f} seq/s"
+
     qa = report.get("question_answering")
     if qa:
         print(
             f"\nquestion answering (run_squad, SQuAD v2.0 format, {qa['train_questions']:,} training / "
             f"{qa['dev_questions']} dev questions, hidden 128, {qa['steps']} steps, "
-            f"{qa['train_seq_per_s']:.0f} seq/s):"
+            f"{rate(qa['train_seq_per_s'])}):"
         )
         print(
             f"  exact match {qa['exact']:.1f}  F1 {qa['f1']:.1f}  (answerable {qa['has_answer_exact']:.1f}, "
@@ -504,8 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         curve = pre["curve"]
         print(
             f"\npre-training (create_pretraining_data + run_pretraining, LAMB, {pre['training_sequences']:,} "
-            f"sequences of the built-in corpus, hidden 64, {pre['steps']} steps, {pre['train_seq_per_s']:.0f} "
-            f"seq/s), held-out masked-LM accuracy by step (chance {pre['chance_masked_lm_accuracy']:.2f}):"
+            f"sequences of the built-in corpus, hidden 64, {pre['steps']} steps, {rate(pre['train_seq_per_s'])}), "
+            f"held-out masked-LM accuracy by step (chance {pre['chance_masked_lm_accuracy']:.2f}):"
         )
         print("  " + "  ".join(f"{record['step']}: {record['masked_lm_accuracy']:.2f}" for record in curve))
     if settings.output_dir:

@@ -46,7 +46,7 @@ from bertbench.model.factory import ModelSettings
 from bertbench.runners.run_directory import RunRecord, run_flags, run_of_checkpoint
 from bertbench.training.checkpoint import latest_checkpoint
 from bertbench.training.config import RunConfig, TrainConfig, global_batch
-from bertbench.training.step import fallbacks
+from bertbench.training.step import fallbacks, slow_here
 from bertbench.weights.hf import hf_directory_flags, take_checkpoint_flags
 
 # --lr_scaling: the factor on --learning_rate for a number of processes.
@@ -658,7 +658,8 @@ class RunnerConfig:
         """The TrainConfig this job trains with, built once from the flags' fields (`train`), the job and its device:
         `num_train_steps`, the learning rate scaled for the processes, a fine-tuning run's --warmup_steps, the fields
         a runner derives (`derived`: a warm-up given in steps), and what runs on `device` instead of a setting that
-        cannot apply there (training.step.fallbacks); with the log's one-line note for each such setting. The run
+        cannot apply there (training.step.fallbacks); with the log's one-line note for each such setting and each
+        setting that runs there many times slower than another would (training.step.slow_here). The run
         record keeps the flags as given, so the same command resumes; train_results.json says what ran."""
         warmup = getattr(self.task, "warmup_steps", None)
         changes = fallbacks(self.train, device)
@@ -674,7 +675,7 @@ class RunnerConfig:
                 **{change.field: change.value for change in changes},
             },
         )
-        return config, [change.note for change in changes]
+        return config, [change.note for change in changes] + slow_here(config, device)
 
 
 def build_parser(spec: RunnerSpec, prog: str | None = None) -> FlagParser:

@@ -137,3 +137,45 @@ def peak_flops(device: torch.device | str, precision: str, measured_matmul: floa
     if measured_matmul is None:
         raise ValueError("no data-sheet peak for this device: pass the measured matmul FLOP/s")
     return measured_matmul, f"measured {precision} matmul on {str(device).split(':')[0]}"
+
+
+# The CPU units that compute bf16 matmuls natively (oneDNN's bf16 kernels): without one, bf16 matmuls are emulated
+# with fp32 instructions and conversions. On this project's AMD EPYC (AVX2) a BERT-mini fine-tuning step ran 12x
+# slower in bf16 than in fp32 (docs/performance.md).
+CPU_BF16_UNITS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_features() -> tuple[str, set[str]]:
+    """(the CPU's name, its feature flags): torch's own reading where it offers one, else Linux's /proc/cpuinfo."""
+    import torch
+
+    reader = getattr(getattr(torch._C, "_cpu", None), "_get_cpu_capability", None)
+    if reader is not None:
+        capability = reader()
+        return str(capability.get("cpu_name", "this CPU")), {
+            name for name, value in capability.items() if value is True
+        }
+    name, flags = "this CPU", set()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return name, flags
+
+
+def cpu_bf16_unavailable() -> str | None:
+    """Why this CPU computes bf16 matmuls emulated, many times slower than fp32; None where it has a bf16 unit (or
+    its features cannot be read: nothing is claimed then)."""
+    name, flags = cpu_features()
+    if not flags or flags & set(CPU_BF16_UNITS):
+        return None
+    vector = next((isa for isa in ("avx512_f", "avx512f", "avx2", "avx") if isa in flags), None)
+    has = f" ({name}: {vector.replace('_', '').upper()})" if vector else f" ({name})"
+    return f"this CPU{has} has no bf16 matmul unit (AMX or AVX-512 BF16), so bf16 matmuls run emulated"

@@ -30,7 +30,7 @@ from torch import nn
 from bertbench.model import modeling
 from bertbench.model.packing import Packer, Packing
 from bertbench.model.precision import PRECISION_DTYPES
-from bertbench.training import optim
+from bertbench.training import devices, optim
 from bertbench.training.config import TrainConfig
 from bertbench.training.cuda_graphs import GraphedMicroBatches
 from bertbench.training.distributed import Distributed
@@ -104,6 +104,16 @@ def fallbacks(config: TrainConfig, device: torch.device | str) -> list[Fallback]
             )
         )
     return found
+
+
+def slow_here(config: TrainConfig, device: torch.device | str) -> list[str]:
+    """The settings of `config` that run on `device` as asked but many times slower than another setting would, one
+    line each for the run's log and a bench's warnings: bf16 on a CPU without a bf16 matmul unit."""
+    if config.precision == "bf16" and torch.device(device).type == "cpu":
+        reason = devices.cpu_bf16_unavailable()
+        if reason is not None:
+            return [f"--precision=bf16: {reason}, many times slower than fp32 (--precision=fp32 trains faster here)"]
+    return []
 
 
 def wrap_for_training(model: nn.Module, config: TrainConfig, dist: Distributed) -> nn.Module:
