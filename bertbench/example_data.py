@@ -208,14 +208,14 @@ bertbench create-pretraining-data --input_file={d}/corpus/train.txt --vocab_file
   --output_dir={out}/shards --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=1
 bertbench pretrain --do_train --do_eval --input_dir={d}/shards/phase1 --eval_dir={d}/shards/eval \\
   --bert_config_file={d}/bert/bert_config.json --max_seq_length=128 --max_predictions_per_seq=20 \\
-  --train_batch_size=16 --num_train_steps=20 --learning_rate=1e-3 --output_dir={out}/pretraining
+  --train_batch_size=16 --num_train_steps=10 --learning_rate=1e-3 --output_dir={out}/pretraining
 
 # pre-training with NVIDIA's positional arguments (phase batch lr precision num_gpu warmup steps accumulation
 # save_steps): phase 1, then phase 2 continuing it
 BERT_DIR={d}/bert DATA_DIR_PHASE1={d}/shards/phase1 DATA_DIR_PHASE2={d}/shards/phase2 EVAL_DIR={d}/shards/eval \\
-  RESULTS_DIR={out}/results scripts/run_pretraining.sh 1 8 1e-3 fp32 1 0.1 20 2 10
+  RESULTS_DIR={out}/results scripts/run_pretraining.sh 1 8 1e-3 fp32 1 0.1 10 2 10
 BERT_DIR={d}/bert DATA_DIR_PHASE1={d}/shards/phase1 DATA_DIR_PHASE2={d}/shards/phase2 EVAL_DIR={d}/shards/eval \\
-  RESULTS_DIR={out}/results scripts/run_pretraining.sh 2 4 1e-3 fp32 1 0.1 5 1 10
+  RESULTS_DIR={out}/results scripts/run_pretraining.sh 2 2 1e-3 fp32 1 0.1 5 1 10
 """
 
 

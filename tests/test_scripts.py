@@ -190,14 +190,14 @@ def test_eval_sh_scores_each_run_again_with_the_runner_that_made_it(example_runs
 
 @pytest.mark.slow
 def test_run_pretraining_phase2_continues_phase1(example_runs):
-    """Phase 1 (20 steps of 2 accumulated micro-batches of 8, 128 tokens), scored on the eval shard; phase 2 (5
-    steps of 4 sequences of 512 tokens) goes on from it: its schedule starts at phase 1's last step."""
+    """Phase 1 (10 steps of 2 accumulated micro-batches of 8, 128 tokens), scored on the eval shard; phase 2 (5
+    steps of 2 sequences of 512 tokens) goes on from it: its schedule starts at phase 1's last step."""
     run_root = example_runs.results / "pretraining_fp32_baseline_gpu1"
     train = read_json(run_root / "phase1" / "train_results.json")
-    assert train["global_step"] == 20 and train["sentences"] == 20 * 8 * 2 and train["max_seq_length"] == 128
-    assert read_json(run_root / "phase1" / "eval_results.json")["global_step"] == 20
+    assert train["global_step"] == 10 and train["sentences"] == 10 * 8 * 2 and train["max_seq_length"] == 128
+    assert read_json(run_root / "phase1" / "eval_results.json")["global_step"] == 10
     train = read_json(run_root / "phase2" / "train_results.json")
-    assert train["global_step"] == 25 and train["schedule_start_step"] == 20 and train["max_seq_length"] == 512
+    assert train["global_step"] == 15 and train["schedule_start_step"] == 10 and train["max_seq_length"] == 512
     assert "python" in (run_root / "phase2" / "command.log").read_text()
 
 
