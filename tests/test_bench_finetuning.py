@@ -1,6 +1,9 @@
 """`bertbench bench finetuning`: the runners trained as users run them (in-process, from Python values), each
 variant in interleaved rounds with the spread of its figures; timed-save cost and resume after SIGKILL."""
 
+import os
+import statistics
+
 import pytest
 
 from bertbench.bench import finetuning, settings
@@ -55,7 +58,8 @@ def test_figures_are_each_runs_own_with_median_range_and_cv(glue):
     out, result, _ = glue
     assert result.context["runner"] == "run_classifier"
     assert [row.setting for row in result.rows] == [
-        {"task": "glue", "model": "tiny", "variant": variant} for variant in ("baseline", "selective")
+        {"task": "glue", "model": "tiny", "lengths": "built-in", "variant": variant}
+        for variant in ("baseline", "selective")
     ]
     markdown = (out / "finetuning.md").read_text()
     for row in result.rows:
@@ -160,12 +164,59 @@ def test_each_task_trains_its_built_in_model_on_the_built_in_vocabulary(task, sh
         (["--model=huge"], "unknown model 'huge'"),
         (["--num_train_epochs=0"], "--num_train_epochs must be positive, got 0.0"),
         (["--device=tpu"], "--device"),
+        (["--task=squad", "--lengths=full"], "--lengths: the squad task has its own lengths (glue only)"),
+        (["--lengths=full,full"], "--lengths: give each at least once and none twice"),
+        (["--lengths=no-such-file"], "--lengths no-such-file: neither full, real-text nor a readable file"),
     ],
 )
 def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):
     out = tmp_path / "out"
     assert finetuning.main(flags + [f"--output_dir={out}"]) == 2
     assert message in error_line() and not out.exists()
+
+
+def test_each_lengths_is_a_row_of_its_own_interleaved_with_the_others(tmp_path, monkeypatch):
+    seen = []
+
+    def canned_run(spec, values, scores):
+        train = (tmp_path / "seen").with_suffix(f".{len(seen)}")
+        seen.append((values["data_dir"], values["modeling"]))
+        train.write_text(open(os.path.join(values["data_dir"], "train.tsv"), encoding="utf-8").read())
+        return {
+            "steady_seq_per_s": 100.0 if "glue-0" in values["data_dir"] else 50.0,
+            "steps": 1,
+            "seconds": 1.0,
+            "saves": 1,
+            "seconds_per_save": 0.1,
+            "checkpoint_bytes": 1,
+            "dev_acc": 0.5,
+        }
+
+    monkeypatch.setattr(finetuning, "train_once", canned_run)
+    args = QUICK + ["--variants=baseline", "--lengths=real-text,full", "--rounds=2", "--no_resume"]
+    assert finetuning.main(args + [f"--output_dir={tmp_path / 'out'}"]) == 0
+    assert [os.path.basename(os.path.dirname(data)) for data, _ in seen] == [
+        "glue-0",
+        "glue-1",
+        "glue-1",
+        "glue-0",
+    ]
+    real, full = BenchResult.read(str(tmp_path / "out" / "finetuning.json")).rows
+    assert (real.get("lengths"), full.get("lengths")) == ("real-text", "full")
+    assert full.get("vs_first_variant").value == 0.5
+    pair_lengths = [
+        [
+            3 + len(line.split("\t")[3].split()) + len(line.split("\t")[4].split())
+            for line in (tmp_path / f"seen.{run}").read_text().splitlines()[1:]
+        ]
+        for run in (0, 1)
+    ]
+    assert set(pair_lengths[1]) == {32}  # full: every pair fills --max_seq_length
+    assert min(pair_lengths[0]) == 16 and max(pair_lengths[0]) == 32 and 20 < statistics.mean(pair_lengths[0]) < 32
+    assert (
+        "| real-text | baseline | 100.0 (100.0–100.0, CV 0.0%) | 1.000x |"
+        in (tmp_path / "out" / "finetuning.md").read_text()
+    )
 
 
 def test_the_settings_run_again_from_their_command_line():

@@ -47,12 +47,16 @@ def raw_gradient_norm(model, data):
 
 
 def norm_seen_by_the_optimizer(step: TrainStep) -> list[float]:
-    """The global gradient norm at each optimizer step, as the optimizer receives the gradients."""
+    """The global gradient norm at each optimizer step, as the optimizer applies the gradients: a fused step (Google's
+    AdamW on the CPU too) divides them by its `grad_scale` in its own pass, an eager one receives them clipped."""
     seen = []
     step.optimizer.register_step_pre_hook(
         lambda optimizer, args, kwargs: seen.append(
-            torch.linalg.vector_norm(
-                torch.stack([p.grad.norm() for p in step.model.parameters() if p.grad is not None])
+            (
+                torch.linalg.vector_norm(
+                    torch.stack([p.grad.norm() for p in step.model.parameters() if p.grad is not None])
+                )
+                / getattr(optimizer, "grad_scale", 1.0)
             ).item()
         )
     )

@@ -85,6 +85,12 @@ class FinetuningSettings(settings.BenchSettings):
         "the demo's QA model (2 x 128, no dropout) for squad",
     )
     variants: tuple[str, ...] = setting("baseline, full, selective, every-K.", workload.ALL_VARIANTS)
+    lengths: tuple[str, ...] = setting(
+        "glue: the pairs' token counts, each a row of its own in the same interleaved rounds: built-in (the task's "
+        "own pairs, 16 tokens), real-text (bench throughput's real-text distribution, mean 64), full (every pair "
+        "at --max_seq_length), or a file of lengths; the pairs are the built-in task's, lengthened.",
+        ("built-in",),
+    )
     rounds: int = setting("Runs of each variant, interleaved.", 3, positive=True)
     max_seq_length: int | None = setting(
         "Tokens per sequence (default: 128 for glue, 48 for squad).", None, positive=True
@@ -112,10 +118,23 @@ class FinetuningSettings(settings.BenchSettings):
             raise UsageError(str(error)) from None
         if not variants:
             raise UsageError("--variants: give at least one")
+        if not self.lengths or len(set(self.lengths)) != len(self.lengths):
+            raise UsageError("--lengths: give each at least once and none twice")
+        try:
+            lengths = self.length_list  # an unreadable file of lengths is refused with the other settings
+        except workload.BenchError as error:
+            raise UsageError(str(error)) from None
+        if self.task != "glue" and any(lengths):
+            raise UsageError(f"--lengths: the {self.task} task has its own lengths (glue only)")
 
     @property
     def variant_list(self) -> list[workload.Variant]:
         return [workload.Variant.parse(name) for name in self.variants]
+
+    @property
+    def length_list(self) -> list[workload.Lengths | None]:
+        """--lengths parsed: None for the built-in pairs."""
+        return [None if name == "built-in" else workload.Lengths.parse(name) for name in self.lengths]
 
     @property
     def seq_length(self) -> int:
@@ -145,7 +164,7 @@ def bert_config(settings: FinetuningSettings) -> BertConfig:
 
 def write_inputs(root: str, settings: FinetuningSettings, config: BertConfig) -> dict:
     """The built-in data, vocab.txt and `config` as bert_config.json under `root`; the flags a run of the task reads
-    them by."""
+    them by (for glue, the first --lengths' data_dir; `data_dirs` holds each one's, by name)."""
     config_file = os.path.join(root, "bert_config.json")
     write_atomically(config_file, json.dumps(dataclasses.asdict(config), indent=2) + "\n")
     values = {
@@ -161,9 +180,16 @@ def write_inputs(root: str, settings: FinetuningSettings, config: BertConfig) ->
         "max_train_samples": settings.max_train_samples,
     }
     if settings.task == "glue":
-        values.update(
-            task_name="MRPC", data_dir=synthetic.write_glue_task(os.path.join(root, "glue"), "MRPC"), do_eval=True
-        )
+        data_dirs = {
+            name: synthetic.write_glue_task(
+                os.path.join(root, f"glue-{index}"),
+                "MRPC",
+                lengths=None if lengths is None else lengths.draw(4096, settings.seq_length, settings.seed),
+            )
+            for index, (name, lengths) in enumerate(zip(settings.lengths, settings.length_list))
+        }
+        values.update(task_name="MRPC", data_dir=data_dirs[settings.lengths[0]], do_eval=True)
+        return {**values, "data_dirs": data_dirs}
     else:
         train_file, dev_file = synthetic.write_squad(os.path.join(root, "squad"), "2.0", seed=settings.seed)
         values.update(
@@ -198,45 +224,54 @@ def train_once(spec: TaskRunner, values: dict, scores: Sequence[str]) -> dict:
     }
 
 
+def runner_inputs(inputs: dict, lengths: str) -> dict:
+    """The flags of a run on the data of `lengths` (a --lengths name)."""
+    values = {name: value for name, value in inputs.items() if name != "data_dirs"}
+    return {**values, "data_dir": inputs["data_dirs"][lengths]} if "data_dirs" in inputs else values
+
+
 def rounds(settings: FinetuningSettings, root: str, inputs: dict) -> list[Row]:
-    """Each variant's runs in `settings.rounds` interleaved rounds: a row per variant, its steady seq/s the median of
-    its runs, with the dev scores, the save's cost and every run's own figures (`runs`) as columns."""
+    """Each variant's runs on each --lengths' data in `settings.rounds` interleaved rounds: a row per lengths and
+    variant, its steady seq/s the median of its runs, with the dev scores, the save's cost and every run's own
+    figures (`runs`) as columns."""
     task = TASKS[settings.task]
     variants = settings.variant_list
-    runs: dict[str, list[dict]] = {variant.name: [] for variant in variants}
+    contenders = [(lengths, variant) for lengths in settings.lengths for variant in variants]
+    runs: dict[tuple[str, str], list[dict]] = {(lengths, variant.name): [] for lengths, variant in contenders}
     for round_index in range(settings.rounds):
-        for variant in variants if round_index % 2 == 0 else list(reversed(variants)):
-            out = os.path.join(root, "runs", f"{variant.file_name}-{round_index}")
+        for lengths, variant in contenders if round_index % 2 == 0 else list(reversed(contenders)):
+            index = settings.lengths.index(lengths)
+            out = os.path.join(root, "runs", f"{index}-{variant.file_name}-{round_index}")
             values = {
-                **inputs,
+                **runner_inputs(inputs, lengths),
                 **variant.runner_values(),
                 "do_train": True,
                 "output_dir": out,
                 "save_checkpoints_secs": settings.save_checkpoints_secs,
             }
             run = train_once(task.spec, values, task.scores)
-            runs[variant.name].append(run)
+            runs[lengths, variant.name].append(run)
             print(
-                f"  round {round_index + 1} {variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
+                f"  round {round_index + 1} {lengths:<10} {variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
                 + "  ".join(f"{name} {run[name]:.3f}" for name in task.scores),
                 flush=True,
             )
-    rates = {name: Spread.of(run["steady_seq_per_s"] for run in done) for name, done in runs.items()}
-    first = rates[variants[0].name]
+    rates = {key: Spread.of(run["steady_seq_per_s"] for run in done) for key, done in runs.items()}
+    first = rates[contenders[0][0], variants[0].name]
     rows = []
-    for variant in variants:
-        done = runs[variant.name]
+    for lengths, variant in contenders:
+        done = runs[lengths, variant.name]
         save = Spread.of(run["seconds_per_save"] for run in done)
         columns = {
-            "vs_first_variant": Ratio.of(rates[variant.name], first),
+            "vs_first_variant": Ratio.of(rates[lengths, variant.name], first),
             **{name: Spread.of(run[name] for run in done) for name in task.scores},
             "seconds_per_save": save,
             "checkpoint_bytes": Spread.of(run["checkpoint_bytes"] for run in done),
             "save_share_at_default": save.median / DEFAULT_SAVE_SECONDS,
             "runs": done,
         }
-        setting = {"task": settings.task, "model": settings.model_name, "variant": variant.name}
-        rows.append(Row("steady_seq_per_s", "seq/s", setting, rates[variant.name], columns))
+        setting = {"task": settings.task, "model": settings.model_name, "lengths": lengths, "variant": variant.name}
+        rows.append(Row("steady_seq_per_s", "seq/s", setting, rates[lengths, variant.name], columns))
     return rows
 
 
@@ -246,7 +281,7 @@ def resume_after_sigkill(settings: FinetuningSettings, variant: workload.Variant
     spec = TASKS[settings.task].spec
     out = os.path.join(root, "killed")
     values = {
-        **inputs,
+        **runner_inputs(inputs, settings.lengths[0]),
         **variant.runner_values(),
         "do_train": True,
         "output_dir": out,
@@ -288,9 +323,10 @@ def resume_after_sigkill(settings: FinetuningSettings, variant: workload.Variant
 def markdown(settings: FinetuningSettings, config: BertConfig, rows: Sequence[Row]) -> str:
     first = rows[0]
     columns = [
+        *([Column("lengths", "lengths")] if settings.lengths != ("built-in",) else []),
         Column("variant", "variant"),
         Column("steady seq/s: median (min–max, CV)", "steady_seq_per_s", ".1f"),
-        Column(f"vs {first.get('variant')}", "vs_first_variant", ".3f"),
+        Column(f"vs {label(settings, first)}", "vs_first_variant", ".3f"),
         *[Column(title, name, ".3f") for name, title in TASKS[settings.task].scores.items()],
         Column("ms per save", "seconds_per_save", lambda row: row.get("seconds_per_save").scaled(1e3).text(".1f")),
         Column("checkpoint MiB", "checkpoint_bytes", lambda row: f"{row.median('checkpoint_bytes') / 2**20:.1f}"),
@@ -311,7 +347,7 @@ def markdown(settings: FinetuningSettings, config: BertConfig, rows: Sequence[Ro
     if first.get("launch_to_training_seconds") is not None:
         lines += [
             "",
-            f"Resume after SIGKILL ({first.get('variant')}, killed after the step-"
+            f"Resume after SIGKILL ({label(settings, first)}, killed after the step-"
             f"{first.get('killed_after_checkpoint_step')} checkpoint): training again "
             f"{first.get('launch_to_training_seconds'):.2f} s after launch, of which the restore took "
             f"{first.get('restore_seconds') * 1e3:.0f} ms.",
@@ -319,10 +355,15 @@ def markdown(settings: FinetuningSettings, config: BertConfig, rows: Sequence[Ro
     return "\n".join(lines)
 
 
+def label(settings: FinetuningSettings, row: Row) -> str:
+    """A row's name: its variant, after its lengths when the runs have other lengths than the built-in pairs'."""
+    return row.get("variant") if settings.lengths == ("built-in",) else f"{row.get('lengths')} {row.get('variant')}"
+
+
 def plot(settings: FinetuningSettings, rows: Sequence[Row]):
-    """Each run's steady seq/s by round, a line per variant: the spread and any drift at a glance."""
+    """Each run's steady seq/s by round, a line per row: the spread and any drift at a glance."""
     series = {
-        row.get("variant"): (
+        label(settings, row): (
             list(range(1, len(row.get("runs")) + 1)),
             [run["steady_seq_per_s"] for run in row.get("runs")],
         )
@@ -349,7 +390,7 @@ def run(settings: FinetuningSettings, argv: Sequence[str]) -> None:
             noisy_rows(
                 rows,
                 "steady_seq_per_s",
-                lambda row: row.get("variant"),
+                lambda row: label(settings, row),
                 "rounds",
             )
         )
@@ -361,6 +402,10 @@ def run(settings: FinetuningSettings, argv: Sequence[str]) -> None:
         "model_config": dataclasses.asdict(config),
         "max_seq_length": settings.seq_length,
         "num_train_epochs": settings.epochs,
+        "lengths": {
+            name: {"name": name} if lengths is None else lengths.summary()
+            for name, lengths in zip(settings.lengths, settings.length_list)
+        },
         "default_save_checkpoints_secs": DEFAULT_SAVE_SECONDS,
     }
     text = markdown(settings, config, rows)

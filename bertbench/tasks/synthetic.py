@@ -150,11 +150,19 @@ def _glue_header(task: str, split: str) -> str | None:
 
 
 def write_glue_task(
-    directory: str | os.PathLike, task: str = "MRPC", train: int = 3668, dev: int = 408, test: int = 1725, seed: int = 0
+    directory: str | os.PathLike,
+    task: str = "MRPC",
+    train: int = 3668,
+    dev: int = 408,
+    test: int = 1725,
+    seed: int = 0,
+    lengths: Sequence[int] | None = None,
 ) -> str:
     """Write the built-in task as GLUE `task`'s files (the release's file names, headers and columns) under
     directory/<task>/ and return that path; with the defaults it has MRPC's size. MNLI gets both dev and test sets,
-    matched and mismatched."""
+    matched and mismatched. `lengths`: the pairs' token counts ([CLS] and two [SEP] counted), cycled over every
+    split's pairs, each pair made that long with words that change no label (nouns and verbs, half in each
+    sentence); a length below the built-in pair's 16 tokens leaves the pair as it is."""
     if task not in _GLUE_LABEL:
         raise ValueError(f"the built-in data can stand in for {', '.join(GLUE_STAND_INS)}, not {task!r}")
     task_dir = os.path.join(directory, task)
@@ -164,14 +172,27 @@ def write_glue_task(
     splits += [(f"test{suffix}", test, False) for suffix in suffixes]
     for number, (split, count, labelled) in enumerate(splits):
         lines = [] if _glue_header(task, split) is None else [_glue_header(task, split)]
-        rng = random.Random(f"{seed}-{number}")
+        rng, filler_rng = random.Random(f"{seed}-{number}"), random.Random(f"{seed}-{number}-filler")
         for index in range(count):
             text_a, text_b, positives = _random_pair(rng)
+            if lengths:
+                text_a, text_b = _lengthened(text_a, text_b, lengths[(index + number) % len(lengths)], filler_rng)
             label = _GLUE_LABEL[task](positives) if labelled else None
             lines.append(_glue_row(task, index, text_a, text_b, label))
         with open(os.path.join(task_dir, f"{split}.tsv"), "w", encoding="utf-8", newline="\n") as handle:
             handle.write("\n".join(lines) + "\n")
     return task_dir
+
+
+def _lengthened(text_a: str, text_b: str, length: int, rng: random.Random) -> tuple[str, str]:
+    """The pair with words appended (nouns and verbs: no adjective, so the label holds) up to `length` tokens, [CLS]
+    and two [SEP] counted; every word of the built-in vocabulary is one token."""
+    missing = length - 3 - len(text_a.split()) - len(text_b.split())
+    if missing <= 0:
+        return text_a, text_b
+    words = [rng.choice(NOUNS + VERBS) for _ in range(missing)]
+    half = (missing + 1) // 2
+    return " ".join([text_a, *words[:half]]), " ".join([text_b, *words[half:]])
 
 
 def make_squad(
