@@ -56,11 +56,7 @@ def test_a_two_socket_xeon_splits_by_socket_numa_node_core_or_count():
     by_socket = cpus.split(topology, "socket")
     # one CPU of each physical core, never its SMT sibling (56-111), and a thread per core
     assert cpu_lists(by_socket) == ["0-27", "28-55"]
-    assert by_socket.environment() == {
-        cpus.CPUS_VARIABLE: "0-27;28-55",
-        cpus.SPLIT_VARIABLE: "socket",
-        "OMP_NUM_THREADS": "28",
-    }
+    assert by_socket.environment() == {cpus.CPUS_VARIABLE: "0-27;28-55", "OMP_NUM_THREADS": "28"}
     assert by_socket.describe() == (
         "this node (2 sockets, 2 NUMA nodes, 56 cores, 112 CPUs) split by --cpu-processes=socket into 2 processes "
         "of 28 cores, one CPU of each (its SMT siblings idle), 28 OpenMP threads each: local rank 0 on CPUs 0-27 "
@@ -114,12 +110,33 @@ def test_only_the_cpus_the_launcher_may_run_on_count():
             "3",
             "--cpu-processes=3: 3 processes cannot share the 56 cores .* counts that can: 1, 2, 4, 8, 14, 28, 56",
         ),
-        (xeon(), "7", "--cpu-processes=7: a process of 8 cores would take part of one NUMA node and part of another"),
+        (
+            xeon(),
+            "7",
+            "--cpu-processes=7: a process of 8 cores would take part of one NUMA node and part of another "
+            "\\(NUMA nodes of 28, 28 cores\\); counts that keep each process within a NUMA node or on whole ones: "
+            "1, 2, 4, 8, 14, 28, 56",
+        ),
+        (lscpu([(cpu, cpu, cpu // 3, None) for cpu in range(6)]), "4", "--cpu-processes=4: 4 processes cannot"),
+        (
+            lscpu([(cpu, cpu, cpu // 2, None) for cpu in range(6)]),
+            "2",
+            "--cpu-processes=2: a process of 3 cores would take part of one socket and part of another",
+        ),
         (xeon(), "half", "--cpu-processes=half: give socket, numa, core, or a number of processes"),
         (xeon(), "0", "--cpu-processes=0: give socket"),
         (lscpu([(0, 0, 0, None), (1, 1, 0, None)]), "numa", "--cpu-processes=numa: lscpu names no NUMA node"),
     ],
-    ids=["more than cores", "not dividing", "cutting nodes", "no split", "zero", "no NUMA nodes"],
+    ids=[
+        "more than cores",
+        "not dividing",
+        "cutting nodes",
+        "not dividing 6",
+        "cutting sockets",
+        "no split",
+        "zero",
+        "no NUMA nodes",
+    ],
 )
 def test_splits_that_cannot_be_are_refused_naming_the_flag(listing, value, message):
     with pytest.raises(UsageError, match="^" + message):
@@ -129,7 +146,7 @@ def test_splits_that_cannot_be_are_refused_naming_the_flag(listing, value, messa
 @pytest.fixture
 def fake_node(monkeypatch):
     """launch.main on a made-up CPU node (this machine's shape) with torchrun stubbed: the arguments it got."""
-    for name in (cpus.CPUS_VARIABLE, cpus.SPLIT_VARIABLE, "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "PET_NPROC_PER_NODE"):
+    for name in (cpus.CPUS_VARIABLE, "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "PET_NPROC_PER_NODE"):
         monkeypatch.delenv(name, raising=False)  # restored after the test, whatever main sets
     monkeypatch.setattr(cpus, "read_topology", lambda: cpus.parse_lscpu(THIS_MACHINE))
     monkeypatch.setattr(launch.torch.cuda, "device_count", lambda: 0)

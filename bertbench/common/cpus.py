@@ -20,9 +20,9 @@ from bertbench.common.errors import UsageError
 
 FLAG = "--cpu-processes"
 SPLITS = ("socket", "numa", "core")  # or a count of processes
-# The launcher gives its workers their CPUs in these variables (runners/pin.py reads them).
-CPUS_VARIABLE = "BERTBENCH_CPUS"  # each local rank's CPUs, ';'-separated, in local rank order
-SPLIT_VARIABLE = "BERTBENCH_CPU_PROCESSES"  # the --cpu-processes value the split was made by
+# The launcher gives its workers their CPUs in this variable (runners/pin.py reads it): each local rank's CPUs,
+# ';'-separated, in local rank order.
+CPUS_VARIABLE = "BERTBENCH_CPUS"
 
 
 def format_cpus(cpus: Iterable[int]) -> str:
@@ -59,6 +59,11 @@ class Core:
     socket: int
     node: int | None
     cpus: tuple[int, ...]
+
+    @property
+    def domain(self) -> tuple[str, int]:
+        """Its memory domain: its NUMA node, or its socket where lscpu names no node."""
+        return ("NUMA node", self.node) if self.node is not None else ("socket", self.socket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +105,7 @@ def parse_lscpu(text: str, allowed: Iterable[int] | None = None) -> Topology:
         cpus = (int(cpu),) if known is None else (*known.cpus, int(cpu))
         cores[key] = Core(key[0], int(node) if node else None, tuple(sorted(cpus)))
     if not cores:
-        raise UsageError(f"{FLAG}: lscpu lists none of the CPUs this process may run on ({format_cpus(allowed_cpus)})")
+        raise UsageError(f"{FLAG}: lscpu lists none of the CPUs the launcher may run on ({format_cpus(allowed_cpus)})")
     ordered = sorted(cores.values(), key=lambda core: (core.socket, -1 if core.node is None else core.node, core.cpus))
     return Topology(tuple(ordered))
 
@@ -138,7 +143,6 @@ class Split:
         """What the workers need: their CPUs (runners/pin.py) and as many OpenMP threads as cores."""
         return {
             CPUS_VARIABLE: ";".join(format_cpus(self.cpus(rank)) for rank in range(len(self.processes))),
-            SPLIT_VARIABLE: self.how,
             "OMP_NUM_THREADS": str(self.cores_per_process),
         }
 
@@ -201,7 +205,7 @@ def split(topology: Topology, value: str) -> Split:
 
 
 def count_split(topology: Topology, count: int) -> list[tuple[Core, ...]]:
-    """`count` processes of consecutive cores, each within one NUMA node or on whole nodes."""
+    """`count` processes of consecutive cores, each within one memory domain (Core.domain) or on whole ones."""
     cores = topology.cores
     total = len(cores)
     where = f"the {total} core{'s' if total > 1 else ''} the launcher may run on (CPUs {format_cpus(topology.cpus)})"
@@ -213,25 +217,33 @@ def count_split(topology: Topology, count: int) -> list[tuple[Core, ...]]:
             f"{FLAG}={count}: {count} processes cannot share {where} equally (DDP waits for the slowest); "
             f"counts that can: {', '.join(map(str, valid))}"
         )
-    if spanning(topology, count):
-        size = total // count
-        raise UsageError(
-            f"{FLAG}={count}: a process of {size} cores would take part of one NUMA node and part of another "
-            f"(nodes of {', '.join(str(sum(core.node == node for core in cores)) for node in topology.nodes)} cores); "
-            f"counts that keep each process within a node or on whole nodes: {', '.join(map(str, valid))}"
-        )
     size = total // count
+    if spanning(topology, count):
+        kind = cores[0].domain[0]
+        sizes = ", ".join(map(str, domain_sizes(cores).values()))
+        raise UsageError(
+            f"{FLAG}={count}: a process of {size} cores would take part of one {kind} and part of another "
+            f"({kind}s of {sizes} cores); counts that keep each process within a {kind} or on whole ones: "
+            f"{', '.join(map(str, valid))}"
+        )
     return [cores[start : start + size] for start in range(0, total, size)]
 
 
+def domain_sizes(cores: Iterable[Core]) -> dict[tuple[str, int], int]:
+    """The number of cores in each memory domain."""
+    sizes: dict[tuple[str, int], int] = {}
+    for core in cores:
+        sizes[core.domain] = sizes.get(core.domain, 0) + 1
+    return sizes
+
+
 def spanning(topology: Topology, count: int) -> bool:
-    """Whether some process of `count` equal runs of consecutive cores would hold part of a NUMA node and some other
-    node's cores (a process within one node, or on whole nodes, is fine)."""
+    """Whether some process of `count` equal runs of consecutive cores would hold part of a memory domain and some
+    other domain's cores (a process within one domain, or on whole domains, is fine)."""
     cores, size = topology.cores, len(topology.cores) // count
-    per_node = {node: sum(core.node == node for core in cores) for node in topology.nodes}
+    whole = domain_sizes(cores)
     for start in range(0, len(cores), size):
-        group = cores[start : start + size]
-        nodes = {core.node for core in group}
-        if len(nodes) > 1 and any(sum(core.node == node for core in group) < per_node.get(node, 0) for node in nodes):
+        held = domain_sizes(cores[start : start + size])
+        if len(held) > 1 and any(held[domain] < whole[domain] for domain in held):
             return True
     return False
