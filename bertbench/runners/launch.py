@@ -116,13 +116,20 @@ def split_node(args, argv: list[str]) -> cpus.Split:
     if os.environ.get("GOMP_CPU_AFFINITY"):
         raise UsageError(
             f"GOMP_CPU_AFFINITY names the same CPUs to every process of {flag}, not each its own: unset it "
-            "(each process is pinned to its CPUs; OMP_PROC_BIND=close binds the threads within them)"
+            "(each process is pinned to its own CPUs)"
         )
     if args.no_python and args.module:
         raise UsageError("--no-python and -m cannot be used together")
-    command = [args.training_script] if args.no_python else [os.getenv("PYTHON_EXEC", sys.executable), "-u"]
-    if not args.no_python:
-        command += ["-m", args.training_script] if args.module else [args.training_script]
+    # the command torchrun would run (torch.distributed.run.config_from_args), which pin.py execs
+    if args.no_python:
+        command = [args.training_script]
+    else:
+        command = [
+            os.getenv("PYTHON_EXEC", sys.executable),
+            "-u",
+            *(["-m"] if args.module else []),
+            args.training_script,
+        ]
     args.nproc_per_node = str(count)
     args.no_python, args.module, args.training_script = False, True, "bertbench.runners.pin"
     args.training_script_args = [*command, *args.training_script_args]
