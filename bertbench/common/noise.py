@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from bertbench.common.cpus import this_process_cpus
+
 # ---- the spread of repeated measurements ----------------------------------------------------------------------------
 #
 # A figure measured several times is a Spread: its median (the figure), min, max, coefficient of variation (sample
@@ -115,7 +117,7 @@ BUSY_CV = 0.2
 
 def available_cores() -> int:
     """The cores this process may run on (its affinity mask, which a batch system or taskset narrows)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(this_process_cpus())
 
 
 def load_average() -> float:

@@ -52,6 +52,7 @@ def report_training(
         "world_size": dist.world_size,
         "nodes": dist.nodes,
         "threads": torch.get_num_threads(),
+        "placement": [dataclasses.asdict(place) for place in dist.placement],
         "device": str(dist.device),
         "modeling": model.modeling,
         "recompute_policy": model.recompute_policy if model.modeling == "recompute" else None,

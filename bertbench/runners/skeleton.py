@@ -34,7 +34,7 @@ from bertbench.training import progress
 from bertbench.training.batches import ShuffledBatches
 from bertbench.training.checkpoint import CheckpointError
 from bertbench.training.devices import physical_memory_bytes
-from bertbench.training.distributed import Distributed, job_from_environment
+from bertbench.training.distributed import Distributed, describe_placement, job_from_environment
 from bertbench.training.loop import Estimator, TrainingDivergedError
 from bertbench.training.state import RESTORE, WARM_START, RunStart, decide_start, seed_everything, trains_independently
 from bertbench.training.stats import TrainResult
@@ -160,6 +160,8 @@ def run_task(runner: TaskRunner, config: RunnerConfig, record: RunRecord | None)
         log = main_process_log(dist)
         for note in config.notes:
             log(f"note: {note}")
+        if dist.enabled:
+            log(describe_placement(dist.placement))
         data = runner.read(config, bert_config, tokenizer, dist, log, cleanup)
         check_record(record, bert_config, config, dist)
         with hold_run_directory(config.run.model_dir, task.do_train, record, dist, log):

@@ -7,9 +7,11 @@ logs and writes. The collectives here are the few the training loop needs beside
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -17,17 +19,44 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bertbench.common.cpus import format_cpus, this_process_cpus
 from bertbench.common.errors import UsageError
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a process of the job runs: its host, the CPUs it may run on (its affinity: what `bertbench launch
+    --cpu-processes`, taskset or the batch system gave it) and torch's threads."""
+
+    rank: int
+    host: str
+    cpus: str
+    threads: int
+
+    @classmethod
+    def here(cls, rank: int) -> Placement:
+        return cls(rank, socket.gethostname(), format_cpus(this_process_cpus()), torch.get_num_threads())
+
+
+def describe_placement(placement: Sequence[Placement]) -> str:
+    """One line: each process's host, CPUs and threads."""
+    return f"{len(placement)} processes: " + "; ".join(
+        f"rank {place.rank} on {place.host}: CPU{'s' if ',' in place.cpus or '-' in place.cpus else ''} {place.cpus}, "
+        f"{place.threads} thread{'s' if place.threads > 1 else ''}"
+        for place in placement
+    )
+
+
+@dataclass(frozen=True)
 class Distributed:
-    """Where this process sits in the job, and the device it computes on."""
+    """Where this process sits in the job, the device it computes on, and where every process runs (`placement`,
+    in rank order; filled in by init_from_environment)."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    placement: tuple[Placement, ...] = ()
 
     @property
     def is_main(self) -> bool:
@@ -134,10 +163,11 @@ def check_processes(name: str | None, processes: int) -> None:
 
 
 def init_from_environment(device: str | None = None) -> Distributed:
-    """Join the process group the launcher describes (if any) and pick this process's device."""
+    """Join the process group the launcher describes (if any), pick this process's device, and gather where every
+    process runs."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
-        return Distributed(device=resolve_device(device))
+        return Distributed(device=resolve_device(device), placement=(Placement.here(0),))
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     chosen = resolve_device(device, local_rank)
     if not dist.is_initialized():
@@ -145,7 +175,8 @@ def init_from_environment(device: str | None = None) -> Distributed:
         dist.init_process_group(
             backend=backend, device_id=chosen if chosen.type == "cuda" else None, **restart_safe_store(rank, world_size)
         )
-    return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=chosen)
+    job = Distributed(rank=rank, world_size=world_size, local_rank=local_rank, device=chosen)
+    return dataclasses.replace(job, placement=tuple(job.all_gather_object(Placement.here(rank))))
 
 
 def restart_safe_store(rank: int, world_size: int) -> dict[str, Any]:
