@@ -58,7 +58,7 @@ def test_figures_are_each_runs_own_with_median_range_and_cv(glue):
     out, result, _ = glue
     assert result.context["runner"] == "run_classifier"
     assert [row.setting for row in result.rows] == [
-        {"task": "glue", "model": "tiny", "lengths": "built-in", "variant": variant}
+        {"task": "glue", "model": "tiny", "lengths": "built-in", "precision": "fp32", "variant": variant}
         for variant in ("baseline", "selective")
     ]
     markdown = (out / "finetuning.md").read_text()
@@ -167,6 +167,9 @@ def test_each_task_trains_its_built_in_model_on_the_built_in_vocabulary(task, sh
         (["--task=squad", "--lengths=full"], "--lengths: the squad task has its own lengths (glue only)"),
         (["--lengths=full,full"], "--lengths: give each at least once and none twice"),
         (["--lengths=no-such-file"], "--lengths no-such-file: neither full, real-text nor a readable file"),
+        (["--precisions=fp8"], "--precisions: unknown precision 'fp8': use fp32, fp16, bf16"),
+        (["--precisions=bf16,bf16"], "--precisions: give each at least once and none twice"),
+        (["--precisions=fp16", "--device=cpu"], "--precisions: on cpu: fp16 needs a CUDA GPU"),
     ],
 )
 def test_bad_settings_fail_in_one_line_and_write_nothing(tmp_path, error_line, flags, message):
@@ -225,3 +228,33 @@ def test_the_settings_run_again_from_their_command_line():
     )
     assert parsed.variants == ("full", "every-2") and parsed.no_resume and parsed.save_checkpoints_secs == 0.05
     assert settings.parse(finetuning.FinetuningSettings, settings.as_argv(parsed), "") == parsed
+
+
+def test_each_precision_is_a_row_and_vary_seed_gives_every_row_the_same_seeds(tmp_path, monkeypatch):
+    """--precisions fp32,bf16 --vary_seed: the accuracy-parity runs, each precision trained from each round's seed."""
+    seen = []
+
+    def canned_run(spec, values, scores):
+        seen.append((values["precision"], values["seed"]))
+        accuracy = {("fp32", 7): 0.8, ("bf16", 7): 0.75, ("fp32", 8): 0.9, ("bf16", 8): 0.85}
+        return {
+            "steady_seq_per_s": 100.0 if values["precision"] == "fp32" else 25.0,
+            "steps": 1,
+            "seconds": 1.0,
+            "saves": 1,
+            "seconds_per_save": 0.1,
+            "checkpoint_bytes": 1,
+            "dev_acc": accuracy[values["precision"], values["seed"]],
+        }
+
+    monkeypatch.setattr(finetuning, "train_once", canned_run)
+    args = QUICK + ["--variants=baseline", "--precisions=fp32,bf16", "--vary_seed", "--seed=7", "--rounds=2"]
+    assert finetuning.main(args + ["--no_resume", f"--output_dir={tmp_path / 'out'}"]) == 0
+    assert seen == [("fp32", 7), ("bf16", 7), ("bf16", 8), ("fp32", 8)]  # flipped order, a seed per round
+    fp32, bf16 = BenchResult.read(str(tmp_path / "out" / "finetuning.json")).rows
+    assert (fp32.get("precision"), bf16.get("precision")) == ("fp32", "bf16")
+    assert [run["seed"] for run in bf16.get("runs")] == [7, 8]
+    assert (bf16.get("dev_acc").min, bf16.get("dev_acc").max, bf16.get("vs_first_variant").value) == (0.75, 0.85, 0.25)
+    markdown = (tmp_path / "out" / "finetuning.md").read_text()
+    assert "round r from seed 7 + r" in markdown
+    assert "| bf16 | baseline | 25.0 (25.0–25.0, CV 0.0%) | 0.250x | 0.800 (0.750–0.850" in markdown

@@ -702,7 +702,7 @@ def test_the_seed_seeds_the_weights_and_the_batches():
 
 def test_bf16_on_a_cpu_without_a_bf16_unit_is_timed_with_the_reason_it_is_slow(monkeypatch):
     monkeypatch.setattr(devices, "cpu_features", lambda: ("AMD EPYC", {"avx", "avx2"}))
-    (line,) = throughput.slow_precisions(("fp32", "bf16"), torch.device("cpu"))
+    (line,) = workload.slow_precisions(("fp32", "bf16"), torch.device("cpu"))
     assert line.startswith("--precision=bf16: this CPU (AMD EPYC: AVX2) has no bf16 matmul unit")
     monkeypatch.setattr(devices, "cpu_features", lambda: ("Intel Xeon", {"avx512_f", "avx512_bf16"}))
-    assert throughput.slow_precisions(("fp32", "bf16"), torch.device("cpu")) == []
+    assert workload.slow_precisions(("fp32", "bf16"), torch.device("cpu")) == []

@@ -40,6 +40,7 @@ from bertbench.common.flags import as_flags, description, setting
 from bertbench.common.noise import LoadWatch
 from bertbench.model import sizes
 from bertbench.model.config import BertConfig
+from bertbench.model.precision import PRECISIONS
 from bertbench.runners import classifier as run_classifier
 from bertbench.runners import squad as run_squad
 from bertbench.runners.skeleton import TaskRunner
@@ -69,6 +70,19 @@ DEFAULT_SAVE_SECONDS = RunConfig("").save_checkpoints_secs  # the original's 120
 
 
 @dataclasses.dataclass(frozen=True)
+class Contender:
+    """One row's runs: the data's lengths (a --lengths name), the precision and the modeling variant."""
+
+    lengths: str
+    precision: str
+    variant: workload.Variant
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.lengths, self.precision, self.variant.name
+
+
+@dataclasses.dataclass(frozen=True)
 class FinetuningSettings(settings.BenchSettings):
     """Runs."""
 
@@ -91,7 +105,17 @@ class FinetuningSettings(settings.BenchSettings):
         "at --max_seq_length), or a file of lengths; the pairs are the built-in task's, lengthened.",
         ("built-in",),
     )
+    precisions: tuple[str, ...] = setting(
+        f"The runs' --precision ({', '.join(PRECISIONS)}), each a row of its own in the same interleaved rounds: with "
+        "--vary_seed, the dev scores of each precision over the same seeds (bf16 against fp32's accuracy).",
+        ("fp32",),
+    )
     rounds: int = setting("Runs of each variant, interleaved.", 3, positive=True)
+    vary_seed: bool = setting(
+        "Round r trains from --seed + r (other initial weights, dropout and data order): the dev scores' spread over "
+        "the rounds is then the seed noise, and each precision, lengths and variant meets the same seeds.",
+        False,
+    )
     max_seq_length: int | None = setting(
         "Tokens per sequence (default: 128 for glue, 48 for squad).", None, positive=True
     )
@@ -126,6 +150,21 @@ class FinetuningSettings(settings.BenchSettings):
             raise UsageError(str(error)) from None
         if self.task != "glue" and any(lengths):
             raise UsageError(f"--lengths: the {self.task} task has its own lengths (glue only)")
+        if not self.precisions or len(set(self.precisions)) != len(self.precisions):
+            raise UsageError("--precisions: give each at least once and none twice")
+        for precision in self.precisions:
+            if precision not in PRECISIONS:
+                raise UsageError(f"--precisions: unknown precision {precision!r}: use {', '.join(PRECISIONS)}")
+
+    @property
+    def contenders(self) -> list[Contender]:
+        """What each round runs, in its order: every lengths, precision and variant."""
+        return [
+            Contender(lengths, precision, variant)
+            for lengths in self.lengths
+            for precision in self.precisions
+            for variant in self.variant_list
+        ]
 
     @property
     def variant_list(self) -> list[workload.Variant]:
@@ -231,58 +270,68 @@ def runner_inputs(inputs: dict, lengths: str) -> dict:
 
 
 def rounds(settings: FinetuningSettings, root: str, inputs: dict) -> list[Row]:
-    """Each variant's runs on each --lengths' data in `settings.rounds` interleaved rounds: a row per lengths and
-    variant, its steady seq/s the median of its runs, with the dev scores, the save's cost and every run's own
-    figures (`runs`) as columns."""
+    """Each contender's runs (lengths, precision, variant) in `settings.rounds` interleaved rounds: a row each, its
+    steady seq/s the median of its runs, with the dev scores, the save's cost and every run's own figures (`runs`) as
+    columns."""
     task = TASKS[settings.task]
-    variants = settings.variant_list
-    contenders = [(lengths, variant) for lengths in settings.lengths for variant in variants]
-    runs: dict[tuple[str, str], list[dict]] = {(lengths, variant.name): [] for lengths, variant in contenders}
+    contenders = settings.contenders
+    runs: dict[tuple[str, str, str], list[dict]] = {contender.key: [] for contender in contenders}
     for round_index in range(settings.rounds):
-        for lengths, variant in contenders if round_index % 2 == 0 else list(reversed(contenders)):
-            index = settings.lengths.index(lengths)
-            out = os.path.join(root, "runs", f"{index}-{variant.file_name}-{round_index}")
+        seed = settings.seed + round_index if settings.vary_seed else settings.seed
+        for contender in contenders if round_index % 2 == 0 else list(reversed(contenders)):
+            index = settings.lengths.index(contender.lengths)
+            name = f"{index}-{contender.precision}-{contender.variant.file_name}-{round_index}"
             values = {
-                **runner_inputs(inputs, lengths),
-                **variant.runner_values(),
+                **runner_inputs(inputs, contender.lengths),
+                **contender.variant.runner_values(),
+                "precision": contender.precision,
+                "seed": seed,
                 "do_train": True,
-                "output_dir": out,
+                "output_dir": os.path.join(root, "runs", name),
                 "save_checkpoints_secs": settings.save_checkpoints_secs,
             }
             run = train_once(task.spec, values, task.scores)
-            runs[lengths, variant.name].append(run)
+            runs[contender.key].append({**run, "seed": seed})
             print(
-                f"  round {round_index + 1} {lengths:<10} {variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
+                f"  round {round_index + 1} {contender.lengths:<10} {contender.precision:<5} "
+                f"{contender.variant.name:<10} {run['steady_seq_per_s']:8.1f} seq/s  "
                 + "  ".join(f"{name} {run[name]:.3f}" for name in task.scores),
                 flush=True,
             )
     rates = {key: Spread.of(run["steady_seq_per_s"] for run in done) for key, done in runs.items()}
-    first = rates[contenders[0][0], variants[0].name]
+    first = rates[contenders[0].key]
     rows = []
-    for lengths, variant in contenders:
-        done = runs[lengths, variant.name]
+    for contender in contenders:
+        done = runs[contender.key]
         save = Spread.of(run["seconds_per_save"] for run in done)
         columns = {
-            "vs_first_variant": Ratio.of(rates[lengths, variant.name], first),
+            "vs_first_variant": Ratio.of(rates[contender.key], first),
             **{name: Spread.of(run[name] for run in done) for name in task.scores},
             "seconds_per_save": save,
             "checkpoint_bytes": Spread.of(run["checkpoint_bytes"] for run in done),
             "save_share_at_default": save.median / DEFAULT_SAVE_SECONDS,
             "runs": done,
         }
-        setting = {"task": settings.task, "model": settings.model_name, "lengths": lengths, "variant": variant.name}
-        rows.append(Row("steady_seq_per_s", "seq/s", setting, rates[lengths, variant.name], columns))
+        setting = {
+            "task": settings.task,
+            "model": settings.model_name,
+            "lengths": contender.lengths,
+            "precision": contender.precision,
+            "variant": contender.variant.name,
+        }
+        rows.append(Row("steady_seq_per_s", "seq/s", setting, rates[contender.key], columns))
     return rows
 
 
-def resume_after_sigkill(settings: FinetuningSettings, variant: workload.Variant, root: str, inputs: dict) -> dict:
+def resume_after_sigkill(settings: FinetuningSettings, contender: Contender, root: str, inputs: dict) -> dict:
     """Kill a training process after its first checkpoint; time the same command from launch to training again:
-    the columns the first variant's row gets."""
+    the columns the first contender's row gets."""
     spec = TASKS[settings.task].spec
     out = os.path.join(root, "killed")
     values = {
-        **runner_inputs(inputs, settings.lengths[0]),
-        **variant.runner_values(),
+        **runner_inputs(inputs, contender.lengths),
+        **contender.variant.runner_values(),
+        "precision": contender.precision,
         "do_train": True,
         "output_dir": out,
         "save_checkpoints_steps": 10,
@@ -324,6 +373,7 @@ def markdown(settings: FinetuningSettings, config: BertConfig, rows: Sequence[Ro
     first = rows[0]
     columns = [
         *([Column("lengths", "lengths")] if settings.lengths != ("built-in",) else []),
+        *([Column("precision", "precision")] if settings.precisions != ("fp32",) else []),
         Column("variant", "variant"),
         Column("steady seq/s: median (min–max, CV)", "steady_seq_per_s", ".1f"),
         Column(f"vs {label(settings, first)}", "vs_first_variant", ".3f"),
@@ -337,7 +387,8 @@ def markdown(settings: FinetuningSettings, config: BertConfig, rows: Sequence[Ro
         f"({config.num_hidden_layers} x {config.hidden_size}), built-in {settings.task} data, seq "
         f"{settings.seq_length}, batch {settings.train_batch_size}, {settings.epochs:g} epochs",
         "",
-        f"{settings.rounds} rounds per variant, interleaved; median, range and CV (stdev / mean) over the rounds.",
+        f"{settings.rounds} rounds per variant, interleaved; median, range and CV (stdev / mean) over the rounds"
+        + (f", round r from seed {settings.seed} + r." if settings.vary_seed else f", each from seed {settings.seed}."),
         "",
         table(rows, columns),
     ]
@@ -356,8 +407,14 @@ def markdown(settings: FinetuningSettings, config: BertConfig, rows: Sequence[Ro
 
 
 def label(settings: FinetuningSettings, row: Row) -> str:
-    """A row's name: its variant, after its lengths when the runs have other lengths than the built-in pairs'."""
-    return row.get("variant") if settings.lengths == ("built-in",) else f"{row.get('lengths')} {row.get('variant')}"
+    """A row's name: its variant, after its lengths and precision where the runs have others than the built-in
+    pairs' and fp32."""
+    words = [
+        *([row.get("lengths")] if settings.lengths != ("built-in",) else []),
+        *([row.get("precision")] if settings.precisions != ("fp32",) else []),
+        row.get("variant"),
+    ]
+    return " ".join(words)
 
 
 def plot(settings: FinetuningSettings, rows: Sequence[Row]):
@@ -378,14 +435,21 @@ def plot(settings: FinetuningSettings, rows: Sequence[Row]):
 
 
 def run(settings: FinetuningSettings, argv: Sequence[str]) -> None:
-    resolve_device(settings.device)  # an unusable --device fails here, not in the first run
+    device = resolve_device(settings.device)  # an unusable --device fails here, not in the first run
     config = bert_config(settings)  # a bad --model fails before anything runs
+    try:
+        for precision in settings.precisions:  # fp16 on a CPU: refused before anything runs
+            workload.check_runnable(workload.train_config(precision), device)
+    except workload.BenchError as error:
+        raise UsageError(f"--precisions: {error}") from None
     output = BenchOutput(settings.directory, settings.bench, argv, settings.overwrite)
     with tempfile.TemporaryDirectory() as root:
         inputs = write_inputs(root, settings, config)
         load = LoadWatch()
         rows = rounds(settings, root, inputs)
         output.warn(load.busy("the rounds"))
+        for line in workload.slow_precisions(settings.precisions, device):
+            output.warn(line)
         output.warn(
             noisy_rows(
                 rows,
@@ -395,7 +459,7 @@ def run(settings: FinetuningSettings, argv: Sequence[str]) -> None:
             )
         )
         if not settings.no_resume:
-            resume = resume_after_sigkill(settings, settings.variant_list[0], root, inputs)
+            resume = resume_after_sigkill(settings, settings.contenders[0], root, inputs)
             rows[0] = dataclasses.replace(rows[0], columns={**rows[0].columns, **resume})
     context = {
         "runner": TASKS[settings.task].spec.name,

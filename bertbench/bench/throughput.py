@@ -56,7 +56,6 @@ from bertbench.training.batches import ShuffledBatches
 from bertbench.training.config import RunConfig
 from bertbench.training.distributed import Distributed
 from bertbench.training.loop import Estimator
-from bertbench.training.step import slow_here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,12 +445,6 @@ def figures(seconds: list[float], step: workload.BenchStep, config, kind: str, s
     }
 
 
-def slow_precisions(precisions: Sequence[str], device: torch.device) -> list[str]:
-    """Why a precision is timed far slower here than another would run (bf16 on a CPU without a bf16 unit): it is
-    timed as asked, and its figures come with the reason."""
-    return [line for precision in precisions for line in slow_here(workload.train_config(precision), device)]
-
-
 def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, tuple[float, str]]:
     """Each precision's peak FLOP/s and its source; the matmul is measured only where no data sheet applies."""
     peaks = {}
@@ -703,7 +696,7 @@ def run(settings: ThroughputSettings, argv: list[str]) -> None:
         if settings.with_trainer
         else []
     )
-    for message in [load.busy(), *slow_precisions(settings.precisions, device), *warnings(rows, compared)]:
+    for message in [load.busy(), *workload.slow_precisions(settings.precisions, device), *warnings(rows, compared)]:
         output.warn(message)
     text = markdown(rows, peaks, settings.model, device, compared, lengths)
     context = {

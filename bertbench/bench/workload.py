@@ -15,7 +15,7 @@ import os
 import pathlib
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
@@ -30,7 +30,7 @@ from bertbench.model.sizes import MODEL_SIZES
 from bertbench.tasks.synthetic import synthetic_batch
 from bertbench.training.config import TrainConfig
 from bertbench.training.distributed import Distributed
-from bertbench.training.step import TrainStep, autocast, fallbacks
+from bertbench.training.step import TrainStep, autocast, fallbacks, slow_here
 
 # pretraining: BertForPreTraining with MLM on the masked positions only plus NSP (NVIDIA's / MLPerf's step);
 # finetuning: sequence classification (GLUE's step).
@@ -244,6 +244,12 @@ def train_config(precision: str, **overrides) -> TrainConfig:
         return TrainConfig(num_train_steps=BENCH_STEPS, warmup_proportion=0.0, precision=precision, **overrides)
     except ValueError as error:
         raise BenchError(str(error)) from None
+
+
+def slow_precisions(precisions: Sequence[str], device: torch.device) -> list[str]:
+    """Why a precision is timed far slower here than another would run (bf16 on a CPU without a bf16 unit): it is
+    timed as asked, and its figures come with the reason."""
+    return [line for precision in precisions for line in slow_here(train_config(precision), device)]
 
 
 def check_runnable(train: TrainConfig, device: torch.device | str) -> TrainConfig:
