@@ -3,7 +3,6 @@
 import gc
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,14 @@ REPOSITORY = str(Path(__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")]))
 sys.path.insert(0, REPOSITORY)
 # Where PYTHONDONTWRITEBYTECODE is set (containers set it, this project's machines among them), every process would
-# compile what it imports from source again: a worker's collection took 11.7 s of CPU instead of 6.0 (pytest rewrites
-# every test module's asserts), and each of the ~110 processes the tests start compiled bertbench's 25,000 lines
-# (0.3 s). The workers and those processes write their bytecode under a cache outside the tree instead
-# (PYTHONPYCACHEPREFIX, which pytest's rewritten modules honour too): the checkout still gets no __pycache__, and
-# each module is compiled once a run, or once while its source stays as it is.
+# compile what it imports from this checkout again: a worker's collection took 11.7 s of CPU instead of 6.0 (pytest
+# rewrites every test module's asserts), and each of the ~110 processes the tests start compiled bertbench's 25,000
+# lines (0.3 s). The tests' processes cache their bytecode as Python does by default, in the __pycache__/ directories
+# .gitignore leaves out. (Not PYTHONPYCACHEPREFIX: a cache there holds no bytecode of the installed packages, and each
+# process of a first run compiled torch's 2,300 modules again.)
 if sys.dont_write_bytecode:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), f"bertbench-tests-pycache-{os.getuid()}")
-    sys.pycache_prefix, sys.dont_write_bytecode = os.environ["PYTHONPYCACHEPREFIX"], False  # this process (`-n 0`)
+    sys.dont_write_bytecode = False
 # Nothing here imports torch or bertbench at module level: under `pytest -n` this module also loads in the process
 # that only starts the workers, before it starts them (torch's import: 2-3 s of the suite's start).
 

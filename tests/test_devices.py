@@ -90,12 +90,17 @@ def test_torchrun_workers_take_their_local_rank_and_join_nccl(monkeypatch):
     joined = {}
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kwargs: joined.update(kwargs))
+    # every rank's placement gathered once joined: here each slot gets this rank's
+    monkeypatch.setattr(
+        distributed.dist, "all_gather_object", lambda out, value: out.__setitem__(slice(None), [value] * len(out))
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     job = distributed.init_from_environment("cuda")
     assert job.device == torch.device("cuda", 1) and current == [1]
     assert joined["backend"] == "nccl" and joined["device_id"] == torch.device("cuda", 1)
+    assert [place.rank for place in job.placement] == [1, 1]
 
 
 # ---- every command that takes --device ----------------------------------------------------------------------------
