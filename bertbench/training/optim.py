@@ -255,7 +255,7 @@ class AdamWeightDecay(_AdamMoments):
     name = "AdamWeightDecay"
     # torch's fused AdamW kernel runs on the CPU too, in one pass where the multi-tensor step makes seven: for a
     # small model with BERT's 30,522-word embedding table the step took 25 ms of a 90 ms training step eagerly on
-    # the 2-core CPU (docs/results/cpu-2core/runner-host).
+    # the 2-core CPU (docs/training.md, "A small model's step on the CPU").
     FUSED_DEVICES = frozenset({"cpu", "cuda"})
 
     def __init__(
