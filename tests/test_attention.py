@@ -79,3 +79,31 @@ def test_flops_are_counted_per_sequence():
     forward = sum(4 * length * length * HEAD_DIM * HEADS for length in LENGTHS)
     assert counts["bertbench.varlen_attention"] == forward
     assert counts["bertbench.varlen_attention_backward"] == 2 * forward
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_the_per_sequence_kernels_own_backward_matches_finite_differences(dropout_p):
+    """The CPU's per-sequence kernel (attention._PerSequenceAttention, a backward of its own): each evaluation reseeds
+    the default generator, from which it draws its masks, so that every evaluation sees the same ones."""
+    from bertbench.model.packing import Packing
+
+    packing = Packing.of_mask(torch.tensor([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]]), "per-sequence")
+    generator = torch.Generator().manual_seed(3)
+    qkv = [torch.randn(packing.rows, 8, generator=generator, dtype=torch.float64).requires_grad_() for _ in range(3)]
+
+    def function(*tensors):
+        torch.manual_seed(11)
+        return attention.attention(packing, *tensors, 2, dropout_p)
+
+    assert torch.autograd.gradcheck(function, tuple(qkv))
+    if not dropout_p:  # each sequence's own SDPA, heads apart
+        out, start = function(*qkv), 0
+        for length in packing.lengths:
+            q, k, v = (x[start : start + length].view(length, 2, 4).transpose(0, 1) for x in qkv)
+            expected = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(length, 8)
+            torch.testing.assert_close(out[start : start + length], expected, rtol=1e-12, atol=1e-12)
+            start += length
+    else:  # about dropout_p of the probabilities dropped: the output moves, by a share in keeping with that
+        plain = attention.attention(packing, *qkv, 2, 0.0)
+        moved = ((function(*qkv) - plain).abs().mean() / plain.abs().mean()).item()
+        assert 0.05 < moved < 1.0
