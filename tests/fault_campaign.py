@@ -165,7 +165,7 @@ def environment() -> dict[str, str]:
 # Not bertbench, 0.1 s: its import makes state a process must not share with others, such as tqdm's lock, a semaphore
 # that a command killed while writing a line would hold for every command forked after it (serve checks that none
 # is made here).
-PRELOADED = ("torch", "torch.distributed.run", "h5py", "tokenizers", "google_crc32c")
+PRELOADED = ("torch", "h5py", "tokenizers", "google_crc32c")  # launch2's agent imports torch.distributed.run itself
 
 
 class ForkServer:
