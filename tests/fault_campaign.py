@@ -6,7 +6,9 @@ exactly as a run never stopped.
 For each runner a tiny model is trained once uninterrupted (the reference). Each trial then starts the same command
 in a fresh directory, kills it 1-3 times (SIGKILL; for `launch2` the torchrun agent and both workers, stopped
 together first, as a lost node loses them), starts the same command again after each kill, and finally runs it to
-completion. The moments come from a seeded RNG: during start-up (before any checkpoint), a random delay after a new
+completion. Each command is a process of its own, forked from a Python that has imported torch (ForkServer), so
+that it spends its time on its own work rather than on 2 seconds of imports. The moments come from a seeded RNG:
+during start-up (before any checkpoint), a random delay after a new
 checkpoint, while a checkpoint is being written (its temporary file seen), the moment a new checkpoint appears
 (before the older ones are pruned, if the poll is quick enough), or any time in the run. A trial loses
 nothing when: every command that was not killed exited 0; every restart resumed the newest checkpoint; the final
@@ -20,15 +22,22 @@ are the reference's (keep_checkpoint_max of them). Prints a markdown table; exit
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
+import importlib
 import json
+import multiprocessing.synchronize
 import os
 import random
 import re
+import runpy
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +55,7 @@ for path in (HERE, ROOT):
 
 from helpers import classifier_flags, write_bert_dir, write_nvidia_shard  # noqa: E402
 
+from bertbench.common.run_files import CHECKPOINT_NAME  # noqa: E402
 from bertbench.tasks.synthetic import vocabulary, write_glue_task, write_squad  # noqa: E402
 from bertbench.training.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 from bertbench.training.metrics import MEASURED_FIELDS  # noqa: E402
@@ -150,11 +160,166 @@ def environment() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": python_path}
 
 
-def start(argv: Sequence[str], log: Path) -> subprocess.Popen:
-    with open(log, "w") as handle:
-        return subprocess.Popen(
-            argv, stdout=handle, stderr=subprocess.STDOUT, env=environment(), start_new_session=True
+# What the commands import from outside bertbench: the fork server imports it once, and each command's process,
+# forked from it, starts with it imported (a fresh Python spends ~2 CPU-seconds importing torch, most of a short run).
+# Not bertbench, 0.1 s: its import makes state a process must not share with others, such as tqdm's lock, a semaphore
+# that a command killed while writing a line would hold for every command forked after it (serve checks that none
+# is made here).
+PRELOADED = ("torch", "h5py", "tokenizers", "google_crc32c")  # launch2's agent imports torch.distributed.run itself
+
+
+class ForkServer:
+    """Starts the commands (`python -m MODULE ARGS...`), each as a child of one Python that has imported what they
+    import (`fault_campaign.py --serve`), forked for it: a process of its own in a session of its own, its output to
+    its log, killed as any, whose exit status the server reports. What the commands do, and so what a kill can
+    interrupt, is unchanged; only the interpreter's start-up and imports, which write nothing, are no longer theirs."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=environment(),
         )
+        self.replies = b""
+        self.started: list[int] = []
+        self.ended: dict[int, int] = {}
+        if self.process.stdout.readline() != b"ready\n":  # its imports done: a command's time is its own
+            raise RuntimeError(f"the fork server did not start ({self.process.wait()})")
+
+    def start(self, argv: Sequence[str], log: Path) -> Forked:
+        if list(argv[:2]) != [sys.executable, "-m"]:
+            raise ValueError(f"not a `python -m` command: {argv}")
+        self.process.stdin.write(json.dumps([*argv[2:], str(log)]).encode() + b"\n")
+        self.process.stdin.flush()
+        while not self.started:
+            self.read(timeout=None)
+        return Forked(self, self.started.pop())
+
+    def read(self, timeout: float | None) -> None:
+        """Take in the server's replies (`started PID`, `ended PID RETURNCODE`) that arrive within `timeout` seconds
+        (None: until one does)."""
+        if b"\n" not in self.replies and select.select([self.process.stdout], [], [], timeout)[0]:
+            data = os.read(self.process.stdout.fileno(), 65536)
+            if not data:
+                raise RuntimeError(f"the fork server ended ({self.process.wait()})")
+            self.replies += data
+        *lines, self.replies = self.replies.split(b"\n")
+        for line in lines:
+            kind, pid, *returncode = line.decode().split()
+            if kind == "started":
+                self.started.append(int(pid))
+            else:
+                self.ended[int(pid)] = int(returncode[0])
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        self.close()
+
+
+class Forked:
+    """A command the fork server started: what the campaign uses of subprocess.Popen's interface."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server, self.pid, self.returncode = server, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.read(timeout=0)
+            self.returncode = self.server.ended.pop(self.pid, None)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            self.server.read(left)
+        return self.returncode
+
+
+def serve() -> list[str] | None:
+    """The fork server (`fault_campaign.py --serve`): for each request on stdin, a JSON line [MODULE ARGS..., LOG],
+    it forks a child, which returns here with its command (the rest of its work is run_forked's); it answers
+    `started PID`, and `ended PID RETURNCODE` once the child has ended (a negative signal number when killed).
+    Returns None in the server when the requests end."""
+    for module in PRELOADED:
+        importlib.import_module(module)
+    if any(issubclass(type(thing), multiprocessing.synchronize.SemLock) for thing in gc.get_objects()):
+        raise RuntimeError("the fork server's imports made a multiprocessing lock, which its children would share")
+    requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    os.write(replies, b"ready\n")
+    children_ended, wake = os.pipe()  # SIGCHLD writes to the second, which select sees on the first
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    pending = b""
+    while True:
+        ready = select.select([requests, children_ended], [], [])[0]
+        if children_ended in ready:
+            os.read(children_ended, 4096)
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if not pid:
+                    break
+                os.write(replies, f"ended {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+        if requests in ready:
+            data = os.read(requests, 65536)
+            if not data:
+                return None
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                *command, log = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    os.setsid()
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for fd in (requests, replies, children_ended, wake):
+                        os.close(fd)
+                    output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    for fd in (1, 2):
+                        os.dup2(output, fd)
+                    os.close(output)
+                    nothing = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(nothing, 0)
+                    os.close(nothing)
+                    return command
+                os.write(replies, f"started {pid}\n".encode())
+
+
+def run_forked(module: str, args: list[str]) -> None:
+    """A forked child's command, run as `python -m module args...` runs it: as __main__, with sys.argv. When it exits
+    with a status, it ends as a multiprocessing child does: its threads joined, its atexit functions run, its output
+    flushed, then os._exit, without the interpreter's finalization, which cleared the server's modules for 0.5
+    CPU-seconds and writes nothing for these commands (under `python -X dev` they leave no file for it to close)."""
+    sys.argv = [module, *args]  # run_module puts the module's file first, as -m does
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        status = 0
+    except SystemExit as stop:
+        if stop.code is not None and not isinstance(stop.code, int):
+            raise  # a message: the interpreter prints it and exits 1
+        status = stop.code or 0
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def descendants(pid: int) -> list[int]:
@@ -184,7 +349,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def kill_tree(process: subprocess.Popen) -> None:
+def kill_tree(process: Forked) -> None:
     """SIGKILL the process and every descendant at once: all are stopped first, so no worker sees its peer die
     and reacts, then killed. Returns once every one is gone."""
     stopped: list[int] = []
@@ -211,8 +376,8 @@ def kill_tree(process: subprocess.Popen) -> None:
         time.sleep(POLL)
 
 
-def run_to_end(argv: Sequence[str], log: Path) -> int:
-    process = start(argv, log)
+def run_to_end(server: ForkServer, argv: Sequence[str], log: Path) -> int:
+    process = server.start(argv, log)
     try:
         return process.wait(timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -220,8 +385,27 @@ def run_to_end(argv: Sequence[str], log: Path) -> int:
         return -signal.SIGKILL
 
 
+# list_checkpoints' answer for a directory's checkpoint files as they were (name, inode, size, modification time): the
+# campaign polls every POLL seconds, and list_checkpoints reads each file's zip directory.
+_listed: dict[Path, tuple[tuple | None, list[tuple[int, str]]]] = {}
+
+
 def newest_step(out: Path) -> int | None:
-    checkpoints = list_checkpoints(out)
+    """The step of the newest checkpoint list_checkpoints lists (None: none), asked again only when a checkpoint
+    file has changed."""
+    files: list | None = []
+    try:
+        with os.scandir(out) as entries:
+            for entry in entries:
+                if CHECKPOINT_NAME.match(entry.name):
+                    status = entry.stat(follow_symlinks=False)
+                    files.append((entry.name, status.st_ino, status.st_size, status.st_mtime_ns))
+    except FileNotFoundError:  # not made yet, or a file pruned between scandir and stat: list it
+        files = None
+    key = None if files is None else tuple(sorted(files))
+    if key is None or out not in _listed or _listed[out][0] != key:
+        _listed[out] = (key, list_checkpoints(out))
+    checkpoints = _listed[out][1]
     return checkpoints[-1][0] if checkpoints else None
 
 
@@ -265,10 +449,10 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(list_checkpoints(out)[-1][1])["model"]
 
 
-def measure_reference(argv: Sequence[str], out: Path, log: Path) -> Reference:
+def measure_reference(server: ForkServer, argv: Sequence[str], out: Path, log: Path) -> Reference:
     """Run the command uninterrupted, noting when each checkpoint appears (the kill moments are scaled to it)."""
     started = time.monotonic()
-    process = start(argv, log)
+    process = server.start(argv, log)
     seen: list[float] = []
     last = None
     while process.poll() is None:
@@ -315,7 +499,7 @@ class Trial:
     lost: list[str] = field(default_factory=list)
 
 
-def sleep_while_running(process: subprocess.Popen, seconds: float) -> bool:
+def sleep_while_running(process: Forked, seconds: float) -> bool:
     """Sleep `seconds` unless the process ends first; whether it still runs."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -325,7 +509,7 @@ def sleep_while_running(process: subprocess.Popen, seconds: float) -> bool:
     return process.poll() is None
 
 
-def wait_while_running(process: subprocess.Popen, condition: Callable[[], bool]) -> bool:
+def wait_while_running(process: Forked, condition: Callable[[], bool]) -> bool:
     """Poll until `condition()` holds; False when the process ended first."""
     deadline = time.monotonic() + RUN_TIMEOUT
     while not condition():
@@ -336,7 +520,7 @@ def wait_while_running(process: subprocess.Popen, condition: Callable[[], bool])
 
 
 def strike(
-    process: subprocess.Popen, out: Path, moment: str, rng: random.Random, reference: Reference, started: float
+    process: Forked, out: Path, moment: str, rng: random.Random, reference: Reference, started: float
 ) -> Kill | None:
     """Wait for the moment, then SIGKILL the command; None when it ended first."""
     expected = reference.expected_seconds(newest_step(out))
@@ -376,13 +560,15 @@ def check_resume(log: Path, found: int | None, trial: Trial, run: str, required:
         trial.lost.append(f"{run}: started over checkpoint {found}, resumed {resumed or 'nothing'}")
 
 
-def run_trial(argv: Sequence[str], out: Path, logs: Path, reference: Reference, rng: random.Random) -> Trial:
+def run_trial(
+    server: ForkServer, argv: Sequence[str], out: Path, logs: Path, reference: Reference, rng: random.Random
+) -> Trial:
     trial = Trial()
     for number in range(rng.randint(1, 3)):
         moment = rng.choice(MOMENTS)
         found, log = newest_step(out), logs / f"run-{number}.log"
         started = time.monotonic()
-        process = start(argv, log)
+        process = server.start(argv, log)
         kill = strike(process, out, moment, rng, reference, started)
         if kill is not None:
             trial.kills.append(kill)
@@ -392,11 +578,11 @@ def run_trial(argv: Sequence[str], out: Path, logs: Path, reference: Reference, 
             if list_checkpoints(out):
                 return trial
     found, log = newest_step(out), logs / "final.log"
-    status = run_to_end(argv, log)
+    status = run_to_end(server, argv, log)
     check_resume(log, found, trial, "final run", required=status == 0)
     if status != 0:
         refused(trial, out, "final run", status, log)
-        if list_checkpoints(out) or run_to_end(argv, logs / "final-again.log") != 0:
+        if list_checkpoints(out) or run_to_end(server, argv, logs / "final-again.log") != 0:
             return trial
     trial.lost += check_run(out, reference)
     trial.identical = not any(problem.startswith("weights") for problem in trial.lost)
@@ -514,35 +700,41 @@ def campaign(
     runners' shorter commands (command())."""
     data = prepare_data(workdir / "data")
     results = []
-    for runner in runners:
-        count = trials[runner] if isinstance(trials, dict) else trials
-        root = workdir / runner
-        root.mkdir()
-        reference = measure_reference(
-            command(runner, data, root / "reference", short), root / "reference", root / "reference.log"
-        )
-        report(
-            f"{runner}: reference {reference.seconds:.1f} s, {reference.train['global_step']} steps, first "
-            f"checkpoint at {reference.first_checkpoint_seconds:.1f} s, then every "
-            f"{reference.save_interval_seconds:.2f} s"
-        )
-        rng = random.Random(f"{seed}-{runner}")
-        done = []
-        for number in range(count):
-            out, logs = root / f"trial-{number}", root / f"trial-{number}-logs"
-            logs.mkdir()
-            trial = run_trial(command(runner, data, out, short), out, logs, reference, rng)
-            done.append(trial)
-            kills = ", ".join(
-                f"{kill.moment} at {kill.seconds:.2f} s (newest checkpoint {kill.newest_checkpoint}"
-                f"{', saving' if kill.during_save else ''}{', not pruned' if kill.before_prune else ''})"
-                for kill in trial.kills
+    # The references from one server, the trials' commands from another: a trial's processes and its reference's are
+    # forked from different interpreters (hash seeds, addresses), as fresh processes would be.
+    with ForkServer() as reference_server, ForkServer() as server:
+        for runner in runners:
+            count = trials[runner] if isinstance(trials, dict) else trials
+            root = workdir / runner
+            root.mkdir()
+            reference = measure_reference(
+                reference_server,
+                command(runner, data, root / "reference", short),
+                root / "reference",
+                root / "reference.log",
             )
             report(
-                f"{runner} trial {number}: {len(trial.kills)} kills [{kills}]; "
-                f"{'; '.join(trial.lost) if trial.lost else 'nothing lost'}"
+                f"{runner}: reference {reference.seconds:.1f} s, {reference.train['global_step']} steps, first "
+                f"checkpoint at {reference.first_checkpoint_seconds:.1f} s, then every "
+                f"{reference.save_interval_seconds:.2f} s"
             )
-        results.append(RunnerResult(runner, done))
+            rng = random.Random(f"{seed}-{runner}")
+            done = []
+            for number in range(count):
+                out, logs = root / f"trial-{number}", root / f"trial-{number}-logs"
+                logs.mkdir()
+                trial = run_trial(server, command(runner, data, out, short), out, logs, reference, rng)
+                done.append(trial)
+                kills = ", ".join(
+                    f"{kill.moment} at {kill.seconds:.2f} s (newest checkpoint {kill.newest_checkpoint}"
+                    f"{', saving' if kill.during_save else ''}{', not pruned' if kill.before_prune else ''})"
+                    for kill in trial.kills
+                )
+                report(
+                    f"{runner} trial {number}: {len(trial.kills)} kills [{kills}]; "
+                    f"{'; '.join(trial.lost) if trial.lost else 'nothing lost'}"
+                )
+            results.append(RunnerResult(runner, done))
     return results
 
 
@@ -593,4 +785,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:] == ["--serve"]:
+        forked = serve()
+        if forked is not None:  # a forked child: its command
+            run_forked(forked[0], forked[1:])
+    else:
+        sys.exit(main())

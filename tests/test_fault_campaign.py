@@ -22,7 +22,7 @@ def test_the_segment_check_sees_gaps_overlaps_and_unsaved_ends():
 @pytest.mark.slow
 def test_a_small_campaign_loses_nothing(tmp_path):
     # Seed 167 draws 4 kills of 4 kinds (start-up, after a checkpoint, as one appears, in a save), the runners' short
-    # commands: process start-ups are most of the time, so the fewer restarts the quicker.
+    # commands.
     results = campaign(
         ["classifier", "pretraining"], {"classifier": 1, "pretraining": 1}, seed=167, workdir=tmp_path, short=True
     )
