@@ -7,10 +7,11 @@ PLAN.json is a list of phases, each {"name": ..., "call": "module:function", "ar
 "copy": [source, destination] and "remove": [paths], which rank 0 does before the phase starts (a snapshot of a run
 for the test to read, the checkpoints a killed worker would have lost). The ranks start each phase together (a file
 per rank beside PLAN.json says it is ready). Each rank calls function(argv) with its stdout and stderr going to
-<name>.rank<R>.log beside PLAN.json, and writes what it returned (an exit status) to <name>.rank<R>.status. A
-phase's process group keeps its keys in torchrun's store apart from the earlier phases', as a restart's do
-(bertbench.training.distributed.restart_safe_store): a new group in the same process would otherwise find the last
-one's keys and try its closed connections.
+<name>.rank<R>.log beside PLAN.json (appended to: a restart's lines follow the killed attempt's), and writes what
+it returned (an exit status) to <name>.rank<R>.status. A phase's process group keeps its keys in torchrun's store
+apart from the earlier phases', as a restart's do (bertbench.training.distributed.restart_safe_store): a new group in
+the same process would otherwise find the last one's keys and try its closed connections. Workers that torchrun
+restarted (--max-restarts) skip the phases every rank finished and go on from the one that was interrupted.
 """
 
 import contextlib
@@ -40,6 +41,8 @@ def main(plan_path: str) -> None:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     for phase in json.loads(Path(plan_path).read_text()):
         name = phase["name"]
+        if all((directory / f"{name}.rank{other}.status").exists() for other in range(world_size)):
+            continue  # finished before torchrun restarted the workers
         if rank == 0:
             if "copy" in phase:
                 shutil.copytree(*phase["copy"])
@@ -48,7 +51,7 @@ def main(plan_path: str) -> None:
         start_together(directory, name, rank, world_size)
         os.environ["TORCHELASTIC_RESTART_COUNT"] = f"{restart}-{name}"
         module, function = phase["call"].split(":")
-        with open(directory / f"{name}.rank{rank}.log", "w") as log:
+        with open(directory / f"{name}.rank{rank}.log", "a") as log:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 status = getattr(importlib.import_module(module), function)(phase["argv"])
         (directory / f"{name}.rank{rank}.status").write_text(str(status))
