@@ -99,10 +99,11 @@ class ModelSettings:
     attention_kernel: str | None = setting(
         "The unpadded path's attention (default: the device's measured fastest, see docs/benchmarks.md): varlen (one "
         "call over the packed rows: flash attention's variable-length kernel on a GPU in fp16/bf16, the masked kernel "
-        "where flash cannot run; a reference implementation on a CPU), per-sequence (SDPA per sequence), masked (the "
-        "rows put back in a batch as long as its longest sequence, SDPA with the padding mask), nested (SDPA on "
-        "jagged nested tensors), block-diagonal (all rows as one sequence, a block-diagonal mask) or auto (the "
-        "default; on a CPU, per-sequence for a batch whose longest sequence has 64 tokens or more, else masked).",
+        "where flash cannot run; a reference implementation on a CPU), per-sequence (each sequence's attention on "
+        "its own, in a few operators), masked (the rows put back in a batch as long as its longest sequence, SDPA "
+        "with the padding mask), nested (SDPA on jagged nested tensors), block-diagonal (all rows as one sequence, a "
+        "block-diagonal mask) or auto (the default; on a CPU, per-sequence for a batch whose longest sequence has 64 "
+        "tokens or more, else masked).",
         None,
         choices=ATTENTION_KERNELS,
         defines_training=True,
