@@ -13,6 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bertbench.bench import profile, workload
 from bertbench.bench.results import BenchResult
+from bertbench.model import attention, flops
+from bertbench.model.packing import Packing
 
 TINY = [
     "--model",
@@ -78,6 +80,7 @@ def test_flops_and_categories(profiled):
         "precision": "fp32",
         "batch_size": 2,
         "max_seq_length": 32,
+        "lengths": "full",
     }
     assert step.get("model_flops_per_step") == sum(counted.values())
     assert step.get("attention_flops_per_step") == counted["aten.bmm"]  # scores and mix, forward and backward
@@ -176,6 +179,7 @@ def test_overwrite_replaces_the_trace(tmp_path):
         (["--warmup", "-1"], "--warmup must be 0 or more, got -1"),
         (["--variant", "every-0"], "--variant: unknown variant 'every-0'"),
         (["--precision", "fp8"], "--precision: invalid choice: 'fp8'"),
+        (["--lengths", "no-such-file"], "--lengths no-such-file: neither full, real-text nor a readable file"),
     ],
 )
 def test_bad_flags_are_usage_errors(flags, message, tmp_path, capsys):
@@ -208,6 +212,8 @@ def test_unknown_model_is_one_line_error(tmp_path, capsys):
         ("aten::_flash_attention_forward", "attention"),
         ("bertbench::varlen_attention", "attention"),
         ("bertbench::varlen_attention_backward", "attention"),
+        ("bertbench::per_sequence_attention", "attention"),
+        ("bertbench::per_sequence_attention_backward", "attention"),
         ("aten::native_dropout", "dropout"),
         ("aten::dropout", "dropout"),
         ("aten::native_layer_norm_backward", "norm_activation"),
@@ -248,6 +254,34 @@ def test_attention_math_path_and_its_backward_count_as_attention():
     assert bmm == ["attention"] * 6  # scores and mix forward, two bmm each in their backward
     assert {category for name, category in ops if name == "aten::_softmax_backward_data"} == {"attention"}
     assert {category for name, category in ops if name == "aten::sum"} == {"other"}
+
+
+def test_the_per_sequence_kernel_and_its_backward_count_as_attention():
+    mask = torch.tensor([[1] * 5 + [0] * 3, [1] * 3 + [0] * 5, [1] * 8])
+    packing = Packing.of_mask(mask, "per-sequence")
+    query, key, value = (torch.randn(packing.rows, 8, requires_grad=True) for _ in range(3))
+    ops = categorized(lambda: attention.attention(packing, query, key, value, 2, 0.1).sum().backward())
+    assert [category for name, category in ops if name == "aten::bmm"] == ["attention"] * 6 * 3  # 3 sequences
+    kernels = ("aten::_softmax", "aten::_softmax_backward_data", "aten::uniform_")
+    assert {category for name, category in ops if name in kernels} == {"attention"}
+
+
+def test_real_lengths_count_the_flops_of_their_tokens(tmp_path):
+    """--lengths: the profiled steps go round a cycle of batches of real text's lengths, each once; the FLOPs are
+    of each sequence at its real length."""
+    flags = ["--model", "tiny", "--kind", "finetuning", "--batch_size", "2", "--lengths", "real-text"]
+    flags += ["--warmup", "0", "--steps", "2", "--device", "cpu", "--threads", "1", "--output_dir", str(tmp_path)]
+    assert profile.main(flags) == 0
+    result = BenchResult.read(str(tmp_path / "profile.json"))
+    (step,) = result.rows_measuring("step_seconds")
+    assert step.setting["lengths"] == "real-text"
+    config = workload.bert_config("tiny", 128)
+    real = workload.Lengths.parse("real-text").draw(4, 128, 0)  # 2 steps of 2, as train_step draws them
+    assert min(real) < 128
+    assert step.get("model_flops_per_step") == sum(flops.train_flops(config, "finetuning", n) for n in real) / 2
+    assert step.get("attention_flops_per_step") == sum(3 * flops.attention_forward_flops(config, n) for n in real) / 2
+    assert measuring(result, "category_seconds_per_step", "category")["attention"].median() > 0
+    assert "batch 2 x seq 128, real-text lengths on cpu" in (tmp_path / "profile.md").read_text()
 
 
 def test_recomputed_linear_counts_as_matmul_not_as_the_node_it_runs_in():

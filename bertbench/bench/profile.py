@@ -13,6 +13,7 @@ as plain bmm kernels; ops that a recompute variant re-runs in the backward are c
 
     bertbench bench profile --model base --batch_size 8 --steps 3
     bertbench bench profile --model tiny --batch_size 2 --max_seq_length 32 --device cpu    # a quick look
+    bertbench bench profile --model mini --kind finetuning --batch_size 16 --lengths real-text --steps 10
 """
 
 from __future__ import annotations
@@ -85,7 +86,14 @@ class ProfileSettings(settings.MeasuredSettings):
     variant: str = setting("baseline, full, selective or every-K (recompute policies).", "baseline")
     precision: str = settings.precision_setting()
     batch_size: int = setting("Sequences per step.", 8, positive=True)
-    max_seq_length: int = setting("Tokens per sequence.", 128, positive=True)
+    max_seq_length: int = setting("Tokens per sequence (padding included).", 128, positive=True)
+    lengths: str = setting(
+        "The real lengths of the sequences, as bench throughput's --lengths: full (no padding), real-text (the "
+        "built-in distribution of real text's, mean 64.2) or a file of lengths; the profiled steps go round a "
+        "seeded cycle of --steps batches drawn from it, each once. Padding takes the unpadded path unless the "
+        "variant says otherwise.",
+        "full",
+    )
     warmup: int = setting("Unprofiled steps first (start-up, allocator, kernel selection).", 2)
     steps: int = setting("Profiled steps.", 3)
     seed: int = setting("Seed of the model's weights (the synthetic batches are the same for every seed).", 0)
@@ -97,6 +105,14 @@ class ProfileSettings(settings.MeasuredSettings):
             workload.Variant.parse(self.variant)  # an unknown variant is refused with the other settings
         except workload.BenchError as error:
             raise UsageError(f"--variant: {error}") from None
+        try:
+            workload.Lengths.parse(self.lengths)
+        except workload.BenchError as error:  # its message names --lengths or the file
+            raise UsageError(str(error)) from None
+
+    @property
+    def step_lengths(self) -> workload.Lengths:
+        return workload.Lengths.parse(self.lengths)
 
     @property
     def step_variant(self) -> workload.Variant:
@@ -112,6 +128,7 @@ class ProfileSettings(settings.MeasuredSettings):
             "precision": self.precision,
             "batch_size": self.batch_size,
             "max_seq_length": self.max_seq_length,
+            "lengths": self.lengths,
         }
 
 
@@ -311,26 +328,31 @@ def markdown(title: str, rows: Sequence[Row], context: Mapping[str, Any]) -> str
 def rows_of(
     settings: ProfileSettings,
     config: BertConfig,
-    device: torch.device,
+    step: workload.BenchStep,
     step_seconds: Sequence[float],
     profiler: torch.profiler.profile,
 ) -> list[Row]:
     """The rows of a profiled run: the step (its time with the FLOPs, matmul TFLOP/s and each category's share as
-    columns), then a row per category and one per top operator, each its self time per step."""
+    columns), then a row per category and one per top operator, each its self time per step. FLOPs count each
+    sequence at its real length, whatever the path computes on the padding (bench throughput's rule)."""
+    device = step.device
     device_time = device.type == "cuda"  # the profiler records kernel times only for CUDA here
     profiled_seconds = sum(step_seconds)
     seconds = category_seconds(profiler.events(), device_time)
     operator_seconds = sum(seconds.values())
-    seq, batch = settings.max_seq_length, settings.batch_size
-    masked = synthetic.masked_positions(seq) if settings.kind == "pretraining" else 0
-    model_flops = flops.train_flops(config, settings.kind, seq, masked) * batch
-    attention_flops = 3 * flops.attention_forward_flops(config, seq) * batch
+    pretraining = settings.kind == "pretraining"
+    model_flops = step.per_step(
+        lambda length: flops.train_flops(
+            config, settings.kind, length, synthetic.masked_positions(length) if pretraining else 0
+        )
+    )
+    attention_flops = step.per_step(lambda length: 3 * flops.attention_forward_flops(config, length))
 
     def tflops_per_s(category_flops: int, category: str) -> float | None:
         return category_flops * settings.steps / seconds[category] / 1e12 if seconds[category] > 0 else None
 
     shares = {name: value / operator_seconds for name, value in seconds.items()}
-    step = Row(
+    step_row = Row(
         "step_seconds",
         "s",
         settings.row_setting,
@@ -367,7 +389,7 @@ def rows_of(
         )
         for operator in top_operators(averages, device_time, settings.steps, profiled_seconds, settings.top)
     ]
-    return [step, *categories, *operators]
+    return [step_row, *categories, *operators]
 
 
 def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
@@ -387,11 +409,13 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
         settings.batch_size,
         settings.max_seq_length,
         device,
+        lengths=settings.step_lengths,
+        steps=settings.steps,
         cuda_graphs=False,
     )
     load = LoadWatch()
     step_seconds, profiler = profile_steps(step, settings.warmup, settings.steps, trace_path)
-    rows = rows_of(settings, config, device, step_seconds, profiler)
+    rows = rows_of(settings, config, step, step_seconds, profiler)
     output.warn(load.busy("the profiled steps"))
     output.warn(noisy_warning([("the profiled steps", rows[0].value)], "step times"))
     device_time = device.type == "cuda"
@@ -404,9 +428,10 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
         "profiled_steps": settings.steps,
         "trace": os.path.basename(trace_path),
     }
+    lengths = "" if settings.step_lengths.full else f", {settings.lengths} lengths"
     title = (
         f"{settings.model} {settings.kind}, {settings.variant}, {settings.precision}, batch {settings.batch_size} x "
-        f"seq {settings.max_seq_length} on {device}"
+        f"seq {settings.max_seq_length}{lengths} on {device}"
     )
     text = markdown(title, rows, context)
     shares = {row.get("category"): row.get("share") for row in rows if row.measured == "category_seconds_per_step"}

@@ -15,6 +15,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.profiler import record_function
 from torch.utils.flop_counter import register_flop_formula
 
 from bertbench.model.packing import PER_SEQUENCE_MIN_LENGTH, Packing, PathRule
@@ -233,46 +234,51 @@ class _PerSequenceAttention(torch.autograd.Function):
     and a softmax forward, four bmm and softmax's backward formula backward, the scale folded into the queries and
     the dropout masks of all the sequences drawn at once (a score kept where its uniform draw is at least dropout_p,
     and scaled by 1 / (1 - dropout_p): Google's dropout). SDPA's math path, the only one that takes dropout on a CPU,
-    runs about 75 operators per sequence forward and backward, which for a 2 x 128 model cost more than the
-    attention's arithmetic. Computed in fp32 at least, as SDPA's math path computes."""
+    makes about 150 operator calls per sequence forward and backward, views included, which for a 2 x 128 model cost
+    more than the attention's arithmetic. Computed in fp32 at least, as SDPA's math path computes. Its profiler
+    ranges name it attention for bertbench bench profile, whose categories would otherwise count its bmm as matmuls."""
 
     @staticmethod
     def forward(ctx, query, key, value, lengths, num_heads, dropout_p):
-        rows, hidden = query.shape
-        dtype, compute = query.dtype, torch.promote_types(query.dtype, torch.float32)
+        with record_function("bertbench::per_sequence_attention"), torch.autocast(query.device.type, enabled=False):
+            rows, hidden = query.shape
+            dtype, compute = query.dtype, torch.promote_types(query.dtype, torch.float32)
 
-        def heads(x):  # [rows, hidden] -> [heads, rows, head_dim]: a sequence's rows are a batch of matrices
-            return x.to(compute).view(rows, num_heads, -1).transpose(0, 1).contiguous()
+            def heads(x):  # [rows, hidden] -> [heads, rows, head_dim]: a sequence's rows are a batch of matrices
+                return x.to(compute).view(rows, num_heads, -1).transpose(0, 1).contiguous()
 
-        scale = 1 / math.sqrt(hidden // num_heads)
-        query, key, value = heads(query * scale), heads(key), heads(value)
-        keys = key.transpose(1, 2).split(lengths, 2)
-        sizes = [num_heads * length * length for length in lengths]
-        keep = None  # each score's dropout factor, 0 or 1 / (1 - dropout_p)
-        if dropout_p:
-            keep = torch.rand(sum(sizes), dtype=compute, device=query.device).ge_(dropout_p).mul_(1 / (1 - dropout_p))
-        keeps = keep.split(sizes) if keep is not None else [None] * len(lengths)
-        outputs, probabilities = [], []
-        with torch.autocast(query.device.type, enabled=False):
-            for q, k_t, v, kept in zip(query.split(lengths, 1), keys, value.split(lengths, 1), keeps):
+            scale = 1 / math.sqrt(hidden // num_heads)
+            query, key, value = heads(query * scale), heads(key), heads(value)
+            sizes = [num_heads * length * length for length in lengths]
+            keep = None  # each score's dropout factor, 0 or 1 / (1 - dropout_p)
+            if dropout_p:
+                draws = torch.rand(sum(sizes), dtype=compute, device=query.device)
+                keep = draws.ge_(dropout_p).mul_(1 / (1 - dropout_p))
+            keeps = keep.split(sizes) if keep is not None else [None] * len(lengths)
+            outputs, probabilities = [], []
+            for q, k_t, v, kept in zip(
+                query.split(lengths, 1), key.transpose(1, 2).split(lengths, 2), value.split(lengths, 1), keeps
+            ):
                 probs = torch.bmm(q, k_t).softmax(-1)
                 probabilities.append(probs)
                 outputs.append(torch.bmm(probs if kept is None else probs * kept.view(probs.shape), v))
-        ctx.save_for_backward(query, key, value, keep, *probabilities)
-        ctx.lengths, ctx.scale, ctx.dtype = lengths, scale, dtype
-        return torch.cat(outputs, 1).transpose(0, 1).reshape(rows, hidden).to(dtype)
+            ctx.save_for_backward(query, key, value, keep, *probabilities)
+            ctx.lengths, ctx.scale, ctx.dtype = lengths, scale, dtype
+            return torch.cat(outputs, 1).transpose(0, 1).reshape(rows, hidden).to(dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        query, key, value, keep, *probabilities = ctx.saved_tensors  # query already scaled
-        rows, hidden = grad_out.shape
-        num_heads = query.shape[0]
-        grad_out = grad_out.to(query.dtype).view(rows, num_heads, -1).transpose(0, 1).contiguous()
-        keeps = (
-            keep.split([probs.numel() for probs in probabilities]) if keep is not None else [None] * len(ctx.lengths)
-        )
-        grad_query, grad_key, grad_value = [], [], []
-        with torch.autocast(query.device.type, enabled=False):
+        with (
+            record_function("bertbench::per_sequence_attention_backward"),
+            torch.autocast(grad_out.device.type, enabled=False),
+        ):
+            query, key, value, keep, *probabilities = ctx.saved_tensors  # the queries scaled
+            rows, hidden = grad_out.shape
+            num_heads = query.shape[0]
+            grad_out = grad_out.to(query.dtype).view(rows, num_heads, -1).transpose(0, 1).contiguous()
+            sizes = [probs.numel() for probs in probabilities]
+            keeps = keep.split(sizes) if keep is not None else [None] * len(sizes)
+            grad_query, grad_key, grad_value = [], [], []
             pieces = (x.split(ctx.lengths, 1) for x in (query, key, value, grad_out))
             for q, k, v, g, probs, kept in zip(*pieces, probabilities, keeps):
                 grad_kept = torch.bmm(g, v.transpose(1, 2))
@@ -285,10 +291,10 @@ class _PerSequenceAttention(torch.autograd.Function):
                 grad_query.append(torch.bmm(grad_scores, k))
                 grad_key.append(torch.bmm(grad_scores.transpose(1, 2), q))
 
-        def rows_of(pieces):  # the sequences' [heads, length, head_dim] pieces -> [rows, hidden]
-            return torch.cat(pieces, 1).transpose(0, 1).reshape(rows, hidden).to(ctx.dtype)
+            def rows_of(pieces):  # the sequences' [heads, length, head_dim] pieces -> [rows, hidden]
+                return torch.cat(pieces, 1).transpose(0, 1).reshape(rows, hidden).to(ctx.dtype)
 
-        return rows_of(grad_query).mul_(ctx.scale), rows_of(grad_key), rows_of(grad_value), None, None, None
+            return rows_of(grad_query).mul_(ctx.scale), rows_of(grad_key), rows_of(grad_value), None, None, None
 
 
 def _per_sequence(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:
