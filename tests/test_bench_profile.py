@@ -268,16 +268,16 @@ def test_the_per_sequence_kernel_and_its_backward_count_as_attention():
 
 def test_real_lengths_count_the_flops_of_their_tokens(tmp_path):
     """--lengths: the profiled steps go round a cycle of batches of real text's lengths, each once; the FLOPs are
-    of each sequence at its real length."""
-    flags = ["--model", "tiny", "--kind", "finetuning", "--batch_size", "2", "--lengths", "real-text"]
+    of each sequence at its real length; --seed draws them."""
+    flags = ["--model", "tiny", "--kind", "finetuning", "--batch_size", "2", "--lengths", "real-text", "--seed", "3"]
     flags += ["--warmup", "0", "--steps", "2", "--device", "cpu", "--threads", "1", "--output_dir", str(tmp_path)]
     assert profile.main(flags) == 0
     result = BenchResult.read(str(tmp_path / "profile.json"))
     (step,) = result.rows_measuring("step_seconds")
     assert step.setting["lengths"] == "real-text"
     config = workload.bert_config("tiny", 128)
-    real = workload.Lengths.parse("real-text").draw(4, 128, 0)  # 2 steps of 2, as train_step draws them
-    assert min(real) < 128
+    real = workload.Lengths.parse("real-text").draw(4, 128, 3)  # 2 steps of 2, as train_step draws them
+    assert min(real) < 128 and real != workload.Lengths.parse("real-text").draw(4, 128, 0)
     assert step.get("model_flops_per_step") == sum(flops.train_flops(config, "finetuning", n) for n in real) / 2
     assert step.get("attention_flops_per_step") == sum(3 * flops.attention_forward_flops(config, n) for n in real) / 2
     assert measuring(result, "category_seconds_per_step", "category")["attention"].median() > 0

@@ -96,7 +96,7 @@ class ProfileSettings(settings.MeasuredSettings):
     )
     warmup: int = setting("Unprofiled steps first (start-up, allocator, kernel selection).", 2)
     steps: int = setting("Profiled steps.", 3)
-    seed: int = setting("Seed of the model's weights (the synthetic batches are the same for every seed).", 0)
+    seed: int = setting("Seed of the model's weights, the synthetic batches and their --lengths.", 0)
     top: int = setting("Operators in the table.", 15, positive=True)
 
     def __post_init__(self) -> None:
@@ -399,7 +399,6 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
         settings.directory, settings.bench, argv, settings.overwrite, other_files=["profile-trace.json"]
     )
     trace_path = output.path("-trace.json")
-    torch.manual_seed(settings.seed)
     # No CUDA graphs: a replayed graph's kernels belong to no operator, and the profile is of the operators.
     step = workload.train_step(
         config,
@@ -411,6 +410,7 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
         device,
         lengths=settings.step_lengths,
         steps=settings.steps,
+        seed=settings.seed,
         cuda_graphs=False,
     )
     load = LoadWatch()
