@@ -3,9 +3,12 @@ one table per bench and measured figure; training run directories side by side; 
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import read_json, snapshot
 
 from bertbench import cli as bertbench_cli
@@ -67,6 +70,24 @@ def test_runs_line_up_by_setting_with_the_last_over_the_first(tmp_path, capsys):
         "HBM3), so the ratios between them measure that difference too"
     )
     assert f"**Warning:** {warning}" in markdown
+
+
+def test_a_report_runs_without_torch(tmp_path):
+    """`bertbench report` reads results and runs no model, so it loads no torch (2 s of the 3 s it took, on a login
+    node where compare.pbs runs it after its evaluations); its own result records the torch version from the package
+    metadata and leaves out what only a loaded torch says (threads, CUDA, GPU)."""
+    write_throughput(tmp_path / "cpu", None, (10.0, 8.0))
+    write_throughput(tmp_path / "h100", "NVIDIA H100 80GB HBM3", (2000.0, 1500.0))
+    code = "import sys\nfrom bertbench.cli import main\nstatus = main(sys.argv[1:])\n"
+    code += "print('torch loaded:', 'torch' in sys.modules)\nsys.exit(status)\n"
+    arguments = ["report", str(tmp_path / "cpu"), str(tmp_path / "h100"), "--output_dir", str(tmp_path / "r")]
+    done = subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "torch loaded: False"
+    report = BenchResult.read(str(tmp_path / "r" / "report.json"))
+    assert "throughput: seq_per_s (seq/s)" in report.context["comparisons"]
+    assert report.versions["torch"] == torch.__version__
+    assert "threads" not in report.machine and "cuda" not in report.versions
 
 
 def test_a_ratio_of_noisy_figures_is_marked(tmp_path):

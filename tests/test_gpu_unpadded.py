@@ -21,7 +21,7 @@ from helpers import (
 from bertbench.model import attention
 from bertbench.model.factory import TASKS, build_model
 from bertbench.model.packing import Packer
-from bertbench.model.precision import PRECISION_DTYPES
+from bertbench.model.precision import precision_dtype
 from bertbench.tasks.synthetic import synthetic_batch
 from bertbench.training.config import TrainConfig
 from bertbench.training.distributed import Distributed
@@ -43,7 +43,7 @@ def to_device(batch):
 def autocast(precision):
     if precision == "fp32":
         return torch.autocast("cuda", enabled=False)
-    return torch.autocast("cuda", dtype=PRECISION_DTYPES[precision])
+    return torch.autocast("cuda", dtype=precision_dtype(precision))
 
 
 @pytest.mark.parametrize("dtype, bound", [(torch.bfloat16, 2e-2), (torch.float16, 4e-3)])

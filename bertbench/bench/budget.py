@@ -34,11 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bertbench.bench import settings as bench_settings
+from bertbench.bench.errors import BenchError, BenchRunFailed
 from bertbench.bench.output import BenchOutput, with_warnings
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, noisy_rows, table
 from bertbench.bench.settings import BenchSettings, device_setting
-from bertbench.bench.workload import BenchError, BenchRunFailed, Variant
+from bertbench.bench.workload import Variant
 from bertbench.common import run_files
 from bertbench.common.durable import read_json
 from bertbench.common.flags import setting

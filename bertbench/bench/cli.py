@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from bertbench.bench.workload import BenchError, BenchRunFailed
+from bertbench.bench.errors import BenchError, BenchRunFailed
 from bertbench.common.commands import command_lines, dispatch
 from bertbench.common.errors import run_command
 from bertbench.model.config import ConfigError

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 
 from bertbench.bench import settings, workload
+from bertbench.bench.errors import BenchRunFailed
 from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import Column, Ratio, Row, Spread, noisy_ratios_note, noisy_rows, table
@@ -247,7 +248,7 @@ def train_once(spec: TaskRunner, values: dict, scores: Sequence[str]) -> dict:
     eval_results.json."""
     log = io.StringIO()
     if spec.run_values(values, log) != 0:
-        raise workload.BenchRunFailed(f"{spec.name} failed:\n{log.getvalue()}")
+        raise BenchRunFailed(f"{spec.name} failed:\n{log.getvalue()}")
     out = values["output_dir"]
     train = read_json(os.path.join(out, run_files.TRAIN_RESULTS))
     evaluated = read_json(os.path.join(out, run_files.EVAL_RESULTS))
@@ -341,13 +342,13 @@ def resume_after_sigkill(settings: FinetuningSettings, contender: Contender, roo
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while not list_checkpoints(out):
         if process.poll() is not None:
-            raise workload.BenchRunFailed(
+            raise BenchRunFailed(
                 f"{spec.name} ended (status {process.returncode}) before its first checkpoint: {' '.join(command)}"
             )
         time.sleep(0.01)
     process.kill()
     if process.wait() == 0 or os.path.exists(os.path.join(out, run_files.TRAIN_RESULTS)):
-        raise workload.BenchRunFailed(
+        raise BenchRunFailed(
             "the run to kill finished first: give it more steps (--num_train_epochs, --max_train_samples)"
         )
     killed_at = list_checkpoints(out)[-1][0]
@@ -359,7 +360,7 @@ def resume_after_sigkill(settings: FinetuningSettings, contender: Contender, roo
         if to_training is None and line.startswith("resumed from "):
             to_training = time.perf_counter() - started
     if resumed.wait() != 0 or to_training is None:
-        raise workload.BenchRunFailed(f"the resumed {spec.name} failed:\n{''.join(lines[-20:])}")
+        raise BenchRunFailed(f"the resumed {spec.name} failed:\n{''.join(lines[-20:])}")
     train = read_json(os.path.join(out, run_files.TRAIN_RESULTS))
     return {
         "killed_after_checkpoint_step": killed_at,

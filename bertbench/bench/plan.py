@@ -46,11 +46,12 @@ from typing import Any
 import numpy
 
 from bertbench.bench import settings as bench_settings
+from bertbench.bench.errors import BenchError
 from bertbench.bench.output import BenchOutput, superlinear, superlinear_warning, with_warnings
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import BenchResult, Column, Ratio, Row, Spread, noisy_ratios_note, table
 from bertbench.bench.settings import BenchSettings, model_setting
-from bertbench.bench.workload import STEP_KINDS, BenchError, bert_config
+from bertbench.bench.workload import STEP_KINDS, bert_config
 from bertbench.common.flags import description, setting
 from bertbench.common.noise import noisy_warning
 from bertbench.model.config import BertConfig

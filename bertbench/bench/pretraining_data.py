@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertbench.bench import settings, workload
+from bertbench.bench.errors import BenchRunFailed
 from bertbench.bench.output import BenchOutput
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import Column, Ratio, Row, Spread, table
@@ -366,7 +367,7 @@ def run_once(
     wall = time.perf_counter() - started
     if done.returncode:
         last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
-        raise workload.BenchRunFailed(
+        raise BenchRunFailed(
             f"create_pretraining_data with {workers} worker(s) failed (exit {done.returncode}): {last}"
         )
     stats = read_json(os.path.join(shards, STATS_FILE))

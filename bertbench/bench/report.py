@@ -30,11 +30,11 @@ import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from bertbench.bench.errors import BenchError
 from bertbench.bench.output import BenchOutput, mismatch_warning, with_warnings
 from bertbench.bench.plots import line_plot
 from bertbench.bench.results import BenchResult, Column, Ratio, Row, Spread, noisy_ratios_note, read_results, table
 from bertbench.bench.settings import BenchSettings, main_for
-from bertbench.bench.workload import BenchError
 from bertbench.common import run_files
 from bertbench.common.durable import read_json
 from bertbench.common.errors import UsageError

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.metadata
 import os
 import platform
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
-
-import torch
 
 from bertbench.common.durable import read_json
 from bertbench.common.errors import UsageError
@@ -277,16 +277,27 @@ def noisy_ratios_note(rows: Sequence[Row]) -> str | None:
 # ---- the machine and versions a result was measured on -----------------------------------------------------------
 
 
+# What torch says of the machine (its CUDA, threads, GPU) is recorded where a result was measured, which loaded torch;
+# `bertbench report`, which reads results and runs nothing, loads none (2 s of a 3 s command), and leaves those out.
+
+
 def versions() -> dict[str, Any]:
     import numpy
 
     from bertbench import __version__
 
-    return {
+    found = {
         "bertbench": __version__,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": importlib.metadata.version("torch"),
         "numpy": numpy.__version__,
+    }
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return found
+    return {
+        **found,
+        "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
@@ -296,12 +307,18 @@ def versions() -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     """The platform, processor, cores, memory, CPU threads and GPU the figures were measured on."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
-    return {
+    found = {
         "platform": platform.platform(),
         "processor": platform.processor(),
         "hostname": platform.node(),
         "cpu_count": os.cpu_count(),
         "memory_bytes": memory,
+    }
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return found
+    return {
+        **found,
         "threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,

@@ -37,6 +37,7 @@ from torch import nn
 
 from bertbench.bench import measure, workload
 from bertbench.bench import settings as bench_settings
+from bertbench.bench.errors import BenchRunFailed
 from bertbench.bench.output import BenchOutput, mismatch_warning, superlinear_warning, with_warnings
 from bertbench.bench.plan import efficiency_column, fit_alpha_beta
 from bertbench.bench.plots import line_plot
@@ -224,7 +225,7 @@ def run_job(settings: ScalingSettings, processes: int) -> dict[str, Any]:
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode:
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-            raise workload.BenchRunFailed(f"the {processes}-process job failed (exit {done.returncode}): {tail}")
+            raise BenchRunFailed(f"the {processes}-process job failed (exit {done.returncode}): {tail}")
         findings = read_json(out)
         rate = Spread.of_rate(findings["global_batch"], findings["step_seconds"])
         print(

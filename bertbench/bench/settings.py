@@ -14,15 +14,15 @@ import datetime
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from bertbench.bench import cli
 from bertbench.common.flags import FlagParser, add_dataclass_flags, as_flags, build, check_fields, setting
 from bertbench.model.precision import PRECISIONS
 from bertbench.model.sizes import MODEL_SIZES
-from bertbench.training.distributed import resolve_device
+
+if TYPE_CHECKING:
+    import torch
 
 Settings = TypeVar("Settings", bound="BenchSettings")
 
@@ -78,7 +78,12 @@ class MeasuredSettings(BenchSettings):
 
     def torch_device(self) -> torch.device:
         """--device as the torch device, made the current one; set the CPU threads (--threads) first. An unusable
-        device is a UsageError naming --device."""
+        device is a UsageError naming --device. (torch is imported here, not with the settings: `bertbench report`
+        takes settings and runs no model.)"""
+        import torch
+
+        from bertbench.training.distributed import resolve_device
+
         if self.threads:
             torch.set_num_threads(self.threads)
         return resolve_device(self.device)

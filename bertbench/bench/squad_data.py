@@ -29,9 +29,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertbench.bench import settings
+from bertbench.bench.errors import BenchError
 from bertbench.bench.output import BenchOutput
 from bertbench.bench.results import Column, Row, Spread, noisy_rows, table
-from bertbench.bench.workload import BenchError
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import description, setting
 from bertbench.common.noise import LoadWatch

@@ -41,6 +41,7 @@ import torch
 
 from bertbench.bench import settings as bench_settings
 from bertbench.bench.budget import last_error_line
+from bertbench.bench.errors import BenchRunFailed
 from bertbench.bench.memory import MemorySettings
 from bertbench.bench.optimizer import OptimizerSettings
 from bertbench.bench.output import BenchOutput
@@ -48,7 +49,6 @@ from bertbench.bench.plots import bar_plot
 from bertbench.bench.results import BenchResult, Column, Ratio, Row, Spread, noisy_ratios_note, table
 from bertbench.bench.settings import BenchSettings, device_setting
 from bertbench.bench.throughput import ThroughputSettings
-from bertbench.bench.workload import BenchRunFailed
 from bertbench.common.errors import UsageError
 from bertbench.common.flags import setting
 from bertbench.common.noise import cv_text

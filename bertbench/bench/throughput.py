@@ -48,7 +48,7 @@ from bertbench.common.flags import setting
 from bertbench.common.noise import LoadWatch
 from bertbench.model import flops
 from bertbench.model.config import BertConfig
-from bertbench.model.precision import PRECISION_DTYPES, PRECISIONS
+from bertbench.model.precision import PRECISIONS, precision_dtype
 from bertbench.model.saved_activations import saved_activation_bytes
 from bertbench.tasks import synthetic
 from bertbench.training import devices, optim
@@ -452,7 +452,7 @@ def device_peaks(precisions: Sequence[str], device: torch.device) -> dict[str, t
         try:
             peaks[precision] = devices.peak_flops(device, precision)
         except ValueError:
-            dtype = PRECISION_DTYPES[precision]
+            dtype = precision_dtype(precision)
             size = 4096 if device.type == "cuda" else 2048
             measured = measure.matmul_flops_per_second(size, dtype, str(device))
             peaks[precision] = devices.peak_flops(device, precision, measured)

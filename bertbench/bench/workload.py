@@ -22,6 +22,7 @@ from importlib import resources
 import torch
 from torch import nn
 
+from bertbench.bench.errors import BenchError
 from bertbench.model.attention import ATTENTION_KERNELS
 from bertbench.model.config import IGNORE_INDEX, BertConfig, ConfigError
 from bertbench.model.factory import build_model, path_of, unrunnable
@@ -35,14 +36,6 @@ from bertbench.training.step import TrainStep, autocast, fallbacks, slow_here
 # pretraining: BertForPreTraining with MLM on the masked positions only plus NSP (NVIDIA's / MLPerf's step);
 # finetuning: sequence classification (GLUE's step).
 STEP_KINDS = ("pretraining", "finetuning")
-
-
-class BenchError(ValueError):
-    """A bench setting or input file a user supplied is unusable; the message names it."""
-
-
-class BenchRunFailed(RuntimeError):
-    """A run the bench started (a contender, a data-creation job) failed; the message quotes why."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from bertbench.common.flags import setting
 from bertbench.model import modeling, recompute
 from bertbench.model.attention import ATTENTION_KERNELS
 from bertbench.model.config import BertConfig
-from bertbench.model.precision import PRECISION_DTYPES
+from bertbench.model.precision import precision_dtype
 
 MODELINGS = ("baseline", "recompute")
 TASKS = {
@@ -60,7 +60,7 @@ def unrunnable(modeling_name: str, attention_kernel: str | None, device: torch.d
 def path_of(model: nn.Module, device: torch.device | str, precision: str, compiled: bool) -> tuple[str, str]:
     """What a model's batches with padding run on here, as train_results.json and the benches name it ("padded",
     or "unpadded/KERNEL"; "unpadded/auto" picks per batch by its longest sequence), and why (attention.path_rule)."""
-    packer = modeling.packer_for(model, device, PRECISION_DTYPES[precision], compiled)
+    packer = modeling.packer_for(model, device, precision_dtype(precision), compiled)
     if packer is None or packer.rule is None:
         return "padded", "--unpad=false: every sequence computed at the batch's length"
     rule = packer.rule

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from bertbench.model import modeling
-from bertbench.model.precision import PRECISION_DTYPES
+from bertbench.model.precision import precision_dtype
 from bertbench.training.distributed import Distributed
 from bertbench.training.step import autocast, to_device
 
@@ -43,7 +43,7 @@ def run_inference(
     extract = outputs if callable(outputs) else _output_fields(outputs)
     collected: dict[str, list[torch.Tensor]] = defaultdict(list)
     loss_sum = 0.0
-    packer = modeling.packer_for(model, device, PRECISION_DTYPES[precision])
+    packer = modeling.packer_for(model, device, precision_dtype(precision))
     was_training = model.training
     model.eval()
     try:

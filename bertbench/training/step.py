@@ -29,7 +29,7 @@ from torch import nn
 
 from bertbench.model import modeling
 from bertbench.model.packing import Packer, Packing
-from bertbench.model.precision import PRECISION_DTYPES
+from bertbench.model.precision import precision_dtype
 from bertbench.training import devices, optim
 from bertbench.training.config import TrainConfig
 from bertbench.training.cuda_graphs import GraphedMicroBatches
@@ -40,7 +40,7 @@ def autocast(precision: str, device: torch.device | str):
     """The forward's precision context: none for fp32, autocast to fp16 or bf16 otherwise."""
     if precision == "fp32":
         return nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=PRECISION_DTYPES[precision])
+    return torch.autocast(torch.device(device).type, dtype=precision_dtype(precision))
 
 
 def compile_unavailable(device: torch.device | str) -> str | None:
@@ -201,7 +201,7 @@ class TrainStep:
             config.warmup_steps,
         )
         self.training_model = wrap_for_training(model, config, self.dist)
-        packer = modeling.packer_for(model, self.device, PRECISION_DTYPES[config.precision], config.compile)
+        packer = modeling.packer_for(model, self.device, precision_dtype(config.precision), config.compile)
         self.graphs_note = graphs_unavailable(model, config, self.dist, packer)
         self.graphs = None
         if self.graphs_note is None:
