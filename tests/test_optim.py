@@ -123,7 +123,8 @@ def test_train_step_clips_then_steps_as_the_source(name, bias_correction, fused,
     """The real step: TrainStep's clipping at 1.0 (Google's and apex's formula), the optimizer, the schedule; also
     with the fused rules a GPU runs, forced on the CPU, which take the clipping into their own pass (torch's AdamW
     does so on the CPU too). The fused LAMB is traced as a run traces it, without inductor's C++ code generation
-    (test_fused_lamb_is_the_eager_rule_and_compiles_once_per_group runs that): 10 CPU-seconds on an empty cache."""
+    (test_fused_lamb_is_the_eager_rule_and_compiles_once_per_group runs that), which cost each of the two fused
+    LAMB cases here about 10 CPU-seconds on an empty inductor cache."""
     if fused and name != "adamw":
         compile_lamb_with(monkeypatch, "aot_eager_decomp_partition")
     initial = initial_values(seed=2)
