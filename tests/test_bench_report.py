@@ -73,9 +73,9 @@ def test_runs_line_up_by_setting_with_the_last_over_the_first(tmp_path, capsys):
 
 
 def test_a_report_runs_without_torch(tmp_path):
-    """`bertbench report` reads results and runs no model, so it loads no torch (2 s of the 3 s it took, on a login
-    node where compare.pbs runs it after its evaluations); its own result records the torch version from the package
-    metadata and leaves out what only a loaded torch says (threads, CUDA, GPU)."""
+    """`bertbench report` reads results and runs no model, so it loads no torch (half of the CPU time it took, on a
+    login node where compare.pbs runs it after its evaluations); its own result records the torch version from the
+    package metadata and leaves out what only a loaded torch says (threads, CUDA, GPU)."""
     write_throughput(tmp_path / "cpu", None, (10.0, 8.0))
     write_throughput(tmp_path / "h100", "NVIDIA H100 80GB HBM3", (2000.0, 1500.0))
     code = "import sys\nfrom bertbench.cli import main\nstatus = main(sys.argv[1:])\n"

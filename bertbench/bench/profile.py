@@ -399,6 +399,7 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
         settings.directory, settings.bench, argv, settings.overwrite, other_files=["profile-trace.json"]
     )
     trace_path = output.path("-trace.json")
+    lengths = settings.step_lengths  # a file of lengths, when one is given, read once
     # No CUDA graphs: a replayed graph's kernels belong to no operator, and the profile is of the operators.
     step = workload.train_step(
         config,
@@ -408,7 +409,7 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
         settings.batch_size,
         settings.max_seq_length,
         device,
-        lengths=settings.step_lengths,
+        lengths=lengths,
         steps=settings.steps,
         seed=settings.seed,
         cuda_graphs=False,
@@ -428,10 +429,10 @@ def run(settings: ProfileSettings, argv: Sequence[str]) -> None:
         "profiled_steps": settings.steps,
         "trace": os.path.basename(trace_path),
     }
-    lengths = "" if settings.step_lengths.full else f", {settings.lengths} lengths"
+    real_lengths = "" if lengths.full else f", {settings.lengths} lengths"
     title = (
         f"{settings.model} {settings.kind}, {settings.variant}, {settings.precision}, batch {settings.batch_size} x "
-        f"seq {settings.max_seq_length}{lengths} on {device}"
+        f"seq {settings.max_seq_length}{real_lengths} on {device}"
     )
     text = markdown(title, rows, context)
     shares = {row.get("category"): row.get("share") for row in rows if row.measured == "category_seconds_per_step"}

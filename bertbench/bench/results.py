@@ -278,7 +278,7 @@ def noisy_ratios_note(rows: Sequence[Row]) -> str | None:
 
 
 # What torch says of the machine (its CUDA, threads, GPU) is recorded where a result was measured, which loaded torch;
-# `bertbench report`, which reads results and runs nothing, loads none (2 s of a 3 s command), and leaves those out.
+# `bertbench report`, which reads results and runs nothing, loads none (half of its CPU time), and leaves those out.
 
 
 def versions() -> dict[str, Any]:
@@ -286,15 +286,10 @@ def versions() -> dict[str, Any]:
 
     from bertbench import __version__
 
-    found = {
-        "bertbench": __version__,
-        "python": platform.python_version(),
-        "torch": importlib.metadata.version("torch"),
-        "numpy": numpy.__version__,
-    }
+    found = {"bertbench": __version__, "python": platform.python_version(), "numpy": numpy.__version__}
     torch = sys.modules.get("torch")
     if torch is None:
-        return found
+        return {**found, "torch": importlib.metadata.version("torch")}
     return {
         **found,
         "torch": torch.__version__,

@@ -151,14 +151,23 @@ def _reference_backward(grad_out, query, key, value, cu_seqlens, dropout_p, seed
     bounds = cu_seqlens.tolist()
     for (start, end), (probabilities, dropout_scale) in zip(zip(bounds, bounds[1:]), saved):
         q, k, v, g = (x[start:end].transpose(0, 1).to(probabilities.dtype) for x in (query, key, value, grad_out))
-        kept = probabilities if dropout_scale is None else probabilities * dropout_scale
-        grad_kept = g @ v.transpose(-1, -2)
-        grad_probabilities = grad_kept if dropout_scale is None else grad_kept * dropout_scale
-        grad_scores = probabilities * (grad_probabilities - (grad_probabilities * probabilities).sum(-1, keepdim=True))
-        pieces = (grad_scores @ k * scale, grad_scores.transpose(-1, -2) @ q * scale, kept.transpose(-1, -2) @ g)
-        for grad, piece in zip(grads, pieces):
+        grad_q, grad_k, grad_v = _sequence_gradients(q * scale, k, v, g, probabilities, dropout_scale)
+        for grad, piece in zip(grads, (grad_q * scale, grad_k, grad_v)):
             grad[start:end] = piece.transpose(0, 1).to(grad.dtype)
     return tuple(grads)
+
+
+def _sequence_gradients(q, k, v, g, probabilities, dropout_scale):
+    """One sequence's attention gradients, [heads, length, head_dim] each, of out = (probabilities x dropout_scale) v
+    with probabilities = softmax(q k^T) and q already scaled: those of the scaled q, of k and of v. The one backward
+    of both CPU kernels that compute each sequence on its own (the varlen op's reference and the per-sequence one)."""
+    # bmm, not @: matmul's own dispatch would add an operator call per product, a cost this path exists to avoid
+    kept = probabilities if dropout_scale is None else probabilities * dropout_scale
+    grad_probabilities = torch.bmm(g, v.transpose(1, 2))
+    if dropout_scale is not None:
+        grad_probabilities.mul_(dropout_scale)
+    grad_scores = torch._softmax_backward_data(grad_probabilities, probabilities, -1, probabilities.dtype)
+    return torch.bmm(grad_scores, k), torch.bmm(grad_scores.transpose(1, 2), q), torch.bmm(kept.transpose(1, 2), g)
 
 
 @varlen_attention_backward.register_fake
@@ -241,11 +250,11 @@ class _PerSequenceAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, lengths, num_heads, dropout_p):
         with record_function("bertbench::per_sequence_attention"), torch.autocast(query.device.type, enabled=False):
-            rows, hidden = query.shape
+            hidden = query.shape[-1]
             dtype, compute = query.dtype, torch.promote_types(query.dtype, torch.float32)
 
             def heads(x):  # [rows, hidden] -> [heads, rows, head_dim]: a sequence's rows are a batch of matrices
-                return x.to(compute).view(rows, num_heads, -1).transpose(0, 1).contiguous()
+                return _heads(x.to(compute), num_heads).contiguous()
 
             scale = 1 / math.sqrt(hidden // num_heads)
             query, key, value = heads(query * scale), heads(key), heads(value)
@@ -264,7 +273,12 @@ class _PerSequenceAttention(torch.autograd.Function):
                 outputs.append(torch.bmm(probs if kept is None else probs * kept.view(probs.shape), v))
             ctx.save_for_backward(query, key, value, keep, *probabilities)
             ctx.lengths, ctx.scale, ctx.dtype = lengths, scale, dtype
-            return torch.cat(outputs, 1).transpose(0, 1).reshape(rows, hidden).to(dtype)
+            return _PerSequenceAttention.rows_of(outputs, dtype)
+
+    @staticmethod
+    def rows_of(pieces: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """The sequences' [heads, length, head_dim] pieces -> [rows, hidden] in `dtype`."""
+        return _merge_heads(torch.cat(pieces, 1)).to(dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -273,28 +287,17 @@ class _PerSequenceAttention(torch.autograd.Function):
             torch.autocast(grad_out.device.type, enabled=False),
         ):
             query, key, value, keep, *probabilities = ctx.saved_tensors  # the queries scaled
-            rows, hidden = grad_out.shape
-            num_heads = query.shape[0]
-            grad_out = grad_out.to(query.dtype).view(rows, num_heads, -1).transpose(0, 1).contiguous()
+            grad_out = _heads(grad_out.to(query.dtype), query.shape[0]).contiguous()
             sizes = [probs.numel() for probs in probabilities]
             keeps = keep.split(sizes) if keep is not None else [None] * len(sizes)
-            grad_query, grad_key, grad_value = [], [], []
+            grads = ([], [], [])  # of the scaled queries, the keys and the values, per sequence
             pieces = (x.split(ctx.lengths, 1) for x in (query, key, value, grad_out))
             for q, k, v, g, probs, kept in zip(*pieces, probabilities, keeps):
-                grad_kept = torch.bmm(g, v.transpose(1, 2))
-                if kept is not None:
-                    factor = kept.view(probs.shape)
-                    grad_kept.mul_(factor)
-                    kept = probs * factor
-                grad_value.append(torch.bmm((probs if kept is None else kept).transpose(1, 2), g))
-                grad_scores = torch._softmax_backward_data(grad_kept, probs, -1, probs.dtype)
-                grad_query.append(torch.bmm(grad_scores, k))
-                grad_key.append(torch.bmm(grad_scores.transpose(1, 2), q))
-
-            def rows_of(pieces):  # the sequences' [heads, length, head_dim] pieces -> [rows, hidden]
-                return torch.cat(pieces, 1).transpose(0, 1).reshape(rows, hidden).to(ctx.dtype)
-
-            return rows_of(grad_query).mul_(ctx.scale), rows_of(grad_key), rows_of(grad_value), None, None, None
+                factor = None if kept is None else kept.view(probs.shape)
+                for found, grad in zip(grads, _sequence_gradients(q, k, v, g, probs, factor)):
+                    found.append(grad)
+            grad_query, grad_key, grad_value = (_PerSequenceAttention.rows_of(found, ctx.dtype) for found in grads)
+            return grad_query.mul_(ctx.scale), grad_key, grad_value, None, None, None
 
 
 def _per_sequence(packing: Packing, query, key, value, num_heads: int, dropout_p: float) -> torch.Tensor:

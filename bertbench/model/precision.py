@@ -4,6 +4,7 @@ names and never runs a model."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 
+@functools.cache  # asked on every training step (autocast's dtype)
 def precision_dtype(precision: str) -> torch.dtype:
     """The dtype `precision`'s matmuls run in."""
     import torch
