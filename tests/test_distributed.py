@@ -1,14 +1,18 @@
 """Data parallel training across real processes (torchrun through `bertbench launch`, gloo on the CPU): accumulation
 skips the all-reduce; evaluation gathers every example once; the time budget is rank 0's clock; a checkpoint resumes
 on another process count; independent workers keep the best (classifier and SQuAD); pre-training's ranks read
-shards of their own and resume; a node that never joins fails in one line. The runs of several processes are the
-phases of one torchrun job (torchrun_phases.py), so that its processes start once; the runs compared with 1 process
-and preempted are test_distributed_restarts.py's."""
+shards of their own and resume; the most involved setting on 2 processes gives the loss curve, weights and scores of
+1 process with the same global batch, its workers killed with SIGKILL are restarted and resume, and SIGTERM saves,
+the run ending as if uninterrupted; a node that never joins fails in one line. The runs of several processes are the
+phases of one torchrun job (torchrun_phases.py), so that its processes start once (each imports torch, and DDP's
+torch._dynamo: about 4 CPU-seconds a process)."""
 
 import json
 import math
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
 from types import SimpleNamespace
@@ -26,7 +30,7 @@ from helpers import (
     write_nvidia_shard,
 )
 
-from bertbench.common.run_files import checkpoint_name
+from bertbench.common.run_files import ALL_RESULTS, EVENT_FILE_NAME, LOCK, checkpoint_name
 from bertbench.model.factory import build_model
 from bertbench.runners import classifier as run_classifier
 from bertbench.runners import launch
@@ -118,16 +122,88 @@ def pretraining_flags(data, out):
     ]
 
 
+def run(command, timeout=300):
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def losses(out):
+    return [(record["step"], record["loss"]) for record in map(json.loads, open(out / "metrics.jsonl"))]
+
+
+@pytest.fixture(scope="module")
+def one_process(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    assert classify(flags(data, out, "--train_batch_size=16", "--num_train_epochs=5")) == 0
+    return out
+
+
+# The most involved setting: recompute (selective), 2 accumulated micro-batches of 4 on each of 2 processes (a global
+# batch of 16: 80 steps in 5 epochs, which give the killed-workers test room to hit the run twice in the middle).
+# Each setting costs a torchrun job: the other policies' DDP steps are ddp_worker's (test_distributed.py), the plain
+# DDP step the job templates' and scripts' tests'.
+TWO_PROCESSES = [
+    "--train_batch_size=4",
+    "--num_accumulation_steps=2",
+    "--modeling=recompute",
+    "--recompute-policy=selective",
+    "--num_train_epochs=5",
+]
+TWO_PROCESS_STEPS = 80
+# The preempted run: TWO_PROCESSES with a checkpoint every 4 steps, as often as it logs: 76 steps after the first
+# checkpoint for the first hit to land in (the job reacts to that checkpoint), more after the restart for the second.
+CHECKPOINT_EVERY_4 = [*TWO_PROCESSES, "--save_checkpoints_steps=4"]
+
+
+def preempted_run(data, out):
+    """The preempted run's command on its own: the job that preempted it ends it."""
+    return launch_command(2, "-m", "bertbench.runners.classifier", *flags(data, out, *CHECKPOINT_EVERY_4), restarts=1)
+
+
+def worker_with_rank(rank: int, marker: str) -> int:
+    """The pid of the torchrun worker with RANK=rank whose command line holds `marker`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmdline = handle.read().decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = handle.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if marker in cmdline and f"RANK={rank}" in environ and "bertbench.runners.launch" not in cmdline:
+            return int(pid)
+    raise AssertionError(f"no worker with RANK={rank} running {marker}")
+
+
+def newest_checkpoint_after(process, out, step: int) -> int:
+    """Waits, while `process` runs, for a checkpoint newer than `step` in `out`; returns the newest one's step. A look
+    every 20 ms: a checkpoint comes every 4 steps of tens of ms, and the run has dozens left when the test acts (a
+    look every 5 ms cost the test process 2 CPU-seconds)."""
+    deadline = time.monotonic() + 300
+    while not list_checkpoints(out) or list_checkpoints(out)[-1][0] <= step:
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    return list_checkpoints(out)[-1][0]
+
+
 @pytest.fixture(scope="module")
 def job(data, tmp_path_factory):
-    """One torchrun job of 2 processes, its phases one after the other: ddp_worker.py's checks (runs/ keeps their
-    training runs); the classifier's independent workers (independent/), then, with the newest checkpoint of the run
-    and of worker 1 lost (as a kill while writing them loses them), the same command again (its first run's copy:
-    independent-first/); SQuAD's independent workers (squad/); pre-training (pretraining/), then, with its last
-    checkpoint lost, the same command again (pretraining-first/). Each phase's log and exit status per rank are
-    beside plan.json."""
+    """One torchrun job of 2 processes, a restart allowed, its phases one after the other: ddp_worker.py's checks
+    (runs/ keeps their training runs); the classifier's independent workers (independent/), then, with the newest
+    checkpoint of the run and of worker 1 lost (as a kill while writing them loses them), the same command again (its
+    first run's copy: independent-first/); SQuAD's independent workers (squad/); pre-training (pretraining/), then,
+    with its last checkpoint lost, the same command again (pretraining-first/); TWO_PROCESSES uninterrupted
+    (uninterrupted/); last, CHECKPOINT_EVERY_4 (preempted/), hit twice: SIGKILL to the worker of rank 0 (the one that
+    writes the checkpoints) after the run's first checkpoint, after which torchrun restarts both workers and they go
+    on from the phase that was interrupted, resuming from the newest checkpoint (in a process group of their own: the
+    store keeps the dead group's keys); then, once the restart has written a checkpoint, SIGTERM to the launcher (what
+    scancel, qdel and a job's time limit do), which passes it to the workers: they save and it exits 143. Each
+    phase's log and exit status per rank are beside plan.json; the job's output, exit status, and the step of the
+    newest checkpoint when the worker was killed are the fixture's."""
     root = tmp_path_factory.mktemp("job")
     independent, pretraining = root / "independent", root / "pretraining"
+    uninterrupted, preempted = root / "uninterrupted", root / "preempted"
     phases = [
         ("ddp_worker", "ddp_worker:main", [str(root / "report.json"), str(root / "runs")], {}),
         ("independent", "bertbench.runners.classifier:main", independent_flags(data, independent), {}),
@@ -154,23 +230,36 @@ def job(data, tmp_path_factory):
                 "remove": [str(pretraining / checkpoint_name(8))],
             },
         ),
+        ("uninterrupted", "bertbench.runners.classifier:main", flags(data, uninterrupted, *TWO_PROCESSES), {}),
+        ("preempted", "bertbench.runners.classifier:main", flags(data, preempted, *CHECKPOINT_EVERY_4), {}),
     ]
     plan = [{"name": name, "call": call, "argv": argv, **before} for name, call, argv, before in phases]
     (root / "plan.json").write_text(json.dumps(plan))
-    done = subprocess.run(
-        launch_command(2, os.path.join(HERE, "torchrun_phases.py"), str(root / "plan.json")),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return root
+    command = launch_command(2, os.path.join(HERE, "torchrun_phases.py"), str(root / "plan.json"), restarts=1)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        killed_after = newest_checkpoint_after(process, preempted, -1)
+        os.kill(worker_with_rank(0, str(root / "plan.json")), signal.SIGKILL)
+        newest_checkpoint_after(process, preempted, killed_after)  # the restart trains
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return SimpleNamespace(root=root, returncode=process.returncode, output=output, killed_after=killed_after)
 
 
 def phase(job, name: str) -> list[str]:
-    """The phase's log of each rank, once its every rank has returned 0 (the runners' exit status)."""
-    assert [(job / f"{name}.rank{rank}.status").read_text() for rank in range(2)] == ["0", "0"]
-    return [(job / f"{name}.rank{rank}.log").read_text() for rank in range(2)]
+    """The phase's log of each rank, once its every rank has returned 0 (the runners' exit status) in the job's
+    first attempt (torchrun_phases.py notes a phase that a restart ran)."""
+    assert [(job.root / f"{name}.rank{rank}.status").read_text() for rank in range(2)] == ["0", "0"]
+    return phase_logs(job, name)
+
+
+def phase_logs(job, name: str) -> list[str]:
+    """Each rank's log of the job's phase `name` (a restart's lines after the killed attempt's)."""
+    return [(job.root / f"{name}.rank{rank}.log").read_text() for rank in range(2)]
 
 
 def final_weights(directory):
@@ -181,7 +270,7 @@ def final_weights(directory):
 def ddp_worker_run(job):
     """ddp_worker.py's findings on 2 processes, and the directory of its training runs."""
     phase(job, "ddp_worker")
-    return read_json(job / "report.json"), job / "runs"
+    return read_json(job.root / "report.json"), job.root / "runs"
 
 
 def test_accumulation_all_reduces_once_per_step_and_inference_gathers_every_example(ddp_worker_run):
@@ -268,7 +357,7 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(ddp_worker_run, tmp_path):
 
 
 def test_independent_workers_train_apart_keep_the_best_and_resume_from_a_common_step(job):
-    first, resumed = job / "independent-first", job / "independent"
+    first, resumed = job.root / "independent-first", job.root / "independent"
     log = phase(job, "independent")[0]
     train = read_json(first / "train_results.json")
     assert train["sync_gradients"] is False and train["lr_scaling"] == "sqrt"
@@ -302,7 +391,7 @@ def test_independent_workers_train_apart_keep_the_best_and_resume_from_a_common_
 
 
 def test_squad_independent_workers_keep_the_best_f1(job):
-    out = job / "squad"
+    out = job.root / "squad"
     logs = phase(job, "squad")
     train = read_json(out / "train_results.json")
     assert train["selection_metric"] == "f1" and len(train["worker_scores"]) == 2
@@ -312,7 +401,7 @@ def test_squad_independent_workers_keep_the_best_f1(job):
 
 
 def test_pretraining_ranks_read_their_own_shards_and_resume(job):
-    first, out = job / "pretraining-first", job / "pretraining"
+    first, out = job.root / "pretraining-first", job.root / "pretraining"
     phase(job, "pretraining")
     train = read_json(first / "train_results.json")
     assert train["world_size"] == 2 and train["sentences"] == 8 * 8 * 2
@@ -323,6 +412,83 @@ def test_pretraining_ranks_read_their_own_shards_and_resume(job):
     # its last checkpoint lost: both ranks continue from step 4 where they were
     assert f"resumed from {out}/ckpt-000000004.pt" in phase(job, "pretraining-resumed")[0]
     assert read_json(out / "train_results.json")["global_step"] == 8
+
+
+def test_two_processes_match_one_with_the_same_global_batch(job, one_process):
+    """The most involved setting against the plainest: the baseline on 1 process with batches of 16."""
+    out = job.root / "uninterrupted"
+    steps, curve = zip(*losses(out))
+    reference_steps, reference_curve = zip(*losses(one_process))
+    assert steps == reference_steps == tuple(range(4, TWO_PROCESS_STEPS + 1, 4))
+    assert curve == pytest.approx(reference_curve, rel=1e-5)  # the logged loss is the mean over both ranks
+    weights, reference = final_weights(out), final_weights(one_process)
+    assert weights.keys() == reference.keys()
+    for name in weights:
+        torch.testing.assert_close(weights[name], reference[name], rtol=1e-4, atol=1e-5)
+
+    train, reference_train = read_json(out / "train_results.json"), read_json(one_process / "train_results.json")
+    assert (train["world_size"], train["global_step"]) == (2, TWO_PROCESS_STEPS)
+    assert train["sentences"] == reference_train["sentences"]
+    assert (train["nodes"], reference_train["nodes"]) == (1, 1)
+    results, reference_results = read_json(out / "eval_results.json"), read_json(one_process / "eval_results.json")
+    assert results["dev_examples"] == 61  # every dev example scored once, across both ranks
+    assert results["dev_acc"] == reference_results["dev_acc"]
+    assert results["dev_loss"] == pytest.approx(reference_results["dev_loss"], rel=1e-4)
+    # rank 0 alone reports and writes: one summary, one checkpoint, no per-rank files
+    assert [(job.root / f"uninterrupted.rank{rank}.status").read_text() for rank in range(2)] == ["0", "0"]
+    assert [
+        (log.count("***** Eval results"), log.count("***** Training summary"))
+        for log in phase_logs(job, "uninterrupted")
+    ] == [(1, 1), (0, 0)]
+    assert [step for step, _ in list_checkpoints(out)] == [TWO_PROCESS_STEPS]
+    names = sorted(os.listdir(out))
+    assert [name for name in names if not EVENT_FILE_NAME.match(name)] == [
+        LOCK,
+        ALL_RESULTS,
+        "bertbench_run.json",
+        checkpoint_name(TWO_PROCESS_STEPS),
+        "eval",
+        "eval_results.json",
+        "eval_results.txt",
+        "metrics.jsonl",
+        "train_results.json",
+    ]
+    assert len([name for name in names if EVENT_FILE_NAME.match(name)]) == len(os.listdir(out / "eval")) == 1
+
+
+def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_if_uninterrupted(data, job):
+    """The job's preempted run (see job): its workers restarted after SIGKILL resume from the newest checkpoint, and
+    SIGTERM saves and stops the job with 143. The same command then ends the run with the uninterrupted run's
+    weights, scores and log."""
+    out, uninterrupted, killed_after, output = (
+        job.root / "preempted",
+        job.root / "uninterrupted",
+        job.killed_after,
+        job.output,
+    )
+    assert job.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "bertbench launch: stopped by SIGTERM" in output
+    logs = "".join(phase_logs(job, "preempted"))
+    resumed = [int(step) for step in re.findall(r"resumed from \S+ckpt-0*(\d+)\.pt \(step \d+", logs)]
+    # the restart went on from the newest checkpoint there was when its worker was killed, or a newer one
+    assert len(resumed) == 1 and resumed[0] >= killed_after, logs[-3000:]
+    train = read_json(out / "train_results.json")
+    assert train["interrupted_by"] == "SIGTERM"
+    assert killed_after < train["global_step"] == list_checkpoints(out)[-1][0] < TWO_PROCESS_STEPS
+    assert not (out / "eval_results.json").exists()
+
+    run(preempted_run(data, out))
+    assert all(torch.equal(a, b) for a, b in zip(final_weights(out).values(), final_weights(uninterrupted).values()))
+    assert read_json(out / "eval_results.json") == read_json(uninterrupted / "eval_results.json")
+    # Each step logged once (those logged after the last checkpoint and lost, once), with the uninterrupted run's
+    # losses: the line SIGTERM's stop wrote closed its window early, and the resumed run logged the whole window.
+    assert losses(out) == losses(uninterrupted)
+    assert [step for step, _ in losses(out)] == list(range(4, TWO_PROCESS_STEPS + 1, 4))
+
+
+def test_a_recorded_run_keeps_its_lr_scaling(one_process, error_line):
+    assert classify(["--output_dir", str(one_process), "--do_eval", "--lr_scaling=linear"]) == 2
+    assert "this run was made with --lr_scaling=none, the command gives linear" in error_line()
 
 
 def test_a_node_that_never_joins_times_out_in_one_line(tmp_path, capsys):

@@ -8,7 +8,8 @@ PLAN.json is a list of phases, each {"name": ..., "call": "module:function", "ar
 for the test to read, the checkpoints a killed worker would have lost). The ranks start each phase together (a file
 per rank beside PLAN.json says it is ready). Each rank calls function(argv) with its stdout and stderr going to
 <name>.rank<R>.log beside PLAN.json (appended to: a restart's lines follow the killed attempt's), and writes what
-it returned (an exit status) to <name>.rank<R>.status. A phase's process group keeps its keys in torchrun's store
+it returned (an exit status) to <name>.rank<R>.status, followed by " after restart N" where the phase ran in torchrun's
+N-th restart (a phase that a crash made run again is not a first run's success). A phase's process group keeps its keys in torchrun's store
 apart from the earlier phases', as a restart's do (bertbench.training.distributed.restart_safe_store): a new group in
 the same process would otherwise find the last one's keys and try its closed connections. Workers that torchrun
 restarted (--max-restarts) skip the phases every rank finished and go on from the one that was interrupted.
@@ -54,7 +55,9 @@ def main(plan_path: str) -> None:
         with open(directory / f"{name}.rank{rank}.log", "a") as log:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 status = getattr(importlib.import_module(module), function)(phase["argv"])
-        (directory / f"{name}.rank{rank}.status").write_text(str(status))
+        (directory / f"{name}.rank{rank}.status").write_text(
+            f"{status} after restart {restart}" if restart != "0" else str(status)
+        )
 
 
 if __name__ == "__main__":

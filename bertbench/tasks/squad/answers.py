@@ -45,6 +45,11 @@ class GoogleAnswerText:
     def __init__(self, tokenizer: BertTokenizer):
         self.tokenizer = tokenizer
         self._words_of: dict[str, tuple[list[str], np.ndarray]] = {}  # context -> its words and where they start
+        # The last context's spans of words by (first word, last word): a question's candidate spans (dozens, until
+        # n_best_size texts differ) mostly fall in the same few words, whose tokenizing and character alignment were
+        # most of the post-processing's time; the questions of a context come one after the other.
+        self._span_context: str | None = None
+        self._spans: dict[tuple[int, int], _WordSpan] = {}
 
     def _words(self, context: str) -> tuple[list[str], np.ndarray]:
         if context not in self._words_of:
@@ -55,27 +60,40 @@ class GoogleAnswerText:
     def __call__(self, context: str, input_ids: np.ndarray, offsets: np.ndarray, first: int, last: int) -> str:
         words, starts = self._words(context)
         first_word, last_word = np.searchsorted(starts, offsets[[first, last], 0], side="right") - 1
-        original = " ".join(words[first_word : last_word + 1])
+        if context != self._span_context:
+            self._span_context, self._spans = context, {}
+        key = (int(first_word), int(last_word))
+        if key not in self._spans:
+            original = " ".join(words[first_word : last_word + 1])
+            self._spans[key] = _WordSpan(original, " ".join(self.tokenizer.basic_tokenize(original)))
         pieces = " ".join(self.tokenizer.convert_ids_to_tokens(input_ids[first : last + 1]))
         predicted = " ".join(pieces.replace(" ##", "").replace("##", "").split())
-        return _google_final_text(predicted, original, " ".join(self.tokenizer.basic_tokenize(original)))
+        return self._spans[key].final_text(predicted)
 
 
-def _google_final_text(predicted: str, original: str, tokenized: str) -> str:
-    """Google's get_final_text: find the predicted text in the original words' tokenized text and map it back
-    character by character, spaces aside; the whole original words where that fails."""
-    start = tokenized.find(predicted)
-    if start == -1:
-        return original
-    original_chars = [index for index, character in enumerate(original) if character != " "]
-    tokenized_chars = [index for index, character in enumerate(tokenized) if character != " "]
-    if len(original_chars) != len(tokenized_chars):
-        return original
-    position = {index: rank for rank, index in enumerate(tokenized_chars)}
-    end = start + len(predicted) - 1
-    if start not in position or end not in position:
-        return original
-    return original[original_chars[position[start]] : original_chars[position[end]] + 1]
+class _WordSpan:
+    """Original words, joined by single spaces, and their tokenized text, aligned character by character (spaces
+    aside) as Google's get_final_text aligns them: `positions` maps a tokenized character to the original's, None
+    when the two have different numbers of characters."""
+
+    __slots__ = ("original", "tokenized", "positions")
+
+    def __init__(self, original: str, tokenized: str):
+        self.original, self.tokenized = original, tokenized
+        original_chars = [index for index, character in enumerate(original) if character != " "]
+        tokenized_chars = [index for index, character in enumerate(tokenized) if character != " "]
+        self.positions = (
+            dict(zip(tokenized_chars, original_chars)) if len(original_chars) == len(tokenized_chars) else None
+        )
+
+    def final_text(self, predicted: str) -> str:
+        """Google's get_final_text: find the predicted text in the tokenized text and map it back to the original
+        words; the whole original words where that fails."""
+        start = self.tokenized.find(predicted)
+        end = start + len(predicted) - 1
+        if start == -1 or self.positions is None or start not in self.positions or end not in self.positions:
+            return self.original
+        return self.original[self.positions[start] : self.positions[end] + 1]
 
 
 def postprocess(
