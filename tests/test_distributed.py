@@ -141,8 +141,8 @@ def one_process(data, tmp_path_factory):
 
 # The most involved setting: recompute (selective), 2 accumulated micro-batches of 4 on each of 2 processes (a global
 # batch of 16: 80 steps in 5 epochs, which give the killed-workers test room to hit the run twice in the middle).
-# Each setting costs a torchrun job: the other policies' DDP steps are ddp_worker's (test_distributed.py), the plain
-# DDP step the job templates' and scripts' tests'.
+# Each setting costs the job a phase: the other policies' DDP steps are ddp_worker's, the plain DDP step the job
+# templates' and scripts' tests'.
 TWO_PROCESSES = [
     "--train_batch_size=4",
     "--num_accumulation_steps=2",
@@ -176,13 +176,29 @@ def worker_with_rank(rank: int, marker: str) -> int:
     raise AssertionError(f"no worker with RANK={rank} running {marker}")
 
 
+def kill_and_wait(pid: int) -> None:
+    """SIGKILL to `pid`, then wait until it has died (a zombie, or reaped), so that it writes nothing more."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} still runs 30 s after SIGKILL")
+
+
 def newest_checkpoint_after(process, out, step: int) -> int:
     """Waits, while `process` runs, for a checkpoint newer than `step` in `out`; returns the newest one's step. A look
     every 20 ms: a checkpoint comes every 4 steps of tens of ms, and the run has dozens left when the test acts (a
     look every 5 ms cost the test process 2 CPU-seconds)."""
     deadline = time.monotonic() + 300
     while not list_checkpoints(out) or list_checkpoints(out)[-1][0] <= step:
-        assert process.poll() is None and time.monotonic() < deadline
+        assert process.poll() is None, f"the job ended ({process.returncode}) before a checkpoint after step {step}"
+        assert time.monotonic() < deadline, f"no checkpoint after step {step} in {out} within 300 s"
         time.sleep(0.02)
     return list_checkpoints(out)[-1][0]
 
@@ -238,15 +254,18 @@ def job(data, tmp_path_factory):
     command = launch_command(2, os.path.join(HERE, "torchrun_phases.py"), str(root / "plan.json"), restarts=1)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        killed_after = newest_checkpoint_after(process, preempted, -1)
-        os.kill(worker_with_rank(0, str(root / "plan.json")), signal.SIGKILL)
-        newest_checkpoint_after(process, preempted, killed_after)  # the restart trains
+        newest_checkpoint_after(process, preempted, -1)
+        kill_and_wait(worker_with_rank(0, str(root / "plan.json")))
+        # The killed attempt's last checkpoint (its rank 0 wrote them; it may have written another between the look
+        # above and the kill): the restart resumes from it and has trained once it writes a newer one.
+        killed_after = list_checkpoints(preempted)[-1][0]
+        newest_checkpoint_after(process, preempted, killed_after)
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=120)[0]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    except BaseException:
+        process.kill()
+        print(process.communicate()[0][-5000:])  # the job's last lines, shown with the failure
+        raise
     return SimpleNamespace(root=root, returncode=process.returncode, output=output, killed_after=killed_after)
 
 
@@ -470,8 +489,8 @@ def test_killed_workers_restart_and_resume_a_sigterm_saves_and_the_run_ends_as_i
     assert "bertbench launch: stopped by SIGTERM" in output
     logs = "".join(phase_logs(job, "preempted"))
     resumed = [int(step) for step in re.findall(r"resumed from \S+ckpt-0*(\d+)\.pt \(step \d+", logs)]
-    # the restart went on from the newest checkpoint there was when its worker was killed, or a newer one
-    assert len(resumed) == 1 and resumed[0] >= killed_after, logs[-3000:]
+    # the restart went on from the newest checkpoint there was when its worker was killed
+    assert resumed == [killed_after], logs[-3000:]
     train = read_json(out / "train_results.json")
     assert train["interrupted_by"] == "SIGTERM"
     assert killed_after < train["global_step"] == list_checkpoints(out)[-1][0] < TWO_PROCESS_STEPS
