@@ -3,16 +3,17 @@ processes start once (each imports torch, and DDP's torch._dynamo: seconds of CP
 
     bertbench launch --standalone --nproc-per-node=2 tests/torchrun_phases.py PLAN.json
 
-PLAN.json is a list of phases, each {"name": ..., "call": "module:function", "argv": [...]}, with optionally
-"copy": [source, destination] and "remove": [paths], which rank 0 does before the phase starts (a snapshot of a run
-for the test to read, the checkpoints a killed worker would have lost). The ranks start each phase together (a file
-per rank beside PLAN.json says it is ready). Each rank calls function(argv) with its stdout and stderr going to
-<name>.rank<R>.log beside PLAN.json (appended to: a restart's lines follow the killed attempt's), and writes what
-it returned (an exit status) to <name>.rank<R>.status, followed by " after restart N" where the phase ran in torchrun's
-N-th restart (a phase that a crash made run again is not a first run's success). A phase's process group keeps its keys in torchrun's store
-apart from the earlier phases', as a restart's do (bertbench.training.distributed.restart_safe_store): a new group in
-the same process would otherwise find the last one's keys and try its closed connections. Workers that torchrun
-restarted (--max-restarts) skip the phases every rank finished and go on from the one that was interrupted.
+PLAN.json is a list of phases, each {"name": ..., "call": "module:function", "argv": [...]}, with optionally "copy":
+[source, destination] and "remove": [paths], which rank 0 does before the phase starts (a snapshot of a run for the
+test to read, the checkpoints a killed worker would have lost). The ranks start each phase together (a file per rank
+beside PLAN.json says it is ready). Each rank calls function(argv) with its stdout and stderr going to
+<name>.rank<R>.log beside PLAN.json (appended to: a restart's lines follow the killed attempt's), and writes what it
+returned (an exit status) to <name>.rank<R>.status, followed by " after restart N" where the phase ran in torchrun's
+N-th restart (a phase that a crash made run again is not a first run's success). A phase's process group keeps its
+keys in torchrun's store apart from the earlier phases', as a restart's do
+(bertbench.training.distributed.restart_safe_store): a new group in the same process would otherwise find the last
+one's keys and try its closed connections. Workers that torchrun restarted (--max-restarts) skip the phases every rank
+finished and go on from the one that was interrupted.
 """
 
 import contextlib
