@@ -161,19 +161,19 @@ def preempted_run(data, out):
     return launch_command(2, "-m", "bertbench.runners.classifier", *flags(data, out, *CHECKPOINT_EVERY_4), restarts=1)
 
 
-def worker_with_rank(rank: int, marker: str) -> int:
-    """The pid of the torchrun worker with RANK=rank whose command line holds `marker`."""
+def worker_with_rank(launcher: int, rank: int) -> int:
+    """The pid of the torchrun worker with RANK=rank that the launcher (torchrun's agent, pid `launcher`) started."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                cmdline = handle.read().decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{pid}/environ", "rb") as handle:
                 environ = handle.read().decode(errors="replace").split("\0")
-        except OSError:
+        except (OSError, IndexError, ValueError):
             continue
-        if marker in cmdline and f"RANK={rank}" in environ and "bertbench.runners.launch" not in cmdline:
+        if parent == launcher and f"RANK={rank}" in environ:
             return int(pid)
-    raise AssertionError(f"no worker with RANK={rank} running {marker}")
+    raise AssertionError(f"no worker with RANK={rank} under the launcher {launcher}")
 
 
 def kill_and_wait(pid: int) -> None:
@@ -255,7 +255,7 @@ def job(data, tmp_path_factory):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         newest_checkpoint_after(process, preempted, -1)
-        kill_and_wait(worker_with_rank(0, str(root / "plan.json")))
+        kill_and_wait(worker_with_rank(process.pid, 0))
         # The killed attempt's last checkpoint (its rank 0 wrote them; it may have written another between the look
         # above and the kill): the restart resumes from it and has trained once it writes a newer one.
         killed_after = list_checkpoints(preempted)[-1][0]
